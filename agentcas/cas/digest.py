@@ -1,0 +1,88 @@
+"""BLAKE3-256 ids.
+
+A blob or chunk id is the plain BLAKE3 of its bytes, so `b3sum FILE` prints the id a
+manifest shows for FILE. Structured objects are hashed in BLAKE3 derive-key mode with
+one context string per object kind, so bytes of one kind can never pass for another.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import blake3
+
+from agentcas.errors import IntegrityError, UsageError
+
+DIGEST_SIZE = 32
+_HEX = re.compile(r"[0-9a-f]{64}")
+
+# One derive-key context per structured object kind (docs/FORMAT.md, "Object ids").
+OBJECT_CONTEXTS = {
+    "tree": "agentcas 2026-11 tree v1",
+    "checkpoint": "agentcas 2026-11 checkpoint v1",
+    "chunklist": "agentcas 2026-11 chunklist v1",
+    "segment": "agentcas 2026-11 rollout segment v1",
+    "signature": "agentcas 2026-11 signature v1",
+}
+PREFIX_CHAIN_CONTEXT = "agentcas 2026-11 history prefix v1"
+
+
+@dataclass(frozen=True, order=True)
+class Digest:
+    """A 32-byte BLAKE3 digest. Raw bytes inside; `hex()` for people and JSON."""
+
+    raw: bytes
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.raw, bytes) or len(self.raw) != DIGEST_SIZE:
+            raise ValueError("a digest is exactly 32 raw bytes")
+
+    def hex(self) -> str:
+        return self.raw.hex()
+
+    def short(self) -> str:
+        return self.raw.hex()[:12]
+
+    @classmethod
+    def parse(cls, text: str) -> "Digest":
+        """Parse 64 lowercase hex characters; anything else is a UsageError."""
+        if not isinstance(text, str) or not _HEX.fullmatch(text):
+            raise UsageError(f"not a 64-character lowercase hex id: {str(text)[:80]!r}")
+        return cls(bytes.fromhex(text))
+
+    def __str__(self) -> str:
+        return self.hex()
+
+    def __repr__(self) -> str:
+        return f"Digest({self.short()}…)"
+
+
+def hash_blob(data) -> Digest:
+    """The id of raw bytes: plain BLAKE3, equal to `b3sum`."""
+    return Digest(blake3.blake3(data, max_threads=1).digest())
+
+
+def hash_object(kind: str, body: bytes) -> Digest:
+    """The id of a structured object's canonical bytes, in derive-key mode for `kind`."""
+    return Digest(blake3.blake3(body, derive_key_context=OBJECT_CONTEXTS[kind]).digest())
+
+
+def chain_prefix(previous: Digest, record_hash: bytes) -> Digest:
+    """One step of the history-prefix chain: H_ctx(previous || BLAKE3(record))."""
+    return Digest(
+        blake3.blake3(previous.raw + record_hash, derive_key_context=PREFIX_CHAIN_CONTEXT).digest()
+    )
+
+
+class DigestMismatch(IntegrityError):
+    """Stored bytes do not hash to the id they are stored under."""
+
+    def __init__(self, expected: Digest, got: Digest, what: str = "object"):
+        self.expected, self.got = expected, got
+        super().__init__(f"{what} {expected.hex()} is corrupt: its bytes hash to {got.hex()}")
+
+
+EMPTY = hash_blob(b"")
+# The digest of the empty history (seq 0): the chain starts from 32 zero bytes.
+EMPTY_HISTORY = Digest(bytes(DIGEST_SIZE))

@@ -1,0 +1,94 @@
+"""The stored form of one object: a 22-byte header, then raw or zstd bytes.
+
+    kind u8 | codec u8 | size u64 BE | written_at u64 BE | crc32(previous 18 bytes) u32 BE
+
+`size` is the object's uncompressed length; a zstd frame is accepted only if its header
+declares exactly that size, and it is decompressed into at most that many bytes, so a
+frame that claims or expands to more is rejected, never allocated. `written_at` (unix
+seconds) feeds gc's grace period. The header has its own CRC because the object's
+digest covers only its bytes; together they catch a flipped bit anywhere in the value.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+import zlib
+
+import zstandard
+
+from agentcas.errors import IntegrityError
+
+HEADER = struct.Struct(">BBQQI")
+HEADER_SIZE = HEADER.size
+
+KIND_CHUNK = 1
+KIND_TREE = 2
+KIND_CHECKPOINT = 3
+KIND_CHUNKLIST = 4
+KIND_SEGMENT = 5
+KIND_SIGNATURE = 6
+KIND_NAMES = {KIND_CHUNK: "chunk", KIND_TREE: "tree", KIND_CHECKPOINT: "checkpoint",
+              KIND_CHUNKLIST: "chunklist", KIND_SEGMENT: "segment", KIND_SIGNATURE: "signature"}
+KIND_BY_NAME = {name: kind for kind, name in KIND_NAMES.items()}
+
+CODEC_RAW = 0
+CODEC_ZSTD = 1
+ZSTD_LEVEL = 3
+MAX_OBJECT_SIZE = 1 << 31
+
+
+class CorruptValue(IntegrityError):
+    """A stored value whose header or compressed body is damaged."""
+
+
+def frame(kind: int, data, compress: bool = True, written_at: int | None = None) -> bytes:
+    """Frame `data` for storage, zstd-compressing it when that saves space."""
+    size = len(data)
+    body, codec = data, CODEC_RAW
+    if compress and size >= 64:
+        packed = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True,
+                                          write_checksum=False).compress(data)
+        if len(packed) + 8 < size:
+            body, codec = packed, CODEC_ZSTD
+    when = int(time.time()) if written_at is None else written_at
+    head = HEADER.pack(kind, codec, size, when, 0)[:-4]
+    return head + struct.pack(">I", zlib.crc32(head)) + bytes(body)
+
+
+def read_header(value) -> tuple[int, int, int, int]:
+    """(kind, codec, size, written_at) of a stored value; CorruptValue if damaged."""
+    if len(value) < HEADER_SIZE:
+        raise CorruptValue("stored value is shorter than its header")
+    kind, codec, size, when, crc = HEADER.unpack_from(value)
+    if zlib.crc32(bytes(value[: HEADER_SIZE - 4])) != crc:
+        raise CorruptValue("stored value header fails its checksum")
+    if kind not in KIND_NAMES or codec not in (CODEC_RAW, CODEC_ZSTD) or size > MAX_OBJECT_SIZE:
+        raise CorruptValue("stored value header names an unknown kind or codec")
+    return kind, codec, size, when
+
+
+def unframe(value) -> tuple[int, bytes]:
+    """(kind, bytes) of a stored value, decompressing within the declared size."""
+    kind, codec, size, _ = read_header(value)
+    body = value[HEADER_SIZE:]
+    if codec == CODEC_RAW:
+        if len(body) != size:
+            raise CorruptValue("stored value length differs from its header")
+        return kind, bytes(body)
+    return kind, decompress_bounded(body, size)
+
+
+def decompress_bounded(body, size: int) -> bytes:
+    """Decompress one zstd frame that must expand to exactly `size` bytes."""
+    body = bytes(body)
+    declared = zstandard.frame_content_size(body) if len(body) >= 4 else -2
+    if declared != size:
+        raise CorruptValue(f"zstd frame declares {declared} bytes, expected {size}")
+    try:
+        data = zstandard.ZstdDecompressor().decompress(body, max_output_size=size)
+    except zstandard.ZstdError as exc:
+        raise CorruptValue(f"zstd frame does not decompress: {exc}") from None
+    if len(data) != size:
+        raise CorruptValue(f"zstd frame expands to {len(data)} bytes, expected {size}")
+    return data

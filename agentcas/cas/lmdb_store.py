@@ -1,0 +1,180 @@
+"""The LMDB implementation of ObjectStore: one environment per store per process.
+
+Each table is a named sub-database. Writers are serialised by LMDB's lock across
+processes; readers never block. When the map is full the write is aborted, the map
+doubled and the write run again; when another process grew the map we adopt its
+size. Stale reader slots of dead processes are cleared when the store is opened.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from contextlib import contextmanager
+
+import lmdb
+
+from agentcas.cas.store import TABLES, ObjectStore, Txn
+from agentcas.errors import AgentcasError
+
+INITIAL_MAP_SIZE = int(os.environ.get("AGENTCAS_LMDB_MAP_SIZE", str(1 << 30)))
+DATA_FILE = "data.mdb"
+
+_OPEN: dict[str, "LmdbObjectStore"] = {}
+_OPEN_LOCK = threading.Lock()
+
+
+class StoreUnavailable(AgentcasError):
+    """The store directory cannot be opened (missing, not a store, read-only...)."""
+
+
+class _LmdbTxn(Txn):
+    def __init__(self, txn: lmdb.Transaction, dbs: dict):
+        self._txn = txn
+        self._dbs = dbs
+
+    def get(self, table, key):
+        return self._txn.get(key, db=self._dbs[table])
+
+    def scan(self, table, prefix=b"", start=None, reverse=False):
+        cursor = self._txn.cursor(db=self._dbs[table])
+        if not reverse:
+            if not cursor.set_range(start if start is not None else prefix):
+                return
+            for key, value in cursor.iternext():
+                if not key.startswith(prefix):
+                    return
+                yield key, value
+            return
+        # Descending: position at the last key <= start (or <= the prefix's end).
+        bound = start if start is not None else _prefix_end(prefix)
+        if bound is None:
+            positioned = cursor.last()
+        elif cursor.set_range(bound):
+            positioned = True if cursor.key() == bound and start is not None else cursor.prev()
+        else:
+            positioned = cursor.last()
+        if not positioned:
+            return
+        for key, value in cursor.iterprev():
+            if not key.startswith(prefix):
+                if key < prefix:
+                    return
+                continue
+            yield key, value
+
+    def put(self, table, key, value):
+        self._txn.put(key, value, db=self._dbs[table])
+
+    def put_new(self, table, key, value):
+        return self._txn.put(key, value, overwrite=False, db=self._dbs[table])
+
+    def delete(self, table, key):
+        return self._txn.delete(key, db=self._dbs[table])
+
+    def count(self, table):
+        return self._txn.stat(self._dbs[table])["entries"]
+
+
+def _prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key starting with `prefix` (None: no bound)."""
+    trimmed = prefix.rstrip(b"\xff")
+    if not trimmed:
+        return None
+    return trimmed[:-1] + bytes([trimmed[-1] + 1])
+
+
+class LmdbObjectStore(ObjectStore):
+    def __init__(self, path: str, create: bool = False):
+        self.path = os.path.abspath(path)
+        self.url = "lmdb://" + self.path
+        self.readonly = False
+        self._write_lock = threading.Lock()
+        self.env = self._open_env(create)
+        self.env.reader_check()
+        self.dbs = {}
+        if self.readonly:
+            with self.env.begin() as txn:
+                for name in TABLES:
+                    self.dbs[name] = self.env.open_db(name.encode(), txn=txn, create=False)
+        else:
+            with self.env.begin(write=True) as txn:
+                for name in TABLES:
+                    self.dbs[name] = self.env.open_db(name.encode(), txn=txn, create=True)
+
+    def _open_env(self, create: bool) -> lmdb.Environment:
+        if os.path.exists(self.path) and not os.path.isdir(self.path):
+            raise StoreUnavailable(f"store path is a file, not a directory: {self.path}")
+        if not create and not os.path.exists(os.path.join(self.path, DATA_FILE)):
+            raise StoreUnavailable(f"not an agentcas store (no {DATA_FILE}): {self.path}")
+        options = dict(map_size=INITIAL_MAP_SIZE, subdir=True, max_dbs=len(TABLES) + 2,
+                       readahead=False, meminit=False, max_readers=256, create=create)
+        writable = os.access(self.path, os.W_OK) and (
+            create or os.access(os.path.join(self.path, DATA_FILE), os.W_OK))
+        try:
+            if writable:
+                return lmdb.open(self.path, **options)
+        except lmdb.Error as exc:
+            if getattr(exc, "errno", None) not in (errno.EACCES, errno.EROFS, errno.EPERM) \
+                    and "ermission" not in str(exc) and "ead-only" not in str(exc):
+                raise StoreUnavailable(f"cannot open store {self.path}: {exc}") from None
+        if create:
+            raise StoreUnavailable(f"cannot create a store in read-only {self.path}")
+        self.readonly = True
+        try:
+            return lmdb.open(self.path, readonly=True, lock=False, **{
+                k: v for k, v in options.items() if k != "create"})
+        except lmdb.Error as exc:
+            raise StoreUnavailable(f"cannot open store {self.path}: {exc}") from None
+
+    @contextmanager
+    def reader(self):
+        while True:
+            try:
+                txn = self.env.begin()
+                break
+            except lmdb.MapResizedError:
+                self.env.set_mapsize(0)
+        try:
+            yield _LmdbTxn(txn, self.dbs)
+        finally:
+            txn.abort()
+
+    def write(self, fn):
+        if self.readonly:
+            raise StoreUnavailable(f"store is read-only: {self.path}")
+        with self._write_lock:
+            while True:
+                try:
+                    with self.env.begin(write=True) as txn:
+                        return fn(_LmdbTxn(txn, self.dbs))
+                except lmdb.MapFullError:
+                    self.env.set_mapsize(self.env.info()["map_size"] * 2)
+                except lmdb.MapResizedError:
+                    self.env.set_mapsize(0)
+                except lmdb.ReadonlyError:
+                    raise StoreUnavailable(f"store is read-only: {self.path}") from None
+
+    def used_bytes(self):
+        return (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+
+    def close(self):
+        with _OPEN_LOCK:
+            if _OPEN.get(self.path) is self:
+                del _OPEN[self.path]
+        self.env.close()
+
+
+def open_lmdb(path: str, create: bool = False) -> LmdbObjectStore:
+    """The process's one environment for the store at `path` (LMDB forbids two)."""
+    key = os.path.abspath(path)
+    with _OPEN_LOCK:
+        store = _OPEN.get(key)
+        if store is None:
+            try:
+                store = LmdbObjectStore(key, create=create)
+            except lmdb.Error as exc:
+                raise StoreUnavailable(f"cannot open store {key}: {exc}") from None
+            _OPEN[key] = store
+        return store

@@ -1,0 +1,350 @@
+"""Domain objects with one canonical byte form each (docs/FORMAT.md).
+
+Frozen dataclasses: the constructor validates, so an invalid object cannot exist;
+`encode()` gives canonical bytes, `digest()` the id, `decode()` parses and validates.
+None of them touches storage.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from agentcas.cas import encoding, framing
+from agentcas.cas.digest import EMPTY, EMPTY_HISTORY, Digest, hash_object
+from agentcas.cas.names import BadName, check_name, check_unique
+from agentcas.errors import IntegrityError, UsageError
+
+FORMAT_VERSION = 1
+MODE_FILE = 0o644
+MODE_EXEC = 0o755
+MAX_REASON_CHARS = 512
+MAX_REASON_BYTES = 1024
+_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+
+
+class InvalidObject(IntegrityError):
+    """Decoded bytes that do not form a valid object."""
+
+
+def _digest(value, what: str) -> Digest:
+    try:
+        return Digest.parse(value)
+    except UsageError:
+        raise InvalidObject(f"{what} is not a 64-hex id") from None
+
+
+def _int(value, what: str, low: int = 0) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise InvalidObject(f"{what} must be an integer >= {low}")
+    return value
+
+
+def _keys(doc, required: set, optional: set = frozenset(), what: str = "object") -> None:
+    if not isinstance(doc, dict):
+        raise InvalidObject(f"{what} must be a JSON object")
+    missing = required - doc.keys()
+    if missing:
+        raise InvalidObject(f"{what} lacks {sorted(missing)}")
+    # Readers ignore unknown keys (forward compatibility) except in the closed sets below.
+
+
+def check_reason(reason: str) -> str:
+    """A checkpoint reason: 1..512 characters and at most 1,024 UTF-8 bytes."""
+    if not isinstance(reason, str) or len(reason.strip()) == 0:
+        raise UsageError("reason must not be empty")
+    if len(reason) > MAX_REASON_CHARS:
+        raise UsageError(f"reason is {len(reason)} characters; at most {MAX_REASON_CHARS} allowed")
+    size = len(reason.encode("utf-8", "surrogatepass"))
+    if size > MAX_REASON_BYTES:
+        raise UsageError(f"reason is {size} UTF-8 bytes; at most {MAX_REASON_BYTES} allowed")
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in reason):
+        raise UsageError("reason is not valid Unicode text")
+    return reason
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    id: Digest
+    size: int
+
+
+def _chunk_refs(doc, what: str) -> tuple[ChunkRef, ...]:
+    if not isinstance(doc, list):
+        raise InvalidObject(f"{what} must be a list")
+    refs = []
+    for item in doc:
+        if not isinstance(item, list) or len(item) != 2:
+            raise InvalidObject(f"{what} entries are [id, size]")
+        refs.append(ChunkRef(_digest(item[0], what), _int(item[1], what, 1)))
+    return tuple(refs)
+
+
+@dataclass(frozen=True)
+class ChunkList:
+    """The chunks of one file larger than a chunk, in order."""
+
+    chunks: tuple[ChunkRef, ...]
+
+    KIND = framing.KIND_CHUNKLIST
+
+    def __post_init__(self):
+        if len(self.chunks) < 2:
+            raise InvalidObject("a chunk list has at least two chunks")
+
+    @property
+    def size(self) -> int:
+        return sum(c.size for c in self.chunks)
+
+    def to_doc(self):
+        return {"chunks": [[c.id.hex(), c.size] for c in self.chunks]}
+
+    def encode(self) -> bytes:
+        return encoding.encode(self.to_doc())
+
+    def digest(self) -> Digest:
+        return hash_object("chunklist", self.encode())
+
+    @classmethod
+    def decode(cls, data: bytes) -> "ChunkList":
+        doc = encoding.decode(data)
+        _keys(doc, {"chunks"}, what="chunklist")
+        return cls(_chunk_refs(doc["chunks"], "chunklist"))
+
+
+@dataclass(frozen=True)
+class TreeEntry:
+    """A file (mode, size, b3sum id, optional chunk list) or a directory (tree id)."""
+
+    name: str
+    type: str  # "file" | "dir"
+    id: Digest
+    mode: int = MODE_FILE
+    size: int = 0
+    chunks: Digest | None = None  # chunk list id when the file spans several chunks
+
+    def __post_init__(self):
+        check_name(self.name)
+        if self.type == "dir":
+            if self.chunks is not None or self.size or self.mode != MODE_FILE:
+                raise InvalidObject(f"directory entry {self.name!r} carries file fields")
+        elif self.type == "file":
+            if self.mode not in (MODE_FILE, MODE_EXEC):
+                raise InvalidObject(f"file {self.name!r} has mode {oct(self.mode)}; only 0644 and 0755")
+            if self.size < 0 or (self.size == 0 and self.id != EMPTY):
+                raise InvalidObject(f"file {self.name!r} has an inconsistent size")
+        else:
+            raise InvalidObject(f"entry {self.name!r} has type {self.type!r}; only file and dir")
+
+    def to_doc(self):
+        if self.type == "dir":
+            return {"name": self.name, "type": "dir", "id": self.id.hex()}
+        doc = {"name": self.name, "type": "file", "id": self.id.hex(), "mode": self.mode,
+               "size": self.size}
+        if self.chunks is not None:
+            doc["chunks"] = self.chunks.hex()
+        return doc
+
+    @classmethod
+    def from_doc(cls, doc) -> "TreeEntry":
+        if not isinstance(doc, dict):
+            raise InvalidObject("tree entry must be an object")
+        allowed = {"name", "type", "id", "mode", "size", "chunks"}
+        if set(doc) - allowed:
+            raise InvalidObject(f"tree entry has unknown fields {sorted(set(doc) - allowed)}")
+        _keys(doc, {"name", "type", "id"}, what="tree entry")
+        if doc["type"] == "dir" and set(doc) != {"name", "type", "id"}:
+            raise InvalidObject("directory entry carries file fields")
+        if doc["type"] == "file" and not {"mode", "size"} <= set(doc):
+            raise InvalidObject("file entry lacks mode or size")
+        chunks = doc.get("chunks")
+        try:
+            return cls(doc["name"], doc["type"], _digest(doc["id"], "entry id"),
+                       _int(doc.get("mode", MODE_FILE), "mode"), _int(doc.get("size", 0), "size"),
+                       None if chunks is None else _digest(chunks, "chunk list id"))
+        except BadName as exc:
+            raise InvalidObject(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class Tree:
+    """One directory: entries sorted by the UTF-8 bytes of their names."""
+
+    entries: tuple[TreeEntry, ...]
+
+    KIND = framing.KIND_TREE
+
+    def __post_init__(self):
+        names = [e.name.encode("utf-8") for e in self.entries]
+        if names != sorted(names) or len(set(names)) != len(names):
+            raise InvalidObject("tree entries must be sorted by name and unique")
+        try:
+            check_unique([e.name for e in self.entries])
+        except BadName as exc:
+            raise InvalidObject(str(exc)) from None
+
+    @classmethod
+    def of(cls, entries) -> "Tree":
+        return cls(tuple(sorted(entries, key=lambda e: e.name.encode("utf-8"))))
+
+    def encode(self) -> bytes:
+        return encoding.encode({"entries": [e.to_doc() for e in self.entries]})
+
+    def digest(self) -> Digest:
+        return hash_object("tree", self.encode())
+
+    @classmethod
+    def decode(cls, data: bytes) -> "Tree":
+        doc = encoding.decode(data)
+        _keys(doc, {"entries"}, what="tree")
+        if not isinstance(doc["entries"], list):
+            raise InvalidObject("tree entries must be a list")
+        return cls(tuple(TreeEntry.from_doc(e) for e in doc["entries"]))
+
+
+@dataclass(frozen=True)
+class HistoryPosition:
+    """An immutable prefix of a thread's rollout: its first `seq` records.
+
+    `segment` is the rollout segment holding record seq-1 (None for the empty
+    history), `offset` the prefix's length in bytes, `digest` the prefix chain value
+    after its last record (docs/FORMAT.md, "History prefix digest").
+    """
+
+    segment: Digest | None
+    seq: int
+    offset: int
+    digest: Digest
+
+    def __post_init__(self):
+        if self.seq < 0 or self.offset < 0:
+            raise InvalidObject("history position must not be negative")
+        if (self.segment is None) != (self.seq == 0):
+            raise InvalidObject("history position has a segment exactly when seq > 0")
+        if self.seq == 0 and (self.offset != 0 or self.digest != EMPTY_HISTORY):
+            raise InvalidObject("the empty history has offset 0 and the zero digest")
+
+    def to_doc(self):
+        return {"segment": None if self.segment is None else self.segment.hex(),
+                "seq": self.seq, "offset": self.offset, "digest": self.digest.hex()}
+
+    @classmethod
+    def from_doc(cls, doc) -> "HistoryPosition":
+        _keys(doc, {"segment", "seq", "offset", "digest"}, what="history position")
+        segment = None if doc["segment"] is None else _digest(doc["segment"], "segment")
+        return cls(segment, _int(doc["seq"], "seq"), _int(doc["offset"], "offset"),
+                   _digest(doc["digest"], "digest"))
+
+
+EMPTY_POSITION = HistoryPosition(None, 0, 0, EMPTY_HISTORY)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of whole rollout records appended at once, continuing from `base`.
+
+    `index` counts segments from the start of the history (0 for the first); `skip`
+    points further back (see lineage/rollout.py) so a lookup by seq costs O(log n).
+    """
+
+    base: HistoryPosition
+    index: int
+    skip: Digest | None
+    count: int
+    length: int
+    digest: Digest
+    chunks: tuple[ChunkRef, ...]
+
+    KIND = framing.KIND_SEGMENT
+
+    def __post_init__(self):
+        if self.count < 1 or self.length < self.count:
+            raise InvalidObject("a segment holds at least one record of at least one byte")
+        if sum(c.size for c in self.chunks) != self.length:
+            raise InvalidObject("segment chunk sizes do not add up to its length")
+        if (self.index == 0) != (self.base.segment is None):
+            raise InvalidObject("only the first segment continues from the empty history")
+
+    def end(self, segment_id: Digest) -> HistoryPosition:
+        """The position after this segment's last record; `segment_id` is this segment's id."""
+        return HistoryPosition(segment_id, self.base.seq + self.count,
+                               self.base.offset + self.length, self.digest)
+
+    def to_doc(self):
+        return {"base": self.base.to_doc(), "index": self.index,
+                "skip": None if self.skip is None else self.skip.hex(), "count": self.count,
+                "length": self.length, "digest": self.digest.hex(),
+                "chunks": [[c.id.hex(), c.size] for c in self.chunks]}
+
+    def encode(self) -> bytes:
+        return encoding.encode(self.to_doc())
+
+    def digest_id(self) -> Digest:
+        return hash_object("segment", self.encode())
+
+    @classmethod
+    def decode(cls, data: bytes) -> "Segment":
+        doc = encoding.decode(data)
+        _keys(doc, {"base", "index", "skip", "count", "length", "digest", "chunks"}, what="segment")
+        return cls(HistoryPosition.from_doc(doc["base"]), _int(doc["index"], "index"),
+                   None if doc["skip"] is None else _digest(doc["skip"], "skip"),
+                   _int(doc["count"], "count", 1), _int(doc["length"], "length", 1),
+                   _digest(doc["digest"], "digest"), _chunk_refs(doc["chunks"], "segment chunks"))
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A commit: a tree, its parents, its thread, why, who, when, where, and the history."""
+
+    tree: Digest
+    parents: tuple[Digest, ...]
+    thread: str
+    reason: str
+    author: str
+    created_at: str
+    runtime: dict = field(default_factory=dict, hash=False, compare=False)
+    history: HistoryPosition = EMPTY_POSITION
+    format: int = FORMAT_VERSION
+
+    KIND = framing.KIND_CHECKPOINT
+
+    def __post_init__(self):
+        try:
+            check_reason(self.reason)
+        except UsageError as exc:
+            raise InvalidObject(str(exc)) from None
+        if not _TIME.fullmatch(self.created_at or ""):
+            raise InvalidObject("created_at must be RFC 3339 UTC with microseconds")
+        if not isinstance(self.runtime, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in self.runtime.items()):
+            raise InvalidObject("runtime must map names to version strings")
+        if not isinstance(self.thread, str) or not self.thread:
+            raise InvalidObject("checkpoint thread must be a name")
+
+    def to_doc(self):
+        return {"format": self.format, "tree": self.tree.hex(),
+                "parents": [p.hex() for p in self.parents], "thread": self.thread,
+                "reason": self.reason, "author": self.author, "created_at": self.created_at,
+                "runtime": dict(self.runtime), "history": self.history.to_doc()}
+
+    def encode(self) -> bytes:
+        return encoding.encode(self.to_doc())
+
+    def digest(self) -> Digest:
+        return hash_object("checkpoint", self.encode())
+
+    @classmethod
+    def decode(cls, data: bytes) -> "Checkpoint":
+        doc = encoding.decode(data)
+        _keys(doc, {"format", "tree", "parents", "thread", "reason", "author", "created_at",
+                    "runtime", "history"}, what="checkpoint")
+        if _int(doc["format"], "format") > FORMAT_VERSION:
+            raise InvalidObject(f"checkpoint format {doc['format']} is newer than this agentcas "
+                                f"reads ({FORMAT_VERSION}); upgrade agentcas")
+        if not isinstance(doc["parents"], list):
+            raise InvalidObject("parents must be a list")
+        if not isinstance(doc["author"], str):
+            raise InvalidObject("author must be a string")
+        return cls(_digest(doc["tree"], "tree"), tuple(_digest(p, "parent") for p in doc["parents"]),
+                   doc["thread"], doc["reason"], doc["author"], doc["created_at"],
+                   doc["runtime"], HistoryPosition.from_doc(doc["history"]), doc["format"])

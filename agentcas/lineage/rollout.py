@@ -1,0 +1,287 @@
+"""Rollouts: append-only JSONL histories stored as a chain of segments.
+
+An append of k records becomes one or more segments (at most MAX_SEGMENT_BYTES each,
+cut at record boundaries). A segment holds its records' bytes as content-defined
+chunks and continues from a `base` HistoryPosition: the end of the previous segment,
+or, after a fork or revert, a cut inside one. So a history is the chain of segments
+back from its head, and two threads that share a prefix share those segments.
+
+Prefix digest: d_0 = 32 zero bytes, d_i = BLAKE3_derive(ctx, d_{i-1} || BLAKE3(record_i)).
+An append hashes only its own records; anyone holding the bytes can recompute d_seq.
+
+Lookup by seq: segment n also points to an ancestor at index skip_index(n) (the
+deterministic skip list of Bitcoin's CBlockIndex). Walking back, we jump to the skip
+target whenever it still starts after the seq sought, otherwise step to the base:
+O(log n) loads. The segment holding seq is always reached by a base step, so the cut
+of that segment in *this* history (its successor's base) is known.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import blake3
+
+from agentcas.cas import chunking, framing
+from agentcas.cas.digest import Digest, chain_prefix, hash_blob
+from agentcas.cas.objects import EMPTY_POSITION, ChunkRef, HistoryPosition, Segment
+from agentcas.cas.store import Txn, load_object, save_object
+from agentcas.errors import AgentcasError, IntegrityError, UsageError
+
+MAX_SEGMENT_BYTES = 1024 * 1024
+MAX_RECORD_BYTES = 64 * 1024 * 1024
+
+
+class BadRecord(AgentcasError):
+    """An input line that is not a JSON object."""
+
+
+class MissingHistory(IntegrityError):
+    """A segment or chunk a history needs is not in the store."""
+
+
+# --- parsing ------------------------------------------------------------------------------
+
+def _reject_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def split_records(data: bytes, first_line: int = 1) -> list[tuple[int, int]]:
+    """(start, end) of each record; every line must be one JSON object.
+
+    A final line without a newline is a record too (its newline is added by the
+    caller via `normalise`). Raises BadRecord naming the 1-based input line.
+    """
+    records = []
+    start = 0
+    line = first_line
+    size = len(data)
+    decoder = json.JSONDecoder(parse_constant=_reject_constant)
+    while start < size:
+        end = data.find(b"\n", start)
+        end = size if end < 0 else end + 1
+        raw = data[start:end]
+        if len(raw) > MAX_RECORD_BYTES:
+            raise BadRecord(f"line {line}: record longer than {MAX_RECORD_BYTES} bytes")
+        try:
+            value = decoder.decode(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            raise BadRecord(f"line {line}: not a JSON object ({str(exc)[:80]})") from None
+        if not isinstance(value, dict):
+            raise BadRecord(f"line {line}: a record must be a JSON object, got {type(value).__name__}")
+        records.append((start, end))
+        start = end
+        line += 1
+    return records
+
+
+def normalise(data: bytes) -> bytes:
+    """Records end with a newline: add one to a final unterminated line."""
+    return data if not data or data.endswith(b"\n") else data + b"\n"
+
+
+# --- preparing segments (outside the final transaction) ----------------------------------
+
+@dataclass
+class PreparedSegment:
+    """Chunks and record hashes of one future segment; its chain values come later."""
+
+    chunks: tuple[ChunkRef, ...]
+    length: int
+    record_hashes: list[bytes]
+
+
+def prepare(data: bytes, add_object) -> list[PreparedSegment]:
+    """Validate, group and chunk new records; `add_object(digest, framed)` stores chunks."""
+    data = normalise(data)
+    records = split_records(data)
+    groups: list[list[tuple[int, int]]] = []
+    for record in records:
+        if groups and record[1] - groups[-1][0][0] <= MAX_SEGMENT_BYTES:
+            groups[-1].append(record)
+        else:
+            groups.append([record])
+    prepared = []
+    view = memoryview(data)
+    for group in groups:
+        start, end = group[0][0], group[-1][1]
+        refs = []
+        for piece in chunking.cut(view[start:end]):
+            digest = hash_blob(piece)
+            add_object(digest, framing.frame(framing.KIND_CHUNK, piece))
+            refs.append(ChunkRef(digest, len(piece)))
+        hashes = [blake3.blake3(view[s:e]).digest() for s, e in group]
+        prepared.append(PreparedSegment(tuple(refs), end - start, hashes))
+    return prepared
+
+
+def skip_index(n: int) -> int:
+    """Bitcoin's GetSkipHeight: where segment n's skip pointer lands."""
+    def drop_lowest(x):
+        return x & (x - 1)
+    if n < 2:
+        return 0
+    return drop_lowest(drop_lowest(n - 1)) + 1 if n & 1 else drop_lowest(n)
+
+
+class History:
+    """Reads over the segment chain of one store transaction, with a small cache."""
+
+    def __init__(self, txn: Txn):
+        self.txn = txn
+        self._segments: dict[bytes, Segment] = {}
+
+    def segment(self, digest: Digest) -> Segment:
+        cached = self._segments.get(digest.raw)
+        if cached is not None:
+            return cached
+        data = load_object(self.txn, digest, framing.KIND_SEGMENT)
+        if data is None:
+            raise MissingHistory(f"rollout segment {digest.hex()} is missing from the store")
+        segment = Segment.decode(data)
+        if len(self._segments) > 4096:
+            self._segments.clear()
+        self._segments[digest.raw] = segment
+        return segment
+
+    def ancestor_at_index(self, digest: Digest, index: int) -> Digest:
+        """The segment with `index` on the chain back from `digest` (O(log n))."""
+        node_id, node = digest, self.segment(digest)
+        while node.index > index:
+            skip_at = skip_index(node.index)
+            if node.skip is not None and skip_at >= index:
+                node_id = node.skip
+            else:
+                node_id = node.base.segment
+            node = self.segment(node_id)
+        return node_id
+
+    def locate(self, head: HistoryPosition, seq: int) -> tuple[Digest, Segment, HistoryPosition]:
+        """The segment holding record `seq` of the history ending at `head`, and its cut.
+
+        The cut is the position where this history leaves that segment (the head,
+        or the base of the following segment).
+        """
+        if not 0 <= seq < head.seq:
+            raise UsageError(f"seq {seq} is outside the history (0..{head.seq - 1})")
+        node_id, node, cut = head.segment, self.segment(head.segment), head
+        while node.base.seq > seq:
+            if node.skip is not None:
+                skip = self.segment(node.skip)
+                if skip.base.seq > seq:
+                    node_id, node = node.skip, skip
+                    continue
+            cut = node.base
+            node_id = node.base.segment
+            node = self.segment(node_id)
+        return node_id, node, cut
+
+    def segment_bytes(self, node: Segment, cut: HistoryPosition) -> bytes:
+        """The bytes of `node` that belong to a history leaving it at `cut`, verified."""
+        want = cut.offset - node.base.offset
+        parts, have = [], 0
+        for ref in node.chunks:
+            if have >= want:
+                break
+            data = load_object(self.txn, ref.id, framing.KIND_CHUNK)
+            if data is None:
+                raise MissingHistory(f"rollout chunk {ref.id.hex()} is missing from the store")
+            parts.append(data)
+            have += len(data)
+        return b"".join(parts)[:want]
+
+    def position(self, head: HistoryPosition, seq: int) -> HistoryPosition:
+        """The HistoryPosition after the first `seq` records of the history at `head`."""
+        if seq == head.seq:
+            return head
+        if seq == 0:
+            return EMPTY_POSITION
+        if not 0 < seq < head.seq:
+            raise UsageError(f"seq {seq} is beyond the end of the history ({head.seq} records)")
+        node_id, node, cut = self.locate(head, seq - 1)
+        if seq == node.base.seq + node.count:
+            return node.end(node_id)
+        data = self.segment_bytes(node, cut)
+        digest, offset, start = node.base.digest, node.base.offset, 0
+        for _ in range(seq - node.base.seq):
+            end = data.index(b"\n", start) + 1
+            digest = chain_prefix(digest, blake3.blake3(data[start:end]).digest())
+            start = end
+        return HistoryPosition(node_id, seq, offset + start, digest)
+
+    def read(self, head: HistoryPosition, start: int = 0, stop: int | None = None):
+        """Yield the bytes of records start <= seq < stop, in verified pieces."""
+        stop = head.seq if stop is None else min(stop, head.seq)
+        start = max(0, start)
+        if start >= stop:
+            return
+        node_id, node, cut = self.locate(head, stop - 1)
+        chain = [(node, cut)]
+        while node.base.seq > start:
+            cut = node.base
+            node = self.segment(node.base.segment)
+            chain.append((node, cut))
+        for node, cut in reversed(chain):
+            data = self.segment_bytes(node, cut)
+            first, last = node.base.seq, cut.seq
+            lo = 0
+            for _ in range(max(0, start - first)):
+                lo = data.index(b"\n", lo) + 1
+            if stop < last:
+                hi = lo
+                for _ in range(stop - max(start, first)):
+                    hi = data.index(b"\n", hi) + 1
+            else:
+                hi = len(data)
+            yield data[lo:hi]
+
+    def verify(self, head: HistoryPosition) -> int:
+        """Re-read the whole history at `head`, recompute its prefix digest; records read."""
+        if head.seq == 0:
+            return 0
+        digest = EMPTY_POSITION.digest
+        seq = offset = 0
+        for piece in self.read(head):
+            start = 0
+            while start < len(piece):
+                end = piece.index(b"\n", start) + 1
+                digest = chain_prefix(digest, blake3.blake3(piece[start:end]).digest())
+                start = end
+                seq += 1
+            offset += len(piece)
+        if (seq, offset, digest) != (head.seq, head.offset, head.digest):
+            raise IntegrityError(
+                f"history at segment {head.segment.hex()} does not match its position "
+                f"(seq {seq} vs {head.seq}, offset {offset} vs {head.offset})")
+        return seq
+
+
+def link_segments(txn: Txn, head: HistoryPosition, prepared: list[PreparedSegment]) -> HistoryPosition:
+    """Turn prepared segments into objects continuing from `head`; return the new head.
+
+    Runs inside the final write transaction, so seq numbers and prefix digests are
+    computed against the head as it is at that moment.
+    """
+    history = History(txn)
+    for item in prepared:
+        for ref in item.chunks:
+            if txn.get("objects", ref.id.raw) is None:
+                raise MissingHistory(f"rollout chunk {ref.id.hex()} vanished before the append "
+                                     "landed (concurrent gc?); nothing was changed, retry")
+        index = 0 if head.segment is None else history.segment(head.segment).index + 1
+        skip = None
+        if index >= 2:
+            skip = history.ancestor_at_index(head.segment, skip_index(index))
+        digest = head.digest
+        for record_hash in item.record_hashes:
+            digest = chain_prefix(digest, record_hash)
+        segment = Segment(head, index, skip, len(item.record_hashes), item.length, digest, item.chunks)
+        segment_id = segment.digest_id()
+        save_object(txn, segment_id, framing.frame(framing.KIND_SEGMENT, segment.encode()))
+        head = segment.end(segment_id)
+    return head
+
+
+class RolloutMismatch(AgentcasError):
+    """The rollout file no longer starts with the history already stored."""

@@ -1,0 +1,43 @@
+"""Thread names follow git's ref-name rules (git check-ref-format).
+
+Components are separated by "/"; none may be empty, start with "." or end with
+".lock"; the name may not contain "..", "@{", control characters, space, or any of
+~ ^ : ? * [ \\ ; it may not end with "/" or "." and may not be "@" alone.
+"""
+
+from __future__ import annotations
+
+from agentcas.errors import UsageError
+
+MAX_THREAD_NAME = 200
+_FORBIDDEN = set(" ~^:?*[\\\x7f")
+
+
+class BadThreadName(UsageError):
+    pass
+
+
+def check_thread_name(name: str) -> str:
+    def bad(why: str):
+        raise BadThreadName(f"invalid thread name {name!r}: {why}")
+
+    if not isinstance(name, str) or not name:
+        bad("empty")
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_THREAD_NAME:
+        bad(f"longer than {MAX_THREAD_NAME} bytes")
+    if name == "@":
+        bad("'@' alone is reserved")
+    if ".." in name or "@{" in name:
+        bad("contains '..' or '@{'")
+    if any(ord(c) < 0x20 or c in _FORBIDDEN for c in name):
+        bad("contains a space, control character or one of ~^:?*[\\")
+    if name.endswith("/") or name.endswith("."):
+        bad("ends with '/' or '.'")
+    for part in name.split("/"):
+        if not part:
+            bad("has an empty component")
+        if part.startswith("."):
+            bad("has a component starting with '.'")
+        if part.endswith(".lock"):
+            bad("has a component ending with '.lock'")
+    return name

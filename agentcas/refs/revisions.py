@@ -1,0 +1,104 @@
+"""Revision syntax: how a user names a checkpoint.
+
+    REV  := BASE SUFFIX*
+    BASE := 64-hex id | unique hex prefix (8+ chars) | THREAD | THREAD@{N}
+    SUFFIX := ~N (N-th first parent; "~" alone is ~1) | ^ (first parent)
+
+A thread name wins over a hex prefix that happens to spell it. THREAD@{N} is the
+state after the N-th newest reflog entry (@{0} is the current head).
+"""
+
+from __future__ import annotations
+
+import re
+
+from agentcas.cas import framing
+from agentcas.cas.digest import Digest
+from agentcas.cas.objects import Checkpoint
+from agentcas.cas.store import Txn, load_object, object_kind
+from agentcas.errors import NotFound, UsageError
+from agentcas.refs.threads import read_reflog, read_thread
+
+_SUFFIX = re.compile(r"(~\d*|\^)$")
+_REFLOG = re.compile(r"^(.+)@\{(\d+)\}$")
+_HEX = re.compile(r"^[0-9a-f]{8,64}$")
+MIN_PREFIX = 8
+
+
+class UnknownRevision(NotFound):
+    pass
+
+
+class AmbiguousRevision(UsageError):
+    pass
+
+
+def load_checkpoint(txn: Txn, digest: Digest) -> Checkpoint:
+    data = load_object(txn, digest, framing.KIND_CHECKPOINT)
+    if data is None:
+        raise UnknownRevision(f"checkpoint {digest.hex()} is not in this store")
+    return Checkpoint.decode(data)
+
+
+def resolve(txn: Txn, rev: str) -> Digest:
+    """The checkpoint id that `rev` names; UnknownRevision / AmbiguousRevision otherwise."""
+    if not isinstance(rev, str) or not rev or len(rev) > 1024:
+        raise UsageError("empty or oversized revision")
+    steps = 0
+    base = rev
+    while True:
+        match = _SUFFIX.search(base)
+        if not match or match.start() == 0:
+            break
+        token = match.group(1)
+        steps += 1 if token in ("^", "~") else int(token[1:])
+        base = base[: match.start()]
+    digest = _resolve_base(txn, base, rev)
+    for _ in range(steps):
+        checkpoint = load_checkpoint(txn, digest)
+        if not checkpoint.parents:
+            raise UnknownRevision(f"revision {rev!r} goes past the first checkpoint")
+        digest = checkpoint.parents[0]
+    return digest
+
+
+def _resolve_base(txn: Txn, base: str, rev: str) -> Digest:
+    match = _REFLOG.match(base)
+    if match:
+        name, number = match.group(1), int(match.group(2))
+        entries = read_reflog(txn, name, limit=number + 1)
+        if len(entries) <= number:
+            raise UnknownRevision(f"thread {name!r} has no reflog entry @{{{number}}}")
+        new = entries[number].new
+        if new is None or new.checkpoint is None:
+            raise UnknownRevision(f"reflog entry {name}@{{{number}}} names no checkpoint")
+        return new.checkpoint
+    try:
+        state = read_thread(txn, base)
+    except UsageError:
+        state = None
+    if state is not None:
+        if state.checkpoint is None:
+            raise UnknownRevision(f"thread {base!r} has no checkpoint yet")
+        return state.checkpoint
+    if _HEX.match(base):
+        return _resolve_prefix(txn, base, rev)
+    raise UnknownRevision(f"unknown revision {rev!r}")
+
+
+def _resolve_prefix(txn: Txn, prefix: str, rev: str) -> Digest:
+    start = bytes.fromhex(prefix[: len(prefix) // 2 * 2])
+    matches = []
+    for key, _ in txn.scan("objects", start):
+        if not key.hex().startswith(prefix):
+            if len(prefix) % 2 == 0 or not key.hex().startswith(prefix[:-1]):
+                break
+            continue
+        digest = Digest(bytes(key))
+        if object_kind(txn, digest) == framing.KIND_CHECKPOINT:
+            matches.append(digest)
+            if len(matches) > 1:
+                raise AmbiguousRevision(f"revision {rev!r} is ambiguous: it prefixes several checkpoints")
+    if not matches:
+        raise UnknownRevision(f"unknown revision {rev!r}")
+    return matches[0]

@@ -1,0 +1,170 @@
+"""Thread refs: `threads/NAME` -> (checkpoint, history head, fork origin), with a reflog.
+
+A thread's state names its newest checkpoint and the head of its rollout history.
+Every change goes through `set_if_equals` inside one write transaction of the store,
+which LMDB serialises across processes, so compare-and-swap is a read, a compare and
+a write. Each move appends a reflog entry (old and new state, action, message, time);
+entries are numbered upward per thread and listed newest first, so THREAD@{0} is the
+current state and THREAD@{1} the one before the last move.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from dataclasses import dataclass
+
+from agentcas.cas import encoding
+from agentcas.cas.digest import Digest
+from agentcas.cas.objects import EMPTY_POSITION, HistoryPosition, InvalidObject
+from agentcas.cas.sealed import seal, unseal
+from agentcas.cas.store import Txn
+from agentcas.errors import IntegrityError
+from agentcas.refs.names import check_thread_name
+
+PREFIX = b"threads/"
+
+
+@dataclass(frozen=True)
+class ForkOrigin:
+    """Where a thread was forked from: the parent thread's name, checkpoint and seq."""
+
+    thread: str
+    checkpoint: Digest | None
+    seq: int
+
+    def to_doc(self):
+        return {"thread": self.thread, "seq": self.seq,
+                "checkpoint": None if self.checkpoint is None else self.checkpoint.hex()}
+
+    @classmethod
+    def from_doc(cls, doc):
+        if doc is None:
+            return None
+        return cls(doc["thread"], None if doc["checkpoint"] is None else Digest.parse(doc["checkpoint"]),
+                   doc["seq"])
+
+
+@dataclass(frozen=True)
+class ThreadState:
+    checkpoint: Digest | None
+    history: HistoryPosition = EMPTY_POSITION
+    forked_from: ForkOrigin | None = None
+
+    def to_doc(self):
+        return {"checkpoint": None if self.checkpoint is None else self.checkpoint.hex(),
+                "history": self.history.to_doc(),
+                "forked_from": None if self.forked_from is None else self.forked_from.to_doc()}
+
+    @classmethod
+    def from_doc(cls, doc) -> "ThreadState":
+        return cls(None if doc["checkpoint"] is None else Digest.parse(doc["checkpoint"]),
+                   HistoryPosition.from_doc(doc["history"]), ForkOrigin.from_doc(doc["forked_from"]))
+
+
+@dataclass(frozen=True)
+class ReflogEntry:
+    number: int
+    old: ThreadState | None
+    new: ThreadState | None
+    action: str
+    message: str
+    time: float
+
+    def to_json(self):
+        def state(s):
+            return None if s is None else s.to_doc()
+        return {"number": self.number, "old": state(self.old), "new": state(self.new),
+                "action": self.action, "message": self.message, "time": self.time}
+
+
+def _key(name: str) -> bytes:
+    return PREFIX + name.encode("utf-8")
+
+
+def _decode_state(key: bytes, value) -> ThreadState:
+    payload = unseal("refs", key, value)
+    try:
+        return ThreadState.from_doc(encoding.decode(payload))
+    except (InvalidObject, KeyError, TypeError, Exception) as exc:  # noqa: BLE001 - any shape error
+        if isinstance(exc, IntegrityError):
+            raise
+        raise IntegrityError(f"ref {key.decode('utf-8', 'replace')} is malformed: {exc}") from None
+
+
+def read_thread(txn: Txn, name: str) -> ThreadState | None:
+    value = txn.get("refs", _key(name))
+    return None if value is None else _decode_state(_key(name), value)
+
+
+def list_threads(txn: Txn) -> list[tuple[str, ThreadState]]:
+    return [(key[len(PREFIX):].decode("utf-8"), _decode_state(bytes(key), value))
+            for key, value in txn.scan("refs", PREFIX)]
+
+
+_MISSING = object()
+
+
+def set_if_equals(txn: Txn, name: str, old, new: ThreadState | None, action: str,
+                  message: str = "") -> bool:
+    """Move thread `name` from `old` to `new` if it is still at `old`; log the move.
+
+    `old=None` means the thread must not exist; `new=None` deletes it (and its
+    reflog, as git does: a deleted thread's history is kept only by the forks that
+    share it). Returns False, changing nothing, when the thread is not at `old`.
+    """
+    check_thread_name(name)
+    current = read_thread(txn, name)
+    if current != old:
+        return False
+    key = _key(name)
+    if new is None:
+        txn.delete("refs", key)
+        for log_key, _ in list(txn.scan("reflog", key + b"\0")):
+            txn.delete("reflog", log_key)
+        return True
+    txn.put("refs", key, seal("refs", key, encoding.encode(new.to_doc())))
+    _append_reflog(txn, name, old, new, action, message)
+    return True
+
+
+def _append_reflog(txn: Txn, name: str, old, new, action: str, message: str) -> None:
+    prefix = _key(name) + b"\0"
+    last = next(txn.scan("reflog", prefix, reverse=True), None)
+    number = 0 if last is None else struct.unpack(">Q", last[0][len(prefix):])[0] + 1
+    doc = {"old": None if old is None else old.to_doc(), "new": new.to_doc(), "action": action,
+           "message": message, "time": int(time.time() * 1e6)}
+    key = prefix + struct.pack(">Q", number)
+    txn.put("reflog", key, seal("reflog", key, encoding.encode(doc)))
+
+
+def read_reflog(txn: Txn, name: str, limit: int | None = None) -> list[ReflogEntry]:
+    """Reflog entries of `name`, newest first."""
+    prefix = _key(name) + b"\0"
+    entries = []
+    for key, value in txn.scan("reflog", prefix, reverse=True):
+        entries.append(decode_reflog_entry(bytes(key), value, prefix))
+        if limit is not None and len(entries) >= limit:
+            break
+    return entries
+
+
+def decode_reflog_entry(key: bytes, value, prefix: bytes | None = None) -> ReflogEntry:
+    payload = unseal("reflog", key, value)
+    doc = encoding.decode(payload)
+    if prefix is None:
+        prefix = key[: key.index(b"\0") + 1]
+    number = struct.unpack(">Q", key[len(prefix):])[0]
+
+    def state(d):
+        return None if d is None else ThreadState.from_doc(d)
+    return ReflogEntry(number, state(doc["old"]), state(doc["new"]), doc["action"], doc["message"],
+                       doc["time"] / 1e6)
+
+
+def all_reflog_entries(txn: Txn):
+    """(thread name, entry) for every reflog entry in the store, streamed."""
+    for key, value in txn.scan("reflog"):
+        key = bytes(key)
+        name = key[len(PREFIX): key.index(b"\0")].decode("utf-8")
+        yield name, decode_reflog_entry(key, value)

@@ -1,0 +1,492 @@
+"""`Store`: the Python API of agentcas, the same surface the CLI uses.
+
+It opens an ObjectStore, checks the format version, and composes the layers:
+workspace snapshots and restores, refs and revisions, rollout histories. Every
+method that changes the store writes objects first and moves refs last, in one
+final transaction that re-reads the thread and checks what it references exists.
+"""
+
+from __future__ import annotations
+
+import datetime
+import getpass
+import os
+import platform
+import socket
+import sys
+
+from agentcas import __version__
+from agentcas.cas import encoding, framing
+from agentcas.cas.digest import Digest
+from agentcas.cas.lmdb_store import StoreUnavailable, open_lmdb
+from agentcas.cas.objects import (EMPTY_POSITION, FORMAT_VERSION, Checkpoint, HistoryPosition,
+                                  check_reason)
+from agentcas.cas.sealed import seal, unseal
+from agentcas.cas.store import MemoryObjectStore, ObjectStore, Txn, load_object, save_object
+from agentcas.cas.writer import BatchWriter, WritePin
+from agentcas.errors import AgentcasError, ConflictError, IntegrityError, NotFound, UsageError
+from agentcas.lineage import rollout
+from agentcas.refs import revisions, threads
+from agentcas.refs.names import check_thread_name
+from agentcas.refs.threads import ForkOrigin, ThreadState
+from agentcas.workspace.restore import list_files, restore_tree
+from agentcas.workspace.snapshot import snapshot
+
+STORE_DIR = ".agentcas"
+FORMAT_KEY = b"format"
+UNRELATED_NOTE = "the target checkpoint is not in this thread's ancestry (a checkpoint of an unrelated thread)"
+WORLD_NOTE = ("revert moves the thread's pointer only: files written, requests sent and money spent "
+              "by the agent are not undone")
+
+
+class StoreFormatError(IntegrityError):
+    pass
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def runtime_description() -> dict:
+    return {"agentcas": __version__, "python": platform.python_version(),
+            "os": f"{platform.system()} {platform.release()} {platform.machine()}"}
+
+
+def default_author() -> str:
+    name = os.environ.get("AGENTCAS_AUTHOR")
+    if name:
+        return name
+    try:
+        return f"{getpass.getuser()}@{socket.gethostname()}"
+    except Exception:  # noqa: BLE001 - no user database in some containers
+        return "unknown"
+
+
+def find_store(start: str | None = None) -> str | None:
+    """The nearest ./.agentcas from `start` upward, or None."""
+    here = os.path.abspath(start or os.getcwd())
+    while True:
+        candidate = os.path.join(here, STORE_DIR)
+        if os.path.isdir(candidate):
+            return candidate
+        parent = os.path.dirname(here)
+        if parent == here:
+            return None
+        here = parent
+
+
+class Store:
+    """An agentcas store: checkpoints, threads and histories over one ObjectStore."""
+
+    def __init__(self, objects: ObjectStore, path: str | None = None):
+        self.objects = objects
+        self.path = path
+        self._check_format()
+
+    # -- opening ------------------------------------------------------------------------------
+    @classmethod
+    def init(cls, path: str) -> tuple["Store", bool]:
+        """Create a store at `path` (or open the one there); (store, created)."""
+        path = os.path.abspath(path)
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise StoreUnavailable(f"store path is a file, not a directory: {path}")
+        if os.path.isfile(os.path.join(path, "data.mdb")):
+            return cls.open(path), False
+        if os.path.isdir(path) and os.listdir(path):
+            raise ConflictError(f"directory exists and is not empty: {path}")
+        os.makedirs(path, exist_ok=True)
+        objects = open_lmdb(path, create=True)
+        doc = encoding.encode({"format": FORMAT_VERSION, "created_at": utc_now()})
+        objects.write(lambda txn: txn.put_new("meta", FORMAT_KEY, seal("meta", FORMAT_KEY, doc)))
+        return cls(objects, path), True
+
+    @classmethod
+    def open(cls, path: str) -> "Store":
+        if path.startswith("memory://"):
+            return cls.memory()
+        if path.startswith("lmdb://"):
+            path = path[len("lmdb://"):]
+        path = os.path.abspath(path)
+        if not os.path.exists(path):
+            raise StoreUnavailable(f"no store at {path} (run 'agentcas init {path}')")
+        return cls(open_lmdb(path), path)
+
+    @classmethod
+    def memory(cls) -> "Store":
+        objects = MemoryObjectStore()
+        doc = encoding.encode({"format": FORMAT_VERSION, "created_at": utc_now()})
+        objects.write(lambda txn: txn.put("meta", FORMAT_KEY, seal("meta", FORMAT_KEY, doc)))
+        return cls(objects, None)
+
+    def _check_format(self) -> None:
+        with self.objects.reader() as txn:
+            value = txn.get("meta", FORMAT_KEY)
+            if value is None:
+                raise StoreUnavailable(f"not an agentcas store (no format record): {self.path}")
+            doc = encoding.decode(unseal("meta", FORMAT_KEY, value))
+        if doc.get("format", 0) > FORMAT_VERSION:
+            raise StoreFormatError(
+                f"store format {doc['format']} is newer than this agentcas reads ({FORMAT_VERSION}); "
+                "upgrade agentcas")
+
+    # -- reading ------------------------------------------------------------------------------
+    def resolve(self, rev: str) -> Digest:
+        with self.objects.reader() as txn:
+            digest = revisions.resolve(txn, rev)
+            revisions.load_checkpoint(txn, digest)
+            return digest
+
+    def checkpoint(self, rev: str) -> tuple[Digest, Checkpoint]:
+        with self.objects.reader() as txn:
+            digest = revisions.resolve(txn, rev)
+            return digest, revisions.load_checkpoint(txn, digest)
+
+    def thread(self, name: str) -> ThreadState:
+        check_thread_name(name)
+        with self.objects.reader() as txn:
+            state = threads.read_thread(txn, name)
+        if state is None:
+            raise NotFound(f"no thread named {name!r}")
+        return state
+
+    def show(self, rev: str, files: bool = False) -> dict:
+        digest, cp = self.checkpoint(rev)
+        doc = {"checkpoint": digest.hex(), "tree": cp.tree.hex(),
+               "parents": [p.hex() for p in cp.parents], "thread": cp.thread, "reason": cp.reason,
+               "author": cp.author, "created_at": cp.created_at, "runtime": cp.runtime,
+               "history": cp.history.to_doc(), "format": cp.format}
+        if files:
+            doc["files"] = self.files(digest.hex())
+        return doc
+
+    def files(self, rev: str) -> list[dict]:
+        digest, cp = self.checkpoint(rev)
+        with self.objects.reader() as txn:
+            return [{"path": path, "size": entry.size, "mode": f"{entry.mode:04o}", "id": entry.id.hex()}
+                    for path, entry in list_files(txn, cp.tree) if entry.type == "file"]
+
+    def log(self, thread: str | None = None, limit: int | None = None) -> list[dict]:
+        """Checkpoints newest first along first parents from a thread (or revision)."""
+        thread = thread or "main"
+        out = []
+        with self.objects.reader() as txn:
+            digest = revisions.resolve(txn, thread)
+            while digest is not None and (limit is None or len(out) < limit):
+                cp = revisions.load_checkpoint(txn, digest)
+                out.append({"checkpoint": digest.hex(), "reason": cp.reason, "thread": cp.thread,
+                            "created_at": cp.created_at, "author": cp.author,
+                            "parents": [p.hex() for p in cp.parents], "history": cp.history.to_doc()})
+                digest = cp.parents[0] if cp.parents else None
+        return out
+
+    def threads(self) -> list[dict]:
+        with self.objects.reader() as txn:
+            return [{"thread": name, "checkpoint": None if s.checkpoint is None else s.checkpoint.hex(),
+                     "history": s.history.to_doc(),
+                     "forked_from": None if s.forked_from is None else s.forked_from.to_doc()}
+                    for name, s in threads.list_threads(txn)]
+
+    def reflog(self, thread: str, limit: int | None = None) -> list[dict]:
+        check_thread_name(thread)
+        with self.objects.reader() as txn:
+            if threads.read_thread(txn, thread) is None:
+                raise NotFound(f"no thread named {thread!r}")
+            return [entry.to_json() for entry in threads.read_reflog(txn, thread, limit)]
+
+    # -- committing -----------------------------------------------------------------------------
+    def commit(self, workspace: str, reason: str, thread: str = "main", rollout_file: str | None = None,
+               expect: str | None = None, allow_secrets=(), author: str | None = None,
+               progress=None) -> dict:
+        """Snapshot `workspace` (and the new tail of `rollout_file`) as a checkpoint on `thread`."""
+        check_reason(reason)
+        check_thread_name(thread)
+        expected = self.resolve(expect) if expect else None
+        if not os.path.isdir(workspace):
+            raise UsageError(f"workspace is not a directory: {workspace}")
+        with WritePin(self.objects, f"commit {thread}") as pin:
+            skip = [self.path] if self.path else []
+            tree, stats = snapshot(self.objects, workspace, allow_secrets, progress, skip)
+            tail = None
+            if rollout_file is not None:
+                tail = self._prepare_rollout_tail(thread, rollout_file)
+            created_at, who, runtime = utc_now(), author or default_author(), runtime_description()
+
+            def land(txn: Txn):
+                state = threads.read_thread(txn, thread)
+                current = None if state is None else state.checkpoint
+                if expect is not None and current != expected:
+                    raise ConflictError(f"thread {thread!r} is at "
+                                        f"{current.hex() if current else 'nothing'}, not at {expect!r}; "
+                                        "nothing was committed")
+                history = EMPTY_POSITION if state is None else state.history
+                appended = 0
+                if tail is not None:
+                    prepared, based_on = tail
+                    if history != based_on:
+                        raise ConflictError(f"thread {thread!r} history moved while the rollout was read; "
+                                            "nothing was committed, retry")
+                    history = rollout.link_segments(txn, history, prepared)
+                    appended = history.seq - based_on.seq
+                if txn.get("objects", tree.raw) is None:
+                    raise IntegrityError("the snapshot's tree vanished before the commit landed "
+                                         "(concurrent gc?); nothing was committed, retry")
+                cp = Checkpoint(tree, (current,) if current else (), thread, reason, who, created_at,
+                                runtime, history)
+                digest = cp.digest()
+                save_object(txn, digest, framing.frame(framing.KIND_CHECKPOINT, cp.encode()))
+                new = ThreadState(digest, history, None if state is None else state.forked_from)
+                threads.set_if_equals(txn, thread, state, new, "commit", reason)
+                pin.release(txn)
+                return digest, cp, appended
+
+            digest, cp, appended = self.objects.write(land)
+        return {"checkpoint": digest.hex(), "tree": tree.hex(), "thread": thread,
+                "parents": [p.hex() for p in cp.parents], "history": cp.history.to_doc(),
+                "files": stats.files, "bytes": stats.bytes, "cached_files": stats.cached_files,
+                "new_objects": stats.new_objects, "new_bytes": stats.new_bytes,
+                "appended_records": appended}
+
+    def _prepare_rollout_tail(self, thread: str, path: str):
+        """Check that `path` starts with the stored history; prepare its new complete lines."""
+        with self.objects.reader() as txn:
+            state = threads.read_thread(txn, thread)
+            head = EMPTY_POSITION if state is None else state.history
+            history = rollout.History(txn)
+            try:
+                handle = open(path, "rb")
+            except OSError as exc:
+                raise UsageError(f"cannot read rollout file {path}: {exc.strerror}") from None
+            with handle:
+                size = os.fstat(handle.fileno()).st_size
+                if size < head.offset:
+                    raise rollout.RolloutMismatch(
+                        f"rollout file {path} is shorter ({size} bytes) than the {head.offset} bytes "
+                        f"already stored for thread {thread!r}: it was truncated or rewritten; "
+                        "nothing was committed")
+                if head.seq:
+                    # Compare the stored bytes of the last segment and the first 64 KiB.
+                    seg_id, seg, cut = history.locate(head, head.seq - 1)
+                    stored = history.segment_bytes(seg, cut)
+                    handle.seek(seg.base.offset)
+                    same = handle.read(len(stored)) == stored
+                    first = b"".join(history.read(head, 0, 64))[:65536]
+                    handle.seek(0)
+                    same = same and handle.read(len(first)) == first
+                    if not same:
+                        raise rollout.RolloutMismatch(
+                            f"rollout file {path} differs from the history already stored for thread "
+                            f"{thread!r} (it was rewritten or edited); nothing was committed")
+                handle.seek(head.offset)
+                tail = handle.read()
+        cut = tail.rfind(b"\n") + 1
+        writer = BatchWriter(self.objects)
+        prepared = rollout.prepare(tail[:cut], writer.add)
+        writer.flush()
+        return prepared, head
+
+    # -- rollouts -------------------------------------------------------------------------------
+    def rollout_append(self, thread: str, data: bytes) -> dict:
+        """Append JSONL records to a thread's history (creating the thread if new)."""
+        check_thread_name(thread)
+        with WritePin(self.objects, f"append {thread}") as pin:
+            writer = BatchWriter(self.objects)
+            prepared = rollout.prepare(data, writer.add)
+            writer.flush()
+
+            def land(txn: Txn):
+                state = threads.read_thread(txn, thread)
+                base = EMPTY_POSITION if state is None else state.history
+                head = rollout.link_segments(txn, base, prepared)
+                new = ThreadState(None if state is None else state.checkpoint, head,
+                                  None if state is None else state.forked_from)
+                threads.set_if_equals(txn, thread, state, new, "append",
+                                      f"append {head.seq - base.seq} records")
+                pin.release(txn)
+                return base, head
+
+            base, head = self.objects.write(land)
+        return {"thread": thread, "appended": head.seq - base.seq, "first_seq": base.seq,
+                "history": head.to_doc()}
+
+    def rollout_read(self, thread: str, start: int = 0, stop: int | None = None):
+        """Yield the bytes of records start <= seq < stop of a thread's history."""
+        state = self.thread(thread)
+        if start < 0 or (stop is not None and stop < 0):
+            raise UsageError("--from and --to must not be negative")
+        with self.objects.reader() as txn:
+            yield from rollout.History(txn).read(state.history, start, stop)
+
+    # -- moves on threads -----------------------------------------------------------------------
+    def create_thread(self, name: str, rev: str | None = None) -> dict:
+        """A new thread at a checkpoint (default: main's head), with that checkpoint's history."""
+        check_thread_name(name)
+
+        def land(txn: Txn):
+            digest = revisions.resolve(txn, rev or "main")
+            cp = revisions.load_checkpoint(txn, digest)
+            if not threads.set_if_equals(txn, name, None, ThreadState(digest, cp.history), "branch",
+                                         f"branch from {rev or 'main'}"):
+                raise ConflictError(f"thread {name!r} already exists")
+            return digest
+
+        return {"thread": name, "checkpoint": self.objects.write(land).hex()}
+
+    def delete_thread(self, name: str) -> dict:
+        check_thread_name(name)
+
+        def land(txn: Txn):
+            state = threads.read_thread(txn, name)
+            if state is None:
+                raise NotFound(f"no thread named {name!r}")
+            threads.set_if_equals(txn, name, state, None, "delete")
+            return state
+
+        state = self.objects.write(land)
+        return {"thread": name, "deleted": True,
+                "checkpoint": None if state.checkpoint is None else state.checkpoint.hex()}
+
+    def fork(self, source: str, name: str, at: int | None = None) -> dict:
+        """A new thread sharing the first `at` records (default: all) of `source`'s history."""
+        check_thread_name(name)
+        if at is not None and at < 0:
+            raise UsageError(f"--at must not be negative: {at}")
+
+        def land(txn: Txn):
+            state = threads.read_thread(txn, source) if _is_name(source) else None
+            if state is not None:
+                head, tip = state.history, state.checkpoint
+            else:
+                tip = revisions.resolve(txn, source)
+                head = revisions.load_checkpoint(txn, tip).history
+            if at is not None and at > head.seq:
+                raise UsageError(f"--at {at} is beyond the end of {source!r}'s history ({head.seq} records)")
+            position = rollout.History(txn).position(head, head.seq if at is None else at)
+            checkpoint = tip
+            while checkpoint is not None:
+                cp = revisions.load_checkpoint(txn, checkpoint)
+                if cp.history.seq <= position.seq:
+                    break
+                checkpoint = cp.parents[0] if cp.parents else None
+            new = ThreadState(checkpoint, position, ForkOrigin(source, checkpoint, position.seq))
+            if not threads.set_if_equals(txn, name, None, new, "fork", f"fork of {source} at {position.seq}"):
+                raise ConflictError(f"thread {name!r} already exists")
+            return new
+
+        new = self.objects.write(land)
+        return {"thread": name, "source": source, "seq": new.history.seq,
+                "checkpoint": None if new.checkpoint is None else new.checkpoint.hex(),
+                "history": new.history.to_doc()}
+
+    def revert(self, thread: str, rev: str, expect: str | None = None) -> dict:
+        """Move `thread` to checkpoint `rev` by compare-and-swap; the old head stays in the reflog."""
+        check_thread_name(thread)
+
+        def land(txn: Txn):
+            state = threads.read_thread(txn, thread)
+            if state is None:
+                raise NotFound(f"no thread named {thread!r}")
+            if expect is not None:
+                expected = revisions.resolve(txn, expect)
+                if state.checkpoint != expected:
+                    raise ConflictError(f"thread {thread!r} is not at {expect!r}; nothing was changed")
+            target = revisions.resolve(txn, rev)
+            cp = revisions.load_checkpoint(txn, target)
+            related = cp.thread == thread or _is_ancestor(txn, target, state.checkpoint)
+            new = ThreadState(target, cp.history, state.forked_from)
+            threads.set_if_equals(txn, thread, state, new, "revert", f"revert to {rev}")
+            return state, target, cp, related
+
+        old, target, cp, related = self.objects.write(land)
+        notes = [WORLD_NOTE] + ([] if related else [UNRELATED_NOTE])
+        return {"thread": thread, "checkpoint": target.hex(),
+                "previous": None if old.checkpoint is None else old.checkpoint.hex(),
+                "history": cp.history.to_doc(), "related": related, "notes": notes}
+
+    def checkout(self, rev: str, dest: str, progress=None) -> dict:
+        digest, cp = self.checkpoint(rev)
+        count = restore_tree(self.objects, cp.tree, dest, progress)
+        return {"checkpoint": digest.hex(), "tree": cp.tree.hex(), "dest": os.path.abspath(dest),
+                "files": count}
+
+    def diff(self, rev1: str, rev2: str) -> dict:
+        d1, c1 = self.checkpoint(rev1)
+        d2, c2 = self.checkpoint(rev2)
+        with self.objects.reader() as txn:
+            files1 = {p: e for p, e in list_files(txn, c1.tree) if e.type == "file"}
+            files2 = {p: e for p, e in list_files(txn, c2.tree) if e.type == "file"}
+            history = rollout.History(txn)
+            common = _common_prefix(history, c1.history, c2.history)
+        added = [{"path": p, "size": files2[p].size} for p in sorted(files2.keys() - files1.keys())]
+        removed = [{"path": p, "size": files1[p].size} for p in sorted(files1.keys() - files2.keys())]
+        changed = [{"path": p, "old_size": files1[p].size, "new_size": files2[p].size}
+                   for p in sorted(files1.keys() & files2.keys())
+                   if (files1[p].id, files1[p].mode) != (files2[p].id, files2[p].mode)]
+        return {"from": d1.hex(), "to": d2.hex(), "added": added, "removed": removed, "changed": changed,
+                "records": {"from_seq": c1.history.seq, "to_seq": c2.history.seq, "common": common,
+                            "added": c2.history.seq - common, "added_range": [common, c2.history.seq],
+                            "removed": c1.history.seq - common}}
+
+    def lineage(self, thread: str | None = None) -> dict:
+        rows = self.threads()
+        by_name = {r["thread"]: r for r in rows}
+        children: dict[str, list] = {}
+        roots = []
+        for row in rows:
+            parent = row["forked_from"]["thread"] if row["forked_from"] else None
+            if parent in by_name and parent != row["thread"]:
+                children.setdefault(parent, []).append(row["thread"])
+            else:
+                roots.append(row["thread"])
+
+        def node(name, seen=()):
+            row = by_name[name]
+            return {"thread": name, "checkpoint": row["checkpoint"], "records": row["history"]["seq"],
+                    "forked_from": row["forked_from"],
+                    "children": [node(c, seen + (name,)) for c in sorted(children.get(name, []))
+                                 if c not in seen]}
+
+        if thread is not None:
+            if thread not in by_name:
+                raise NotFound(f"no thread named {thread!r}")
+            return {"threads": [node(thread)]}
+        return {"threads": [node(r) for r in sorted(roots)]}
+
+
+def _is_name(text: str) -> bool:
+    try:
+        check_thread_name(text)
+        return True
+    except UsageError:
+        return False
+
+
+def _is_ancestor(txn: Txn, target: Digest, tip: Digest | None, limit: int = 100000) -> bool:
+    stack, seen = ([tip] if tip else []), set()
+    while stack and len(seen) < limit:
+        digest = stack.pop()
+        if digest == target:
+            return True
+        if digest.raw in seen:
+            continue
+        seen.add(digest.raw)
+        data = load_object(txn, digest, framing.KIND_CHECKPOINT)
+        if data is not None:
+            stack.extend(Checkpoint.decode(data).parents)
+    return False
+
+
+def _common_prefix(history: rollout.History, a: HistoryPosition, b: HistoryPosition) -> int:
+    """The number of leading records two histories share (binary search on prefix digests)."""
+    short, long_ = (a, b) if a.seq <= b.seq else (b, a)
+    if short.seq == 0:
+        return 0
+    if history.position(long_, short.seq).digest == short.digest:
+        return short.seq
+    lo, hi = 0, short.seq  # lo shared, hi not shared
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if history.position(a, mid).digest == history.position(b, mid).digest:
+            lo = mid
+        else:
+            hi = mid
+    return lo

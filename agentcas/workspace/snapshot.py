@@ -1,0 +1,313 @@
+"""Snapshot a directory into trees, file entries and chunks.
+
+1. Walk: regular files and directories only (symlinks, hardlinked files, devices,
+   fifos and sockets are refused, naming the path); names checked; `.agentcasignore`
+   (gitignore syntax, at the workspace root) and the store's own directory skipped.
+2. Stat cache: a file whose (size, mtime_ns, inode, ctime_ns) match the cache and
+   whose objects are still stored is not read again, as git's index does. Entries
+   younger than RACY_NS are not cached (a same-tick rewrite would go unseen).
+3. Secret scan of every file not taken from the cache, before anything is stored.
+4. Store: two worker threads read, chunk (FastCDC), hash (BLAKE3) and compress
+   (zstd), all of which release the GIL; the main thread writes batches. A file is
+   fstat'ed before and after reading; if it changed it is read again (3 tries), and
+   if it differs from what was scanned it is scanned again.
+5. Trees are built bottom-up and returned as the root tree id.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import stat
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import blake3
+import pathspec
+
+from agentcas.cas import chunking, encoding, framing
+from agentcas.cas.digest import EMPTY, Digest, hash_blob
+from agentcas.cas.names import BadName, check_name, check_unique
+from agentcas.cas.objects import MODE_EXEC, MODE_FILE, ChunkList, ChunkRef, Tree, TreeEntry
+from agentcas.cas.sealed import seal, unseal
+from agentcas.cas.store import ObjectStore
+from agentcas.cas.writer import BatchWriter
+from agentcas.errors import AgentcasError, IntegrityError
+from agentcas.workspace import secrets
+
+IGNORE_FILE = ".agentcasignore"
+RACY_NS = 2_000_000_000
+READ_TRIES = 3
+WORKERS = 2
+IN_FLIGHT_BYTES = 256 * 1024 * 1024
+
+
+class WorkspaceError(AgentcasError):
+    """The workspace holds something agentcas will not snapshot."""
+
+
+class SecretFound(AgentcasError):
+    """A file looks like it holds a credential."""
+
+
+class FileChanged(AgentcasError):
+    """A file kept changing while it was read."""
+
+
+@dataclass
+class FileItem:
+    rel: str
+    path: str
+    st: os.stat_result
+    entry: TreeEntry | None = None  # set when known (cache hit or stored)
+
+
+@dataclass
+class SnapshotStats:
+    files: int = 0
+    bytes: int = 0
+    cached_files: int = 0
+    read_bytes: int = 0
+    new_objects: int = 0
+    new_bytes: int = 0
+
+
+def _signature(st: os.stat_result) -> tuple:
+    return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+
+
+class Snapshotter:
+    def __init__(self, store: ObjectStore, root: str, allow_secrets=(), progress=None,
+                 skip_dirs=()):
+        self.store = store
+        self.root = os.path.realpath(root)
+        self.allow_secrets = tuple(allow_secrets)
+        self.progress = progress
+        self.skip_dirs = {os.path.realpath(d) for d in skip_dirs}
+        self.stats = SnapshotStats()
+        self.writer = BatchWriter(store)
+        self._ignore = self._load_ignore()
+        self._started_ns = time.time_ns()
+
+    # -- walk ---------------------------------------------------------------------------
+    def _load_ignore(self):
+        path = os.path.join(self.root, IGNORE_FILE)
+        if not os.path.isfile(path):
+            return None
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return pathspec.GitIgnoreSpec.from_lines(handle.read().splitlines())
+
+    def _ignored(self, rel: str, is_dir: bool) -> bool:
+        return self._ignore is not None and self._ignore.match_file(rel + "/" if is_dir else rel)
+
+    def walk(self) -> dict[str, list]:
+        """Map of directory rel path ('' = root) -> list of (name, FileItem | 'dir')."""
+        if not os.path.isdir(self.root):
+            raise WorkspaceError(f"workspace is not a directory: {self.root}")
+        dirs: dict[str, list] = {}
+        stack = [""]
+        while stack:
+            rel_dir = stack.pop()
+            abs_dir = os.path.join(self.root, rel_dir)
+            children = []
+            try:
+                entries = sorted(os.scandir(abs_dir), key=lambda e: e.name)
+            except OSError as exc:
+                raise WorkspaceError(f"cannot read directory {abs_dir}: {exc.strerror}") from None
+            for entry in entries:
+                name = entry.name
+                rel = f"{rel_dir}/{name}" if rel_dir else name
+                try:
+                    name.encode("utf-8")
+                    check_name(name)
+                except (UnicodeEncodeError, BadName):
+                    raise WorkspaceError(f"file name not allowed in a checkpoint: {rel!r}") from None
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    if name == ".agentcas" or os.path.realpath(entry.path) in self.skip_dirs:
+                        continue
+                    if self._ignored(rel, True):
+                        continue
+                    children.append((name, "dir"))
+                    stack.append(rel)
+                    continue
+                if self._ignored(rel, False):
+                    continue
+                if stat.S_ISLNK(st.st_mode):
+                    raise WorkspaceError(f"symlinks are not supported: {rel}")
+                if not stat.S_ISREG(st.st_mode):
+                    raise WorkspaceError(f"not a regular file or directory (device, fifo or socket): {rel}")
+                if st.st_nlink > 1:
+                    raise WorkspaceError(f"hardlinked file (link count {st.st_nlink}) is not supported: {rel}")
+                children.append((name, FileItem(rel, entry.path, st)))
+            try:
+                check_unique([name for name, _ in children], rel_dir)
+            except BadName as exc:
+                raise WorkspaceError(str(exc)) from None
+            dirs[rel_dir] = children
+        return dirs
+
+    # -- stat cache ---------------------------------------------------------------------------
+    def _cache_key(self, item: FileItem) -> bytes:
+        return (self.root + "\0" + item.rel).encode("utf-8")
+
+    def _from_cache(self, txn, item: FileItem) -> TreeEntry | None:
+        key = self._cache_key(item)
+        value = txn.get("statcache", key)
+        if value is None:
+            return None
+        try:
+            doc = encoding.decode(unseal("statcache", key, value))
+        except IntegrityError:
+            return None  # a damaged cache entry only costs a re-read
+        if tuple(doc["sig"]) != _signature(item.st):
+            return None
+        entry = TreeEntry.from_doc(dict(doc["entry"], name=item.path.rsplit("/", 1)[-1]))
+        if entry.mode != _mode(item.st):
+            return None
+        stored = entry.chunks if entry.chunks is not None else entry.id
+        if entry.size and txn.get("objects", stored.raw) is None:
+            return None
+        return entry
+
+    def _cache_rows(self, items: list[FileItem]) -> list[tuple[bytes, bytes]]:
+        rows = []
+        for item in items:
+            if item.entry is None or self._started_ns - item.st.st_mtime_ns < RACY_NS:
+                continue
+            if self._started_ns - item.st.st_ctime_ns < RACY_NS:
+                continue
+            key = self._cache_key(item)
+            doc = {"sig": list(_signature(item.st)), "entry": item.entry.to_doc()}
+            rows.append((key, seal("statcache", key, encoding.encode(doc))))
+        return rows
+
+    # -- secrets ------------------------------------------------------------------------------
+    def _allowed(self, rel: str) -> bool:
+        return any(fnmatch.fnmatchcase(rel, glob) for glob in self.allow_secrets)
+
+    def _check_secret(self, rel: str, data: bytes) -> None:
+        if self._allowed(rel):
+            return
+        finding = secrets.scan(data, rel)
+        if finding is not None:
+            raise SecretFound(
+                f"possible secret ({finding.rule}) in {finding.path} line {finding.line}; nothing "
+                f"was committed (use --allow-secret '{finding.path}' if it is meant to be stored)")
+
+    def _scan_file(self, item: FileItem) -> None:
+        with open(item.path, "rb") as handle:
+            head = handle.read(secrets.BINARY_SNIFF)
+            if secrets.is_binary(head):
+                return
+            self._check_secret(item.rel, head + handle.read())
+
+    # -- store ----------------------------------------------------------------------------------
+    def _read_stable(self, item: FileItem) -> tuple[bytes, os.stat_result]:
+        for _ in range(READ_TRIES):
+            try:
+                with open(item.path, "rb") as handle:
+                    before = os.fstat(handle.fileno())
+                    data = handle.read()
+                    after = os.fstat(handle.fileno())
+            except OSError as exc:
+                raise WorkspaceError(f"cannot read {item.rel}: {exc.strerror}") from None
+            if _signature(before) == _signature(after) and len(data) == after.st_size:
+                return data, after
+        raise FileChanged(f"{item.rel} kept changing while it was read; nothing was committed")
+
+    def _store_file(self, item: FileItem):
+        data, st = self._read_stable(item)
+        if _signature(st) != _signature(item.st):
+            self._check_secret(item.rel, data)  # it changed since the scan: scan what we store
+            item.st = st
+        mode = _mode(st)
+        objects = []
+        if not data:
+            return TreeEntry(item.rel.rsplit("/", 1)[-1], "file", EMPTY, mode, 0), objects, 0
+        file_id = Digest(blake3.blake3(data, max_threads=1).digest())
+        refs = []
+        with self.store.reader() as txn:
+            for piece in chunking.cut(data):
+                digest = hash_blob(piece)
+                refs.append(ChunkRef(digest, len(piece)))
+                if txn.get("objects", digest.raw) is None:
+                    objects.append((digest, framing.frame(framing.KIND_CHUNK, piece)))
+        chunks = None
+        if len(refs) > 1:
+            chunk_list = ChunkList(tuple(refs))
+            chunks = chunk_list.digest()
+            objects.append((chunks, framing.frame(framing.KIND_CHUNKLIST, chunk_list.encode())))
+        entry = TreeEntry(item.rel.rsplit("/", 1)[-1], "file", file_id, mode, len(data), chunks)
+        return entry, objects, len(data)
+
+    def run(self) -> Digest:
+        dirs = self.walk()
+        files = [item for children in dirs.values() for _, item in children if item != "dir"]
+        self.stats.files = len(files)
+        self.stats.bytes = sum(item.st.st_size for item in files)
+        with self.store.reader() as txn:
+            for item in files:
+                item.entry = self._from_cache(txn, item)
+        todo = [item for item in files if item.entry is None]
+        self.stats.cached_files = len(files) - len(todo)
+        for item in todo:
+            self._scan_file(item)
+        total = sum(item.st.st_size for item in todo)
+        done = 0
+        with ThreadPoolExecutor(WORKERS) as pool:
+            pending = []
+            in_flight = 0
+            queue = list(reversed(todo))
+            while queue or pending:
+                while queue and (in_flight < IN_FLIGHT_BYTES or not pending):
+                    item = queue.pop()
+                    pending.append((item, pool.submit(self._store_file, item)))
+                    in_flight += item.st.st_size
+                item, future = pending.pop(0)
+                entry, objects, size = future.result()
+                in_flight -= item.st.st_size
+                item.entry = entry
+                for digest, framed in objects:
+                    self.writer.add(digest, framed)
+                done += size
+                self.stats.read_bytes += size
+                if self.progress:
+                    self.progress(done, total)
+        root = self._build_trees(dirs)
+        self.writer.flush()
+        rows = self._cache_rows(todo)
+        if rows:
+            def put_rows(txn):
+                for key, value in rows:
+                    txn.put("statcache", key, value)
+            self.store.write(put_rows)
+        self.stats.new_objects = self.writer.written_objects
+        self.stats.new_bytes = self.writer.written_bytes
+        return root
+
+    def _build_trees(self, dirs: dict[str, list]) -> Digest:
+        ids: dict[str, Digest] = {}
+        for rel_dir in sorted(dirs, key=lambda d: d.count("/") + (1 if d else 0), reverse=True):
+            entries = []
+            for name, item in dirs[rel_dir]:
+                if item == "dir":
+                    entries.append(TreeEntry(name, "dir", ids[f"{rel_dir}/{name}" if rel_dir else name]))
+                else:
+                    entries.append(item.entry)
+            tree = Tree.of(entries)
+            digest = tree.digest()
+            self.writer.add(digest, framing.frame(framing.KIND_TREE, tree.encode()))
+            ids[rel_dir] = digest
+        return ids[""]
+
+
+def _mode(st: os.stat_result) -> int:
+    return MODE_EXEC if st.st_mode & 0o100 else MODE_FILE
+
+
+def snapshot(store: ObjectStore, root: str, allow_secrets=(), progress=None, skip_dirs=()):
+    """Store the directory `root`; return (root tree id, SnapshotStats)."""
+    snap = Snapshotter(store, root, allow_secrets, progress, skip_dirs)
+    return snap.run(), snap.stats
