@@ -303,6 +303,15 @@ def rollout_cat(ctx, thread, start, stop):
 
 # --- commands of later layers register below ------------------------------------------------
 
+# --- gc and fsck (gc helper) ----------------------------------------------------------------
+# (gc helper: commands go here)
+
+# --- keys, trust, signatures, bundles, remotes (exchange helper) ----------------------------
+# (exchange helper: commands go here)
+
+# --- drill (exchange helper) -----------------------------------------------------------------
+# (drill: commands go here)
+
 
 def main(argv=None) -> int:
     debug = os.environ.get("AGENTCAS_DEBUG") == "1"

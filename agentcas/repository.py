@@ -451,6 +451,12 @@ class Store:
             return {"threads": [node(thread)]}
         return {"threads": [node(r) for r in sorted(roots)]}
 
+    # -- gc and fsck (agentcas/gc) ---------------------------------------------------------------
+    # (gc helper: methods go here)
+
+    # -- signing, bundles, remotes (agentcas/signing, agentcas/exchange) --------------------------
+    # (exchange helper: methods go here)
+
 
 def _is_name(text: str) -> bool:
     try:
