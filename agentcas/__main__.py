@@ -1,0 +1,3 @@
+from agentcas.cli import entry_point
+
+entry_point()

@@ -1,0 +1,97 @@
+"""Shared fixtures: a fresh store, a workspace, and `run` for the real CLI in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentcas import Store
+
+AGENTCAS = shutil.which("agentcas", path=str(Path(sys.executable).parent)) or "agentcas"
+
+
+class Result:
+    def __init__(self, proc: subprocess.CompletedProcess):
+        self.code = proc.returncode
+        self.out = proc.stdout
+        self.err = proc.stderr
+
+    def json(self):
+        return json.loads(self.out)
+
+    def __repr__(self):
+        return f"Result(code={self.code}, out={self.out[-500:]!r}, err={self.err[-500:]!r})"
+
+
+def run_cli(*args, store=None, input=None, env=None, cwd=None, timeout=120) -> Result:
+    """Run the installed `agentcas` command the way a user would."""
+    argv = [AGENTCAS] + (["--store", str(store)] if store is not None else []) + [str(a) for a in args]
+    full_env = dict(os.environ, **(env or {}))
+    full_env.pop("AGENTCAS_DEBUG", None)
+    proc = subprocess.run(argv, input=input, capture_output=True, text=isinstance(input, str) or input is None,
+                          env=full_env, cwd=cwd, timeout=timeout)
+    return Result(proc)
+
+
+@pytest.fixture
+def run():
+    return run_cli
+
+
+@pytest.fixture
+def store_dir(tmp_path) -> Path:
+    path = tmp_path / "store"
+    Store.init(str(path))
+    return path
+
+
+@pytest.fixture
+def store(store_dir) -> Store:
+    return Store.open(str(store_dir))
+
+
+@pytest.fixture
+def workspace(tmp_path) -> Path:
+    """A small agent workspace: memory, instructions, task and an artifact."""
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "memory" / "notes.md").write_text("plan: compute the sum of squares\n")
+    (ws / "instructions.md").write_text("Be careful.\n")
+    (ws / "task.json").write_text('{"step": 1}\n')
+    (ws / "artifacts").mkdir()
+    (ws / "artifacts" / "data.bin").write_bytes(os.urandom(300_000))
+    return ws
+
+
+def tree_bytes(root: Path) -> dict:
+    """{relative path: (bytes, mode)} of every file under root, for byte-for-byte comparison."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            out[str(path.relative_to(root))] = (path.read_bytes(), path.stat().st_mode & 0o777)
+    return out
+
+
+def store_rows(store_dir: Path) -> dict:
+    """Every (table, key) -> value in a store, read raw through LMDB, to assert nothing changed."""
+    import lmdb
+    from agentcas.cas.store import TABLES
+    env = lmdb.open(str(store_dir), readonly=True, lock=False, max_dbs=len(TABLES) + 2)
+    rows = {}
+    try:
+        with env.begin() as txn:
+            for name in TABLES:
+                if name == "statcache":
+                    continue
+                db = env.open_db(name.encode(), txn=txn, create=False)
+                for key, value in txn.cursor(db=db):
+                    rows[(name, bytes(key))] = bytes(value)
+    finally:
+        env.close()
+    return rows
