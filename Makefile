@@ -21,8 +21,10 @@ test: setup
 	$(BIN)/python -m pytest -n 2 tests
 
 bench: setup
+	@command -v restic >/dev/null && command -v borg >/dev/null && command -v b3sum >/dev/null || \
+	  { apt-get update -qq && apt-get install -y -qq restic borgbackup b3sum; }
 	$(BIN)/pip install --quiet -e '.[bench]'
-	$(BIN)/python bench/run.py
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
