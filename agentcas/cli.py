@@ -289,7 +289,7 @@ def rollout_append(ctx, thread, source):
 @click.option("--to", "stop", type=int, default=None, metavar="SEQ")
 @pass_ctx
 def rollout_cat(ctx, thread, start, stop):
-    """Print records FROM <= seq < TO of THREAD's history, exactly as appended."""
+    """Print records FROM <= seq < TO of THREAD's history (or a checkpoint's), exactly as appended."""
     pieces = ctx.store().rollout_read(thread, start, stop)
     if ctx.as_json:
         records = [json.loads(line) for piece in pieces for line in piece.splitlines()]

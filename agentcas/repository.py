@@ -205,7 +205,9 @@ class Store:
             raise UsageError(f"workspace is not a directory: {workspace}")
         with WritePin(self.objects, f"commit {thread}") as pin:
             skip = [self.path] if self.path else []
-            tree, stats = snapshot(self.objects, workspace, allow_secrets, progress, skip)
+            # A rollout file inside the workspace is stored once, as history, not as a file too.
+            skip_files = [rollout_file] if rollout_file else []
+            tree, stats = snapshot(self.objects, workspace, allow_secrets, progress, skip, skip_files)
             tail = None
             if rollout_file is not None:
                 tail = self._prepare_rollout_tail(thread, rollout_file)
@@ -264,14 +266,16 @@ class Store:
                         f"already stored for thread {thread!r}: it was truncated or rewritten; "
                         "nothing was committed")
                 if head.seq:
-                    # Compare the stored bytes of the last segment and the first 64 KiB.
+                    # Compare the stored bytes of the last segment and the first 64 KiB of the first.
                     seg_id, seg, cut = history.locate(head, head.seq - 1)
                     stored = history.segment_bytes(seg, cut)
                     handle.seek(seg.base.offset)
                     same = handle.read(len(stored)) == stored
-                    first = b"".join(history.read(head, 0, 64))[:65536]
-                    handle.seek(0)
-                    same = same and handle.read(len(first)) == first
+                    if seg.base.seq:
+                        _, first_seg, first_cut = history.locate(head, 0)
+                        first = history.segment_bytes(first_seg, first_cut)[:65536]
+                        handle.seek(0)
+                        same = same and handle.read(len(first)) == first
                     if not same:
                         raise rollout.RolloutMismatch(
                             f"rollout file {path} differs from the history already stored for thread "
@@ -309,12 +313,22 @@ class Store:
                 "history": head.to_doc()}
 
     def rollout_read(self, thread: str, start: int = 0, stop: int | None = None):
-        """Yield the bytes of records start <= seq < stop of a thread's history."""
-        state = self.thread(thread)
+        """Yield the bytes of records start <= seq < stop of a thread's history.
+
+        `thread` may also be a revision: then the history is that checkpoint's prefix.
+        """
         if start < 0 or (stop is not None and stop < 0):
             raise UsageError("--from and --to must not be negative")
         with self.objects.reader() as txn:
-            yield from rollout.History(txn).read(state.history, start, stop)
+            state = threads.read_thread(txn, thread) if _is_name(thread) else None
+            if state is not None:
+                head = state.history
+            else:
+                try:
+                    head = revisions.load_checkpoint(txn, revisions.resolve(txn, thread)).history
+                except NotFound:
+                    raise NotFound(f"no thread or checkpoint named {thread!r}") from None
+            yield from rollout.History(txn).read(head, start, stop)
 
     # -- moves on threads -----------------------------------------------------------------------
     def create_thread(self, name: str, rev: str | None = None) -> dict:

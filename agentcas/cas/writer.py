@@ -68,6 +68,7 @@ class WritePin:
         self.store = store
         self.key = secrets.token_bytes(16)
         self.doc = {"what": what, "pid": os.getpid(), "started_at": int(time.time()) - 1}
+        self.released = False
 
     def __enter__(self):
         value = seal("pins", self.key, encoding.encode(self.doc))
@@ -77,8 +78,11 @@ class WritePin:
     def release(self, txn: Txn) -> None:
         """Remove the pin inside the writer's final transaction."""
         txn.delete("pins", self.key)
+        self.released = True
 
     def __exit__(self, *exc):
+        if self.released and exc[0] is None:
+            return False
         try:
             self.store.write(lambda txn: txn.delete("pins", self.key))
         except Exception:  # noqa: BLE001 - a stale pin is harmless: gc drops dead pids

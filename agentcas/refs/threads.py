@@ -64,18 +64,23 @@ class ThreadState:
 
 @dataclass(frozen=True)
 class ReflogEntry:
+    """One move: the checkpoint it left (`old`), the state it set (`new`), why and when.
+
+    Only the old checkpoint id is kept, not the whole old state: the state before
+    entry N is entry N-1's `new`, so storing it again would double the reflog.
+    """
+
     number: int
-    old: ThreadState | None
-    new: ThreadState | None
+    old: Digest | None
+    new: ThreadState
     action: str
     message: str
     time: float
 
     def to_json(self):
-        def state(s):
-            return None if s is None else s.to_doc()
-        return {"number": self.number, "old": state(self.old), "new": state(self.new),
-                "action": self.action, "message": self.message, "time": self.time}
+        return {"number": self.number, "old": None if self.old is None else self.old.hex(),
+                "new": self.new.to_doc(), "action": self.action, "message": self.message,
+                "time": self.time}
 
 
 def _key(name: str) -> bytes:
@@ -132,7 +137,8 @@ def _append_reflog(txn: Txn, name: str, old, new, action: str, message: str) -> 
     prefix = _key(name) + b"\0"
     last = next(txn.scan("reflog", prefix, reverse=True), None)
     number = 0 if last is None else struct.unpack(">Q", last[0][len(prefix):])[0] + 1
-    doc = {"old": None if old is None else old.to_doc(), "new": new.to_doc(), "action": action,
+    old_checkpoint = None if old is None or old.checkpoint is None else old.checkpoint.hex()
+    doc = {"old": old_checkpoint, "new": new.to_doc(), "action": action,
            "message": message, "time": int(time.time() * 1e6)}
     key = prefix + struct.pack(">Q", number)
     txn.put("reflog", key, seal("reflog", key, encoding.encode(doc)))
@@ -155,10 +161,8 @@ def decode_reflog_entry(key: bytes, value, prefix: bytes | None = None) -> Reflo
     if prefix is None:
         prefix = key[: key.index(b"\0") + 1]
     number = struct.unpack(">Q", key[len(prefix):])[0]
-
-    def state(d):
-        return None if d is None else ThreadState.from_doc(d)
-    return ReflogEntry(number, state(doc["old"]), state(doc["new"]), doc["action"], doc["message"],
+    old = None if doc["old"] is None else Digest.parse(doc["old"])
+    return ReflogEntry(number, old, ThreadState.from_doc(doc["new"]), doc["action"], doc["message"],
                        doc["time"] / 1e6)
 
 

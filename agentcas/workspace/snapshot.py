@@ -79,12 +79,13 @@ def _signature(st: os.stat_result) -> tuple:
 
 class Snapshotter:
     def __init__(self, store: ObjectStore, root: str, allow_secrets=(), progress=None,
-                 skip_dirs=()):
+                 skip_dirs=(), skip_files=()):
         self.store = store
         self.root = os.path.realpath(root)
         self.allow_secrets = tuple(allow_secrets)
         self.progress = progress
         self.skip_dirs = {os.path.realpath(d) for d in skip_dirs}
+        self.skip_files = {os.path.realpath(f) for f in skip_files}
         self.stats = SnapshotStats()
         self.writer = BatchWriter(store)
         self._ignore = self._load_ignore()
@@ -133,6 +134,8 @@ class Snapshotter:
                     stack.append(rel)
                     continue
                 if self._ignored(rel, False):
+                    continue
+                if self.skip_files and os.path.realpath(entry.path) in self.skip_files:
                     continue
                 if stat.S_ISLNK(st.st_mode):
                     raise WorkspaceError(f"symlinks are not supported: {rel}")
@@ -307,7 +310,12 @@ def _mode(st: os.stat_result) -> int:
     return MODE_EXEC if st.st_mode & 0o100 else MODE_FILE
 
 
-def snapshot(store: ObjectStore, root: str, allow_secrets=(), progress=None, skip_dirs=()):
-    """Store the directory `root`; return (root tree id, SnapshotStats)."""
-    snap = Snapshotter(store, root, allow_secrets, progress, skip_dirs)
+def snapshot(store: ObjectStore, root: str, allow_secrets=(), progress=None, skip_dirs=(),
+             skip_files=()):
+    """Store the directory `root`; return (root tree id, SnapshotStats).
+
+    `skip_dirs` / `skip_files` (e.g. the store itself, a rollout file stored as history)
+    are left out of the tree.
+    """
+    snap = Snapshotter(store, root, allow_secrets, progress, skip_dirs, skip_files)
     return snap.run(), snap.stats
