@@ -207,7 +207,8 @@ class Store:
             skip = [self.path] if self.path else []
             # A rollout file inside the workspace is stored once, as history, not as a file too.
             skip_files = [rollout_file] if rollout_file else []
-            tree, stats = snapshot(self.objects, workspace, allow_secrets, progress, skip, skip_files)
+            tree, stats, needed = snapshot(self.objects, workspace, allow_secrets, progress, skip,
+                                           skip_files)
             tail = None
             if rollout_file is not None:
                 tail = self._prepare_rollout_tail(thread, rollout_file)
@@ -229,9 +230,10 @@ class Store:
                                             "nothing was committed, retry")
                     history = rollout.link_segments(txn, history, prepared)
                     appended = history.seq - based_on.seq
-                if txn.get("objects", tree.raw) is None:
-                    raise IntegrityError("the snapshot's tree vanished before the commit landed "
-                                         "(concurrent gc?); nothing was committed, retry")
+                for raw in needed:
+                    if txn.get("objects", raw) is None:
+                        raise IntegrityError(f"object {raw.hex()} vanished before the commit landed "
+                                             "(concurrent gc?); nothing was committed, retry")
                 cp = Checkpoint(tree, (current,) if current else (), thread, reason, who, created_at,
                                 runtime, history)
                 digest = cp.digest()
@@ -470,6 +472,74 @@ class Store:
 
     # -- signing, bundles, remotes (agentcas/signing, agentcas/exchange) --------------------------
     # (exchange helper: methods go here)
+
+    # remotes
+    def remote_add(self, name: str, url: str) -> dict:
+        """Record another agentcas store as remote `name`; it must exist and not be this store."""
+        from agentcas.exchange import remote as remote_table
+        remote_table.check_remote_name(name)
+        url = remote_table.normalise_url(url)
+        self._open_remote_store(remote_table.Remote(name, url))
+        added = self.objects.write(lambda txn: remote_table.add_remote(txn, name, url))
+        return added.to_doc()
+
+    def remotes(self) -> list[dict]:
+        from agentcas.exchange import remote as remote_table
+        with self.objects.reader() as txn:
+            return [r.to_doc() for r in remote_table.list_remotes(txn)]
+
+    def remote_remove(self, name: str) -> dict:
+        from agentcas.exchange import remote as remote_table
+        removed = self.objects.write(lambda txn: remote_table.remove_remote(txn, name))
+        return dict(removed.to_doc(), removed=True)
+
+    def _open_remote_store(self, remote) -> "Store":
+        path = remote.path
+        if self.path is not None and os.path.realpath(path) == os.path.realpath(self.path):
+            raise UsageError(f"remote {remote.name!r} ({remote.url}) is this store itself")
+        try:
+            return Store.open(path)
+        except StoreUnavailable as exc:
+            raise StoreUnavailable(f"remote {remote.name!r}: {exc}") from None
+
+    def _remote_endpoints(self, name: str):
+        """(remote, local endpoint, remote endpoint) for a push or pull."""
+        from agentcas.exchange import remote as remote_table
+        from agentcas.exchange.transfer import LocalStoreEndpoint
+        with self.objects.reader() as txn:
+            remote = remote_table.read_remote(txn, name)
+        other = self._open_remote_store(remote)
+        here = LocalStoreEndpoint(self.objects, "file://" + self.path if self.path else self.objects.url)
+        return remote, here, LocalStoreEndpoint(other.objects, remote.url)
+
+    def push(self, remote: str, thread: str, force: bool = False, progress=None) -> dict:
+        """Send THREAD to the remote: missing objects, then its ref by compare-and-swap."""
+        from agentcas.exchange.transfer import transfer
+        check_thread_name(thread)
+        info, here, there = self._remote_endpoints(remote)
+        result = transfer(here, there, thread, force, "push", f"push from {here.url}", progress)
+        return dict(self._transfer_doc(info, result), objects_sent=result.objects, bytes_sent=result.bytes)
+
+    def pull(self, remote: str, thread: str, force: bool = False, progress=None) -> dict:
+        """Fetch THREAD from the remote into this store (creating the thread if absent)."""
+        from agentcas.exchange.transfer import transfer
+        check_thread_name(thread)
+        info, here, there = self._remote_endpoints(remote)
+        result = transfer(there, here, thread, force, "pull", f"pull from {info.name} ({info.url})",
+                          progress)
+        return dict(self._transfer_doc(info, result), objects_received=result.objects,
+                    bytes_received=result.bytes)
+
+    @staticmethod
+    def _transfer_doc(remote, result) -> dict:
+        """The JSON report of a push or pull."""
+        def checkpoint(state):
+            return None if state is None or state.checkpoint is None else state.checkpoint.hex()
+        return {"remote": remote.name, "url": remote.url, "thread": result.thread,
+                "old_checkpoint": checkpoint(result.old), "new_checkpoint": checkpoint(result.new),
+                "old_seq": None if result.old is None else result.old.history.seq,
+                "new_seq": result.new.history.seq, "objects_total": result.objects_total,
+                "up_to_date": result.up_to_date, "forced": result.forced}
 
 
 def _is_name(text: str) -> bool:

@@ -123,6 +123,7 @@ def set_if_equals(txn: Txn, name: str, old, new: ThreadState | None, action: str
     if current != old:
         return False
     key = _key(name)
+    bump_generation(txn)
     if new is None:
         txn.delete("refs", key)
         for log_key, _ in list(txn.scan("reflog", key + b"\0")):
@@ -131,6 +132,21 @@ def set_if_equals(txn: Txn, name: str, old, new: ThreadState | None, action: str
     txn.put("refs", key, seal("refs", key, encoding.encode(new.to_doc())))
     _append_reflog(txn, name, old, new, action, message)
     return True
+
+
+GENERATION_KEY = b"ref_generation"
+
+
+def bump_generation(txn: Txn) -> None:
+    """Count ref moves, so gc can tell whether any ref moved since it marked."""
+    payload = struct.pack(">Q", ref_generation(txn) + 1)
+    txn.put("meta", GENERATION_KEY, seal("meta", GENERATION_KEY, payload))
+
+
+def ref_generation(txn: Txn) -> int:
+    """How many ref moves the store has seen (0 for a new store)."""
+    value = txn.get("meta", GENERATION_KEY)
+    return 0 if value is None else struct.unpack(">Q", unseal("meta", GENERATION_KEY, value))[0]
 
 
 def _append_reflog(txn: Txn, name: str, old, new, action: str, message: str) -> None:

@@ -87,6 +87,10 @@ class Snapshotter:
         self.skip_dirs = {os.path.realpath(d) for d in skip_dirs}
         self.skip_files = {os.path.realpath(f) for f in skip_files}
         self.stats = SnapshotStats()
+        # Every object id the resulting tree depends on directly (trees, file objects,
+        # chunks of new chunk lists): the commit re-checks them in its final transaction,
+        # so a concurrent gc that removed an old object we deduplicated against is caught.
+        self.needed: set[bytes] = set()
         self.writer = BatchWriter(store)
         self._ignore = self._load_ignore()
         self._started_ns = time.time_ns()
@@ -228,7 +232,7 @@ class Snapshotter:
         mode = _mode(st)
         objects = []
         if not data:
-            return TreeEntry(item.rel.rsplit("/", 1)[-1], "file", EMPTY, mode, 0), objects, 0
+            return TreeEntry(item.rel.rsplit("/", 1)[-1], "file", EMPTY, mode, 0), objects, 0, []
         file_id = Digest(blake3.blake3(data, max_threads=1).digest())
         refs = []
         with self.store.reader() as txn:
@@ -243,7 +247,8 @@ class Snapshotter:
             chunks = chunk_list.digest()
             objects.append((chunks, framing.frame(framing.KIND_CHUNKLIST, chunk_list.encode())))
         entry = TreeEntry(item.rel.rsplit("/", 1)[-1], "file", file_id, mode, len(data), chunks)
-        return entry, objects, len(data)
+        needed = [ref.id.raw for ref in refs] + ([chunks.raw] if chunks else [])
+        return entry, objects, len(data), needed
 
     def run(self) -> Digest:
         dirs = self.walk()
@@ -254,6 +259,9 @@ class Snapshotter:
             for item in files:
                 item.entry = self._from_cache(txn, item)
         todo = [item for item in files if item.entry is None]
+        for item in files:
+            if item.entry is not None and item.entry.size:
+                self.needed.add((item.entry.chunks or item.entry.id).raw)
         self.stats.cached_files = len(files) - len(todo)
         for item in todo:
             self._scan_file(item)
@@ -269,7 +277,8 @@ class Snapshotter:
                     pending.append((item, pool.submit(self._store_file, item)))
                     in_flight += item.st.st_size
                 item, future = pending.pop(0)
-                entry, objects, size = future.result()
+                entry, objects, size, needed = future.result()
+                self.needed.update(needed)
                 in_flight -= item.st.st_size
                 item.entry = entry
                 for digest, framed in objects:
@@ -302,6 +311,7 @@ class Snapshotter:
             tree = Tree.of(entries)
             digest = tree.digest()
             self.writer.add(digest, framing.frame(framing.KIND_TREE, tree.encode()))
+            self.needed.add(digest.raw)
             ids[rel_dir] = digest
         return ids[""]
 
@@ -312,10 +322,10 @@ def _mode(st: os.stat_result) -> int:
 
 def snapshot(store: ObjectStore, root: str, allow_secrets=(), progress=None, skip_dirs=(),
              skip_files=()):
-    """Store the directory `root`; return (root tree id, SnapshotStats).
+    """Store the directory `root`; return (root tree id, SnapshotStats, ids it needs).
 
     `skip_dirs` / `skip_files` (e.g. the store itself, a rollout file stored as history)
     are left out of the tree.
     """
     snap = Snapshotter(store, root, allow_secrets, progress, skip_dirs, skip_files)
-    return snap.run(), snap.stats
+    return snap.run(), snap.stats, snap.needed
