@@ -19,6 +19,7 @@ of that segment in *this* history (its successor's base) is known.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import blake3
@@ -26,11 +27,12 @@ import blake3
 from agentcas.cas import chunking, framing
 from agentcas.cas.digest import Digest, chain_prefix, hash_blob
 from agentcas.cas.objects import EMPTY_POSITION, ChunkRef, HistoryPosition, Segment
-from agentcas.cas.store import Txn, load_object, save_object
+from agentcas.cas.store import Txn, load_object, save_object, verify_object
 from agentcas.errors import AgentcasError, IntegrityError, UsageError
 
 MAX_SEGMENT_BYTES = 1024 * 1024
 MAX_RECORD_BYTES = 64 * 1024 * 1024
+READ_WORKERS = 2
 
 
 class BadRecord(AgentcasError):
@@ -179,17 +181,25 @@ class History:
 
     def segment_bytes(self, node: Segment, cut: HistoryPosition) -> bytes:
         """The bytes of `node` that belong to a history leaving it at `cut`, verified."""
+        return decode_segment(self.stored_chunks(node, cut))
+
+    def stored_chunks(self, node: Segment, cut: HistoryPosition):
+        """(chunk id, stored value) pairs of the chunks a cut segment needs, unverified.
+
+        Split from decoding so that readers can fetch in their transaction's thread and
+        decompress and verify in worker threads (zstd and BLAKE3 release the GIL).
+        """
         want = cut.offset - node.base.offset
-        parts, have = [], 0
+        values, have = [], 0
         for ref in node.chunks:
             if have >= want:
                 break
-            data = load_object(self.txn, ref.id, framing.KIND_CHUNK)
-            if data is None:
+            value = self.txn.get("objects", ref.id.raw)
+            if value is None:
                 raise MissingHistory(f"rollout chunk {ref.id.hex()} is missing from the store")
-            parts.append(data)
-            have += len(data)
-        return b"".join(parts)[:want]
+            values.append((ref.id, value))
+            have += ref.size
+        return want, values
 
     def position(self, head: HistoryPosition, seq: int) -> HistoryPosition:
         """The HistoryPosition after the first `seq` records of the history at `head`."""
@@ -222,8 +232,32 @@ class History:
             cut = node.base
             node = self.segment(node.base.segment)
             chain.append((node, cut))
-        for node, cut in reversed(chain):
-            data = self.segment_bytes(node, cut)
+        chain.reverse()
+        stored = (self.stored_chunks(node, cut) for node, cut in chain)
+        if len(chain) <= 2:
+            yield from self._slice(chain, map(decode_segment, stored), start, stop)
+            return
+        # Fetch in this thread (the transaction's), decode a few segments ahead in workers.
+        with ThreadPoolExecutor(READ_WORKERS) as pool:
+            window: list = []
+
+            def decoded():
+                for item in stored:
+                    window.append(pool.submit(decode_segment, item))
+                    if len(window) > 2 * READ_WORKERS:
+                        yield window.pop(0).result()
+                while window:
+                    yield window.pop(0).result()
+
+            try:
+                yield from self._slice(chain, decoded(), start, stop)
+            finally:
+                for future in window:
+                    future.cancel()
+
+    @staticmethod
+    def _slice(chain, decoded, start: int, stop: int):
+        for (node, cut), data in zip(chain, decoded):
             first, last = node.base.seq, cut.seq
             lo = 0
             for _ in range(max(0, start - first)):
@@ -255,6 +289,22 @@ class History:
                 f"history at segment {head.segment.hex()} does not match its position "
                 f"(seq {seq} vs {head.seq}, offset {offset} vs {head.offset})")
         return seq
+
+
+def decode_segment(stored) -> bytes:
+    """Join a segment's stored chunks (from `History.stored_chunks`), verifying each."""
+    want, values = stored
+    parts = []
+    for digest, value in values:
+        try:
+            kind, data = framing.unframe(value)
+        except framing.CorruptValue as exc:
+            raise IntegrityError(f"rollout chunk {digest.hex()} is corrupt: {exc}") from None
+        if kind != framing.KIND_CHUNK:
+            raise IntegrityError(f"object {digest.hex()} is not a chunk")
+        verify_object(kind, digest, data)
+        parts.append(data)
+    return b"".join(parts)[:want]
 
 
 def link_segments(txn: Txn, head: HistoryPosition, prepared: list[PreparedSegment]) -> HistoryPosition:
