@@ -20,10 +20,16 @@ class NotCanonical(IntegrityError):
     """Bytes that are not the canonical encoding of any object."""
 
 
-def encode(value) -> bytes:
-    _check(value, 0)
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode("utf-8")
+def encode(value, check: bool = True) -> bytes:
+    """Canonical bytes of `value`. `check=False` skips the type walk for values built by
+    agentcas's own constructors (hot paths); anything parsed from outside is checked."""
+    if check:
+        _check(value, 0)
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise NotCanonical("strings must be valid Unicode (no lone surrogates)") from None
 
 
 def _check(value, depth: int) -> None:

@@ -8,11 +8,13 @@ macOS and Windows file systems and could make a restore write one file twice.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 from agentcas.errors import IntegrityError
 
 MAX_NAME_BYTES = 255
+_FORBIDDEN = re.compile("[\x00-\x1f\x7f/\\\\\ud800-\udfff]")
 
 
 class BadName(IntegrityError):
@@ -25,9 +27,8 @@ def check_name(name: str, where: str = "") -> None:
         raise BadName(f"invalid path component {label!r}")
     if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
         raise BadName(f"path component longer than {MAX_NAME_BYTES} bytes: {label[:80]!r}")
-    for ch in name:
-        if ch in "/\\" or ord(ch) < 0x20 or ord(ch) == 0x7F or 0xD800 <= ord(ch) <= 0xDFFF:
-            raise BadName(f"path component has a forbidden character: {label!r}")
+    if _FORBIDDEN.search(name):
+        raise BadName(f"path component has a forbidden character: {label!r}")
 
 
 def collision_key(name: str) -> str:

@@ -68,6 +68,12 @@ class ChunkRef:
     id: Digest
     size: int
 
+    def __post_init__(self):
+        if not isinstance(self.id, Digest):
+            raise InvalidObject("chunk id must be a Digest")
+        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 1:
+            raise InvalidObject("a chunk holds at least one byte")
+
 
 def _chunk_refs(doc, what: str) -> tuple[ChunkRef, ...]:
     if not isinstance(doc, list):
@@ -100,7 +106,7 @@ class ChunkList:
         return {"chunks": [[c.id.hex(), c.size] for c in self.chunks]}
 
     def encode(self) -> bytes:
-        return encoding.encode(self.to_doc())
+        return encoding.encode(self.to_doc(), check=False)
 
     def digest(self) -> Digest:
         return hash_object("chunklist", self.encode())
@@ -125,6 +131,8 @@ class TreeEntry:
 
     def __post_init__(self):
         check_name(self.name)
+        if not isinstance(self.id, Digest) or not (self.chunks is None or isinstance(self.chunks, Digest)):
+            raise InvalidObject(f"entry {self.name!r} ids must be Digests")
         if self.type == "dir":
             if self.chunks is not None or self.size or self.mode != MODE_FILE:
                 raise InvalidObject(f"directory entry {self.name!r} carries file fields")
@@ -188,7 +196,7 @@ class Tree:
         return cls(tuple(sorted(entries, key=lambda e: e.name.encode("utf-8"))))
 
     def encode(self) -> bytes:
-        return encoding.encode({"entries": [e.to_doc() for e in self.entries]})
+        return encoding.encode({"entries": [e.to_doc() for e in self.entries]}, check=False)
 
     def digest(self) -> Digest:
         return hash_object("tree", self.encode())
@@ -277,7 +285,7 @@ class Segment:
                 "chunks": [[c.id.hex(), c.size] for c in self.chunks]}
 
     def encode(self) -> bytes:
-        return encoding.encode(self.to_doc())
+        return encoding.encode(self.to_doc(), check=False)
 
     def digest_id(self) -> Digest:
         return hash_object("segment", self.encode())
@@ -313,7 +321,7 @@ class Checkpoint:
             check_reason(self.reason)
         except UsageError as exc:
             raise InvalidObject(str(exc)) from None
-        if not _TIME.fullmatch(self.created_at or ""):
+        if not isinstance(self.created_at, str) or not _TIME.fullmatch(self.created_at):
             raise InvalidObject("created_at must be RFC 3339 UTC with microseconds")
         if not isinstance(self.runtime, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in self.runtime.items()):
@@ -328,7 +336,7 @@ class Checkpoint:
                 "runtime": dict(self.runtime), "history": self.history.to_doc()}
 
     def encode(self) -> bytes:
-        return encoding.encode(self.to_doc())
+        return encoding.encode(self.to_doc(), check=False)
 
     def digest(self) -> Digest:
         return hash_object("checkpoint", self.encode())

@@ -2,9 +2,11 @@
 
 One durable LMDB transaction costs a fixed fee, so objects are collected and written
 in batches of about BATCH_BYTES. Objects already stored are skipped (`put_new`).
-A `WritePin` row (start time, pid) is written before the first object and removed
-after the final transaction; gc keeps every object written since the oldest live
-pin started, so a writer's fresh objects survive even `gc --grace 0s`.
+A `WritePin` row (start time, pid) is written before or with the first object and
+removed in the final transaction; gc keeps every object written since the oldest
+live pin started, so a writer's fresh objects survive even `gc --grace 0s`. A lazy
+pin is written by its BatchWriter in the same transaction as the first batch (gc
+sees both or neither), so a write that stores nothing new costs no pin at all.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ BATCH_OBJECTS = 4096
 class BatchWriter:
     """Collects framed objects and writes them in a few large transactions."""
 
-    def __init__(self, store: ObjectStore, batch_bytes: int = BATCH_BYTES):
+    def __init__(self, store: ObjectStore, batch_bytes: int = BATCH_BYTES, pin: "WritePin | None" = None):
         self.store = store
+        self.pin = pin
         self.batch_bytes = batch_bytes
         self._pending: dict[bytes, bytes] = {}
         self._pending_bytes = 0
@@ -45,8 +48,17 @@ class BatchWriter:
         if not self._pending:
             return
         batch = self._pending
+        with self.store.reader() as txn:
+            batch = {raw: framed for raw, framed in batch.items() if txn.get("objects", raw) is None}
+        self._pending = {}
+        self._pending_bytes = 0
+        if not batch:
+            return
+        pin = self.pin if self.pin is not None and not self.pin.written else None
 
         def put_all(txn: Txn):
+            if pin is not None:
+                pin.put(txn)
             count = size = 0
             for raw, framed in batch.items():
                 if save_object(txn, Digest(raw), framed):
@@ -55,24 +67,31 @@ class BatchWriter:
             return count, size
 
         count, size = self.store.write(put_all)
+        if pin is not None:
+            pin.written = True
         self.written_objects += count
         self.written_bytes += size
-        self._pending = {}
-        self._pending_bytes = 0
 
 
 class WritePin:
     """A row in `pins` for the duration of a write; use as a context manager."""
 
-    def __init__(self, store: ObjectStore, what: str):
+    def __init__(self, store: ObjectStore, what: str, lazy: bool = False):
         self.store = store
         self.key = secrets.token_bytes(16)
         self.doc = {"what": what, "pid": os.getpid(), "started_at": int(time.time()) - 1}
+        self.lazy = lazy
+        self.written = False
         self.released = False
 
+    def put(self, txn: Txn) -> None:
+        """Write the pin row in `txn` (a lazy pin's first batch)."""
+        txn.put("pins", self.key, seal("pins", self.key, encoding.encode(self.doc)))
+
     def __enter__(self):
-        value = seal("pins", self.key, encoding.encode(self.doc))
-        self.store.write(lambda txn: txn.put("pins", self.key, value))
+        if not self.lazy:
+            self.store.write(self.put)
+            self.written = True
         return self
 
     def release(self, txn: Txn) -> None:
@@ -81,7 +100,7 @@ class WritePin:
         self.released = True
 
     def __exit__(self, *exc):
-        if self.released and exc[0] is None:
+        if not self.written or (self.released and exc[0] is None):
             return False
         try:
             self.store.write(lambda txn: txn.delete("pins", self.key))

@@ -79,7 +79,7 @@ def _signature(st: os.stat_result) -> tuple:
 
 class Snapshotter:
     def __init__(self, store: ObjectStore, root: str, allow_secrets=(), progress=None,
-                 skip_dirs=(), skip_files=()):
+                 skip_dirs=(), skip_files=(), pin=None):
         self.store = store
         self.root = os.path.realpath(root)
         self.allow_secrets = tuple(allow_secrets)
@@ -91,7 +91,7 @@ class Snapshotter:
         # chunks of new chunk lists): the commit re-checks them in its final transaction,
         # so a concurrent gc that removed an old object we deduplicated against is caught.
         self.needed: set[bytes] = set()
-        self.writer = BatchWriter(store)
+        self.writer = BatchWriter(store, pin=pin)
         self._ignore = self._load_ignore()
         self._started_ns = time.time_ns()
 
@@ -321,11 +321,11 @@ def _mode(st: os.stat_result) -> int:
 
 
 def snapshot(store: ObjectStore, root: str, allow_secrets=(), progress=None, skip_dirs=(),
-             skip_files=()):
+             skip_files=(), pin=None):
     """Store the directory `root`; return (root tree id, SnapshotStats, ids it needs).
 
     `skip_dirs` / `skip_files` (e.g. the store itself, a rollout file stored as history)
     are left out of the tree.
     """
-    snap = Snapshotter(store, root, allow_secrets, progress, skip_dirs, skip_files)
+    snap = Snapshotter(store, root, allow_secrets, progress, skip_dirs, skip_files, pin)
     return snap.run(), snap.stats, snap.needed
