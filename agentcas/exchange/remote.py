@@ -1,0 +1,119 @@
+"""Named remotes: other stores that threads are pushed to and pulled from.
+
+A remote is a row of the `remotes` table: key = the remote's name (UTF-8), value =
+sealed canonical JSON {"url": URL}. URLs are stored normalised: a plain path or a
+`file://` URL becomes `file:///absolute/path` (relative paths resolve against the
+directory current when the remote is added). Only `file://` stores exist today; a new
+backend adds a scheme to `SCHEMES` and an `Endpoint` implementation (exchange/transfer.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import urllib.parse
+from dataclasses import dataclass
+
+from agentcas.cas import encoding
+from agentcas.cas.sealed import seal, unseal
+from agentcas.cas.store import Txn
+from agentcas.errors import ConflictError, IntegrityError, NotFound, UsageError
+
+SCHEMES = ("file",)
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+class BadRemote(UsageError):
+    """A remote name or URL that is not acceptable."""
+
+
+class UnknownRemote(NotFound):
+    pass
+
+
+@dataclass(frozen=True)
+class Remote:
+    name: str
+    url: str
+
+    @property
+    def path(self) -> str:
+        """The local path of a file:// remote."""
+        return url_path(self.url)
+
+    def to_doc(self) -> dict:
+        return {"name": self.name, "url": self.url}
+
+
+def check_remote_name(name: str) -> str:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise BadRemote(f"invalid remote name {name!r}: use 1..64 letters, digits, '.', '_' or '-', "
+                        "starting with a letter or digit")
+    return name
+
+
+def normalise_url(url: str, cwd: str | None = None) -> str:
+    """`file:///absolute/path` for a plain path or a file:// URL; BadRemote otherwise."""
+    if not url or "\0" in url:
+        raise BadRemote(f"invalid remote URL {url!r}")
+    match = _SCHEME.match(url)
+    if match is None:
+        path = url
+    else:
+        scheme = match.group(1).lower()
+        if scheme not in SCHEMES:
+            raise BadRemote(f"unsupported remote URL scheme {scheme!r} in {url!r} "
+                            f"(supported: a path or {', '.join(s + '://' for s in SCHEMES)})")
+        parts = urllib.parse.urlsplit(url)
+        if parts.netloc not in ("", "localhost"):
+            raise BadRemote(f"file:// URL names another host ({parts.netloc!r}): {url!r}")
+        if parts.query or parts.fragment:
+            raise BadRemote(f"file:// URL must not have a query or fragment: {url!r}")
+        path = urllib.parse.unquote(parts.path)
+        if not path.startswith("/"):
+            raise BadRemote(f"file:// URL must hold an absolute path: {url!r}")
+    path = os.path.normpath(os.path.join(cwd or os.getcwd(), os.path.expanduser(path)))
+    return "file://" + urllib.parse.quote(path)
+
+
+def url_path(url: str) -> str:
+    """The filesystem path of a normalised file:// URL."""
+    return urllib.parse.unquote(urllib.parse.urlsplit(url).path)
+
+
+def _key(name: str) -> bytes:
+    return name.encode("utf-8")
+
+
+def _decode(key: bytes, value) -> Remote:
+    doc = encoding.decode(unseal("remotes", key, value))
+    if not isinstance(doc, dict) or not isinstance(doc.get("url"), str):
+        raise IntegrityError(f"remotes entry {key.decode('utf-8', 'replace')!r} is malformed")
+    return Remote(key.decode("utf-8"), doc["url"])
+
+
+def add_remote(txn: Txn, name: str, url: str) -> Remote:
+    """Record remote `name` -> `url` (already normalised); ConflictError if the name exists."""
+    key = _key(check_remote_name(name))
+    if not txn.put_new("remotes", key, seal("remotes", key, encoding.encode({"url": url}))):
+        raise ConflictError(f"remote {name!r} already exists (remove it first)")
+    return Remote(name, url)
+
+
+def read_remote(txn: Txn, name: str) -> Remote:
+    key = _key(check_remote_name(name))
+    value = txn.get("remotes", key)
+    if value is None:
+        raise UnknownRemote(f"no remote named {name!r} (see 'agentcas remote list')")
+    return _decode(key, value)
+
+
+def list_remotes(txn: Txn) -> list[Remote]:
+    return [_decode(bytes(key), value) for key, value in txn.scan("remotes")]
+
+
+def remove_remote(txn: Txn, name: str) -> Remote:
+    remote = read_remote(txn, name)
+    txn.delete("remotes", _key(name))
+    return remote

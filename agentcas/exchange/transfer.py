@@ -1,0 +1,317 @@
+"""Moving a thread between two stores: send only what the other side lacks, verified.
+
+A transfer has a source endpoint (holding the thread) and a target endpoint. It runs:
+
+1. read the thread's state on both sides (`read_ref`); equal states: nothing to do;
+2. list the closure of the source state (checkpoint, ancestors, trees, chunk lists,
+   chunks, history segments), verified by the source as it is read;
+3. unless forced, check on the source (which holds everything the new state needs)
+   that the move fast-forwards the target: the target's checkpoint is an ancestor of
+   (or equal to) the new one and its history is a prefix of the new history
+   (`History.position(new, old.seq).digest == old.digest`); a refused move writes nothing;
+4. ask the target which of those ids it already has (`has_many`, in batches);
+5. stream the missing objects from source to target; the target re-verifies each one
+   against its id before storing it, under a write pin so gc keeps them;
+6. the target moves its ref by compare-and-swap from the state read in step 1
+   (`compare_and_swap_ref`), in one final step that also checks the closure is
+   complete (and, for a local store, re-checks the fast-forward). A lost race is a
+   ConflictError and nothing moves.
+
+The `Endpoint` interface is deliberately small so that an object-storage remote can
+implement it later: ids in, ids out, framed object bytes, and one conditional write of
+a ref. `LocalStoreEndpoint` implements it over any ObjectStore (an agentcas store).
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+import zlib
+from abc import ABC, abstractmethod
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
+
+from agentcas.cas import framing
+from agentcas.cas.digest import Digest
+from agentcas.cas.objects import Checkpoint
+from agentcas.cas.store import ObjectStore, Txn, load_object, verify_object
+from agentcas.cas.writer import BatchWriter, WritePin
+from agentcas.errors import ConflictError, IntegrityError, NotFound
+from agentcas.lineage.closure import MissingObject, Walker
+from agentcas.lineage.rollout import History
+from agentcas.refs import threads
+from agentcas.refs.threads import ThreadState
+
+HAS_MANY_BATCH = 4096
+
+
+class CorruptTransfer(IntegrityError):
+    """An object received does not match its id, or is not the object asked for."""
+
+
+class NotFastForward(ConflictError):
+    """The target's thread is not an ancestor of the state being sent."""
+
+
+# --- the interface -------------------------------------------------------------------------
+
+class Endpoint(ABC):
+    """One side of a transfer: a store that objects and thread refs move in and out of.
+
+    Objects travel as (Digest, framed bytes) pairs, the stored form of cas/framing.py.
+    """
+
+    url: str
+
+    @abstractmethod
+    def read_ref(self, thread: str) -> ThreadState | None:
+        """The thread's current state, or None if it does not exist."""
+
+    @abstractmethod
+    def compare_and_swap_ref(self, thread: str, old: ThreadState | None, new: ThreadState,
+                             fast_forward_only: bool, action: str, message: str) -> None:
+        """Move `thread` from `old` to `new` atomically, only if the closure of `new` is
+        complete here; ConflictError (nothing moved) if the thread is no longer at `old`."""
+
+    @abstractmethod
+    def has_many(self, ids: list[Digest]) -> set[bytes]:
+        """The raw ids among `ids` that this endpoint stores."""
+
+    @abstractmethod
+    def get_objects(self, ids: Iterable[Digest]) -> Iterator[tuple[Digest, bytes]]:
+        """(id, framed bytes) of each id, in order; MissingObject if one is absent."""
+
+    @abstractmethod
+    def put_objects(self, stream: Iterable[tuple[Digest, bytes]]) -> tuple[int, int]:
+        """Verify and store each object; (objects, bytes) received. Call inside `receiving`."""
+
+    @abstractmethod
+    def object_reader(self):
+        """A context manager giving a read-only Txn whose "objects" table can be read
+        (used to walk closures and histories on the side that holds them)."""
+
+    @contextmanager
+    def receiving(self, what: str):
+        """Held around put_objects ... compare_and_swap_ref (a gc pin, for local stores)."""
+        yield self
+
+    # Built on object_reader(); a backend may override them with something cheaper.
+    def closure(self, state: ThreadState) -> list[tuple[Digest, int]]:
+        """Every object `state` needs, each once, verified as it is read."""
+        with self.object_reader() as txn:
+            return list(closure_of(txn, state, verify=True))
+
+    def fast_forward_problem(self, old: ThreadState | None, new: ThreadState) -> str | None:
+        """Why moving from `old` to `new` is not a fast-forward (None if it is); run this
+        on an endpoint that holds the closure of `new`."""
+        with self.object_reader() as txn:
+            return fast_forward_problem(txn, old, new)
+
+
+# --- checks shared by every endpoint ---------------------------------------------------------
+
+def closure_of(txn: Txn, state: ThreadState, verify: bool) -> Iterator[tuple[Digest, int]]:
+    """(id, kind) of the checkpoint closure (with ancestors) and history of `state`."""
+    walker = Walker(txn, verify=verify, follow_parents=True)
+    if state.checkpoint is not None:
+        for digest, kind, _ in walker.checkpoint(state.checkpoint):
+            yield digest, kind
+    for digest, kind, _ in walker.history(state.history):
+        yield digest, kind
+
+
+def is_ancestor(txn: Txn, ancestor: Digest, tip: Digest) -> bool:
+    """True if `ancestor` is `tip` or reachable from it through parents."""
+    stack, seen = [tip], set()
+    while stack:
+        digest = stack.pop()
+        if digest == ancestor:
+            return True
+        if digest.raw in seen:
+            continue
+        seen.add(digest.raw)
+        data = load_object(txn, digest, framing.KIND_CHECKPOINT)
+        if data is None:
+            raise MissingObject(digest, framing.KIND_CHECKPOINT, None)
+        stack.extend(Checkpoint.decode(data).parents)
+    return False
+
+
+def fast_forward_problem(txn: Txn, old: ThreadState | None, new: ThreadState) -> str | None:
+    """Why `new` does not fast-forward `old` (None if it does); `txn` holds new's closure."""
+    if old is None:
+        return None
+    if old.checkpoint is not None:
+        if new.checkpoint is None or not is_ancestor(txn, old.checkpoint, new.checkpoint):
+            return f"checkpoint {old.checkpoint.short()} is not an ancestor of the one sent"
+    if old.history.seq > new.history.seq:
+        return (f"its history has {old.history.seq} records, more than the "
+                f"{new.history.seq} sent")
+    if History(txn).position(new.history, old.history.seq).digest != old.history.digest:
+        return f"its history's first {old.history.seq} records differ from those sent"
+    return None
+
+
+def restamp(framed: bytes, when: int) -> bytes:
+    """The same stored value with `written_at` set to `when` (the receiver's clock).
+
+    gc's grace period and write pins go by `written_at`; a received object is new
+    to this store, so it must not carry the sender's (possibly old) time.
+    """
+    kind, codec, size, _ = framing.read_header(framed)
+    head = framing.HEADER.pack(kind, codec, size, when, 0)[:-4]
+    return head + struct.pack(">I", zlib.crc32(head)) + framed[framing.HEADER_SIZE:]
+
+
+def verified(digest: Digest, framed) -> bytes:
+    """`framed` as bytes if it decodes and hashes to `digest`; CorruptTransfer otherwise."""
+    framed = bytes(framed)
+    try:
+        kind, data = framing.unframe(framed)
+        verify_object(kind, digest, data)
+    except IntegrityError as exc:
+        raise CorruptTransfer(f"received object {digest.hex()} is corrupt ({exc}); "
+                              "no ref was moved") from None
+    return framed
+
+
+# --- the local-store implementation ------------------------------------------------------------
+
+class LocalStoreEndpoint(Endpoint):
+    """An agentcas store reachable in this process (the local store, or a file:// remote)."""
+
+    def __init__(self, objects: ObjectStore, url: str):
+        self.objects = objects
+        self.url = url
+        self._pin: WritePin | None = None
+
+    def read_ref(self, thread):
+        with self.objects.reader() as txn:
+            return threads.read_thread(txn, thread)
+
+    def has_many(self, ids):
+        with self.objects.reader() as txn:
+            return {d.raw for d in ids if txn.get("objects", d.raw) is not None}
+
+    def get_objects(self, ids):
+        with self.objects.reader() as txn:
+            for digest in ids:
+                value = txn.get("objects", digest.raw)
+                if value is None:
+                    raise MissingObject(digest, framing.KIND_CHUNK, None)
+                yield digest, bytes(value)
+
+    @contextmanager
+    def receiving(self, what):
+        with WritePin(self.objects, what, lazy=True) as pin:  # written with the first batch
+            self._pin = pin
+            try:
+                yield self
+            finally:
+                self._pin = None
+
+    def put_objects(self, stream):
+        writer = BatchWriter(self.objects, pin=self._pin)
+        count = size = 0
+        now = int(time.time())
+        for digest, framed in stream:
+            framed = verified(digest, framed)
+            count += 1
+            size += len(framed)
+            writer.add(digest, restamp(framed, now))
+        writer.flush()
+        return count, size
+
+    def object_reader(self):
+        return self.objects.reader()
+
+    def compare_and_swap_ref(self, thread, old, new, fast_forward_only, action, message):
+        pin = self._pin
+
+        def land(txn: Txn):
+            current = threads.read_thread(txn, thread)
+            if current != old:
+                raise ConflictError(f"thread {thread!r} at {self.url} moved during the transfer; "
+                                    "nothing was changed, retry")
+            try:
+                for _ in closure_of(txn, new, verify=False):
+                    pass
+            except MissingObject as exc:
+                raise IntegrityError(f"{exc} at {self.url} after the transfer (concurrent gc?); "
+                                     "nothing was changed, retry") from None
+            if fast_forward_only:
+                problem = fast_forward_problem(txn, old, new)
+                if problem:
+                    raise NotFastForward(f"not a fast-forward of thread {thread!r} at {self.url}: "
+                                         f"{problem}; nothing was changed (use --force to replace it)")
+            if not threads.set_if_equals(txn, thread, old, new, action, message):
+                raise ConflictError(f"thread {thread!r} at {self.url} moved; nothing was changed")
+            if pin is not None:
+                pin.release(txn)
+
+        self.objects.write(land)
+
+
+# --- the transfer --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TransferResult:
+    thread: str
+    old: ThreadState | None
+    new: ThreadState
+    objects_total: int
+    objects: int
+    bytes: int
+    up_to_date: bool
+    forced: bool
+
+
+def transfer(source: Endpoint, target: Endpoint, thread: str, force: bool = False,
+             action: str = "transfer", message: str = "",
+             progress: Callable[[int, int], None] | None = None) -> TransferResult:
+    """Make `target`'s thread equal to `source`'s, sending only missing objects.
+
+    Raises NotFound (no such thread at the source), NotFastForward (unless `force`),
+    ConflictError (the target moved meanwhile), IntegrityError (an object is corrupt
+    or missing on either side). On any error the target's ref is unchanged, and no
+    object was written unless the failure came after a flushed batch (then only
+    verified, unreferenced objects remain, which gc collects).
+    """
+    new = source.read_ref(thread)
+    if new is None:
+        raise NotFound(f"no thread named {thread!r} at {source.url}")
+    old = target.read_ref(thread)
+    if old == new:
+        return TransferResult(thread, old, new, 0, 0, 0, True, force)
+    needed = source.closure(new)
+    if not force:
+        problem = source.fast_forward_problem(old, new)
+        if problem:
+            raise NotFastForward(f"not a fast-forward of thread {thread!r} at {target.url}: "
+                                 f"{problem}; nothing was changed (use --force to replace it)")
+    missing = []
+    for start in range(0, len(needed), HAS_MANY_BATCH):
+        batch = [digest for digest, _ in needed[start:start + HAS_MANY_BATCH]]
+        present = target.has_many(batch)
+        missing.extend(d for d in batch if d.raw not in present)
+
+    def checked_stream() -> Iterator[tuple[Digest, bytes]]:
+        expected = iter(missing)
+        done = 0
+        for digest, framed in source.get_objects(missing):
+            if digest != next(expected, None):
+                raise CorruptTransfer(f"{source.url} sent object {digest.hex()}, which was not "
+                                      "asked for; nothing was changed")
+            yield digest, framed
+            done += 1
+            if progress is not None:
+                progress(done, len(missing))
+        if next(expected, None) is not None:
+            raise CorruptTransfer(f"{source.url} sent {done} of {len(missing)} objects; "
+                                  "nothing was changed")
+
+    with target.receiving(f"{action} {thread}"):
+        count, size = target.put_objects(checked_stream())
+        target.compare_and_swap_ref(thread, old, new, not force, action, message)
+    return TransferResult(thread, old, new, len(needed), count, size, False, force)

@@ -1,0 +1,219 @@
+"""`agentcas remote`, `push` and `pull` run the way a user runs them (subprocesses only,
+so `store_rows` may read the stores raw between commands)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+
+import lmdb
+import pytest
+
+from agentcas.cas import framing
+from agentcas.cas.store import TABLES
+
+from conftest import AGENTCAS, run_cli, store_rows
+
+
+def jsonl(count: int, size: int, tag: str) -> str:
+    return "".join(json.dumps({"i": i, "tag": tag,
+                               "text": base64.b64encode(os.urandom(size * 3 // 4)).decode()}) + "\n"
+                   for i in range(count))
+
+
+@pytest.fixture
+def stores(tmp_path, workspace):
+    """(local, other): local main has a checkpoint and 50 records; remote 'other' -> other."""
+    local, other = tmp_path / "local", tmp_path / "other"
+    # Set-up through the API in one child process (each CLI start costs a few tenths of a second).
+    script = ("import sys; from agentcas import Store\n"
+              "local, other, ws, records = sys.argv[1:]\n"
+              "store, _ = Store.init(local); Store.init(other)\n"
+              "store.rollout_append('main', records.encode()); store.commit(ws, 'first')\n"
+              "store.remote_add('other', other)\n")
+    subprocess.run([sys.executable, "-c", script, str(local), str(other), str(workspace),
+                    jsonl(50, 100, "a")], check=True)
+    return local, other
+
+
+def check_error(result, code: int, text: str) -> None:
+    assert result.code == code, result
+    assert result.err.startswith("agentcas: error: ") and text in result.err, result
+    assert result.err.count("\n") == 1 and "Traceback" not in result.err
+
+
+def test_remote_add_list_remove(tmp_path, stores):
+    local, other = stores
+    (tmp_path / "sub").mkdir()
+    added = run_cli("--json", "remote", "add", "rel", "../other", store=local, cwd=tmp_path / "sub")
+    assert added.code == 0 and added.json() == {"name": "rel", "url": f"file://{other}"}
+    assert run_cli("remote", "add", "url", f"file://{other}", store=local).code == 0
+    listed = run_cli("--json", "remote", "list", store=local)
+    assert [r["name"] for r in listed.json()["remotes"]] == ["other", "rel", "url"]
+    assert f"other\tfile://{other}" in run_cli("remote", "list", store=local).out
+    assert run_cli("remote", "remove", "rel", store=local).code == 0
+    assert [r["name"] for r in run_cli("--json", "remote", "list", store=local).json()["remotes"]] \
+        == ["other", "url"]
+
+
+def test_remote_add_errors_change_nothing(tmp_path, stores):
+    local, other = stores
+    (tmp_path / "empty").mkdir()
+    before = store_rows(local)
+    check_error(run_cli("remote", "add", "other", other, store=local), 3, "already exists")
+    check_error(run_cli("remote", "add", "x", tmp_path / "missing", store=local), 1, "no store at")
+    check_error(run_cli("remote", "add", "x", tmp_path / "empty", store=local), 1, "not an agentcas store")
+    check_error(run_cli("remote", "add", "x", "s3://bucket/p", store=local), 2, "unsupported remote URL")
+    check_error(run_cli("remote", "add", "a/b", other, store=local), 2, "invalid remote name")
+    check_error(run_cli("remote", "add", "me", local, store=local), 2, "this store itself")
+    check_error(run_cli("remote", "remove", "nope", store=local), 1, "no remote named 'nope'")
+    assert store_rows(local) == before
+
+
+def test_push_then_push_again_then_pull(tmp_path, stores, workspace):
+    local, other = stores
+    pushed = run_cli("--json", "push", "other", "main", store=local)
+    assert pushed.code == 0, pushed
+    doc = pushed.json()
+    assert doc["objects_sent"] == doc["objects_total"] > 0 and doc["old_checkpoint"] is None
+    shown = run_cli("--json", "show", "main", store=other).json()
+    assert shown["checkpoint"] == doc["new_checkpoint"]
+    assert run_cli("rollout", "cat", "main", store=other).out == \
+        run_cli("rollout", "cat", "main", store=local).out
+    before = store_rows(other)
+    again = run_cli("--json", "push", "other", "main", store=local)
+    assert again.code == 0
+    assert {k: again.json()[k] for k in ("objects_sent", "bytes_sent")} == {"objects_sent": 0, "bytes_sent": 0}
+    assert store_rows(other) == before
+    assert "up to date" in run_cli("push", "other", "main", store=local).out
+
+    # Someone works on the other store; pull brings it back.
+    (workspace / "task.json").write_text('{"step": 2}\n')
+    assert run_cli("commit", workspace, "-m", "their step", store=other).code == 0
+    pulled = run_cli("--json", "pull", "other", "main", store=local)
+    assert pulled.code == 0, pulled
+    assert pulled.json()["old_checkpoint"] == doc["new_checkpoint"]
+    assert 0 < pulled.json()["objects_received"] < doc["objects_sent"]
+    assert run_cli("--json", "show", "main", store=local).json()["reason"] == "their step"
+    assert run_cli("checkout", "main", tmp_path / "out", store=local).code == 0
+    assert (tmp_path / "out" / "task.json").read_text() == '{"step": 2}\n'
+    text = run_cli("pull", "other", "main", store=local)
+    assert text.code == 0 and "up to date" in text.out
+
+
+def test_push_of_one_megabyte_append_sends_under_two_megabytes(stores, capsys):
+    local, other = stores
+    assert run_cli("push", "other", "main", store=local).code == 0
+    appended = jsonl(500, 2000, "new")
+    assert run_cli("rollout", "append", "main", "-", store=local, input=appended).code == 0
+    doc = run_cli("--json", "push", "other", "main", store=local).json()
+    with capsys.disabled():
+        print(f"\n[remote cli] push after a {len(appended)}-byte append: {doc['bytes_sent']} bytes, "
+              f"{doc['objects_sent']} objects")
+    assert 700_000 < doc["bytes_sent"] < 2_000_000
+
+
+def test_non_fast_forward_push_exits_3_and_force_replaces(stores, workspace):
+    local, other = stores
+    assert run_cli("push", "other", "main", store=local).code == 0
+    (workspace / "task.json").write_text('{"step": "theirs"}\n')
+    assert run_cli("commit", workspace, "-m", "theirs", store=other).code == 0
+    (workspace / "task.json").write_text('{"step": "mine"}\n')
+    assert run_cli("commit", workspace, "-m", "mine", store=local).code == 0
+    before = store_rows(other)
+    check_error(run_cli("push", "other", "main", store=local), 3, "not a fast-forward")
+    assert store_rows(other) == before
+    forced = run_cli("--json", "push", "other", "main", "--force", store=local)
+    assert forced.code == 0 and forced.json()["forced"] is True
+    assert run_cli("--json", "show", "main", store=other).json()["reason"] == "mine"
+
+
+def test_non_fast_forward_pull_exits_3_and_leaves_local_unchanged(stores, workspace):
+    local, other = stores
+    assert run_cli("push", "other", "main", store=local).code == 0
+    assert run_cli("rollout", "append", "main", "-", store=other, input=jsonl(2, 50, "x")).code == 0
+    assert run_cli("rollout", "append", "main", "-", store=local, input=jsonl(2, 50, "y")).code == 0
+    before = store_rows(local)
+    check_error(run_cli("pull", "other", "main", store=local), 3, "not a fast-forward")
+    assert store_rows(local) == before
+    assert run_cli("pull", "other", "main", "--force", store=local).code == 0
+
+
+def test_unknown_remote_missing_remote_store_and_unknown_thread(tmp_path, stores):
+    local, other = stores
+    check_error(run_cli("push", "nowhere", "main", store=local), 1, "no remote named 'nowhere'")
+    check_error(run_cli("pull", "nowhere", "main", store=local), 1, "no remote named 'nowhere'")
+    check_error(run_cli("push", "other", "nope", store=local), 1, "no thread named 'nope'")
+    check_error(run_cli("pull", "other", "main", store=local), 1, "no thread named 'main'")
+    check_error(run_cli("push", "other", "bad..name", store=local), 2, "invalid thread name")
+    os.rename(other, tmp_path / "moved")
+    check_error(run_cli("push", "other", "main", store=local), 1, "remote 'other'")
+
+
+def corrupt_largest_object(store_dir) -> bytes:
+    """Flip the last byte of the store's largest object, raw through LMDB; its key."""
+    env = lmdb.open(str(store_dir), max_dbs=len(TABLES) + 2)
+    try:
+        with env.begin(write=True) as txn:
+            db = env.open_db(b"objects", txn=txn, create=False)
+            key, value = max(((bytes(k), bytes(v)) for k, v in txn.cursor(db=db)),
+                             key=lambda kv: len(kv[1]))
+            assert framing.read_header(value)[0] == framing.KIND_CHUNK
+            txn.put(key, value[:-1] + bytes([value[-1] ^ 0x40]), db=db)
+    finally:
+        env.close()
+    return key
+
+
+def test_corrupt_object_in_sender_exits_4_and_nothing_lands(stores):
+    local, other = stores
+    key = corrupt_largest_object(local)
+    before = store_rows(other)
+    result = run_cli("--json", "push", "other", "main", store=local)
+    check_error(result, 4, "corrupt")
+    assert key.hex() in result.err and result.out == ""
+    assert store_rows(other) == before
+
+
+def test_corrupt_object_in_remote_exits_4_on_pull_and_nothing_lands(stores, workspace):
+    local, other = stores
+    (workspace / "artifacts" / "more.bin").write_bytes(os.urandom(200_000))
+    assert run_cli("commit", workspace, "-m", "theirs", "--thread", "theirs", store=other).code == 0
+    corrupt_largest_object(other)
+    before = store_rows(local)
+    check_error(run_cli("pull", "other", "theirs", store=local), 4, "corrupt")
+    assert store_rows(local) == before
+
+
+def test_concurrent_pushes_to_one_thread_exactly_one_wins(tmp_path, workspace):
+    """Three stores with unrelated histories push to one remote thread at once."""
+    other = tmp_path / "other"
+    locals_ = [tmp_path / f"local{i}" for i in range(3)]
+    script = ("import sys, pathlib; from agentcas import Store\n"
+              "ws, other, *locals_ = sys.argv[1:]\n"
+              "Store.init(other)\n"
+              "for i, path in enumerate(locals_):\n"
+              "    store, _ = Store.init(path)\n"
+              "    pathlib.Path(ws, 'task.json').write_text(str(i))\n"
+              "    store.commit(ws, f'store {i}'); store.remote_add('other', other)\n")
+    subprocess.run([sys.executable, "-c", script, str(workspace), str(other)] + [str(p) for p in locals_],
+                   check=True)
+    procs = [subprocess.Popen([AGENTCAS, "--store", str(path), "--json", "push", "other", "main"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for path in locals_]
+    results = [(proc.wait(timeout=120), proc.stdout.read(), proc.stderr.read()) for proc in procs]
+    for proc in procs:
+        proc.stdout.close()
+        proc.stderr.close()
+    codes = sorted(code for code, _, _ in results)
+    assert codes == [0, 3, 3], results
+    winner = next(json.loads(out) for code, out, _ in results if code == 0)
+    shown = run_cli("--json", "show", "main", store=other).json()
+    assert shown["checkpoint"] == winner["new_checkpoint"]
+    assert len(run_cli("--json", "reflog", "main", store=other).json()["entries"]) == 1
+    for code, _, err in results:
+        if code == 3:
+            assert "nothing was changed" in err and "Traceback" not in err
