@@ -142,7 +142,7 @@ def show(ctx, rev, files):
               "", "    " + doc["reason"]]
     if files:
         lines.append("")
-        lines += [f"{f['mode']} {f['size']:>12} {f['id'][:16]}  {f['path']}" for f in doc["files"]]
+        lines += [f"{f['mode']:04o} {f['size']:>12} {f['id'][:16]}  {f['path']}" for f in doc["files"]]
     ctx.emit(doc, "\n".join(lines))
 
 
@@ -305,12 +305,297 @@ def rollout_cat(ctx, thread, start, stop):
 
 # --- gc and fsck (gc helper) ----------------------------------------------------------------
 # (gc helper: commands go here)
+@cli.group("gc", invoke_without_command=True)
+@click.option("--dry-run", is_flag=True, help="Print the plan; delete nothing.")
+@click.option("--grace", default="1h", show_default=True, metavar="DURATION",
+              help="Keep objects written less than this ago (0s, 90s, 15m, 1h, 7d).")
+@click.option("--expire-reflog", default="90d", show_default=True, metavar="DURATION|now",
+              help="Expire reflog entries older than this (never a thread's newest).")
+@click.option("--report", "report_file", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Write the lineage report to FILE (JSON with --json or a .json name, else text).")
+@click.option("--wait", default="60s", show_default=True, metavar="DURATION",
+              help="How long to wait for writes in progress before stopping incomplete.")
+@click.option("--batch", default=10_000, type=click.IntRange(min=1), hidden=True,
+              help="Objects deleted per write transaction.")
+@click.pass_context
+def gc_command(click_ctx, dry_run, grace, expire_reflog, report_file, wait, batch):
+    """Delete objects no thread, kept reflog entry, recent write or write in progress needs."""
+    if click_ctx.invoked_subcommand is not None:
+        return
+    from agentcas.gc import report as gc_report
+    from agentcas.gc.plan import parse_duration
+    ctx = click_ctx.obj
+    grace_s, expire_s = parse_duration(grace), parse_duration(expire_reflog, allow_now=True)
+    wait_s = parse_duration(wait)
+    store = _open_store_checked(ctx)
+    with Progress("gc") as progress:
+        doc = store.gc(grace_s, expire_s, dry_run=dry_run, report=bool(report_file),
+                       wait=wait_s, progress=progress, batch=batch)
+    report = doc.pop("report", None)
+    if report_file:
+        as_json = ctx.as_json or report_file.endswith(".json")
+        text = json.dumps(report, indent=2, sort_keys=True) + "\n" if as_json else gc_report.render_text(report) + "\n"
+        try:
+            with open(report_file, "w", encoding="utf-8") as handle:
+                handle.write(text)
+        except OSError as exc:
+            raise AgentcasError(f"cannot write report {report_file}: {exc.strerror}") from None
+        doc["report_file"] = os.path.abspath(report_file)
+    plan, result = doc["plan"], doc["result"]
+    rec, held, live = plan["reclaimable"], plan["held_by_grace"], plan["live"]
+    lines = [f"{plan['objects']} objects: {live['objects']} live ({live['bytes']} bytes), "
+             f"{rec['objects']} reclaimable ({rec['bytes']} bytes), {held['objects']} held by grace "
+             f"({held['bytes']} bytes)",
+             f"roots: " + ", ".join(f"{n} {kind}" for kind, n in plan["roots"].items()),
+             f"reflog: {plan['reflog']['expiring']} of {plan['reflog']['entries']} entries expire"]
+    if dry_run:
+        lines.append("dry run: nothing deleted")
+    else:
+        lines.append(f"deleted {result['deleted']['objects']} objects ({result['deleted']['bytes']} bytes), "
+                     f"expired {result['reflog_expired']} reflog entries")
+        if not result["complete"]:
+            click.echo(f"agentcas: note: gc stopped early: {len(result['blocked_by'])} write(s) still in "
+                       "progress; run gc again later", err=True)
+    lines += [f"note: {note}" for note in plan["notes"]]
+    ctx.emit(doc, "\n".join(lines))
+
+
+@gc_command.command("explain")
+@click.argument("object_id", metavar="ID")
+@click.option("--grace", default="1h", show_default=True, metavar="DURATION")
+@click.option("--expire-reflog", default="90d", show_default=True, metavar="DURATION|now")
+@pass_ctx
+def gc_explain(ctx, object_id, grace, expire_reflog):
+    """Why object ID (id or unique hex prefix) is alive: the path from a root, or unreachable."""
+    from agentcas.gc import explain as gc_explain_module
+    from agentcas.gc.plan import parse_duration
+    doc = ctx.store().gc_explain(object_id, parse_duration(grace),
+                                 parse_duration(expire_reflog, allow_now=True))
+    ctx.emit(doc, gc_explain_module.render_text(doc))
+
+
+def _open_store_checked(ctx):
+    """ctx.store(), but an LMDB file LMDB itself cannot open is corruption (exit 4)."""
+    from agentcas.cas.lmdb_store import StoreUnavailable
+    from agentcas.gc.fsck import StoreCorrupt
+    try:
+        return ctx.store()
+    except StoreUnavailable as exc:
+        if "cannot open store" in str(exc):
+            raise StoreCorrupt(f"store database is corrupt: {exc}") from None
+        raise
+
+
+@cli.command("fsck")
+@pass_ctx
+def fsck_command(ctx):
+    """Verify every stored object, table row, history position and thread closure (exit 4 if bad)."""
+    from agentcas.gc import fsck as gc_fsck
+    store = _open_store_checked(ctx)
+    with Progress("fsck") as progress:
+        doc = store.fsck(progress)
+    ctx.emit(doc, gc_fsck.render_text(doc))
+    if not doc["ok"]:
+        first = doc["problems"][0]["message"]
+        more = len(doc["problems"]) - 1
+        raise gc_fsck.FsckFailed(f"fsck found {len(doc['problems'])} problem(s): {first}"
+                                 + (f" (and {more} more)" if more else ""))
 
 # --- keys, trust, signatures, bundles, remotes (exchange helper) ----------------------------
 # (exchange helper: commands go here)
 
+# keys, trust, signatures, bundles
+@cli.command()
+@click.argument("name")
+@click.option("--out", "out_dir", default=".", show_default=True, type=click.Path(file_okay=False),
+              help="Directory for NAME.key and NAME.pub.")
+@pass_ctx
+def keygen(ctx, name, out_dir):
+    """Create an Ed25519 key pair: NAME.key (mode 0600; $AGENTCAS_KEY_PASSPHRASE encrypts it) and NAME.pub."""
+    from agentcas.signing.keys import write_keypair
+    result = write_keypair(name, out_dir)
+    ctx.emit(result, f"{result['key_id']}\nWrote {result['private_key']} (private, 0600"
+                     f"{', encrypted' if result['encrypted'] else ''}) and {result['public_key']}")
+
+
+@cli.group("trust")
+def trust_group():
+    """The signers whose signatures this store accepts, per namespace."""
+
+
+@trust_group.command("add")
+@click.argument("name")
+@click.argument("pubkey_file", type=click.Path(dir_okay=False))
+@click.option("--namespace", "namespaces", multiple=True, metavar="NS",
+              help="Namespace the signer is trusted for (repeatable; default agentcas-checkpoint-v1).")
+@pass_ctx
+def trust_add(ctx, name, pubkey_file, namespaces):
+    """Trust the public key in PUBKEY_FILE as signer NAME."""
+    entry = ctx.store().trust_add(name, pubkey_file, namespaces)
+    ctx.emit(entry, f"Trusted {entry['name']} ({entry['key_id']}) for {', '.join(entry['namespaces'])}")
+
+
+@trust_group.command("list")
+@pass_ctx
+def trust_list(ctx):
+    """List trusted signers."""
+    rows = ctx.store().trust_list()
+    ctx.emit({"trusted": rows}, "\n".join(f"{r['name']:<20} {r['key_id']}  {','.join(r['namespaces'])}"
+                                          for r in rows))
+
+
+@trust_group.command("remove")
+@click.argument("name")
+@pass_ctx
+def trust_remove(ctx, name):
+    """Stop trusting signer NAME."""
+    entry = ctx.store().trust_remove(name)
+    ctx.emit(entry, f"Removed trusted signer {name} ({entry['key_id']})")
+
+
+@cli.command()
+@click.argument("rev")
+@click.option("--key", "key_file", required=True, type=click.Path(dir_okay=False), help="Private key file.")
+@pass_ctx
+def sign(ctx, rev, key_file):
+    """Sign checkpoint REV and store the signature."""
+    result = ctx.store().sign(rev, key_file)
+    ctx.emit(result, f"Signed {result['checkpoint'][:12]} ({result['thread']}) with key {result['key_id']}")
+
+
+@cli.command()
+@click.argument("target", metavar="REV|BUNDLE")
+@pass_ctx
+def verify(ctx, target):
+    """Exit 0 only if a trusted signature verifies (and, for a bundle, every hash, the closure and length)."""
+    store = ctx.store()
+    if os.path.isfile(target):
+        with Progress("verify") as progress:
+            result = store.verify_bundle(target, progress=progress)
+        text = (f"bundle OK: {result['objects']} objects, {result['files']} files, checkpoint "
+                f"{result['checkpoint'][:12]} ({result['thread']}); {result['reason']}")
+    else:
+        result = store.verify(target)
+        text = f"checkpoint {result['checkpoint'][:12]}: {result['reason']}"
+    ctx.emit(result, text)
+
+
+@cli.command("export")
+@click.argument("rev")
+@click.option("-o", "--output", "out_path", required=True, type=click.Path(dir_okay=False),
+              help="Bundle file to write (must not exist).")
+@click.option("--sign", "key_file", type=click.Path(dir_okay=False), metavar="KEYFILE",
+              help="Sign the bundle with this private key.")
+@click.option("--allow-secret", "allow_secrets", multiple=True, metavar="GLOB",
+              help="Export files matching GLOB even if they look like secrets.")
+@pass_ctx
+def export_cmd(ctx, rev, out_path, key_file, allow_secrets):
+    """Write checkpoint REV with its files, ancestry and history into one bundle file."""
+    with Progress("export") as progress:
+        result = ctx.store().export_bundle(rev, out_path, key_file, allow_secrets, progress=progress)
+    signed = f", signed by {', '.join(result['signatures'])}" if result["signatures"] else ", unsigned"
+    ctx.emit(result, f"Exported {result['checkpoint'][:12]} ({result['thread']}) to {result['bundle']}: "
+                     f"{result['objects']} objects, {result['bytes']} bytes{signed}")
+
+
+@cli.command("import")
+@click.argument("bundle_path", metavar="BUNDLE", type=click.Path(dir_okay=False))
+@click.option("--as", "as_thread", metavar="THREAD", help="Thread to land it on (default: the bundle's).")
+@click.option("--allow-unsigned", is_flag=True, help="Accept a bundle without a trusted signature.")
+@click.option("--allow-rollback", is_flag=True, help="Accept a bundle older than one already imported.")
+@pass_ctx
+def import_cmd(ctx, bundle_path, as_thread, allow_unsigned, allow_rollback):
+    """Verify BUNDLE completely, then import it as a new thread or a fast-forward."""
+    with Progress("import") as progress:
+        result = ctx.store().import_bundle(bundle_path, as_thread, allow_unsigned, allow_rollback,
+                                           progress=progress)
+    moved = "" if result["moved"] else " (thread already there)"
+    ctx.emit(result, f"Imported {result['checkpoint'][:12]} as {result['imported_as']}{moved}: "
+                     f"{result['new_objects']} new objects, {result['new_bytes']} bytes; {result['reason']}")
+
+# remotes
+@cli.group("remote")
+def remote_group():
+    """Other agentcas stores to push threads to and pull them from."""
+
+
+@remote_group.command("add")
+@click.argument("name")
+@click.argument("url")
+@pass_ctx
+def remote_add(ctx, name, url):
+    """Record the store at URL (a path or file:// URL) as remote NAME."""
+    result = ctx.store().remote_add(name, url)
+    ctx.emit(result, f"Added remote {result['name']} -> {result['url']}")
+
+
+@remote_group.command("list")
+@pass_ctx
+def remote_list(ctx):
+    """List remotes and their URLs."""
+    rows = ctx.store().remotes()
+    ctx.emit({"remotes": rows}, "\n".join(f"{r['name']}\t{r['url']}" for r in rows))
+
+
+@remote_group.command("remove")
+@click.argument("name")
+@pass_ctx
+def remote_remove(ctx, name):
+    """Forget remote NAME (the remote store itself is untouched)."""
+    result = ctx.store().remote_remove(name)
+    ctx.emit(result, f"Removed remote {name}")
+
+
+def _transfer_text(verb: str, result: dict, objects: int, size: int) -> str:
+    if result["up_to_date"]:
+        return f"{result['thread']} is up to date with {result['remote']}; nothing to {verb}"
+    old = (result["old_checkpoint"] or "-")[:12] if result["old_seq"] is not None else "(new thread)"
+    new = (result["new_checkpoint"] or "-")[:12]
+    forced = " (forced)" if result["forced"] else ""
+    return (f"{verb.capitalize()}ed {result['thread']} {old} -> {new}{forced}, seq {result['new_seq']}: "
+            f"{objects} of {result['objects_total']} objects, {size} bytes")
+
+
+@cli.command()
+@click.argument("remote")
+@click.argument("thread")
+@click.option("--force", is_flag=True, help="Replace the remote thread even if it is not a fast-forward.")
+@pass_ctx
+def push(ctx, remote, thread, force):
+    """Send THREAD to REMOTE: only the objects it lacks, then its ref by compare-and-swap."""
+    with Progress("push") as progress:
+        result = ctx.store().push(remote, thread, force, progress=progress)
+    ctx.emit(result, _transfer_text("push", result, result["objects_sent"], result["bytes_sent"]))
+
+
+@cli.command()
+@click.argument("remote")
+@click.argument("thread")
+@click.option("--force", is_flag=True, help="Replace the local thread even if it is not a fast-forward.")
+@pass_ctx
+def pull(ctx, remote, thread, force):
+    """Fetch THREAD from REMOTE into this store (creating it if absent)."""
+    with Progress("pull") as progress:
+        result = ctx.store().pull(remote, thread, force, progress=progress)
+    ctx.emit(result, _transfer_text("pull", result, result["objects_received"], result["bytes_received"]))
+
 # --- drill (exchange helper) -----------------------------------------------------------------
 # (drill: commands go here)
+@cli.command()
+@click.option("--checkpoint", "rev", metavar="REV",
+              help="Drill on this checkpoint of the store instead of a synthetic agent.")
+@click.option("--keep", is_flag=True, help="Keep the temporary directory for inspection.")
+@pass_ctx
+def drill(ctx, rev, keep):
+    """End-to-end recovery drill in a temporary place; exit 0 only if every stage holds."""
+    from agentcas.drill import run_checkpoint_drill, run_drill
+    echo = (lambda line: click.echo(line, err=True)) if ctx.as_json else click.echo
+    if rev is None:
+        report = run_drill(echo, keep)
+    else:
+        report = run_checkpoint_drill(ctx.store(), rev, echo, keep)
+    if ctx.as_json:
+        ctx.emit(report.to_json())
 
 
 def main(argv=None) -> int:

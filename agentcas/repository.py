@@ -12,6 +12,7 @@ import datetime
 import getpass
 import os
 import platform
+import re
 import socket
 import sys
 
@@ -34,6 +35,7 @@ from agentcas.workspace.snapshot import snapshot
 
 STORE_DIR = ".agentcas"
 FORMAT_KEY = b"format"
+_REFLOG_REV = re.compile(r"^(.+)@\{(\d+)\}$")
 UNRELATED_NOTE = "the target checkpoint is not in this thread's ancestry (a checkpoint of an unrelated thread)"
 WORLD_NOTE = ("revert moves the thread's pointer only: files written, requests sent and money spent "
               "by the agent are not undone")
@@ -162,7 +164,7 @@ class Store:
     def files(self, rev: str) -> list[dict]:
         digest, cp = self.checkpoint(rev)
         with self.objects.reader() as txn:
-            return [{"path": path, "size": entry.size, "mode": f"{entry.mode:04o}", "id": entry.id.hex()}
+            return [{"path": path, "size": entry.size, "mode": entry.mode, "id": entry.id.hex()}
                     for path, entry in list_files(txn, cp.tree) if entry.type == "file"]
 
     def log(self, thread: str | None = None, limit: int | None = None) -> list[dict]:
@@ -203,15 +205,15 @@ class Store:
         expected = self.resolve(expect) if expect else None
         if not os.path.isdir(workspace):
             raise UsageError(f"workspace is not a directory: {workspace}")
-        with WritePin(self.objects, f"commit {thread}") as pin:
+        with WritePin(self.objects, f"commit {thread}", lazy=True) as pin:
             skip = [self.path] if self.path else []
             # A rollout file inside the workspace is stored once, as history, not as a file too.
             skip_files = [rollout_file] if rollout_file else []
             tree, stats, needed = snapshot(self.objects, workspace, allow_secrets, progress, skip,
-                                           skip_files)
+                                           skip_files, pin)
             tail = None
             if rollout_file is not None:
-                tail = self._prepare_rollout_tail(thread, rollout_file)
+                tail = self._prepare_rollout_tail(thread, rollout_file, pin)
             created_at, who, runtime = utc_now(), author or default_author(), runtime_description()
 
             def land(txn: Txn):
@@ -250,7 +252,7 @@ class Store:
                 "new_objects": stats.new_objects, "new_bytes": stats.new_bytes,
                 "appended_records": appended}
 
-    def _prepare_rollout_tail(self, thread: str, path: str):
+    def _prepare_rollout_tail(self, thread: str, path: str, pin: WritePin):
         """Check that `path` starts with the stored history; prepare its new complete lines."""
         with self.objects.reader() as txn:
             state = threads.read_thread(txn, thread)
@@ -285,8 +287,8 @@ class Store:
                 handle.seek(head.offset)
                 tail = handle.read()
         cut = tail.rfind(b"\n") + 1
-        writer = BatchWriter(self.objects)
-        prepared = rollout.prepare(tail[:cut], writer.add)
+        writer = BatchWriter(self.objects, pin=pin)
+        prepared = rollout.prepare(tail[:cut], writer.add, first_line=head.seq + 1)
         writer.flush()
         return prepared, head
 
@@ -294,8 +296,8 @@ class Store:
     def rollout_append(self, thread: str, data: bytes) -> dict:
         """Append JSONL records to a thread's history (creating the thread if new)."""
         check_thread_name(thread)
-        with WritePin(self.objects, f"append {thread}") as pin:
-            writer = BatchWriter(self.objects)
+        with WritePin(self.objects, f"append {thread}", lazy=True) as pin:
+            writer = BatchWriter(self.objects, pin=pin)
             prepared = rollout.prepare(data, writer.add)
             writer.flush()
 
@@ -303,6 +305,9 @@ class Store:
                 state = threads.read_thread(txn, thread)
                 base = EMPTY_POSITION if state is None else state.history
                 head = rollout.link_segments(txn, base, prepared)
+                if state is not None and head == base:  # nothing to append: no ref move
+                    pin.release(txn)
+                    return base, head
                 new = ThreadState(None if state is None else state.checkpoint, head,
                                   None if state is None else state.forked_from)
                 threads.set_if_equals(txn, thread, state, new, "append",
@@ -315,21 +320,27 @@ class Store:
                 "history": head.to_doc()}
 
     def rollout_read(self, thread: str, start: int = 0, stop: int | None = None):
-        """Yield the bytes of records start <= seq < stop of a thread's history.
+        """An iterator over the bytes of records start <= seq < stop of a thread's history.
 
-        `thread` may also be a revision: then the history is that checkpoint's prefix.
+        `thread` may also be a revision: a checkpoint's prefix, or for THREAD@{N} the
+        whole history that reflog entry recorded. A `stop` past the end reads to the
+        end; a bad range raises here, before any byte is produced.
         """
         if start < 0 or (stop is not None and stop < 0):
             raise UsageError("--from and --to must not be negative")
         with self.objects.reader() as txn:
-            state = threads.read_thread(txn, thread) if _is_name(thread) else None
-            if state is not None:
-                head = state.history
-            else:
-                try:
-                    head = revisions.load_checkpoint(txn, revisions.resolve(txn, thread)).history
-                except NotFound:
-                    raise NotFound(f"no thread or checkpoint named {thread!r}") from None
+            try:
+                head, _ = _source_state(txn, thread)
+            except NotFound:
+                raise NotFound(f"no thread or checkpoint named {thread!r}") from None
+        if start > head.seq:
+            raise UsageError(f"--from {start} is beyond the end of the history ({head.seq} records)")
+        if stop is not None and stop < start:
+            raise UsageError(f"--to {stop} is before --from {start}")
+        return self._read_history(head, start, stop)
+
+    def _read_history(self, head: HistoryPosition, start: int, stop: int | None):
+        with self.objects.reader() as txn:
             yield from rollout.History(txn).read(head, start, stop)
 
     # -- moves on threads -----------------------------------------------------------------------
@@ -340,7 +351,9 @@ class Store:
         def land(txn: Txn):
             digest = revisions.resolve(txn, rev or "main")
             cp = revisions.load_checkpoint(txn, digest)
-            if not threads.set_if_equals(txn, name, None, ThreadState(digest, cp.history), "branch",
+            entry = _reflog_state(txn, rev)  # THREAD@{N}: with records appended after its checkpoint
+            history = entry.history if entry is not None and entry.checkpoint == digest else cp.history
+            if not threads.set_if_equals(txn, name, None, ThreadState(digest, history), "branch",
                                          f"branch from {rev or 'main'}"):
                 raise ConflictError(f"thread {name!r} already exists")
             return digest
@@ -368,12 +381,7 @@ class Store:
             raise UsageError(f"--at must not be negative: {at}")
 
         def land(txn: Txn):
-            state = threads.read_thread(txn, source) if _is_name(source) else None
-            if state is not None:
-                head, tip = state.history, state.checkpoint
-            else:
-                tip = revisions.resolve(txn, source)
-                head = revisions.load_checkpoint(txn, tip).history
+            head, tip = _source_state(txn, source)
             if at is not None and at > head.seq:
                 raise UsageError(f"--at {at} is beyond the end of {source!r}'s history ({head.seq} records)")
             position = rollout.History(txn).position(head, head.seq if at is None else at)
@@ -407,16 +415,19 @@ class Store:
                     raise ConflictError(f"thread {thread!r} is not at {expect!r}; nothing was changed")
             target = revisions.resolve(txn, rev)
             cp = revisions.load_checkpoint(txn, target)
-            related = cp.thread == thread or _is_ancestor(txn, target, state.checkpoint)
-            new = ThreadState(target, cp.history, state.forked_from)
+            related = (cp.thread == thread or _is_ancestor(txn, target, state.checkpoint)
+                       or bool(_fork_ancestry(txn, thread) & _fork_ancestry(txn, cp.thread)))
+            entry = _reflog_state(txn, rev)
+            history = entry.history if entry is not None and entry.checkpoint == target else cp.history
+            new = ThreadState(target, history, state.forked_from)
             threads.set_if_equals(txn, thread, state, new, "revert", f"revert to {rev}")
-            return state, target, cp, related
+            return state, target, new, related
 
-        old, target, cp, related = self.objects.write(land)
+        old, target, new, related = self.objects.write(land)
         notes = [WORLD_NOTE] + ([] if related else [UNRELATED_NOTE])
         return {"thread": thread, "checkpoint": target.hex(),
                 "previous": None if old.checkpoint is None else old.checkpoint.hex(),
-                "history": cp.history.to_doc(), "related": related, "notes": notes}
+                "history": new.history.to_doc(), "related": related, "notes": notes}
 
     def checkout(self, rev: str, dest: str, progress=None) -> dict:
         digest, cp = self.checkpoint(rev)
@@ -465,13 +476,131 @@ class Store:
             if thread not in by_name:
                 raise NotFound(f"no thread named {thread!r}")
             return {"threads": [node(thread)]}
-        return {"threads": [node(r) for r in sorted(roots)]}
+        trees = [node(r) for r in sorted(roots)]
+        reached, stack = set(), list(trees)
+        while stack:
+            item = stack.pop()
+            reached.add(item["thread"])
+            stack.extend(item["children"])
+        for name in sorted(by_name):  # on a fork cycle: shown from its smallest name
+            if name not in reached:
+                trees.append(node(name))
+                stack = [trees[-1]]
+                while stack:
+                    item = stack.pop()
+                    reached.add(item["thread"])
+                    stack.extend(item["children"])
+        return {"threads": trees}
 
     # -- gc and fsck (agentcas/gc) ---------------------------------------------------------------
     # (gc helper: methods go here)
+    def gc_plan(self, grace: int = 3600, expire_reflog: int = 90 * 86400, now: float | None = None):
+        """Mark from every root and classify every object (deletes nothing): a gc.plan.GcPlan."""
+        from agentcas.gc.plan import plan_gc
+        return plan_gc(self.objects, now, grace, expire_reflog)
+
+    def gc_execute(self, plan, wait: float = 60.0, progress=None, batch: int = 10_000) -> dict:
+        """Carry out a GcPlan (gc/sweep.py): expire reflog entries, delete garbage, settle."""
+        from agentcas.gc.sweep import execute
+        return execute(self.objects, plan, wait=wait, batch=batch, progress=progress)
+
+    def gc(self, grace: int = 3600, expire_reflog: int = 90 * 86400, dry_run: bool = False,
+           report: bool = False, wait: float = 60.0, progress=None, now: float | None = None,
+           batch: int = 10_000) -> dict:
+        """Plan and (unless dry_run) execute a gc: {"dry_run", "plan", "result"[, "report"]}."""
+        from agentcas.gc.report import build_report
+        plan = self.gc_plan(grace, expire_reflog, now)
+        result = None if dry_run else self.gc_execute(plan, wait, progress, batch)
+        doc = {"dry_run": dry_run, "plan": plan.to_json(), "result": result}
+        if report:
+            doc["report"] = build_report(self.objects, plan, result)
+        return doc
+
+    def gc_explain(self, object_id: str, grace: int = 3600, expire_reflog: int = 90 * 86400) -> dict:
+        """Why an object is alive (the path from a root to it), or that it is unreachable."""
+        from agentcas.gc.explain import explain
+        return explain(self.objects, object_id, grace=grace, expire_reflog=expire_reflog)
+
+    def fsck(self, progress=None) -> dict:
+        """Verify every object, row, position and closure: {"ok", "objects", "problems", ...}."""
+        from agentcas.gc.fsck import fsck
+        return fsck(self.objects, progress)
 
     # -- signing, bundles, remotes (agentcas/signing, agentcas/exchange) --------------------------
     # (exchange helper: methods go here)
+
+    # keys, trust, signatures, bundles
+    def trust_add(self, name: str, public_key_file: str, namespaces=()) -> dict:
+        """Trust the key in `public_key_file` as signer `name` for `namespaces`."""
+        from agentcas.signing import keys, trust
+        public = keys.load_public_key(public_key_file)
+        entry = self.objects.write(lambda txn: trust.add(txn, name, public, namespaces))
+        return entry.to_doc()
+
+    def trust_list(self) -> list[dict]:
+        from agentcas.signing import trust
+        with self.objects.reader() as txn:
+            return [e.to_doc() for e in trust.list_trusted(txn)]
+
+    def trust_remove(self, name: str) -> dict:
+        from agentcas.signing import trust
+        entry = self.objects.write(lambda txn: trust.remove(txn, name))
+        return dict(entry.to_doc(), removed=True)
+
+    def _signing_thread(self, rev: str) -> tuple[Digest, str]:
+        """The checkpoint `rev` names and the thread a signature binds: the thread named, else its own."""
+        digest, cp = self.checkpoint(rev)
+        if _is_name(rev):
+            with self.objects.reader() as txn:
+                state = threads.read_thread(txn, rev)
+            if state is not None:
+                return digest, rev
+        return digest, cp.thread
+
+    def sign(self, rev: str, key_file: str) -> dict:
+        """Store a signature by the key in `key_file` over checkpoint `rev`."""
+        from agentcas.signing import envelope, keys
+        key = keys.load_signing_key(key_file)
+        digest, thread = self._signing_thread(rev)
+        signed = envelope.sign(key, digest, thread)
+        envelope_id = self.objects.write(lambda txn: envelope.save_envelope(txn, signed))
+        return {"checkpoint": digest.hex(), "thread": thread, "signature": envelope_id.hex(),
+                "key_id": key.public.id, "signed_at": signed.statement.signed_at,
+                "namespace": signed.statement.namespace}
+
+    def verify(self, rev: str) -> dict:
+        """Check the stored signatures of checkpoint `rev`; raise unless a trusted one verifies."""
+        from agentcas.exchange.bundle import SignatureRejected
+        from agentcas.signing import envelope, trust
+        digest, _ = self.checkpoint(rev)
+        with self.objects.reader() as txn:
+            trusted = trust.list_trusted(txn)
+            verdicts = [envelope.check(e, trusted, digest, e.statement.thread)
+                        for _, e in envelope.envelopes_for(txn, digest)]
+        status, reason = envelope.summarize(verdicts)
+        if status != envelope.VALID:
+            raise SignatureRejected(status, f"checkpoint {digest.short()}: signature {status}: {reason}")
+        return {"checkpoint": digest.hex(), "signature": status, "reason": reason, "verified": True,
+                "signatures": [v.to_json() for v in verdicts]}
+
+    def verify_bundle(self, path: str, progress=None) -> dict:
+        from agentcas.exchange import bundle
+        return bundle.verify_bundle(self.objects, path, progress)
+
+    def export_bundle(self, rev: str, out_path: str, key_file: str | None = None, allow_secrets=(),
+                      progress=None) -> dict:
+        """Write checkpoint `rev` (ancestry, files, history) as one bundle file, optionally signed."""
+        from agentcas.exchange import bundle
+        from agentcas.signing import keys
+        key = keys.load_signing_key(key_file) if key_file else None
+        digest, thread = self._signing_thread(rev)
+        return bundle.export_bundle(self.objects, digest, thread, out_path, key, allow_secrets, progress)
+
+    def import_bundle(self, path: str, as_thread: str | None = None, allow_unsigned: bool = False,
+                      allow_rollback: bool = False, progress=None) -> dict:
+        """Verify a bundle completely, then land it as a new thread or a fast-forward."""
+        from agentcas.exchange import bundle
+        return bundle.import_bundle(self.objects, path, as_thread, allow_unsigned, allow_rollback, progress)
 
     # remotes
     def remote_add(self, name: str, url: str) -> dict:
@@ -548,6 +677,40 @@ def _is_name(text: str) -> bool:
         return True
     except UsageError:
         return False
+
+
+def _reflog_state(txn: Txn, rev: str | None) -> ThreadState | None:
+    """The state reflog entry THREAD@{N} recorded, if `rev` is exactly that form."""
+    match = _REFLOG_REV.match(rev or "")
+    if not match or not _is_name(match.group(1)):
+        return None
+    number = int(match.group(2))
+    entries = threads.read_reflog(txn, match.group(1), limit=number + 1)
+    return entries[number].new if len(entries) > number else None
+
+
+def _source_state(txn: Txn, source: str) -> tuple[HistoryPosition, Digest | None]:
+    """(history, checkpoint) that `source` names: a thread's head, a reflog entry's state
+    (with records appended after its checkpoint), or a checkpoint and its own prefix."""
+    if _is_name(source):
+        state = threads.read_thread(txn, source)
+        if state is not None:
+            return state.history, state.checkpoint
+    entry = _reflog_state(txn, source)
+    if entry is not None:
+        return entry.history, entry.checkpoint
+    digest = revisions.resolve(txn, source)
+    return revisions.load_checkpoint(txn, digest).history, digest
+
+
+def _fork_ancestry(txn: Txn, name: str) -> set[str]:
+    """`name` and the threads it was forked from, transitively (those that still exist)."""
+    names, current = set(), name
+    while current is not None and current not in names and _is_name(current):
+        names.add(current)
+        state = threads.read_thread(txn, current)
+        current = state.forked_from.thread if state is not None and state.forked_from else None
+    return names
 
 
 def _is_ancestor(txn: Txn, target: Digest, tip: Digest | None, limit: int = 100000) -> bool:

@@ -82,11 +82,17 @@ def unframe(value) -> tuple[int, bytes]:
 def decompress_bounded(body, size: int) -> bytes:
     """Decompress one zstd frame that must expand to exactly `size` bytes."""
     body = bytes(body)
-    declared = zstandard.frame_content_size(body) if len(body) >= 4 else -2
+    try:
+        declared = zstandard.frame_content_size(body) if len(body) >= 4 else -2
+    except zstandard.ZstdError:
+        raise CorruptValue("zstd frame header is damaged") from None
     if declared != size:
         raise CorruptValue(f"zstd frame declares {declared} bytes, expected {size}")
     try:
-        data = zstandard.ZstdDecompressor().decompress(body, max_output_size=size)
+        # allow_extra_data=False: bytes after the frame make the value corrupt, so one
+        # object has exactly one stored form and damage there is not silently ignored.
+        data = zstandard.ZstdDecompressor().decompress(body, max_output_size=size,
+                                                      allow_extra_data=False)
     except zstandard.ZstdError as exc:
         raise CorruptValue(f"zstd frame does not decompress: {exc}") from None
     if len(data) != size:

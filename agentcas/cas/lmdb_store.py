@@ -40,7 +40,9 @@ class _LmdbTxn(Txn):
     def scan(self, table, prefix=b"", start=None, reverse=False):
         cursor = self._txn.cursor(db=self._dbs[table])
         if not reverse:
-            if not cursor.set_range(start if start is not None else prefix):
+            # A start before the prefix means "from the prefix's first key".
+            first = prefix if start is None or start < prefix else start
+            if not cursor.set_range(first):
                 return
             for key, value in cursor.iternext():
                 if not key.startswith(prefix):
@@ -86,8 +88,9 @@ def _prefix_end(prefix: bytes) -> bytes | None:
 
 
 class LmdbObjectStore(ObjectStore):
-    def __init__(self, path: str, create: bool = False):
+    def __init__(self, path: str, create: bool = False, map_size: int | None = None):
         self.path = os.path.abspath(path)
+        self.map_size = INITIAL_MAP_SIZE if map_size is None else map_size
         self.url = "lmdb://" + self.path
         self.readonly = False
         self._write_lock = threading.Lock()
@@ -95,9 +98,10 @@ class LmdbObjectStore(ObjectStore):
         self.env.reader_check()
         self.dbs = {}
         if self.readonly:
-            with self.env.begin() as txn:
-                for name in TABLES:
-                    self.dbs[name] = self.env.open_db(name.encode(), txn=txn, create=False)
+            # Not inside an explicit read transaction: handles opened there die with it
+            # (every later get() fails with EINVAL); py-lmdb's own transaction keeps them.
+            for name in TABLES:
+                self.dbs[name] = self.env.open_db(name.encode(), create=False)
         else:
             with self.env.begin(write=True) as txn:
                 for name in TABLES:
@@ -108,7 +112,12 @@ class LmdbObjectStore(ObjectStore):
             raise StoreUnavailable(f"store path is a file, not a directory: {self.path}")
         if not create and not os.path.exists(os.path.join(self.path, DATA_FILE)):
             raise StoreUnavailable(f"not an agentcas store (no {DATA_FILE}): {self.path}")
-        options = dict(map_size=INITIAL_MAP_SIZE, subdir=True, max_dbs=len(TABLES) + 2,
+        if create:
+            try:
+                os.makedirs(self.path, exist_ok=True)
+            except OSError as exc:
+                raise StoreUnavailable(f"cannot create a store in {self.path}: {exc.strerror}") from None
+        options = dict(map_size=self.map_size, subdir=True, max_dbs=len(TABLES) + 2,
                        readahead=False, meminit=False, max_readers=256, create=create)
         writable = os.access(self.path, os.W_OK) and (
             create or os.access(os.path.join(self.path, DATA_FILE), os.W_OK))
@@ -166,14 +175,17 @@ class LmdbObjectStore(ObjectStore):
         self.env.close()
 
 
-def open_lmdb(path: str, create: bool = False) -> LmdbObjectStore:
-    """The process's one environment for the store at `path` (LMDB forbids two)."""
+def open_lmdb(path: str, create: bool = False, map_size: int | None = None) -> LmdbObjectStore:
+    """The process's one environment for the store at `path` (LMDB forbids two).
+
+    `map_size` (default $AGENTCAS_LMDB_MAP_SIZE or 1 GiB) is the initial map; it grows.
+    """
     key = os.path.abspath(path)
     with _OPEN_LOCK:
         store = _OPEN.get(key)
         if store is None:
             try:
-                store = LmdbObjectStore(key, create=create)
+                store = LmdbObjectStore(key, create=create, map_size=map_size)
             except lmdb.Error as exc:
                 raise StoreUnavailable(f"cannot open store {key}: {exc}") from None
             _OPEN[key] = store

@@ -94,10 +94,13 @@ class PreparedSegment:
     record_hashes: list[bytes]
 
 
-def prepare(data: bytes, add_object) -> list[PreparedSegment]:
-    """Validate, group and chunk new records; `add_object(digest, framed)` stores chunks."""
+def prepare(data: bytes, add_object, first_line: int = 1) -> list[PreparedSegment]:
+    """Validate, group and chunk new records; `add_object(digest, framed)` stores chunks.
+
+    `first_line` numbers the first line of `data` in error messages (a file's tail).
+    """
     data = normalise(data)
-    records = split_records(data)
+    records = split_records(data, first_line)
     groups: list[list[tuple[int, int]]] = []
     for record in records:
         if groups and record[1] - groups[-1][0][0] <= MAX_SEGMENT_BYTES:

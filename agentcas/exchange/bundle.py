@@ -1,0 +1,527 @@
+"""Export, verify and import bundles: one file that carries a checkpoint to another store.
+
+Export walks the checkpoint's closure (its trees, chunk lists, chunks, rollout segments,
+and every ancestor checkpoint with theirs), re-scans its files for secrets, and writes
+the manifest, the objects, the signatures and the trailer (bundle_format.py) into a
+temporary file that is linked into place only when complete. Export never writes to
+the store.
+
+Import checks everything before writing anything:
+  1. pass 1 over the file: layout, lengths, every object's hash, the trailer;
+  2. the closure: every object each checkpoint needs is in the bundle with the right
+     kind, and the bundle carries nothing else; the manifest's checkpoints, history
+     position and file list equal what the objects say; every multi-chunk file's bytes
+     hash to its id; the rollout's prefix digests are recomputed;
+  3. signatures against this store's trust list (and --allow-unsigned);
+  4. rollback (table `imports`) and fast-forward of the target thread.
+Only then: pass 2 re-reads and re-verifies each object while writing it in batches
+(under a WritePin), and one final transaction re-checks the thread (compare-and-swap),
+moves it, records the import and stores the signatures.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets as pyrandom
+import time
+from dataclasses import dataclass
+
+import blake3
+
+from agentcas.cas import encoding, framing
+from agentcas.cas.digest import Digest
+from agentcas.cas.objects import Checkpoint, ChunkList, HistoryPosition, InvalidObject, Segment, Tree
+from agentcas.cas.sealed import seal, unseal
+from agentcas.cas.store import ObjectStore, Txn
+from agentcas.cas.writer import BatchWriter, WritePin
+from agentcas.errors import ConflictError, IntegrityError, UsageError
+from agentcas.exchange.bundle_format import (MAGIC, TRAILER, TRAILER_MAGIC, U32, BundleCorrupt, Manifest,
+                                             ManifestFile, ParsedBundle, RECORD_HEAD, iter_records, parse,
+                                             read_record_value, restamp)
+from agentcas.lineage import rollout
+from agentcas.lineage.closure import Walker
+from agentcas.refs import threads
+from agentcas.refs.names import check_thread_name
+from agentcas.refs.revisions import load_checkpoint
+from agentcas.refs.threads import ThreadState
+from agentcas.signing import envelope as env
+from agentcas.signing import trust
+from agentcas.signing.keys import SigningKey
+from agentcas.workspace import secrets
+from agentcas.workspace.restore import file_chunks, list_files, read_file
+
+IMPORTS_PREFIX = b"threads/"
+_PRIVATE_KEY = next(rule for rule in secrets.RULES if rule.name == "private key block")
+
+
+class SignatureRejected(IntegrityError):
+    """No signature by a trusted signer verifies: untrusted, invalid or absent."""
+
+    def __init__(self, status: str, message: str):
+        self.status = status
+        super().__init__(message)
+
+
+class RollbackRefused(IntegrityError):
+    """The bundle is older than one already imported for the same thread."""
+
+
+class SecretInBundle(IntegrityError):
+    """Export found a likely secret (or private key) among the checkpoint's files."""
+
+
+# --- export -----------------------------------------------------------------------------------
+
+def export_bundle(objects: ObjectStore, checkpoint: Digest, thread: str, out_path: str,
+                  key: SigningKey | None = None, allow_secrets=(), progress=None,
+                  created_at: str | None = None) -> dict:
+    """Write a bundle of `checkpoint` (with its ancestry and history) to `out_path`."""
+    check_thread_name(thread)
+    out_path = os.path.abspath(out_path)
+    if os.path.lexists(out_path):
+        raise ConflictError(f"{out_path} already exists; not overwriting")
+    if not os.path.isdir(os.path.dirname(out_path)):
+        raise UsageError(f"directory of {out_path} does not exist")
+    with objects.reader() as txn:
+        cp = load_checkpoint(txn, checkpoint)
+        scanned: set = set()
+        files = _scan_files(txn, cp.tree, allow_secrets, scanned)
+        records, checkpoints = [], []
+        total = 0
+        for digest, kind, _ in Walker(txn, verify=False, follow_parents=True).checkpoint(checkpoint):
+            value = txn.get("objects", digest.raw)
+            records.append((digest, kind, len(value)))
+            total += RECORD_HEAD.size + len(value)
+            if kind == framing.KIND_CHECKPOINT:
+                checkpoints.append(digest)
+        for ancestor in checkpoints[1:]:
+            # Ancestors travel too, so their files are scanned as well (each file id once).
+            _scan_files(txn, load_checkpoint(txn, ancestor).tree, allow_secrets, scanned)
+        envelopes = [e for _, e in env.envelopes_for(txn, checkpoint) if e.statement.thread == thread]
+        if key is not None:
+            envelopes.append(env.sign(key, checkpoint, thread))
+        manifest = Manifest(checkpoint, thread, tuple(checkpoints), cp.history, tuple(files), len(records),
+                            total, created_at or env.utc_now())
+        directory = os.path.dirname(out_path)
+        temp = os.path.join(directory, f".{os.path.basename(out_path)}.agentcas-{pyrandom.token_hex(6)}")
+        written = 0
+        try:
+            with open(temp, "xb") as out:
+                hasher = blake3.blake3()
+
+                def put(data: bytes) -> None:
+                    out.write(data)
+                    hasher.update(data)
+
+                manifest_bytes = manifest.encode()
+                put(MAGIC + U32.pack(len(manifest_bytes)) + manifest_bytes)
+                for digest, kind, length in records:
+                    value = bytes(txn.get("objects", digest.raw))
+                    if len(value) != length:
+                        raise IntegrityError(f"object {digest.hex()} changed during export")
+                    read_record_value(value, kind, digest)  # verify before it leaves the store
+                    put(RECORD_HEAD.pack(kind, digest.raw, length) + restamp(value, 0))
+                    written += length
+                    if progress:
+                        progress(written, total)
+                put(U32.pack(len(envelopes)))
+                for item in envelopes:
+                    data = item.encode()
+                    put(U32.pack(len(data)) + data)
+                size = out.tell() + TRAILER.size
+                head = TRAILER_MAGIC + size.to_bytes(8, "big")
+                put(head)
+                out.write(hasher.digest())
+                out.flush()
+                os.fsync(out.fileno())
+            try:
+                os.link(temp, out_path)
+            except FileExistsError:
+                raise ConflictError(f"{out_path} appeared during export; not overwriting") from None
+        finally:
+            if os.path.exists(temp):
+                os.unlink(temp)
+    return {"bundle": out_path, "checkpoint": checkpoint.hex(), "thread": thread, "bytes": size,
+            "objects": len(records), "checkpoints": len(checkpoints), "files": len(files),
+            "history_records": cp.history.seq,
+            "signatures": [e.statement.key_id for e in envelopes]}
+
+
+def _scan_files(txn: Txn, tree_id: Digest, allow_secrets, scanned: set) -> list[ManifestFile]:
+    """Every file of the tree as a manifest entry, after a secret scan of its bytes.
+
+    `scanned` holds (path, file id) pairs already scanned, so shared files cost nothing.
+    """
+    import fnmatch
+    out = []
+    for path, entry in list_files(txn, tree_id):
+        if entry.type != "file":
+            continue
+        out.append(ManifestFile(path, entry.size, entry.mode, entry.id))
+        if entry.size == 0 or (path, entry.id.raw) in scanned:
+            continue
+        scanned.add((path, entry.id.raw))
+        first_id, _ = file_chunks(txn, entry)[0]
+        value = txn.get("objects", first_id.raw)
+        if value is None:
+            raise IntegrityError(f"chunk {first_id.hex()} of {path} is missing from the store")
+        if secrets.is_binary(framing.unframe(value)[1][: secrets.BINARY_SNIFF]):
+            continue
+        data = read_file(txn, entry, path)
+        if any(fnmatch.fnmatchcase(path, g) for g in allow_secrets):
+            # --allow-secret never lets a private key leave: only the key-block rule still applies.
+            match = _PRIVATE_KEY.pattern.search(data)
+            finding = None if match is None else secrets.Finding(
+                path, data.count(b"\n", 0, match.start()) + 1, _PRIVATE_KEY.name)
+        else:
+            finding = secrets.scan(data, path)
+        if finding is not None:
+            raise SecretInBundle(f"refusing to export: {finding.path} line {finding.line} looks like a "
+                                 f"{finding.rule} (use --allow-secret GLOB if it is not one); "
+                                 "no bundle was written")
+    return out
+
+
+# --- checking a bundle ------------------------------------------------------------------------
+
+class _BundleView(Txn):
+    """A read-only Txn over a parsed bundle's objects, so lineage code can read them."""
+
+    def __init__(self, handle, parsed: ParsedBundle):
+        self.handle, self.parsed = handle, parsed
+
+    def get(self, table, key):
+        if table != "objects":
+            return None
+        key = bytes(key)
+        framed = self.parsed.index.structured.get(key)
+        if framed is not None:
+            return framed
+        where = self.parsed.index.chunks.get(key)
+        if where is None:
+            return None
+        self.handle.seek(where[0])
+        return self.handle.read(where[1])
+
+    def scan(self, table, prefix=b"", start=None, reverse=False):
+        return iter(())
+
+    def put(self, table, key, value):
+        raise TypeError("a bundle view is read-only")
+
+    put_new = delete = put
+
+    def count(self, table):
+        return len(self.parsed.index.kinds) if table == "objects" else 0
+
+
+@dataclass
+class CheckedBundle:
+    """A bundle whose bytes, closure and manifest were verified; signatures judged."""
+
+    parsed: ParsedBundle
+    checkpoint: Checkpoint
+    verdicts: list
+    status: str
+    reason: str
+    envelopes: list
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.parsed.manifest
+
+    def signed_at(self) -> str | None:
+        valid = [v.envelope.statement.signed_at for v in self.verdicts if v.status == env.VALID]
+        return max(valid) if valid else None
+
+    def to_json(self) -> dict:
+        m = self.manifest
+        return {"checkpoint": m.checkpoint.hex(), "thread": m.thread, "bytes": self.parsed.size,
+                "objects": m.object_count, "checkpoints": len(m.checkpoints), "files": len(m.files),
+                "history": m.history.to_doc(), "signature": self.status, "reason": self.reason,
+                "signatures": [v.to_json() for v in self.verdicts]}
+
+
+def _structured(parsed: ParsedBundle, digest: Digest, kind: int, referrer, reached: set) -> bytes:
+    have = parsed.index.kinds.get(digest.raw)
+    by = f" (needed by {referrer.short()})" if referrer is not None else ""
+    if have is None:
+        raise BundleCorrupt(f"bundle is incomplete: {framing.KIND_NAMES[kind]} {digest.hex()} is missing{by}")
+    if have != kind:
+        raise BundleCorrupt(f"bundle object {digest.hex()} is a {framing.KIND_NAMES[have]}, "
+                            f"expected a {framing.KIND_NAMES[kind]}{by}")
+    reached.add(digest.raw)
+    if kind == framing.KIND_CHUNK:
+        return b""
+    return framing.unframe(parsed.index.structured[digest.raw])[1]
+
+
+def check_closure(handle, parsed: ParsedBundle) -> Checkpoint:
+    """Step 2: closure, manifest against objects, file ids, history digests."""
+    m = parsed.manifest
+    reached: set = set()
+    checkpoints: list[Digest] = []
+    multi_chunk: list[tuple[str, Digest, tuple]] = []
+    try:
+        stack = [(m.checkpoint, None)]
+        head_cp = None
+        loaded: dict[bytes, Checkpoint] = {}
+        while stack:
+            digest, by = stack.pop()
+            if digest.raw in reached:
+                continue
+            cp = Checkpoint.decode(_structured(parsed, digest, framing.KIND_CHECKPOINT, by, reached))
+            loaded[digest.raw] = cp
+            checkpoints.append(digest)
+            if head_cp is None:
+                head_cp = cp
+            _walk_tree(parsed, cp.tree, digest, reached, multi_chunk)
+            segment, seg_by = cp.history.segment, digest
+            while segment is not None and segment.raw not in reached:
+                seg = Segment.decode(_structured(parsed, segment, framing.KIND_SEGMENT, seg_by, reached))
+                for ref in seg.chunks:
+                    _structured(parsed, ref.id, framing.KIND_CHUNK, segment, reached)
+                segment, seg_by = seg.base.segment, segment
+            stack.extend((parent, digest) for parent in cp.parents)
+    except InvalidObject as exc:
+        raise BundleCorrupt(f"bundle holds an invalid object: {exc}") from None
+    extra = len(parsed.index.kinds) - len(reached)
+    if extra:
+        raise BundleCorrupt(f"bundle carries {extra} objects that checkpoint {m.checkpoint.short()} "
+                            "does not need")
+    if sorted(c.raw for c in checkpoints) != sorted(c.raw for c in m.checkpoints):
+        raise BundleCorrupt("bundle manifest's checkpoint list differs from the checkpoints it carries")
+    if head_cp.history != m.history:
+        raise BundleCorrupt("bundle manifest's history position differs from the checkpoint's")
+    view = _BundleView(handle, parsed)
+    listed = [(f.path, f.size, f.mode, f.id) for f in m.files]
+    try:
+        actual = [(p, e.size, e.mode, e.id) for p, e in list_files(view, head_cp.tree) if e.type == "file"]
+    except InvalidObject as exc:
+        raise BundleCorrupt(f"bundle holds an invalid tree: {exc}") from None
+    if listed != actual:
+        raise BundleCorrupt("bundle manifest's file list differs from the checkpoint's tree")
+    for path, file_id, chunks in multi_chunk:
+        hasher = blake3.blake3()
+        for chunk_id in chunks:
+            hasher.update(framing.unframe(view.get("objects", chunk_id.raw))[1])
+        if hasher.digest() != file_id.raw:
+            raise BundleCorrupt(f"bundle file {path} does not hash to its id {file_id.hex()}")
+    history = rollout.History(view)
+    try:
+        history.verify(head_cp.history)
+        for digest in checkpoints[1:]:
+            position = loaded[digest.raw].history
+            if position.seq == 0:
+                continue
+            # A prefix of the verified head history needs no second read; anything else does.
+            if position.seq <= head_cp.history.seq and history.position(head_cp.history, position.seq) == position:
+                continue
+            history.verify(position)
+    except IntegrityError as exc:
+        raise BundleCorrupt(f"bundle rollout history does not check out: {exc}") from None
+    except (UsageError, ValueError) as exc:
+        raise BundleCorrupt(f"bundle rollout history is inconsistent: {exc}") from None
+    return head_cp
+
+
+def _walk_tree(parsed, tree_id: Digest, referrer, reached: set, multi_chunk: list, prefix: str = "") -> None:
+    stack = [(tree_id, referrer, prefix)]
+    while stack:
+        current, by, where = stack.pop()
+        if current.raw in reached:
+            continue
+        tree = Tree.decode(_structured(parsed, current, framing.KIND_TREE, by, reached))
+        for entry in tree.entries:
+            path = where + entry.name
+            if entry.type == "dir":
+                stack.append((entry.id, current, path + "/"))
+            elif entry.size == 0:
+                continue
+            elif entry.chunks is None:
+                _structured(parsed, entry.id, framing.KIND_CHUNK, current, reached)
+            else:
+                seen_list = entry.chunks.raw in reached
+                chunk_list = ChunkList.decode(
+                    _structured(parsed, entry.chunks, framing.KIND_CHUNKLIST, current, reached))
+                if chunk_list.size != entry.size:
+                    raise BundleCorrupt(f"bundle chunk list of {path} does not add up to its size")
+                for ref in chunk_list.chunks:
+                    _structured(parsed, ref.id, framing.KIND_CHUNK, entry.chunks, reached)
+                if not seen_list:
+                    multi_chunk.append((path, entry.id, tuple(ref.id for ref in chunk_list.chunks)))
+
+
+def judge_signatures(txn: Txn, parsed: ParsedBundle) -> tuple[list, list, str, str]:
+    """(envelopes, verdicts, status, reason) of a bundle's signatures against the trust list."""
+    m = parsed.manifest
+    envelopes, verdicts = [], []
+    for data in parsed.envelopes:
+        try:
+            item = env.Envelope.decode(data)
+        except IntegrityError as exc:
+            raise BundleCorrupt(f"bundle signature is malformed: {exc}") from None
+        envelopes.append(item)
+    trusted = trust.list_trusted(txn)
+    for item in envelopes:
+        verdicts.append(env.check(item, trusted, m.checkpoint, m.thread))
+    status, reason = env.summarize(verdicts)
+    return envelopes, verdicts, status, reason
+
+
+def check_bundle(objects: ObjectStore, handle, progress=None) -> CheckedBundle:
+    """Steps 1-3: everything but rollback and the ref. Raises BundleCorrupt on damage."""
+    parsed = parse(handle, progress)
+    checkpoint = check_closure(handle, parsed)
+    with objects.reader() as txn:
+        envelopes, verdicts, status, reason = judge_signatures(txn, parsed)
+    return CheckedBundle(parsed, checkpoint, verdicts, status, reason, envelopes)
+
+
+def require_signature(checked: CheckedBundle, allow_unsigned: bool) -> None:
+    """Raise SignatureRejected unless a trusted signature verifies (or unsigned is allowed)."""
+    if checked.status == env.VALID:
+        return
+    if checked.status == env.INVALID:
+        raise SignatureRejected(env.INVALID, f"bundle signature is invalid: {checked.reason}")
+    if allow_unsigned:
+        return
+    if checked.status == env.UNTRUSTED:
+        raise SignatureRejected(env.UNTRUSTED, f"bundle signature is untrusted: {checked.reason} "
+                                "(trust the signer with 'agentcas trust add', or pass --allow-unsigned)")
+    raise SignatureRejected(env.ABSENT, "bundle is not signed (pass --allow-unsigned to import it anyway)")
+
+
+def open_bundle(path: str):
+    try:
+        return open(path, "rb")
+    except OSError as exc:
+        raise UsageError(f"cannot read bundle {path}: {exc.strerror}") from None
+
+
+def verify_bundle(objects: ObjectStore, path: str, progress=None) -> dict:
+    """Check a bundle completely without writing; raise unless a trusted signature verifies."""
+    with open_bundle(path) as handle:
+        checked = check_bundle(objects, handle, progress)
+    require_signature(checked, allow_unsigned=False)
+    return dict(checked.to_json(), bundle=os.path.abspath(path), verified=True)
+
+
+# --- import -----------------------------------------------------------------------------------
+
+def _imports_key(thread: str) -> bytes:
+    return IMPORTS_PREFIX + thread.encode("utf-8")
+
+
+def read_import(txn: Txn, thread: str) -> dict | None:
+    key = _imports_key(thread)
+    value = txn.get("imports", key)
+    return None if value is None else encoding.decode(unseal("imports", key, value))
+
+
+def _ancestors_contain(txn: Txn, tip: Digest, target: Digest, limit: int = 1_000_000) -> bool:
+    """True if `target` is `tip` or one of its ancestors in the store."""
+    stack, seen = [tip], set()
+    while stack and len(seen) < limit:
+        digest = stack.pop()
+        if digest == target:
+            return True
+        if digest.raw in seen:
+            continue
+        seen.add(digest.raw)
+        try:
+            stack.extend(load_checkpoint(txn, digest).parents)
+        except IntegrityError:
+            raise
+        except Exception:  # noqa: BLE001 - an ancestor missing from the store ends that branch
+            continue
+    return False
+
+
+def check_rollback(txn: Txn, thread: str, checkpoint: Digest, signed_at: str | None,
+                   allow_rollback: bool) -> None:
+    """Refuse a bundle older (by signed time or ancestry) than the last import into `thread`."""
+    last = read_import(txn, thread)
+    if last is None or allow_rollback or last["checkpoint"] == checkpoint.hex():
+        return
+    older = signed_at is not None and last.get("signed_at") is not None and signed_at < last["signed_at"]
+    if not older:
+        older = _ancestors_contain(txn, Digest.parse(last["checkpoint"]), checkpoint)
+    if older:
+        raise RollbackRefused(
+            f"bundle checkpoint {checkpoint.short()} is older than {last['checkpoint'][:12]} already imported "
+            f"into thread {thread!r} (signed {last.get('signed_at') or 'unsigned'}); refusing a rollback "
+            "(--allow-rollback to force)")
+
+
+def _plan_ref(state: ThreadState | None, checked: CheckedBundle, history: rollout.History,
+              thread: str) -> ThreadState | None:
+    """The thread's new state (None: already there); ConflictError unless new or fast-forward."""
+    m, cp = checked.manifest, checked.checkpoint
+    if state is None:
+        return ThreadState(m.checkpoint, cp.history, None)
+    if state.checkpoint == m.checkpoint and state.history == cp.history:
+        return None
+    if state.checkpoint is not None and state.checkpoint not in m.checkpoints:
+        raise ConflictError(f"thread {thread!r} is at {state.checkpoint.short()}, which is not an ancestor of "
+                            f"the bundle's checkpoint {m.checkpoint.short()}: not a fast-forward; nothing "
+                            "was imported (use --as NEW_THREAD)")
+    def same(a: HistoryPosition, b: HistoryPosition) -> bool:
+        return (a.seq, a.offset, a.digest) == (b.seq, b.offset, b.digest)
+
+    if state.history.seq > cp.history.seq or not same(history.position(cp.history, state.history.seq),
+                                                      state.history):
+        raise ConflictError(f"thread {thread!r} has rollout records that the bundle's history does not "
+                            "contain: not a fast-forward; nothing was imported (use --as NEW_THREAD)")
+    return ThreadState(m.checkpoint, cp.history, state.forked_from)
+
+
+def import_bundle(objects: ObjectStore, path: str, as_thread: str | None = None,
+                  allow_unsigned: bool = False, allow_rollback: bool = False, progress=None) -> dict:
+    """Verify a bundle completely, then land its objects, its signatures and the thread."""
+    if as_thread is not None:
+        check_thread_name(as_thread)
+    with open_bundle(path) as handle:
+        checked = check_bundle(objects, handle, progress)
+        require_signature(checked, allow_unsigned)
+        m = checked.manifest
+        thread = as_thread or m.thread
+        signed_at = checked.signed_at()
+        view_history = rollout.History(_BundleView(handle, checked.parsed))
+        with objects.reader() as txn:
+            check_rollback(txn, thread, m.checkpoint, signed_at, allow_rollback)
+            before = threads.read_thread(txn, thread)
+            planned = _plan_ref(before, checked, view_history, thread)
+        keep = [v.envelope for v in checked.verdicts if v.status in (env.VALID, env.UNTRUSTED)]
+        with WritePin(objects, f"import {thread}") as pin:
+            writer = BatchWriter(objects)
+            now = int(time.time())
+            for digest, _, framed in iter_records(handle, checked.parsed):
+                writer.add(digest, restamp(framed, now))
+            writer.flush()
+
+            def land(txn: Txn):
+                for raw in checked.parsed.index.order:
+                    if txn.get("objects", raw) is None:
+                        raise IntegrityError(f"object {raw.hex()} vanished before the import landed "
+                                             "(concurrent gc?); nothing was changed, retry")
+                check_rollback(txn, thread, m.checkpoint, signed_at, allow_rollback)
+                state = threads.read_thread(txn, thread)
+                if state != before:
+                    raise ConflictError(f"thread {thread!r} moved while the bundle was imported; "
+                                        "nothing was changed, retry")
+                if planned is not None:
+                    threads.set_if_equals(txn, thread, state, planned, "import",
+                                          f"import {os.path.basename(path)}")
+                for item in keep:
+                    env.save_envelope(txn, item)
+                key = _imports_key(thread)
+                doc = {"checkpoint": m.checkpoint.hex(), "signed_at": signed_at, "thread": m.thread,
+                       "imported_at": env.utc_now(), "signature": checked.status}
+                txn.put("imports", key, seal("imports", key, encoding.encode(doc)))
+                pin.release(txn)
+
+            objects.write(land)
+    return dict(checked.to_json(), bundle=os.path.abspath(path), imported_as=thread,
+                moved=planned is not None, new_objects=writer.written_objects,
+                new_bytes=writer.written_bytes)

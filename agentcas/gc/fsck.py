@@ -1,0 +1,272 @@
+"""fsck: check every stored byte and every reference, in one read snapshot.
+
+1. Rows: every value of the sealed tables (meta, refs, reflog, trust, remotes, pins,
+   imports, statcache, signatures) is unsealed (its keyed checksum catches a flipped byte); refs,
+   reflog entries and pins are decoded too. `signatures` rows must be 64-byte keys
+   naming a stored signature.
+2. Objects: `objects` is streamed; each value's header CRC is checked, its body
+   unframed (bounded decompression) and hashed against its id, and structured objects
+   decoded. Each rollout segment is checked on its own: its chunks' bytes are read,
+   and its length, record count and prefix digest recomputed from its base.
+3. Positions: every history position named by a ref, a reflog entry, a checkpoint or
+   a segment base is checked against its segment (a cut inside a segment, left by a
+   fork or revert, is recomputed with History.position).
+4. Closures: from every thread ref and every reflog state, the closure is walked
+   (lineage/closure.Walker, one shared `seen` set); a missing object is reported with
+   what refers to it, and a corrupt object found in step 2 is annotated with its
+   referrer and root.
+A damaged LMDB file (lmdb.Error while reading) is reported as "store database is
+corrupt" (exit 4).
+"""
+
+from __future__ import annotations
+
+import blake3
+import lmdb
+
+from agentcas.cas import encoding, framing
+from agentcas.cas.digest import Digest, chain_prefix
+from agentcas.cas.objects import Checkpoint, ChunkList, HistoryPosition, Segment, Tree
+from agentcas.cas.sealed import unseal
+from agentcas.cas.store import ObjectStore, Txn, load_object, verify_object
+from agentcas.errors import IntegrityError
+from agentcas.gc.roots import SIGNATURE_KEY_SIZE, Root, entry_roots, state_roots
+from agentcas.lineage import rollout
+from agentcas.lineage.closure import MissingObject, Walker
+from agentcas.refs import threads
+
+SEALED_TABLES = ("meta", "refs", "reflog", "trust", "remotes", "pins", "imports", "statcache",
+                 "signatures")
+DECODERS = {framing.KIND_TREE: Tree.decode, framing.KIND_CHECKPOINT: Checkpoint.decode,
+            framing.KIND_CHUNKLIST: ChunkList.decode, framing.KIND_SEGMENT: Segment.decode}
+
+
+class StoreCorrupt(IntegrityError):
+    """The LMDB file itself is damaged."""
+
+
+class FsckFailed(IntegrityError):
+    """fsck found problems (raised by callers that want exit 4 after printing)."""
+
+
+class _CorruptReference(IntegrityError):
+    def __init__(self, digest: Digest, kind: int, referrer: Digest | None):
+        self.digest, self.kind, self.referrer = digest, kind, referrer
+        super().__init__(f"{framing.KIND_NAMES[kind]} {digest.hex()} is corrupt")
+
+
+class _FsckWalker(Walker):
+    """Walker over objects already verified in the object pass; corrupt ones stop it."""
+
+    def __init__(self, txn: Txn, corrupt: dict, seen: set, on_corrupt_leaf):
+        super().__init__(txn, seen, verify=False, follow_parents=True)
+        self.corrupt = corrupt
+        self.on_corrupt_leaf = on_corrupt_leaf
+
+    def _data(self, digest, kind, referrer):
+        if digest.raw in self.corrupt:
+            raise _CorruptReference(digest, kind, referrer)
+        return super()._data(digest, kind, referrer)
+
+    def _leaf(self, digest, kind, referrer):
+        if digest.raw in self.corrupt and digest.raw not in self.seen:
+            self.seen.add(digest.raw)
+            self.on_corrupt_leaf(_CorruptReference(digest, kind, referrer))
+            return
+        yield from super()._leaf(digest, kind, referrer)
+
+
+class Fsck:
+    """One fsck run over a read transaction; `problems` collects what it finds."""
+
+    def __init__(self, txn: Txn, progress=None):
+        self.txn = txn
+        self.progress = progress
+        self.problems: list[dict] = []
+        self.corrupt: dict[bytes, dict] = {}  # raw id -> its problem
+        self.history = rollout.History(txn)
+        self.positions_checked: set = set()
+        self.objects = 0
+        self.rows = 0
+        self.roots: list[Root] = []
+
+    def problem(self, what: str, message: str, **fields) -> dict:
+        doc = {"what": what, "message": message}
+        doc.update({k: v for k, v in fields.items() if v is not None})
+        self.problems.append(doc)
+        return doc
+
+    # -- 1. rows ---------------------------------------------------------------------------
+    def check_rows(self) -> None:
+        for table in SEALED_TABLES:
+            for key, value in self.txn.scan(table):
+                key = bytes(key)
+                self.rows += 1
+                shown = key.decode("utf-8", "replace") if table != "pins" else key.hex()
+                try:
+                    payload = unseal(table, key, value)
+                    if table == "refs" and key.startswith(threads.PREFIX):
+                        name = key[len(threads.PREFIX):].decode("utf-8")
+                        state = threads.read_thread(self.txn, name)
+                        self.roots += state_roots("thread", name, name, state)
+                    elif table == "reflog":
+                        entry = threads.decode_reflog_entry(key, value)
+                        name = key[len(threads.PREFIX): key.index(b"\0")].decode("utf-8")
+                        self.roots += entry_roots(name, entry)
+                    elif table == "pins":
+                        doc = encoding.decode(payload)
+                        int(doc["pid"]), int(doc["started_at"])
+                except lmdb.Error:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - any damage is a finding, not a crash
+                    self.problem("row", f"{table} entry {shown!r}: {exc}", table=table, key=shown)
+        for key, _ in self.txn.scan("signatures"):
+            key = bytes(key)
+            if len(key) < SIGNATURE_KEY_SIZE:
+                self.problem("row", f"signatures entry {key.hex()} has a malformed key", table="signatures")
+            elif self.txn.get("objects", key[32:64]) is None:
+                self.problem("missing", f"signature {key[32:64].hex()} is missing (listed for checkpoint "
+                             f"{key[:32].hex()})", id=key[32:64].hex(), kind="signature",
+                             referenced_by=key[:32].hex())
+
+    # -- 2. objects ------------------------------------------------------------------------
+    def check_objects(self) -> None:
+        for key, value in self.txn.scan("objects"):
+            raw = bytes(key)
+            self.objects += 1
+            if self.progress and self.objects % 4096 == 0:
+                self.progress(self.objects, 0)
+            kind_name = None
+            try:
+                if len(raw) != 32:
+                    raise IntegrityError(f"object key {raw.hex()} is not a 32-byte id")
+                kind_name = framing.KIND_NAMES[framing.read_header(value)[0]]
+                kind, data = framing.unframe(value)
+                digest = Digest(raw)
+                verify_object(kind, digest, data)
+                decoder = DECODERS.get(kind)
+                obj = decoder(data) if decoder else None
+                if kind == framing.KIND_SEGMENT:
+                    self.check_segment(digest, obj)
+                elif kind == framing.KIND_CHECKPOINT:
+                    self.check_position(obj.history, f"checkpoint {digest.hex()}")
+            except lmdb.Error:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                message = str(exc) if raw.hex() in str(exc) else f"{kind_name or 'object'} {raw.hex()}: {exc}"
+                self.corrupt[raw] = self.problem("corrupt", message, id=raw.hex(), kind=kind_name)
+
+    def check_segment(self, digest: Digest, segment: Segment) -> None:
+        """Recompute a segment's length, record count and prefix digest from its base."""
+        parts = []
+        for ref in segment.chunks:
+            data = load_object(self.txn, ref.id, framing.KIND_CHUNK)
+            if data is None:
+                raise IntegrityError(f"segment {digest.hex()}: its chunk {ref.id.hex()} is missing")
+            if len(data) != ref.size:
+                raise IntegrityError(f"segment {digest.hex()}: chunk {ref.id.hex()} has the wrong size")
+            parts.append(data)
+        data = b"".join(parts)
+        chain, start, count = segment.base.digest, 0, 0
+        while start < len(data):
+            end = data.find(b"\n", start)
+            if end < 0:
+                raise IntegrityError(f"segment {digest.hex()} ends inside a record")
+            chain = chain_prefix(chain, blake3.blake3(data[start:end + 1]).digest())
+            start, count = end + 1, count + 1
+        if (len(data), count, chain) != (segment.length, segment.count, segment.digest):
+            raise IntegrityError(f"segment {digest.hex()} does not match its bytes "
+                                 f"({count} records, {len(data)} bytes recomputed)")
+        if segment.base.segment is not None:
+            base = self.history.segment(segment.base.segment)
+            if base.index + 1 != segment.index:
+                raise IntegrityError(f"segment {digest.hex()} has index {segment.index} after a base "
+                                     f"with index {base.index}")
+            self.check_position(segment.base, f"base of segment {digest.hex()}", raise_=True)
+
+    def check_position(self, position: HistoryPosition, where: str, raise_: bool = False) -> None:
+        """A position must be its segment's end, or a cut recomputable inside it."""
+        if position.segment is None:
+            return
+        key = (position.segment.raw, position.seq, position.offset, position.digest.raw)
+        if key in self.positions_checked:
+            return
+        self.positions_checked.add(key)
+        try:
+            segment = self.history.segment(position.segment)
+            end = segment.end(position.segment)
+            if not segment.base.seq < position.seq <= end.seq:
+                raise IntegrityError(f"seq {position.seq} is outside segment {position.segment.hex()}")
+            recomputed = end if position.seq == end.seq else self.history.position(end, position.seq)
+            if recomputed != position:
+                raise IntegrityError(f"position seq {position.seq} in segment {position.segment.hex()} "
+                                     "does not match the segment's bytes")
+        except lmdb.Error:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            if raise_:
+                raise
+            self.problem("position", f"{where}: {exc}", id=position.segment.hex(), kind="segment")
+
+    # -- 3/4. positions of roots and closures --------------------------------------------
+    def check_closures(self) -> None:
+        seen: set = set()
+        current: list[Root] = []
+        walker = _FsckWalker(self.txn, self.corrupt, seen,
+                             lambda exc: self.note_referrer(exc, current[0]))
+        for root in self.roots:
+            current[:] = [root]
+            self.check_position(root.history, root.describe())
+            try:
+                for _ in _walk(walker, root):
+                    pass
+            except MissingObject as exc:
+                self.problem("missing", f"{exc}, reachable from {root.describe()}", id=exc.digest.hex(),
+                             kind=framing.KIND_NAMES[exc.kind],
+                             referenced_by=None if exc.referrer is None else exc.referrer.hex(),
+                             root=root.describe())
+            except _CorruptReference as exc:
+                self.note_referrer(exc, root)
+            except lmdb.Error:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                self.problem("closure", f"{root.describe()}: {exc}", root=root.describe())
+
+    def note_referrer(self, exc: _CorruptReference, root: Root) -> None:
+        """Name what refers to a corrupt object and which root reaches it."""
+        found = self.corrupt[exc.digest.raw]
+        by = None if exc.referrer is None else exc.referrer.hex()
+        found["referenced_by"] = by
+        found["root"] = root.describe()
+        found["message"] += f" (referenced by {by or root.describe()}, reachable from {root.describe()})"
+
+    def run(self) -> dict:
+        self.check_rows()
+        self.check_objects()
+        self.check_closures()
+        return {"ok": not self.problems, "objects": self.objects, "rows": self.rows,
+                "roots": len(self.roots), "problems": self.problems}
+
+
+def _walk(walker: Walker, root: Root):
+    if root.checkpoint is not None:
+        yield from walker.checkpoint(root.checkpoint)
+    if root.history.segment is not None:
+        yield from walker.history(root.history)
+
+
+def fsck(objects: ObjectStore, progress=None) -> dict:
+    """{"ok", "objects", "rows", "roots", "problems": [...]} for the whole store."""
+    try:
+        with objects.reader() as txn:
+            return Fsck(txn, progress).run()
+    except lmdb.Error as exc:
+        raise StoreCorrupt(f"store database is corrupt: {exc}") from None
+
+
+def render_text(doc: dict) -> str:
+    if doc["ok"]:
+        return f"fsck: ok ({doc['objects']} objects, {doc['rows']} rows, {doc['roots']} roots checked)"
+    lines = [f"fsck: {len(doc['problems'])} problem(s) in {doc['objects']} objects, {doc['rows']} rows"]
+    lines += [f"  {p['what']}: {p['message']}" for p in doc["problems"]]
+    return "\n".join(lines)

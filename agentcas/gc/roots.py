@@ -1,0 +1,243 @@
+"""What keeps objects alive: roots, write pins, and the mark walk from the roots.
+
+Roots, by kind:
+  thread     every ref `threads/NAME`: its checkpoint with all its ancestors, and its
+             history head (which may be ahead of the checkpoint).
+  reflog     every reflog entry gc keeps: entries younger than --expire-reflog and the
+             newest entry of each thread; the state each set (checkpoint and history)
+             and the checkpoint each left.
+  signature  a signature object whose checkpoint is live (`signatures` rows are keyed
+             checkpoint(32) || signature id(32)).
+  recent     an object written less than --grace ago, with its closure (found by the
+             plan's scan of `objects`, see plan.py).
+Write pins (rows of `pins`: {what, pid, started_at}) name no object; they stop the
+sweep altogether while a write is in progress (see sweep.py). A pin whose pid is dead
+is dropped.
+
+Mark: one `MarkWalker` (lineage/closure.Walker) shares a single `seen` set of raw
+32-byte digests across all roots, so each object is visited once however many threads
+share it. Interior objects (checkpoints, trees, chunk lists, segments) decide what
+else is alive, so they are verified against their ids; chunks are leaves and are only
+checked for presence. A history is followed back through segment `base` links only,
+so a fork that shares the first N records of a deleted parent keeps exactly the
+segments up to the one holding record N-1 (that segment whole) and nothing after it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+from agentcas.cas import encoding, framing
+from agentcas.cas.digest import Digest
+from agentcas.cas.objects import EMPTY_POSITION, ChunkList, HistoryPosition, Segment
+from agentcas.cas.sealed import unseal
+from agentcas.cas.store import Txn, load_object
+from agentcas.errors import IntegrityError
+from agentcas.lineage.closure import MissingObject, Walker
+from agentcas.refs import threads
+from agentcas.refs.threads import ThreadState
+
+SIGNATURE_KEY_SIZE = 64
+
+
+class GcAborted(IntegrityError):
+    """A root reaches a missing or damaged object: gc deletes nothing."""
+
+
+@dataclass(frozen=True)
+class Root:
+    """One reason for objects to be alive: a thread ref or a kept reflog state."""
+
+    kind: str  # "thread" | "reflog"
+    name: str  # "main", "main@{3}" (reflog entry number 3, old or new state)
+    thread: str
+    checkpoint: Digest | None
+    history: HistoryPosition = EMPTY_POSITION
+
+    def to_doc(self) -> dict:
+        return {"kind": self.kind, "name": self.name, "thread": self.thread,
+                "checkpoint": None if self.checkpoint is None else self.checkpoint.hex(),
+                "seq": self.history.seq,
+                "segment": None if self.history.segment is None else self.history.segment.hex()}
+
+    def describe(self) -> str:
+        what = "thread" if self.kind == "thread" else "reflog entry"
+        return f"{what} {self.name}"
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A write in progress (a row of `pins`)."""
+
+    key: bytes
+    what: str
+    pid: int
+    started_at: int
+    live: bool
+
+    def to_doc(self) -> dict:
+        return {"what": self.what, "pid": self.pid, "started_at": self.started_at, "live": self.live}
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (signal 0 probes without signalling)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_pins(txn: Txn) -> list[Pin]:
+    """Every pin row; a damaged row aborts gc (we cannot tell whether its writer is alive)."""
+    pins = []
+    for key, value in txn.scan("pins"):
+        key = bytes(key)
+        try:
+            doc = encoding.decode(unseal("pins", key, value))
+            pid, started, what = int(doc["pid"]), int(doc["started_at"]), str(doc["what"])
+        except IntegrityError as exc:
+            raise GcAborted(f"{exc}; gc deleted nothing (run 'agentcas fsck')") from None
+        except (KeyError, TypeError, ValueError):
+            raise GcAborted(f"pin {key.hex()} is malformed; gc deleted nothing") from None
+        pins.append(Pin(key, what, pid, started, pid_alive(pid)))
+    return pins
+
+
+def state_roots(kind: str, name: str, thread: str, state: ThreadState | None) -> list[Root]:
+    if state is None or (state.checkpoint is None and state.history.segment is None):
+        return []
+    return [Root(kind, name, thread, state.checkpoint, state.history)]
+
+
+def entry_roots(name: str, entry) -> list[Root]:
+    """Roots of one reflog entry: the state it set and the checkpoint it left."""
+    label = f"{name}@{{{entry.number}}}"
+    roots = state_roots("reflog", label, name, entry.new)
+    if entry.old is not None:
+        roots.append(Root("reflog", label, name, entry.old))
+    return roots
+
+
+def thread_roots(txn: Txn) -> Iterator[Root]:
+    for name, state in threads.list_threads(txn):
+        yield from state_roots("thread", name, name, state)
+
+
+def reflog_roots(txn: Txn, reflog_cutoff: float) -> tuple[list[Root], int, int]:
+    """Roots from the reflog entries gc keeps; also (entries, entries that will expire).
+
+    An entry is kept if it is younger than the cutoff or is the newest of its thread
+    (the reflog scan is in key order, thread by thread, entry numbers ascending).
+    """
+    roots: list[Root] = []
+    total = expiring = 0
+    previous: tuple[str, object] | None = None
+
+    def keep(name, entry):
+        roots.extend(entry_roots(name, entry))
+
+    try:
+        for name, entry in threads.all_reflog_entries(txn):
+            total += 1
+            if previous is not None:
+                prev_name, prev_entry = previous
+                if prev_name != name or prev_entry.time >= reflog_cutoff:
+                    keep(prev_name, prev_entry)  # newest of its thread, or young
+                else:
+                    expiring += 1
+            previous = (name, entry)
+    except IntegrityError as exc:
+        raise GcAborted(f"{exc}; gc deleted nothing (run 'agentcas fsck')") from None
+    if previous is not None:
+        keep(*previous)
+    return roots, total, expiring
+
+
+def all_roots(txn: Txn, reflog_cutoff: float) -> tuple[list[Root], int, int]:
+    """Thread roots then reflog roots; (roots, reflog entries, reflog entries expiring)."""
+    try:
+        roots = list(thread_roots(txn))
+    except IntegrityError as exc:
+        raise GcAborted(f"{exc}; gc deleted nothing (run 'agentcas fsck')") from None
+    logged, total, expiring = reflog_roots(txn, reflog_cutoff)
+    return roots + logged, total, expiring
+
+
+class MarkWalker(Walker):
+    """closure.Walker that verifies interior objects and only checks chunks for presence."""
+
+    def __init__(self, txn: Txn, seen: set | None = None):
+        super().__init__(txn, seen, verify=True, follow_parents=True)
+
+    def _leaf(self, digest: Digest, kind: int, referrer: Digest | None):
+        if digest.raw in self.seen:
+            return
+        self.seen.add(digest.raw)
+        if self.txn.get("objects", digest.raw) is None:
+            raise MissingObject(digest, kind, referrer)
+        yield digest, kind, referrer
+
+    def root(self, root: Root) -> Iterator[tuple]:
+        """Every not-yet-seen object reachable from a root, as (digest, kind, referrer)."""
+        if root.checkpoint is not None:
+            yield from self.checkpoint(root.checkpoint)
+        if root.history.segment is not None:
+            yield from self.history(root.history)
+
+
+def mark_root(walker: MarkWalker, root: Root) -> int:
+    """Mark everything reachable from `root`; the number of objects newly marked."""
+    count = 0
+    try:
+        for _ in walker.root(root):
+            count += 1
+    except MissingObject as exc:
+        raise GcAborted(f"{exc}, reachable from {root.describe()}; gc deleted nothing") from None
+    except IntegrityError as exc:
+        raise GcAborted(f"{exc} (reachable from {root.describe()}); gc deleted nothing") from None
+    return count
+
+
+def mark_signatures(txn: Txn, seen: set) -> int:
+    """Mark signature objects whose checkpoint is marked; the number newly marked."""
+    count = 0
+    for key, _ in txn.scan("signatures"):
+        if len(key) < SIGNATURE_KEY_SIZE:
+            continue
+        checkpoint, signature = bytes(key[:32]), bytes(key[32:64])
+        if checkpoint in seen and signature not in seen and txn.get("objects", signature) is not None:
+            seen.add(signature)
+            count += 1
+    return count
+
+
+def young_closure(walker: MarkWalker, digest: Digest, kind: int) -> Iterator[tuple]:
+    """Objects reachable from a recently written object (a `recent` root)."""
+    if kind == framing.KIND_CHECKPOINT:
+        yield from walker.checkpoint(digest)
+    elif kind == framing.KIND_TREE:
+        yield from walker.tree(digest)
+    elif kind == framing.KIND_SEGMENT:
+        data = load_object(walker.txn, digest, kind)
+        if data is not None:
+            yield from walker.history(Segment.decode(data).end(digest))
+    elif kind == framing.KIND_CHUNKLIST:
+        if digest.raw in walker.seen:
+            return
+        walker.seen.add(digest.raw)
+        data = load_object(walker.txn, digest, kind)
+        if data is None:
+            return
+        yield digest, kind, None
+        for ref in ChunkList.decode(data).chunks:
+            yield from walker._leaf(ref.id, framing.KIND_CHUNK, digest)
+    elif digest.raw not in walker.seen:
+        walker.seen.add(digest.raw)
+        yield digest, kind, None

@@ -1,0 +1,292 @@
+"""Issue 3's LangGraph workload: one agent thread, a checkpoint per step.
+
+Each step appends one ~300-byte chat message and checkpoints:
+- LangGraph 1.2 (`langgraph==1.2.22`, `langgraph-checkpoint-sqlite==3.1.2`, the `bench`
+  extra): a one-node StateGraph whose `messages` channel uses `add_messages`; each step is
+  `graph.invoke({"messages": [HumanMessage/AIMessage]}, thread)` (three checkpoints per
+  invoke, as LangGraph writes them) with SqliteSaver. Twice: the default channel, and the
+  beta `DeltaChannel` (langgraph.channels.delta, present in 1.2.22) with the same reducer.
+- agentcas: the message is appended to a JSONL rollout file and `Store.commit(workspace,
+  --rollout FILE)` runs through the Python API in this process (2,000 CLI runs would
+  measure 2,000 Python start-ups; a few CLI steps are timed separately). The workspace is
+  an empty directory: LangGraph's state here holds only the messages.
+
+Measured: total bytes on disk, per-step time and bytes over the first vs the last 100
+steps, a fork at step N/2 (bytes, time), and listing the whole thread.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sqlite3
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import harness as h  # noqa: E402
+from datasets import messages  # noqa: E402
+
+WINDOW = 100
+
+
+def sqlite_bytes(path: str) -> int:
+    return sum(os.path.getsize(path + suffix) for suffix in ("", "-wal") if os.path.exists(path + suffix))
+
+
+def sqlite_payload(conn) -> int:
+    """Bytes of the stored blobs (checkpoints, metadata, pending writes), without SQLite's pages."""
+    a = conn.execute("select coalesce(sum(length(checkpoint) + length(metadata)), 0) from checkpoints").fetchone()[0]
+    b = conn.execute("select coalesce(sum(length(value)), 0) from writes").fetchone()[0]
+    return a + b
+
+
+def timed_listing(iterable, budget: float) -> tuple[float, int, bool]:
+    """(seconds, items, finished): stop early once `budget` seconds have passed."""
+    start = time.perf_counter()
+    count = 0
+    for _ in iterable:
+        count += 1
+        if time.perf_counter() - start > budget:
+            return time.perf_counter() - start, count, False
+    return time.perf_counter() - start, count, True
+
+
+def bench_langgraph(work: str, msgs: list[dict], delta: bool, budget: float) -> dict:
+    from typing import Annotated, TypedDict
+
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.graph.message import add_messages
+
+    if delta:
+        from langgraph.channels.delta import DeltaChannel
+
+        def batch_add(state, writes):  # DeltaChannel reducers take a batch of writes
+            return functools.reduce(add_messages, writes, state)
+
+        # The functional form: class bodies' annotations would be strings here (PEP 563).
+        State = TypedDict("State", {"messages": Annotated[list, DeltaChannel(batch_add)]})
+    else:
+        State = TypedDict("State", {"messages": Annotated[list, add_messages]})
+
+    builder = StateGraph(State)
+    builder.add_node("agent", lambda state: {})  # stands in for the model call
+    builder.add_edge(START, "agent")
+    builder.add_edge("agent", END)
+    path = os.path.join(work, f"langgraph-{'delta' if delta else 'default'}.sqlite")
+    conn = sqlite3.connect(path, check_same_thread=False)
+    graph = builder.compile(checkpointer=SqliteSaver(conn))
+    thread = {"configurable": {"thread_id": "agent"}}
+    n = len(msgs)
+    times, sizes = [], [sqlite_bytes(path)]
+    fork_config = None
+    label = "DeltaChannel" if delta else "default"
+    for i, m in enumerate(msgs):
+        cls = HumanMessage if m["role"] == "user" else AIMessage
+        message = cls(content=m["content"], id=m["id"])
+        start = time.perf_counter()
+        graph.invoke({"messages": [message]}, thread)
+        times.append(time.perf_counter() - start)
+        if i < WINDOW or i >= n - WINDOW - 1:
+            sizes.append(sqlite_bytes(path))
+        else:
+            sizes.append(None)
+        if i + 1 == n // 2:
+            fork_config = graph.get_state(thread).config
+        if (i + 1) % 500 == 0:
+            h.progress(f"langgraph/{label}: step {i + 1}/{n}, {h.fmt_bytes(sqlite_bytes(path))}")
+    r = {"total": sqlite_bytes(path), "payload": sqlite_payload(conn), "step_times": times, "sizes": sizes,
+         "checkpoints": conn.execute("select count(*) from checkpoints").fetchone()[0]}
+
+    # Fork at step n/2: (a) a branch from that checkpoint in the same thread, (b) a new thread.
+    before = sqlite_payload(conn)
+    start = time.perf_counter()
+    graph.update_state(fork_config, {"messages": []}, as_node="agent")
+    r["fork_branch_time"] = time.perf_counter() - start
+    r["fork_branch_bytes"] = sqlite_payload(conn) - before
+    values = graph.get_state(fork_config).values["messages"]
+    before = sqlite_payload(conn)
+    start = time.perf_counter()
+    graph.update_state({"configurable": {"thread_id": "fork"}}, {"messages": values}, as_node="agent")
+    r["fork_thread_time"] = time.perf_counter() - start
+    r["fork_thread_bytes"] = sqlite_payload(conn) - before
+    r["fork_len"] = len(values)
+
+    h.progress(f"langgraph/{label}: listing the thread (at most {budget:.0f} s each)")
+    r["history"] = timed_listing(graph.get_state_history(thread), budget)
+    r["list"] = timed_listing(graph.checkpointer.list(thread), budget)
+    conn.close()
+    return r
+
+
+def store_payload(store) -> int:
+    """Bytes of every key and value in the store's tables, without LMDB's pages."""
+    from agentcas.cas.store import TABLES
+    with store.objects.reader() as txn:
+        return sum(len(k) + len(v) for table in TABLES for k, v in txn.scan(table))
+
+
+def bench_agentcas(work: str, msgs: list[dict]) -> dict:
+    from agentcas.repository import Store
+
+    env = h.env_for(work)
+    path = os.path.join(work, "s.agentcas")
+    store, _ = Store.init(path)
+    workspace = os.path.join(work, "workspace")
+    os.makedirs(workspace)
+    rollout = os.path.join(work, "rollout.jsonl")
+    open(rollout, "wb").close()
+    used = store.objects.used_bytes
+    n = len(msgs)
+    start_bytes = used()
+    times, sizes = [], [start_bytes]
+    handle = open(rollout, "ab")
+    for i, m in enumerate(msgs):
+        line = json.dumps(m, separators=(",", ":")).encode() + b"\n"
+        start = time.perf_counter()
+        handle.write(line)
+        handle.flush()
+        store.commit(workspace, f"step {i}", thread="main", rollout_file=rollout)
+        times.append(time.perf_counter() - start)
+        sizes.append(used() if i < WINDOW or i >= n - WINDOW - 1 else None)
+        if (i + 1) % 500 == 0:
+            h.progress(f"agentcas: step {i + 1}/{n}, {h.fmt_bytes(used())}")
+    handle.close()
+    r = {"total": used() - start_bytes, "disk": h.disk_bytes(path), "step_times": times, "sizes": sizes,
+         "rollout_bytes": os.path.getsize(rollout), "payload": store_payload(store)}
+
+    before, before_pages = store_payload(store), used()
+    start = time.perf_counter()
+    store.fork("main", "fork", at=n // 2)
+    r["fork_time"] = time.perf_counter() - start
+    r["fork_bytes"] = store_payload(store) - before
+    r["fork_pages"] = used() - before_pages
+
+    start = time.perf_counter()
+    entries = store.log("main")
+    r["log_inproc_time"] = time.perf_counter() - start
+    r["log_len"] = len(entries)
+    r["log_cli_time"] = h.median_time(
+        lambda: h.run([h.AGENTCAS, "--store", path, "log", "main"], env=env), 3)
+    r["log_cli_json_time"] = h.median_time(
+        lambda: h.run([h.AGENTCAS, "--store", path, "--json", "log", "main"], env=env), 3)
+
+    # A few steps through the real CLI, as a shell-scripted harness would run them.
+    cli = []
+    extra = messages(5, seed=99)
+    for i, m in enumerate(extra):
+        with open(rollout, "ab") as out:
+            out.write(json.dumps(m, separators=(",", ":")).encode() + b"\n")
+        cli.append(h.run([h.AGENTCAS, "--store", path, "commit", workspace, "-m", f"cli step {i}",
+                          "--rollout", rollout], env=env))
+    r["cli_step_times"] = cli
+    return r
+
+
+def window_stats(r: dict) -> dict:
+    times, sizes = r["step_times"], r["sizes"]
+    n = len(times)
+    first_t = statistics.mean(times[:WINDOW])
+    last_t = statistics.mean(times[n - WINDOW:])
+    first_b = (sizes[WINDOW] - sizes[0]) / WINDOW
+    last_b = (sizes[n] - sizes[n - WINDOW]) / WINDOW
+    return {"first_t": first_t, "last_t": last_t, "first_b": first_b, "last_b": last_b}
+
+
+def report(n: int, a: dict, lg: dict, msg_bytes: int) -> None:
+    wa = window_stats(a)
+    rows = [["agentcas (Python API)", h.fmt_bytes(a["total"]), "1.00×", h.fmt_bytes(a["payload"]),
+             h.fmt_time(wa["first_t"]), h.fmt_time(wa["last_t"]), h.fmt_bytes(wa["first_b"]),
+             h.fmt_bytes(wa["last_b"]), h.fmt_time(sum(a["step_times"]))]]
+    for name, r in lg.items():
+        w = window_stats(r)
+        rows.append([f"LangGraph SqliteSaver, {name}", h.fmt_bytes(r["total"]),
+                     h.fmt_ratio(h.ratio(r["total"], a["total"])), h.fmt_bytes(r["payload"]), h.fmt_time(w["first_t"]),
+                     h.fmt_time(w["last_t"]), h.fmt_bytes(w["first_b"]), h.fmt_bytes(w["last_b"]),
+                     h.fmt_time(sum(r["step_times"]))])
+    h.table(f"One thread, {n} steps, one ~300-byte message per step ({h.fmt_bytes(msg_bytes)} of messages)",
+            ["checkpointer", "total bytes", "bytes / agentcas", "payload bytes", f"step time, first {WINDOW}",
+             f"step time, last {WINDOW}", f"bytes/step, first {WINDOW}", f"bytes/step, last {WINDOW}",
+             "all steps"], rows,
+            [f"Total bytes: agentcas = LMDB pages in use (data.mdb on disk: {h.fmt_bytes(a['disk'])}, it grows its "
+             f"map in steps); LangGraph = the SQLite file plus its WAL. Payload = the stored keys and values "
+             f"(agentcas: every table; LangGraph: checkpoint, metadata and write blobs). Bytes/step are "
+             f"file/page growth. LangGraph writes "
+             f"{next(iter(lg.values()))['checkpoints'] // n} checkpoints per invoke. agentcas steps through the "
+             f"CLI (Python start-up included): {', '.join(h.fmt_time(t) for t in a['cli_step_times'])}."])
+
+    rows = [["agentcas Store.fork --at (in-process)", f"{h.fmt_bytes(a['fork_bytes'])} ({h.fmt_bytes(a['fork_pages'])} of new pages)",
+             h.fmt_time(a["fork_time"])]]
+    for name, r in lg.items():
+        rows.append([f"LangGraph {name}: update_state on step {n // 2}'s checkpoint (branch in the thread)",
+                     h.fmt_bytes(r["fork_branch_bytes"]), h.fmt_time(r["fork_branch_time"])])
+        rows.append([f"LangGraph {name}: update_state into a new thread with step {n // 2}'s messages",
+                     h.fmt_bytes(r["fork_thread_bytes"]), h.fmt_time(r["fork_thread_time"])])
+    h.table(f"Fork at step {n // 2} of {n}", ["operation", "new payload bytes", "time"], rows,
+            ["SqliteSaver 3.1.2 does not implement `copy_thread`; the two update_state forms are how a "
+             "LangGraph user branches. New payload bytes = growth of stored keys+values (agentcas) or of "
+             "stored blobs (LangGraph)."])
+
+    rows = [[f"agentcas log main ({a['log_len']} checkpoints, CLI, text)", h.fmt_time(a["log_cli_time"])],
+            ["agentcas --json log main (CLI)", h.fmt_time(a["log_cli_json_time"])],
+            ["agentcas Store.log (in-process)", h.fmt_time(a["log_inproc_time"])]]
+    for name, r in lg.items():
+        for key, what in (("history", "graph.get_state_history"), ("list", "checkpointer.list")):
+            t, count, finished = r[key]
+            shown = h.fmt_time(t) if finished else f"> {h.fmt_time(t)} (stopped after {count} of {r['checkpoints']})"
+            rows.append([f"LangGraph {name}: {what} ({count} checkpoints)", shown])
+    h.table("Listing the whole thread", ["operation", "time"], rows)
+
+    delta = lg.get("DeltaChannel")
+    rows = []
+    if delta:
+        rows.append(["total bytes ≤ ¼ of DeltaChannel's", f"{h.fmt_bytes(a['total'])} vs {h.fmt_bytes(delta['total'])}",
+                     h.verdict(a["total"] * 4 <= delta["total"])])
+    rows.append(["per-step time does not grow (last/first window ≤ 1.5×)",
+                 f"{h.fmt_time(wa['first_t'])} → {h.fmt_time(wa['last_t'])}",
+                 h.verdict(wa["last_t"] <= 1.5 * wa["first_t"])])
+    rows.append(["per-step bytes do not grow (last/first window ≤ 1.5×)",
+                 f"{h.fmt_bytes(wa['first_b'])} → {h.fmt_bytes(wa['last_b'])}",
+                 h.verdict(wa["last_b"] <= 1.5 * max(wa["first_b"], 1))])
+    rows.append(["fork in constant bytes (< 16 KiB)", h.fmt_bytes(max(a["fork_bytes"], a["fork_pages"])),
+                 h.verdict(max(a["fork_bytes"], a["fork_pages"]) < 16 << 10)])
+    rows.append(["log of the whole thread well under 1 s (CLI)", h.fmt_time(a["log_cli_time"]),
+                 h.verdict(a["log_cli_time"] < 1.0)])
+    h.table("Issue 3 targets (LangGraph workload)", ["target", "measured", "met"], rows)
+
+
+def main(argv: list[str]) -> int:
+    quick = "--quick" in argv
+    n = 300 if quick else 2000
+    msgs = messages(n)
+    msg_bytes = sum(len(json.dumps(m, separators=(",", ":"))) + 1 for m in msgs)
+    load = h.load_note()
+    with h.work_dir("langgraph") as work:
+        h.progress(f"agentcas: {n} steps")
+        a = bench_agentcas(work, msgs)
+        lg = {}
+        try:
+            import langgraph  # noqa: F401
+        except ImportError:
+            print("LangGraph is not installed (pip install -e '.[bench]'): agentcas numbers only.\n")
+        else:
+            for delta in (False, True):
+                h.progress(f"langgraph/{'DeltaChannel' if delta else 'default'}: {n} steps")
+                lg["DeltaChannel" if delta else "default"] = bench_langgraph(work, msgs, delta,
+                                                                             20.0 if quick else 90.0)
+                for suffix in ("", "-wal", "-shm"):  # free the disk before the next run
+                    p = os.path.join(work, f"langgraph-{'delta' if delta else 'default'}.sqlite{suffix}")
+                    if os.path.exists(p):
+                        os.unlink(p)
+    report(n, a, lg, msg_bytes)
+    print(f"Load: {load} at start, {h.load_note()} at end.\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

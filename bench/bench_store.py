@@ -1,0 +1,233 @@
+"""Issue 2 numbers: the embedded store against git, restic, borg, b3sum and cp.
+
+On a directory of N files (1 GiB in 1,000 files; --quick: 64 MiB in 100), once with
+incompressible bytes and once with text/JSON, in one run:
+  1. first commit (agentcas CLI) vs git add+commit, restic backup, borg create, b3sum, cp -r;
+  2. recommit with nothing changed vs `git add -A && git commit` (git uses its index),
+     restic and borg's second backup (their file caches);
+  3. a 4 KiB overwrite in one file: bytes added to each store;
+  4. checkout of the whole tree vs cp -r (and restic restore, borg extract);
+  5. store size vs data size.
+Every tool reads the same files from the page cache (the data was just written and
+RAM is larger than it). Times are wall-clock through the real CLIs, start-up included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import harness as h  # noqa: E402
+from datasets import random_tree, text_tree  # noqa: E402
+
+GIB = 1 << 30
+
+
+def agentcas_commit(store: str, data: str, msg: str, env) -> tuple[float, dict]:
+    start = time.perf_counter()
+    out = h.output([h.AGENTCAS, "--store", store, "--json", "commit", data, "-m", msg], env=env)
+    return time.perf_counter() - start, json.loads(out)
+
+
+def git(gitdir: str, data: str, *args) -> list[str]:
+    return ["git", f"--git-dir={gitdir}", f"--work-tree={data}", *args]
+
+
+def git_commit(gitdir: str, data: str, msg: str, env) -> float:
+    t = h.run(git(gitdir, data, "add", "-A"), env=env)
+    return t + h.run(git(gitdir, data, "commit", "-q", "--allow-empty", "--no-verify", "-m", msg), env=env)
+
+
+def edit_4k(path: str, seed: int) -> None:
+    """Overwrite 4 KiB in the middle of `path` with new random bytes (size unchanged)."""
+    size = os.path.getsize(path)
+    with open(path, "r+b") as handle:
+        handle.seek(size // 2)
+        handle.write(os.urandom(4096) if seed else b"x" * 4096)
+
+
+def bench_dataset(kind: str, total: int, files: int, quick: bool) -> dict:
+    r: dict = {"kind": kind, "total": total, "files": files}
+    with h.work_dir(f"store-{kind}") as work:
+        env = h.env_for(work)
+        data = os.path.join(work, "data")
+        os.makedirs(data)
+        h.progress(f"store/{kind}: generating {h.fmt_bytes(total)} in {files} files")
+        paths = (random_tree if kind == "random" else text_tree)(data, total, files)
+        r["data_bytes"] = h.apparent_bytes(data)
+        time.sleep(2.2)  # older than agentcas' (and git's) racy-timestamp window, as real files are
+        r["load_start"] = h.load_note()
+
+        store = os.path.join(work, "store.agentcas")
+        gitdir = os.path.join(work, "git")
+        restic_repo = os.path.join(work, "restic")
+        borg_repo = os.path.join(work, "borg")
+        h.run([h.AGENTCAS, "init", store], env=env)
+        h.run(["git", "init", "-q", "--bare", gitdir], env=env)
+        h.run(["git", f"--git-dir={gitdir}", "config", "core.bare", "false"], env=env)
+        h.run(["restic", "init", "-q", "--repository-version", "2", "--repo", restic_repo], env=env)
+        h.run(["borg", "init", "-e", "none", borg_repo], env=env)
+
+        # 1. first commit ---------------------------------------------------------------
+        h.progress(f"store/{kind}: first commit")
+        r["first"] = first = {}
+        first["agentcas"], doc = agentcas_commit(store, data, "first", env)
+        r["first_doc"] = doc
+        r["store_after_first"] = h.store_stats(store)
+        r["agentcas_disk_first"] = h.disk_bytes(store)
+        first["git"] = git_commit(gitdir, data, "first", env)
+        r["git_disk_first"] = h.disk_bytes(gitdir)
+        first["restic"] = h.run(["restic", "-q", "--repo", restic_repo, "backup", data], env=env)
+        r["restic_disk_first"] = h.disk_bytes(restic_repo)
+        first["borg"] = h.run(["borg", "create", f"{borg_repo}::s1", data], env=env)
+        r["borg_disk_first"] = h.disk_bytes(borg_repo)
+        first["b3sum"] = h.run(["b3sum", *paths], env=env)
+        copy = os.path.join(work, "copy")
+        first["cp -r"] = h.run(["cp", "-r", data, copy], env=env)
+        h.run(["rm", "-rf", copy])
+
+        # 2. recommit, nothing changed ------------------------------------------------------
+        h.progress(f"store/{kind}: recommit with nothing changed")
+        r["again"] = again = {}
+        again["agentcas"], doc = agentcas_commit(store, data, "again", env)
+        r["again_doc"] = doc
+        again["git"] = git_commit(gitdir, data, "again", env)
+        again["restic"] = h.run(["restic", "-q", "--repo", restic_repo, "backup", data], env=env)
+        again["borg"] = h.run(["borg", "create", f"{borg_repo}::s2", data], env=env)
+
+        # 3. a 4 KiB edit in one file -------------------------------------------------------
+        h.progress(f"store/{kind}: 4 KiB edit")
+        target = paths[len(paths) // 2]
+        edit_4k(target, seed=1 if kind == "random" else 0)
+        r["edit"] = edit = {}
+        before = h.store_stats(store)
+        sizes_before = {"git": h.disk_bytes(gitdir), "restic": h.disk_bytes(restic_repo),
+                        "borg": h.disk_bytes(borg_repo)}
+        t, doc = agentcas_commit(store, data, "edit", env)
+        after = h.store_stats(store)
+        edit["agentcas"] = {"time": t, "used_delta": after["used_bytes"] - before["used_bytes"],
+                            "object_delta": after["object_bytes"] - before["object_bytes"],
+                            "new_bytes": doc["new_bytes"], "new_objects": doc["new_objects"]}
+        edit["git"] = {"time": git_commit(gitdir, data, "edit", env)}
+        edit["restic"] = {"time": h.run(["restic", "-q", "--repo", restic_repo, "backup", data], env=env)}
+        edit["borg"] = {"time": h.run(["borg", "create", f"{borg_repo}::s3", data], env=env)}
+        for tool, repo in (("git", gitdir), ("restic", restic_repo), ("borg", borg_repo)):
+            edit[tool]["disk_delta"] = h.disk_bytes(repo) - sizes_before[tool]
+
+        # 4. checkout ----------------------------------------------------------------------
+        h.progress(f"store/{kind}: checkout")
+        r["checkout"] = co = {}
+        dest = os.path.join(work, "restored")
+        co["agentcas"] = h.run([h.AGENTCAS, "--store", store, "checkout", "main", dest], env=env)
+        ok = h.apparent_bytes(dest) == h.apparent_bytes(data)
+        probe = os.path.relpath(target, data)
+        with open(target, "rb") as a, open(os.path.join(dest, probe), "rb") as b:
+            ok = ok and a.read() == b.read()
+        r["checkout_ok"] = ok
+        h.run(["rm", "-rf", dest])
+        co["cp -r"] = h.run(["cp", "-r", data, dest], env=env)
+        h.run(["rm", "-rf", dest])
+        os.makedirs(dest)
+        co["restic restore"] = h.run(["restic", "-q", "--repo", restic_repo, "restore", "latest",
+                                      "--target", dest], env=env)
+        h.run(["rm", "-rf", dest])
+        os.makedirs(dest)
+        co["borg extract"] = h.run(["borg", "extract", f"{borg_repo}::s3"], env=env, cwd=dest)
+        h.run(["rm", "-rf", dest])
+        r["load_end"] = h.load_note()
+    return r
+
+
+def report(r: dict) -> list[str]:
+    kind, data = r["kind"], r["data_bytes"]
+    label = f"{h.fmt_bytes(data)} in {r['files']} files, {kind}"
+    out = []
+    first = r["first"]
+    a = first["agentcas"]
+    disk = {"agentcas": r["agentcas_disk_first"], "git": r["git_disk_first"],
+            "restic": r["restic_disk_first"], "borg": r["borg_disk_first"]}
+    rows = []
+    for tool in ("agentcas", "git", "restic", "borg", "b3sum", "cp -r"):
+        t = first[tool]
+        size = disk.get(tool)
+        rows.append([tool if tool != "git" else "git add -A + commit", h.fmt_time(t),
+                     h.fmt_ratio(h.ratio(t, a)), f"{data / t / 2**20:.0f} MiB/s",
+                     h.fmt_bytes(size), h.fmt_ratio(h.ratio(size, data))])
+    used = r["store_after_first"]["used_bytes"]
+    out.append(h.table(
+        f"First commit — {label}",
+        ["tool", "time", "time / agentcas", "throughput", "store on disk", "store / data"], rows,
+        [f"agentcas store: {h.fmt_bytes(used)} of LMDB pages in use "
+         f"({h.fmt_ratio(h.ratio(used, data))} of the data), {r['store_after_first']['objects']} objects "
+         f"holding {h.fmt_bytes(r['store_after_first']['object_bytes'])}. "
+         f"Load: {r['load_start']} at start, {r['load_end']} at end."]))
+
+    again = r["again"]
+    a = again["agentcas"]
+    rows = [[name, h.fmt_time(again[tool]), h.fmt_ratio(h.ratio(again[tool], a))]
+            for tool, name in (("agentcas", "agentcas commit"), ("git", "git add -A && git commit"),
+                               ("restic", "restic backup (2nd)"), ("borg", "borg create (2nd)"))]
+    out.append(h.table(f"Recommit, nothing changed — {label}", ["tool", "time", "time / agentcas"], rows,
+                       [f"agentcas took {r['again_doc']['cached_files']} of {r['again_doc']['files']} files "
+                        f"from its stat cache."]))
+
+    edit = r["edit"]
+    ea = edit["agentcas"]
+    rows = [["agentcas", h.fmt_time(ea["time"]),
+             f"{h.fmt_bytes(ea['used_delta'])} (pages) / {h.fmt_bytes(ea['object_delta'])} (objects)"]]
+    for tool, name in (("git", "git add -A && git commit"), ("restic", "restic backup"), ("borg", "borg create")):
+        rows.append([name, h.fmt_time(edit[tool]["time"]), f"{h.fmt_bytes(edit[tool]['disk_delta'])} (disk)"])
+    out.append(h.table(
+        f"A 4 KiB overwrite in one file, then commit — {label}", ["tool", "time", "store growth"], rows,
+        [f"agentcas: `store.objects.used_bytes()` delta / sum of the sizes of new stored objects; "
+         f"the commit reported {ea['new_objects']} new objects, {h.fmt_bytes(ea['new_bytes'])}."]))
+
+    co = r["checkout"]
+    a = co["agentcas"]
+    rows = [[tool, h.fmt_time(t), h.fmt_ratio(h.ratio(t, a)), f"{data / t / 2**20:.0f} MiB/s"]
+            for tool, t in co.items()]
+    out.append(h.table(f"Checkout / restore of the whole tree — {label}",
+                       ["tool", "time", "time / agentcas", "throughput"], rows,
+                       [f"Restored bytes checked against the source: {'ok' if r['checkout_ok'] else 'MISMATCH'}."]))
+    return out
+
+
+def targets(results: list[dict]) -> str:
+    rows = []
+    for r in results:
+        kind = r["kind"]
+        f, g, co, e = r["first"], r["again"], r["checkout"], r["edit"]["agentcas"]
+        rows.append([f"{kind}: first commit ≤ borg create", f"{h.fmt_time(f['agentcas'])} vs {h.fmt_time(f['borg'])}",
+                     h.verdict(f["agentcas"] <= f["borg"])])
+        rows.append([f"{kind}: unchanged recommit ≤ 2× git add -A && commit",
+                     f"{h.fmt_time(g['agentcas'])} vs {h.fmt_time(g['git'])}",
+                     h.verdict(g["agentcas"] <= 2 * g["git"])])
+        rows.append([f"{kind}: 4 KiB edit adds < 1 MiB", f"{h.fmt_bytes(e['used_delta'])} pages, "
+                     f"{h.fmt_bytes(e['object_delta'])} objects", h.verdict(max(e["used_delta"], e["object_delta"]) < 1 << 20)])
+        rows.append([f"{kind}: checkout ≤ 2× cp -r", f"{h.fmt_time(co['agentcas'])} vs {h.fmt_time(co['cp -r'])}",
+                     h.verdict(co["agentcas"] <= 2 * co["cp -r"])])
+        if kind == "random":
+            used = r["store_after_first"]["used_bytes"]
+            rows.append([f"{kind}: store within 5% of data", f"{h.fmt_ratio(used / r['data_bytes'])} (pages in use), "
+                         f"{h.fmt_ratio(r['agentcas_disk_first'] / r['data_bytes'])} (data.mdb on disk)",
+                         h.verdict(abs(used / r["data_bytes"] - 1) <= 0.05)])
+    return h.table("Issue 2 targets", ["target", "measured", "met"], rows)
+
+
+def main(argv: list[str]) -> int:
+    quick = "--quick" in argv
+    total, files = (64 << 20, 100) if quick else (GIB, 1000)
+    results = []
+    for kind in ("random", "text"):
+        results.append(bench_dataset(kind, total, files, quick))
+        report(results[-1])
+    targets(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

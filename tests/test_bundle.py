@@ -1,0 +1,629 @@
+"""Bundles: export/import round trips, and every crafted bad bundle refused with nothing written.
+
+`Craft` builds a bundle object by object (or explodes an exported one), so each case
+breaks exactly one thing; `good_craft()` imports cleanly, which shows that each
+refusal below is caused by its own defect and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import unicodedata
+
+import pytest
+import zstandard
+
+from conftest import store_rows, tree_bytes
+from agentcas import Store
+from agentcas.cas import encoding, framing
+from agentcas.cas.digest import EMPTY, Digest, hash_blob, hash_object
+from agentcas.cas.objects import EMPTY_POSITION, Checkpoint
+from agentcas.cas.store import TABLES
+from agentcas.errors import ConflictError, IntegrityError
+from agentcas.exchange import bundle_format as bf
+from agentcas.signing import envelope, keys
+
+ALICE = keys.generate()
+MALLORY = keys.generate()
+IDENTITY = bytes.fromhex("01" + "00" * 31)
+CREATED = "2026-11-29T10:00:00.000000Z"
+
+
+class Craft:
+    """A bundle under construction: records, manifest document, envelopes."""
+
+    def __init__(self):
+        self.records: list[list] = []
+        self.envelopes: list[bytes] = []
+        self.manifest: dict = {}
+        self.manifest_bytes: bytes | None = None
+
+    def add(self, kind: int, data: bytes, compress: bool = False) -> Digest:
+        digest = hash_blob(data) if kind == framing.KIND_CHUNK else hash_object(framing.KIND_NAMES[kind], data)
+        self.records.append([kind, digest.raw, framing.frame(kind, data, compress=compress, written_at=0)])
+        return digest
+
+    def file(self, name: str, data: bytes, mode: int = 0o644) -> dict:
+        digest = self.add(framing.KIND_CHUNK, data) if data else EMPTY
+        return {"name": name, "type": "file", "id": digest.hex(), "mode": mode, "size": len(data)}
+
+    def tree(self, entries: list[dict]) -> Digest:
+        entries = sorted(entries, key=lambda e: e["name"].encode("utf-8", "surrogatepass"))
+        return self.add(framing.KIND_TREE, encoding.encode({"entries": entries}))
+
+    def checkpoint(self, tree: Digest, parents=(), thread: str = "main") -> Digest:
+        cp = Checkpoint(tree, tuple(parents), thread, "crafted", "test", CREATED, {}, EMPTY_POSITION)
+        return self.add(framing.KIND_CHECKPOINT, cp.encode())
+
+    def finish(self, checkpoint: Digest, files: list[dict], thread: str = "main", checkpoints=None) -> None:
+        self.manifest = {"format": "agentcas-bundle", "version": 1, "object_format": 1,
+                         "checkpoint": checkpoint.hex(), "thread": thread,
+                         "checkpoints": [c.hex() for c in (checkpoints or [checkpoint])],
+                         "history": EMPTY_POSITION.to_doc(), "files": files,
+                         "objects": {"count": 0, "bytes": 0}, "created_at": CREATED}
+
+    def sign(self, key=ALICE, checkpoint: str | None = None, thread: str | None = None,
+             namespace: str = envelope.NAMESPACE_CHECKPOINT, signed_at: str | None = None) -> envelope.Envelope:
+        signed = envelope.sign(key, Digest.parse(checkpoint or self.manifest["checkpoint"]),
+                               thread or self.manifest["thread"], namespace, signed_at)
+        self.envelopes.append(signed.encode())
+        return signed
+
+    def bytes(self, fix: bool = True) -> bytes:
+        records = b"".join(bf.RECORD_HEAD.pack(kind, raw, len(framed)) + framed for kind, raw, framed in self.records)
+        if fix:
+            self.manifest["objects"] = {"count": len(self.records), "bytes": len(records)}
+        manifest = self.manifest_bytes if self.manifest_bytes is not None else encoding.encode(self.manifest)
+        body = (bf.MAGIC + bf.U32.pack(len(manifest)) + manifest + records + bf.U32.pack(len(self.envelopes))
+                + b"".join(bf.U32.pack(len(e)) + e for e in self.envelopes))
+        body += bf.TRAILER_MAGIC + (len(body) + 8 + 8 + 32).to_bytes(8, "big")
+        import blake3
+        return body + blake3.blake3(body).digest()
+
+    @classmethod
+    def explode(cls, path: str) -> "Craft":
+        """The parts of an exported bundle, ready to be changed and reassembled."""
+        craft = cls()
+        with open(path, "rb") as handle:
+            parsed = bf.parse(handle)
+            for digest, kind, framed in bf.iter_records(handle, parsed):
+                craft.records.append([kind, digest.raw, framed])
+        craft.manifest = parsed.manifest.to_doc()
+        craft.envelopes = list(parsed.envelopes)
+        return craft
+
+    def find(self, kind: int) -> list:
+        return [r for r in self.records if r[0] == kind]
+
+
+def good_craft(root_extra=(), files_extra=(), sign=True) -> Craft:
+    """memory/notes.md and task.json, signed by ALICE; extra root entries/manifest files optional."""
+    craft = Craft()
+    notes = craft.file("notes.md", b"plan: sum of squares\n")
+    memory = craft.tree([notes])
+    task = craft.file("task.json", b'{"step": 1}\n')
+    root = craft.tree([{"name": "memory", "type": "dir", "id": memory.hex()}, task, *root_extra])
+    cp = craft.checkpoint(root)
+    files = [{"path": "memory/notes.md", "type": "file", "size": notes["size"], "mode": "0644", "id": notes["id"]},
+             {"path": "task.json", "type": "file", "size": task["size"], "mode": "0644", "id": task["id"]},
+             *files_extra]
+    craft.finish(cp, sorted(files, key=lambda f: f["path"]))
+    if sign:
+        craft.sign()
+    return craft
+
+
+def snapshot(store: Store) -> dict:
+    rows = {}
+    with store.objects.reader() as txn:
+        for table in TABLES:
+            if table in ("statcache", "pins"):
+                continue
+            for key, value in txn.scan(table):
+                rows[(table, bytes(key))] = bytes(value)
+    return rows
+
+
+@pytest.fixture
+def receiver(tmp_path, store) -> Store:
+    (tmp_path / "alice.pub").write_text(ALICE.public.to_line("alice"))
+    store.trust_add("alice", str(tmp_path / "alice.pub"))
+    return store
+
+
+def refused(store: Store, data: bytes, tmp_path, fragment: str, **options) -> str:
+    """Import `data`; assert exit-4 refusal mentioning `fragment` and that nothing changed."""
+    path = tmp_path / f"case-{os.urandom(4).hex()}.bundle"
+    path.write_bytes(data)
+    before = snapshot(store)
+    with pytest.raises(IntegrityError) as info:
+        store.import_bundle(str(path), "main", **options)
+    assert info.value.exit_code == 4
+    assert fragment.lower() in str(info.value).lower(), str(info.value)
+    assert snapshot(store) == before
+    return str(info.value)
+
+
+def test_good_crafted_bundle_imports(receiver, tmp_path):
+    path = tmp_path / "good.bundle"
+    path.write_bytes(good_craft().bytes())
+    result = receiver.import_bundle(str(path))
+    assert result["signature"] == "valid" and result["moved"]
+    receiver.checkout("main", str(tmp_path / "out"))
+    assert (tmp_path / "out" / "memory" / "notes.md").read_bytes() == b"plan: sum of squares\n"
+
+
+# --- manifest defects ---------------------------------------------------------------------------
+
+def _manifest_files(*entries):
+    def mutate(craft):
+        craft.manifest["files"] = craft.manifest["files"] + [dict(e) for e in entries]
+    return mutate
+
+
+def _entry(path, **changes):
+    doc = {"path": path, "type": "file", "size": 1, "mode": "0644", "id": hash_blob(b"x").hex()}
+    doc.update(changes)
+    return doc
+
+
+def _set(key, value):
+    def mutate(craft):
+        craft.manifest[key] = value
+    return mutate
+
+
+def _raw_manifest(transform):
+    def mutate(craft):
+        craft.manifest_bytes = transform(encoding.encode(craft.manifest))
+    return mutate
+
+
+def _nested(depth):
+    value = "x"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+NFC, NFD = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
+
+MANIFEST_CASES = {
+    "dotdot": (_manifest_files(_entry("../x")), "invalid path component"),
+    "absolute": (_manifest_files(_entry("/abs")), "absolute"),
+    "drive-backslash": (_manifest_files(_entry("C:\\x")), "backslash or drive"),
+    "backslash-dotdot": (_manifest_files(_entry("a\\..\\x")), "backslash"),
+    "empty-name": (_manifest_files(_entry("")), "invalid path component"),
+    "empty-component": (_manifest_files(_entry("a//b")), "invalid path component"),
+    "dot-name": (_manifest_files(_entry(".")), "invalid path component"),
+    "dot-component": (_manifest_files(_entry("a/./b")), "invalid path component"),
+    "symlink": (_manifest_files(_entry("link", type="symlink")), "only regular files"),
+    "hardlink": (_manifest_files(dict(_entry("hl"), link="task.json")), "exactly the keys"),
+    "device": (_manifest_files(_entry("dev", type="chardev")), "only regular files"),
+    "mode-setuid": (_manifest_files(_entry("x", mode="4755")), "only 0644 and 0755"),
+    "mode-symlink": (_manifest_files(_entry("x", mode="120777")), "only 0644 and 0755"),
+    "duplicate-entry": (lambda c: c.manifest["files"].append(dict(c.manifest["files"][0])), "twice"),
+    "case-collision": (_manifest_files(_entry("Task.json")), "collide"),
+    "nfc-collision": (_manifest_files(_entry(f"{NFC}.txt"), _entry(f"{NFD}.txt")), "collide"),
+    "dir-case-collision": (_manifest_files(_entry("Memory/other.md")), "collide"),
+    "file-and-dir": (_manifest_files(_entry("task.json/x")), "both a file and a directory"),
+    "duplicate-json-key": (_raw_manifest(lambda b: b.replace(b'{"checkpoint":', b'{"checkpoint":"' + b"0" * 64 + b'","checkpoint":', 1)),
+                           "duplicate key"),
+    "not-canonical": (_raw_manifest(lambda b: b.replace(b',"format"', b', "format"', 1)), "canonical"),
+    "unknown-key": (_set("extra", 1), "unknown"),
+    "newer-version": (_set("version", 2), "version"),
+    "deeply-nested": (_set("created_at", _nested(10)), "nested"),
+    "very-deeply-nested": (_raw_manifest(lambda b: b"[" * 100000 + b"]" * 100000), "malformed"),
+    "wrong-history": (_set("history", {"segment": "11" * 32, "seq": 1, "offset": 2, "digest": "22" * 32}),
+                      "history position differs"),
+    "listed-file-missing": (_manifest_files(_entry("extra.txt")), "file list differs"),
+    "file-size-changed": (lambda c: c.manifest["files"][0].update(size=999), "file list differs"),
+    "checkpoint-list": (_set("checkpoints", ["33" * 32]), "checkpoint list"),
+    "thread-changed": (_set("thread", "other"), "thread"),
+    "bad-thread": (_set("thread", "a..b"), "thread"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MANIFEST_CASES))
+def test_manifest_defects_are_refused(case, receiver, tmp_path):
+    mutate, fragment = MANIFEST_CASES[case]
+    craft = good_craft()
+    mutate(craft)
+    refused(receiver, craft.bytes(), tmp_path, fragment)
+
+
+# --- object and tree defects ---------------------------------------------------------------------
+
+def _dir_entry(name):
+    return {"name": name, "type": "dir", "id": hash_object("tree", b'{"entries":[]}').hex()}
+
+
+def _file_entry(name, **changes):
+    doc = {"name": name, "type": "file", "id": EMPTY.hex(), "mode": 0o644, "size": 0}
+    doc.update(changes)
+    return doc
+
+
+TREE_CASES = {
+    "tree-dotdot": ([_file_entry("..")], "invalid path component"),
+    "tree-dot": ([_file_entry(".")], "invalid path component"),
+    "tree-empty": ([_file_entry("")], "invalid path component"),
+    "tree-slash": ([_file_entry("a/b")], "forbidden"),
+    "tree-absolute": ([_file_entry("/abs")], "forbidden"),
+    "tree-drive": ([_file_entry("C:\\x")], "forbidden"),
+    "tree-backslash-dotdot": ([_file_entry("a\\..\\x")], "forbidden"),
+    "tree-nul": ([_file_entry("a\x00b")], "forbidden"),
+    "tree-symlink": ([_file_entry("l", type="symlink")], "only file and dir"),
+    "tree-hardlink": ([_file_entry("h", type="hardlink")], "only file and dir"),
+    "tree-device": ([_file_entry("d", type="device")], "only file and dir"),
+    "tree-mode": ([_file_entry("m", mode=0o120777)], "only 0644 and 0755"),
+    "tree-setuid": ([_file_entry("m", mode=0o4755)], "only 0644 and 0755"),
+    "tree-extra-field": ([_file_entry("x", link="task.json")], "unknown fields"),
+    "tree-duplicate": ([_file_entry("dup"), _file_entry("dup")], "unique"),
+    "tree-case": ([_file_entry("TASK.json")], "collide"),
+    "tree-nfc": ([_file_entry(f"{NFC}"), _file_entry(f"{NFD}")], "collide"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TREE_CASES))
+def test_tree_defects_are_refused(case, receiver, tmp_path):
+    entries, fragment = TREE_CASES[case]
+    craft = good_craft(root_extra=entries)
+    refused(receiver, craft.bytes(), tmp_path, fragment)
+
+
+def _zstd_overflow(craft):
+    """A chunk whose header and zstd frame declare 100 bytes but whose frame holds 100,000."""
+    frame = bytearray(zstandard.ZstdCompressor(write_content_size=True).compress(b"\0" * 100_000))
+    assert frame[4] == 0xA0  # single segment, 4-byte content size at [5:9]
+    frame[5:9] = (100).to_bytes(4, "little")
+    _replace_chunk_value(craft, framing.CODEC_ZSTD, 100, bytes(frame))
+
+
+def _zstd_no_size(craft):
+    frame = zstandard.ZstdCompressor(write_content_size=False).compress(b"\0" * 100_000)
+    _replace_chunk_value(craft, framing.CODEC_ZSTD, 100, frame)
+
+
+def _replace_chunk_value(craft, codec, size, body):
+    import struct
+    import zlib
+    head = framing.HEADER.pack(framing.KIND_CHUNK, codec, size, 0, 0)[:-4]
+    framed = head + struct.pack(">I", zlib.crc32(head)) + body
+    data = b"\0" * size
+    entry = {"name": "zeros", "type": "file", "id": hash_blob(data).hex(), "mode": 0o644, "size": size}
+    craft.records.append([framing.KIND_CHUNK, hash_blob(data).raw, framed])
+    return entry
+
+
+def _flip_chunk(craft):
+    kind, raw, framed = craft.find(framing.KIND_CHUNK)[0]
+    framed = bytearray(framed)
+    framed[-1] ^= 0x01
+    craft.find(framing.KIND_CHUNK)[0][2] = bytes(framed)
+
+
+def _drop_chunk(craft):
+    craft.records.remove(craft.find(framing.KIND_CHUNK)[0])
+
+
+def _extra_object(craft):
+    craft.add(framing.KIND_CHUNK, b"not needed by anything")
+
+
+def _duplicate_record(craft):
+    craft.records.append(list(craft.records[0]))
+
+
+def _wrong_kind(craft):
+    craft.find(framing.KIND_CHUNK)[0][0] = framing.KIND_TREE
+
+
+def _signature_record(craft):
+    craft.records.append([framing.KIND_SIGNATURE, b"\1" * 32, framing.frame(framing.KIND_SIGNATURE, b"{}")])
+
+
+def _chunklist_lies(craft):
+    """A file whose chunk list holds chunks that do not hash, together, to the file's id."""
+    from agentcas.cas.objects import ChunkList, ChunkRef
+    a, b = craft.add(framing.KIND_CHUNK, b"A" * 100), craft.add(framing.KIND_CHUNK, b"B" * 100)
+    chunk_list = ChunkList((ChunkRef(a, 100), ChunkRef(b, 100)))
+    list_id = craft.add(framing.KIND_CHUNKLIST, chunk_list.encode())
+    return {"name": "big", "type": "file", "id": hash_blob(b"C" * 200).hex(), "mode": 0o644, "size": 200,
+            "chunks": list_id.hex()}
+
+
+def _rebuild_with(entry_maker):
+    def build():
+        probe = Craft()
+        entry = entry_maker(probe)
+        craft = good_craft(root_extra=[entry], files_extra=[
+            {"path": entry["name"], "type": "file", "size": entry["size"], "mode": "0644", "id": entry["id"]}])
+        craft.records = probe.records + craft.records
+        return craft
+    return build
+
+
+OBJECT_CASES = {
+    "hash-mismatch": (good_craft, _flip_chunk, "hash mismatch"),
+    "missing-chunk": (good_craft, _drop_chunk, "missing"),
+    "extra-object": (good_craft, _extra_object, "does not need"),
+    "duplicate-record": (good_craft, _duplicate_record, "twice"),
+    "kind-mismatch": (good_craft, _wrong_kind, "framed as"),
+    "signature-kind-record": (good_craft, _signature_record, "kind"),
+    "file-id-mismatch": (_rebuild_with(_chunklist_lies), None, "does not hash to its id"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OBJECT_CASES))
+def test_object_defects_are_refused(case, receiver, tmp_path):
+    build, mutate, fragment = OBJECT_CASES[case]
+    craft = build()
+    if mutate:
+        mutate(craft)
+    refused(receiver, craft.bytes(), tmp_path, fragment)
+
+
+@pytest.mark.parametrize("make", [_zstd_overflow, _zstd_no_size], ids=["expands-past-declared", "no-declared-size"])
+def test_zstd_frames_that_lie_are_refused(make, receiver, tmp_path):
+    def entry(probe):
+        make(probe)
+        return {"name": "zeros", "type": "file", "id": hash_blob(b"\0" * 100).hex(), "mode": 0o644, "size": 100}
+    craft = _rebuild_with(entry)()
+    message = refused(receiver, craft.bytes(), tmp_path, "zstd")
+    assert "corrupt" in message
+
+
+# --- layout defects -------------------------------------------------------------------------------
+
+def test_truncation_at_every_section_is_refused(receiver, tmp_path):
+    data = good_craft().bytes()
+    cuts = [0, 5, 17, 21, 40, len(data) // 2, len(data) - 200, len(data) - 60, len(data) - 41, len(data) - 20,
+            len(data) - 1]
+    for cut in cuts:
+        refused(receiver, data[:cut], tmp_path, "")
+
+
+def test_trailing_bytes_are_refused(receiver, tmp_path):
+    refused(receiver, good_craft().bytes() + b"\0", tmp_path, "trailing")
+
+
+def test_checksum_and_magic_and_lengths(receiver, tmp_path):
+    data = bytearray(good_craft().bytes())
+    data[-1] ^= 1
+    refused(receiver, bytes(data), tmp_path, "checksum")
+    refused(receiver, b"NOT-A-BUNDLE" + bytes(data[12:]), tmp_path, "magic")
+    oversized = bf.MAGIC + bf.U32.pack(bf.MAX_MANIFEST_BYTES + 1) + b"{}"
+    refused(receiver, oversized, tmp_path, "exceeds")
+    craft = good_craft()
+    craft.bytes()
+    craft.manifest["objects"]["bytes"] += 1
+    refused(receiver, craft.bytes(fix=False), tmp_path, "")
+    craft = good_craft()
+    craft.envelopes = craft.envelopes * (bf.MAX_SIGNATURES + 1)
+    refused(receiver, craft.bytes(), tmp_path, "at most")
+
+
+# --- signatures -------------------------------------------------------------------------------------
+
+def _other_checkpoint_signature(craft):
+    craft.envelopes = []
+    craft.sign(checkpoint="44" * 32)
+
+
+def _forged_identity(craft):
+    st = envelope.Statement(envelope.NAMESPACE_CHECKPOINT, 1, Digest.parse(craft.manifest["checkpoint"]), "main",
+                            keys.key_id(IDENTITY), CREATED)
+    craft.envelopes = [envelope.Envelope(st, IDENTITY, IDENTITY + bytes(32)).encode()]
+
+
+def _changed_field(field, value):
+    def mutate(craft):
+        doc = encoding.decode(craft.envelopes[0])
+        doc["statement"][field] = value
+        craft.envelopes = [encoding.encode(doc)]
+    return mutate
+
+
+SIGNATURE_CASES = {
+    "absent": (lambda c: setattr(c, "envelopes", []), "not signed"),
+    "untrusted": (lambda c: (setattr(c, "envelopes", []), c.sign(MALLORY)), "untrusted"),
+    "other-namespace": (lambda c: (setattr(c, "envelopes", []), c.sign(namespace="agentcas-other-v1")), "namespace"),
+    "moved-from-another-bundle": (_other_checkpoint_signature, "moved"),
+    "other-thread": (lambda c: (setattr(c, "envelopes", []), c.sign(thread="other")), "thread"),
+    "small-order-key": (_forged_identity, "small-order"),
+    "changed-signed-at": (_changed_field("signed_at", "2030-01-01T00:00:00.000000Z"), "does not verify"),
+    "changed-namespace": (_changed_field("namespace", "other"), "does not verify"),
+    "changed-format": (_changed_field("format", 7), "does not verify"),
+    "changed-thread": (_changed_field("thread", "main2"), "does not verify"),
+    "changed-key-id": (_changed_field("key_id", "00" * 8), "key id"),
+    "malformed-envelope": (lambda c: setattr(c, "envelopes", [b"{not json"]), "malformed"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SIGNATURE_CASES))
+def test_signature_defects_are_refused(case, receiver, tmp_path):
+    mutate, fragment = SIGNATURE_CASES[case]
+    craft = good_craft()
+    mutate(craft)
+    refused(receiver, craft.bytes(), tmp_path, fragment)
+
+
+def test_allow_unsigned_accepts_unsigned_and_untrusted_but_never_invalid(receiver, tmp_path):
+    unsigned = tmp_path / "unsigned.bundle"
+    unsigned.write_bytes(good_craft(sign=False).bytes())
+    assert receiver.import_bundle(str(unsigned), "a", allow_unsigned=True)["signature"] == "absent"
+    craft = good_craft(sign=False)
+    craft.sign(MALLORY)
+    untrusted = tmp_path / "untrusted.bundle"
+    untrusted.write_bytes(craft.bytes())
+    assert receiver.import_bundle(str(untrusted), "b", allow_unsigned=True)["signature"] == "untrusted"
+    craft = good_craft()
+    _changed_field("signed_at", "2030-01-01T00:00:00.000000Z")(craft)
+    refused(receiver, craft.bytes(), tmp_path, "invalid", allow_unsigned=True)
+
+
+def test_trusted_for_another_namespace_only_is_untrusted(store, tmp_path):
+    (tmp_path / "alice.pub").write_text(ALICE.public.to_line("alice"))
+    store.trust_add("alice", str(tmp_path / "alice.pub"), ["team-only"])
+    refused(store, good_craft().bytes(), tmp_path, "not trusted for namespace")
+
+
+# --- through the CLI: round trip, rollback, fast-forward, conflicts --------------------------------
+
+@pytest.fixture
+def exchange(tmp_path, run, workspace):
+    """A source store with two checkpoints and a rollout, two signed bundles, an empty receiver."""
+    src, dst, k = tmp_path / "src", tmp_path / "dst", tmp_path / "k"
+    rollout = tmp_path / "r.jsonl"
+    rollout.write_text("".join(f'{{"seq": {i}, "type": "message"}}\n' for i in range(50)))
+    assert run("init", src).code == 0 and run("init", dst).code == 0
+    assert run("commit", workspace, "-m", "one", "--rollout", rollout, store=src).code == 0
+    (workspace / "memory" / "notes.md").write_text("step two\n")
+    with open(rollout, "a") as out:
+        out.write('{"seq": 50, "type": "message"}\n')
+    assert run("commit", workspace, "-m", "two", "--rollout", rollout, store=src).code == 0
+    assert run("keygen", "alice", "--out", k).code == 0
+    assert run("export", "main~1", "-o", tmp_path / "v1.bundle", "--sign", k / "alice.key", store=src).code == 0
+    result = run("--json", "export", "main", "-o", tmp_path / "v2.bundle", "--sign", k / "alice.key", store=src)
+    assert result.code == 0, result
+    assert result.json()["checkpoints"] == 2
+    return src, dst, k, tmp_path
+
+
+def test_round_trip_restores_files_and_rollout(exchange, run, workspace):
+    src, dst, k, tmp = exchange
+    before = store_rows(dst)
+    untrusted = run("import", tmp / "v2.bundle", "--as", "main", store=dst)
+    assert untrusted.code == 4 and "untrusted" in untrusted.err
+    assert run("verify", tmp / "v2.bundle", store=dst).code == 4
+    assert store_rows(dst) == before
+    assert run("trust", "add", "alice", k / "alice.pub", store=dst).code == 0
+    verified = run("--json", "verify", tmp / "v2.bundle", store=dst)
+    assert verified.code == 0, verified
+    assert verified.json()["signature"] == "valid"
+    imported = run("--json", "import", tmp / "v2.bundle", "--as", "main", store=dst)
+    assert imported.code == 0, imported
+    assert run("verify", "main", store=dst).code == 0
+    assert run("checkout", "main", tmp / "out", store=dst).code == 0
+    assert tree_bytes(tmp / "out") == tree_bytes(workspace)
+    ours = run("rollout", "cat", "main", store=dst)
+    theirs = run("rollout", "cat", "main", store=src)
+    assert ours.code == 0 and ours.out == theirs.out and ours.out.count("\n") == 51
+    assert run("log", "main", store=dst).out.count("\n") == 2
+    again = run("--json", "import", tmp / "v2.bundle", "--as", "main", store=dst)
+    assert again.code == 0 and again.json()["moved"] is False and again.json()["new_objects"] == 0
+
+
+def test_bundle_from_export_defects_with_history(exchange, store, tmp_path):
+    """Real exported bundle (history, parent): drop the parent, flip a rollout chunk, change the manifest."""
+    src, dst, k, tmp = exchange
+    store.trust_add("alice", str(k / "alice.pub"))
+    cases = []
+    craft = Craft.explode(str(tmp / "v2.bundle"))
+    parent = craft.find(framing.KIND_CHECKPOINT)[1]
+    craft.records.remove(parent)
+    cases.append((craft, "missing"))
+    craft = Craft.explode(str(tmp / "v2.bundle"))
+    seg = craft.find(framing.KIND_SEGMENT)
+    craft.records.remove(seg[0])
+    cases.append((craft, "missing"))
+    craft = Craft.explode(str(tmp / "v2.bundle"))
+    craft.manifest["history"]["seq"] = 50
+    cases.append((craft, "history"))
+    craft = Craft.explode(str(tmp / "v2.bundle"))
+    craft.manifest["checkpoints"] = craft.manifest["checkpoints"][:1]
+    cases.append((craft, "checkpoint list"))
+    craft = Craft.explode(str(tmp / "v2.bundle"))
+    v1 = Craft.explode(str(tmp / "v1.bundle"))
+    craft.envelopes = v1.envelopes  # signature over main~1 moved into the bundle of main
+    cases.append((craft, "moved"))
+    for craft, fragment in cases:
+        refused(store, craft.bytes(), tmp_path, fragment)
+    good = tmp_path / "rebuilt.bundle"
+    good.write_bytes(Craft.explode(str(tmp / "v2.bundle")).bytes())
+    assert store.import_bundle(str(good))["signature"] == "valid"
+
+
+def test_fast_forward_rollback_and_conflict(exchange, run, workspace):
+    src, dst, k, tmp = exchange
+    assert run("trust", "add", "alice", k / "alice.pub", store=dst).code == 0
+    assert run("import", tmp / "v1.bundle", "--as", "main", store=dst).code == 0
+    ff = run("--json", "import", tmp / "v2.bundle", "--as", "main", store=dst)
+    assert ff.code == 0 and ff.json()["moved"], ff
+    before = store_rows(dst)
+    rollback = run("import", tmp / "v1.bundle", "--as", "main", store=dst)
+    assert rollback.code == 4 and "rollback" in rollback.err
+    assert store_rows(dst) == before
+    # Deleting the thread does not forget what was imported into it.
+    assert run("branch", "-d", "main", store=dst).code == 0
+    before = store_rows(dst)
+    assert run("import", tmp / "v1.bundle", "--as", "main", store=dst).code == 4
+    assert store_rows(dst) == before
+    assert run("import", tmp / "v1.bundle", "--as", "main", "--allow-rollback", store=dst).code == 0
+    # A thread that moved on its own is not fast-forwarded: exit 3, nothing written.
+    assert run("commit", workspace, "-m", "local work", "--thread", "local", store=dst).code == 0
+    assert run("branch", "side", "local", store=dst).code == 0
+    before = store_rows(dst)
+    conflict = run("import", tmp / "v2.bundle", "--as", "side", store=dst)
+    assert conflict.code == 3 and "fast-forward" in conflict.err
+    assert store_rows(dst) == before
+
+
+def test_rollback_by_signed_time(receiver, tmp_path):
+    newer = good_craft(sign=False)
+    newer.sign(signed_at="2026-11-29T12:00:00.000000Z")
+    older = good_craft(root_extra=[_file_entry("other")], sign=False, files_extra=[
+        {"path": "other", "type": "file", "size": 0, "mode": "0644", "id": EMPTY.hex()}])
+    older.sign(signed_at="2026-01-01T00:00:00.000000Z")
+    (tmp_path / "new.bundle").write_bytes(newer.bytes())
+    (tmp_path / "old.bundle").write_bytes(older.bytes())
+    receiver.import_bundle(str(tmp_path / "new.bundle"), "main")
+    receiver.delete_thread("main")
+    refused(receiver, older.bytes(), tmp_path, "rollback")
+    assert receiver.import_bundle(str(tmp_path / "old.bundle"), "main", allow_rollback=True)["moved"]
+
+
+def test_conflict_on_unrelated_thread_writes_no_objects(receiver, tmp_path, workspace):
+    receiver.commit(str(workspace), "local")
+    path = tmp_path / "b.bundle"
+    path.write_bytes(good_craft().bytes())
+    before = snapshot(receiver)
+    with pytest.raises(ConflictError):
+        receiver.import_bundle(str(path), "main")
+    assert snapshot(receiver) == before
+
+
+def test_export_refuses_secrets_and_private_keys(tmp_path, run, workspace):
+    store = tmp_path / "s"
+    assert run("init", store).code == 0
+    assert run("keygen", "alice", "--out", workspace / "keys").code == 0
+    assert run("commit", workspace, "-m", "with key", "--allow-secret", "keys/*", store=store).code == 0
+    for extra in ([], ["--allow-secret", "keys/*"], ["--allow-secret", "*"]):
+        result = run("export", "main", "-o", tmp_path / "b.bundle", *extra, store=store)
+        assert result.code == 4 and "private key" in result.err, result
+        assert not (tmp_path / "b.bundle").exists()
+        assert not [p for p in os.listdir(tmp_path) if p.startswith(".b.bundle")]
+    # The key left the workspace, but the ancestor that holds it would travel in the bundle.
+    (workspace / "keys" / "alice.key").unlink()
+    assert run("commit", workspace, "-m", "key removed", store=store).code == 0
+    ancestor = run("export", "main", "-o", tmp_path / "b.bundle", "--allow-secret", "*", store=store)
+    assert ancestor.code == 4 and "alice.key" in ancestor.err
+    (workspace / "config.env").write_text("API_TOKEN=Zx8qP2mR7vK4nW9tY3bH6cJ1\n")
+    assert run("commit", workspace, "-m", "token", "--thread", "fresh", "--allow-secret", "config.env",
+               store=store).code == 0
+    refusal = run("export", "fresh", "-o", tmp_path / "b.bundle", store=store)
+    assert refusal.code == 4 and "config.env line 1" in refusal.err and "Zx8q" not in refusal.err
+    allowed = run("export", "fresh", "-o", tmp_path / "b.bundle", "--allow-secret", "config.env", store=store)
+    assert allowed.code == 0, allowed
+    assert b"PRIVATE KEY" not in (tmp_path / "b.bundle").read_bytes()
+    exists = run("export", "fresh", "-o", tmp_path / "b.bundle", "--allow-secret", "config.env", store=store)
+    assert exists.code == 3
+
+
+def test_import_argument_errors(store, tmp_path, run, store_dir):
+    assert run("import", tmp_path / "absent.bundle", store=store_dir).code == 2
+    assert run("verify", tmp_path, store=store_dir).code == 1  # a directory is neither a bundle nor a rev
+    path = tmp_path / "b.bundle"
+    path.write_bytes(good_craft().bytes())
+    assert run("import", path, "--as", "bad..name", store=store_dir).code == 2

@@ -1,0 +1,189 @@
+"""fsck: every stored byte verified; damage named with what refers to it; exit 4; checkout refuses."""
+
+from __future__ import annotations
+
+import os
+
+import lmdb
+import pytest
+
+from agentcas import Store
+from agentcas.cas import framing
+from agentcas.cas.digest import Digest, hash_blob
+from agentcas.cas.objects import ChunkRef, HistoryPosition, Segment
+from agentcas.cas.store import TABLES, save_object
+from agentcas.refs import threads
+
+from conftest import run_cli
+
+
+def build(tmp_path, rollout: bool = True) -> tuple:
+    """A closed LMDB store with main (files + history) and a fork; (store dir, facts)."""
+    store_dir = tmp_path / "store"
+    store, _ = Store.init(str(store_dir))
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    (ws / "small.txt").write_bytes(os.urandom(6000))          # one chunk: its id is the file id
+    (ws / "sub" / "big.bin").write_bytes(os.urandom(200_000))  # a chunk list
+    if rollout:
+        store.rollout_append("main", b"".join(b'{"n": %d, "pad": "%s"}\n' % (i, b"y" * 200) for i in range(3000)))
+    store.commit(str(ws), "first")
+    store.fork("main", "side", at=1234 if rollout else None)
+    facts = {"tree": store.show("main")["tree"],
+             "small": next(f["id"] for f in store.files("main") if f["path"] == "small.txt"),
+             "history": store.thread("main").history}
+    with store.objects.reader() as txn:
+        from agentcas.lineage.rollout import History
+        facts["segment"] = History(txn).segment(facts["history"].segment) if rollout else None
+    store.objects.close()
+    return store_dir, facts
+
+
+def raw_edit(store_dir, table: str, key: bytes, fn) -> None:
+    """Rewrite one stored value through LMDB itself (no agentcas code), e.g. flip a byte."""
+    env = lmdb.open(str(store_dir), max_dbs=len(TABLES) + 2)
+    try:
+        with env.begin(write=True) as txn:
+            db = env.open_db(table.encode(), txn=txn, create=False)
+            value = txn.get(key, db=db)
+            assert value is not None
+            new = fn(bytearray(value))
+            if new is None:
+                txn.delete(key, db=db)
+            else:
+                txn.put(key, bytes(new), db=db)
+    finally:
+        env.close()
+
+
+def flip(index: int):
+    def edit(value: bytearray):
+        value[index] ^= 0x04
+        return value
+    return edit
+
+
+def test_clean_store(tmp_path):
+    store_dir, _ = build(tmp_path)
+    result = run_cli("--json", "fsck", store=store_dir)
+    assert result.code == 0, result
+    doc = result.json()
+    assert doc["ok"] and doc["problems"] == [] and doc["objects"] > 10 and doc["roots"] >= 2
+    text = run_cli("fsck", store=store_dir)
+    assert text.code == 0 and "fsck: ok" in text.out
+
+
+@pytest.mark.parametrize("where", ["chunk body", "chunk header", "tree", "chunk list"])
+def test_flipped_object_byte_is_named_and_checkout_refuses(tmp_path, where):
+    store_dir, facts = build(tmp_path, rollout=False)
+    if where.startswith("chunk list"):
+        store = Store.open(str(store_dir))
+        with store.objects.reader() as txn:
+            from agentcas.cas.objects import Tree
+            from agentcas.cas.store import load_object
+            sub = Tree.decode(load_object(txn, Digest.parse(facts["tree"]))).entries[1].id
+            target = Tree.decode(load_object(txn, sub)).entries[0].chunks.hex()
+        store.objects.close()
+    else:
+        target = facts["tree"] if where == "tree" else facts["small"]
+    index = 3 if where == "chunk header" else -2
+    raw_edit(store_dir, "objects", bytes.fromhex(target), flip(index))
+
+    result = run_cli("--json", "fsck", store=store_dir)
+    assert result.code == 4, result
+    assert target in result.err
+    problem = next(p for p in result.json()["problems"] if p.get("id") == target)
+    assert problem["what"] == "corrupt" and problem["root"].startswith(("thread", "reflog"))
+    if where != "tree":
+        assert problem["referenced_by"]  # the tree (or chunk list) that names it
+
+    dest = tmp_path / "restored"
+    checkout = run_cli("checkout", "main", dest, store=store_dir)
+    assert checkout.code == 4, checkout
+    assert not dest.exists() and not [p for p in tmp_path.iterdir() if ".restored" in p.name]
+
+
+def test_flipped_ref_byte(tmp_path):
+    store_dir, _ = build(tmp_path, rollout=False)
+    raw_edit(store_dir, "refs", b"threads/main", flip(5))
+    result = run_cli("fsck", store=store_dir)
+    assert result.code == 4 and "threads/main" in result.err, result
+    dest = tmp_path / "restored"
+    assert run_cli("checkout", "main", dest, store=store_dir).code == 4
+    assert not dest.exists()
+
+
+def test_flipped_reflog_and_meta_bytes(tmp_path):
+    store_dir, _ = build(tmp_path, rollout=False)
+    raw_edit(store_dir, "reflog", b"threads/side\0" + (0).to_bytes(8, "big"), flip(10))
+    result = run_cli("--json", "fsck", store=store_dir)
+    assert result.code == 4 and "threads/side" in result.err, result
+    assert result.json()["problems"][0]["table"] == "reflog"
+
+
+def test_missing_object_names_its_referrer(tmp_path):
+    store_dir, facts = build(tmp_path, rollout=False)
+    raw_edit(store_dir, "objects", bytes.fromhex(facts["small"]), lambda value: None)
+    result = run_cli("--json", "fsck", store=store_dir)
+    assert result.code == 4, result
+    problem = result.json()["problems"][0]
+    assert problem["what"] == "missing" and problem["id"] == facts["small"]
+    assert problem["referenced_by"] == facts["tree"]
+    assert facts["small"] in result.err and facts["tree"] in result.err
+
+
+def test_corrupt_rollout_chunk(tmp_path):
+    store_dir, facts = build(tmp_path)
+    chunk = facts["segment"].chunks[0].id.hex()
+    raw_edit(store_dir, "objects", bytes.fromhex(chunk), flip(-3))
+    cat = run_cli("rollout", "cat", "main", store=store_dir)
+    assert cat.code == 4 and chunk in cat.err, cat
+    result = run_cli("--json", "fsck", store=store_dir)
+    assert result.code == 4 and chunk in result.err
+    assert any(p.get("id") == chunk for p in result.json()["problems"])
+
+
+def test_segment_that_lies_about_its_records(tmp_path):
+    """A well-formed segment object (its id matches) whose count/digest do not match its bytes."""
+    store = Store.memory()
+    data = b'{"a": 1}\n{"a": 2}\n'
+    chunk = hash_blob(data)
+    from agentcas.cas.objects import EMPTY_POSITION
+    wrong = Segment(EMPTY_POSITION, 0, None, 3, len(data), Digest(bytes(32)), (ChunkRef(chunk, len(data)),))
+
+    def put(txn):
+        save_object(txn, chunk, framing.frame(framing.KIND_CHUNK, data))
+        save_object(txn, wrong.digest_id(), framing.frame(framing.KIND_SEGMENT, wrong.encode()))
+    store.objects.write(put)
+    doc = store.fsck()
+    assert not doc["ok"]
+    assert doc["problems"][0]["id"] == wrong.digest_id().hex()
+    assert "does not match its bytes" in doc["problems"][0]["message"]
+
+
+def test_position_cut_inside_a_segment_is_recomputed(tmp_path):
+    store = Store.memory()
+    store.rollout_append("main", b"".join(b'{"n": %d}\n' % i for i in range(100)))
+    store.fork("main", "good", at=40)
+    assert store.fsck()["ok"]
+    head = store.thread("good").history
+    bogus = HistoryPosition(head.segment, head.seq, head.offset + 1, head.digest)
+
+    def land(txn):
+        state = threads.read_thread(txn, "good")
+        assert threads.set_if_equals(txn, "good", state, threads.ThreadState(None, bogus), "test")
+    store.objects.write(land)
+    doc = store.fsck()
+    assert not doc["ok"]
+    assert any(p["what"] == "position" and "good" in p["message"] for p in doc["problems"])
+
+
+def test_damaged_database_file(tmp_path):
+    store_dir, _ = build(tmp_path, rollout=False)
+    path = store_dir / "data.mdb"
+    with open(path, "r+b") as handle:
+        handle.write(b"\xa5" * 8192)  # both meta pages
+    result = run_cli("fsck", store=store_dir)
+    assert result.code == 4, result
+    assert "store database is corrupt" in result.err
+    assert "Traceback" not in result.err

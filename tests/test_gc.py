@@ -1,0 +1,387 @@
+"""gc through the Python API, over the memory and the LMDB store: plan, sweep, roots, lineage."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agentcas import Store
+from agentcas.cas import encoding, framing
+from agentcas.cas.digest import Digest, hash_blob, hash_object
+from agentcas.cas.objects import Tree, TreeEntry
+from agentcas.cas.sealed import seal
+from agentcas.cas.store import save_object
+from agentcas.cas.writer import WritePin
+from agentcas.errors import UsageError
+from agentcas.gc.plan import parse_duration, plan_gc
+from agentcas.gc.roots import GcAborted
+from agentcas.gc.sweep import execute
+from agentcas.lineage import rollout
+from agentcas.lineage.closure import Walker
+from agentcas.refs import threads
+
+LATER = 5  # seconds: plan "now" this far ahead, so objects just written are past a 0s grace
+
+
+def later() -> float:
+    return time.time() + LATER
+
+
+@pytest.fixture(params=["memory", "lmdb"])
+def any_store(request, tmp_path) -> Store:
+    if request.param == "memory":
+        return Store.memory()
+    store, _ = Store.init(str(tmp_path / "store"))
+    return store
+
+
+def write_files(root, files: dict) -> str:
+    for rel, data in files.items():
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as handle:
+            handle.write(data)
+    return str(root)
+
+
+def all_keys(store: Store) -> set[bytes]:
+    with store.objects.reader() as txn:
+        return {bytes(k) for k, _ in txn.scan("objects")}
+
+
+def stored_bytes(store: Store) -> int:
+    with store.objects.reader() as txn:
+        return sum(len(v) for _, v in txn.scan("objects"))
+
+
+def closure_of_threads(store: Store) -> set[bytes]:
+    """Every object reachable from thread refs and reflog states, by an independent full walk."""
+    seen: set = set()
+    with store.objects.reader() as txn:
+        walker = Walker(txn, seen, verify=True)
+        for _, state in threads.list_threads(txn):
+            if state.checkpoint:
+                list(walker.checkpoint(state.checkpoint))
+            if state.history.segment:
+                list(walker.history(state.history))
+        for _, entry in threads.all_reflog_entries(txn):
+            if entry.new.checkpoint:
+                list(walker.checkpoint(entry.new.checkpoint))
+            if entry.new.history.segment:
+                list(walker.history(entry.new.history))
+            if entry.old:
+                list(walker.checkpoint(entry.old))
+    return seen
+
+
+def records(n: int, tag: str, width: int = 300) -> bytes:
+    return b"".join(b'{"i": %d, "t": "%s", "pad": "%s"}\n' % (i, tag.encode(), os.urandom(width // 2).hex().encode())
+                    for i in range(n))
+
+
+def test_parse_duration():
+    assert [parse_duration(t) for t in ("0s", "90s", "15m", "1h", "7d", "2w", "45")] == \
+        [0, 90, 900, 3600, 7 * 86400, 14 * 86400, 45]
+    assert parse_duration("now", allow_now=True) == 0
+    for bad in ("", "1y", "-1s", "1.5h", "now", "h"):
+        with pytest.raises(UsageError):
+            parse_duration(bad)
+
+
+def test_gc_frees_a_deleted_thread_and_keeps_the_rest(any_store, tmp_path):
+    store = any_store
+    ws = write_files(tmp_path / "ws", {"keep.bin": os.urandom(200_000), "notes.md": b"hello\n"})
+    kept = store.commit(ws, "kept")["checkpoint"]
+    ws2 = write_files(tmp_path / "ws2", {"big.bin": os.urandom(400_000), "notes.md": b"hello\n"})
+    store.commit(ws2, "doomed", thread="side")
+    store.rollout_append("side", records(50, "side"))
+    live_before = closure_of_threads(store)
+    store.delete_thread("side")
+    live = closure_of_threads(store)
+    assert live < live_before
+
+    doc = store.gc(grace=0, expire_reflog=0, now=later())
+    assert doc["result"]["complete"]
+    assert doc["plan"]["reclaimable"]["objects"] == len(live_before - live)
+    assert doc["result"]["deleted"]["objects"] == len(live_before - live)
+    assert doc["result"]["deleted"]["bytes"] >= 400_000
+    assert all_keys(store) == live
+    assert store.fsck()["ok"]
+    out = tmp_path / "out"
+    store.checkout(kept, str(out))
+    assert (out / "notes.md").read_bytes() == b"hello\n"
+    again = store.gc(grace=0, expire_reflog=0, now=later())
+    assert again["plan"]["reclaimable"]["objects"] == 0
+
+
+def test_dry_run_deletes_nothing(any_store, tmp_path):
+    store = any_store
+    store.commit(write_files(tmp_path / "ws", {"a": os.urandom(100_000)}), "x", thread="t")
+    store.delete_thread("t")
+    before = all_keys(store)
+    doc = store.gc(grace=0, expire_reflog=0, dry_run=True, now=later())
+    assert doc["result"] is None
+    assert doc["plan"]["reclaimable"]["objects"] == len(before) > 0
+    assert all_keys(store) == before
+
+
+def test_grace_holds_recent_objects(any_store, tmp_path):
+    store = any_store
+    store.commit(write_files(tmp_path / "ws", {"a": os.urandom(100_000)}), "x", thread="t")
+    store.delete_thread("t")
+    before = all_keys(store)
+    doc = store.gc(grace=3600, expire_reflog=0)
+    held = doc["plan"]["held_by_grace"]
+    assert held["objects"] == len(before) and held["bytes"] > 100_000
+    assert 3590 <= doc["plan"]["held_by_grace"]["releases_by_seconds"] <= 3602
+    assert doc["result"]["deleted"]["objects"] == 0
+    assert all_keys(store) == before
+
+
+def test_recent_object_keeps_what_it_refers_to(any_store):
+    """A fresh tree (of a write without a pin) keeps the old chunk it names."""
+    store = any_store
+    old = int(time.time()) - 7200
+    chunk = os.urandom(5000)
+    chunk_id = hash_blob(chunk)
+    tree = Tree.of([TreeEntry("f", "file", chunk_id, size=len(chunk))])
+    orphan = os.urandom(3000)
+
+    def put(txn):
+        save_object(txn, chunk_id, framing.frame(framing.KIND_CHUNK, chunk, written_at=old))
+        save_object(txn, hash_blob(orphan), framing.frame(framing.KIND_CHUNK, orphan, written_at=old))
+        save_object(txn, tree.digest(), framing.frame(framing.KIND_TREE, tree.encode()))
+    store.objects.write(put)
+    doc = store.gc(grace=600, expire_reflog=0)
+    assert doc["plan"]["roots"]["recent"] == 1
+    assert doc["result"]["deleted"]["objects"] == 1
+    assert all_keys(store) == {chunk_id.raw, tree.digest().raw}
+
+
+def test_reflog_keeps_reverted_head_until_it_expires(any_store, tmp_path):
+    store = any_store
+    ws = tmp_path / "ws"
+    first = store.commit(write_files(ws, {"a": os.urandom(50_000)}), "one")["checkpoint"]
+    second = store.commit(write_files(ws, {"a": os.urandom(60_000)}), "two")["checkpoint"]
+    store.revert("main", first)
+    store.gc(grace=0, expire_reflog=3600, now=later())
+    assert store.resolve("main@{1}") == Digest.parse(second)
+    out = tmp_path / "out"
+    store.checkout("main@{1}", str(out))  # still whole
+
+    doc = store.gc(grace=0, expire_reflog=0, now=later())
+    assert doc["result"]["reflog_expired"] == 2
+    assert len(store.reflog("main")) == 1  # the newest entry is never expired ...
+    assert Digest.parse(second).raw in all_keys(store)  # ... and keeps the checkpoint it left
+    explained = store.gc_explain(second, grace=0, expire_reflog=0)
+    assert explained["root"]["kind"] == "reflog" and explained["root"]["name"] == "main@{2}"
+
+    third = store.commit(write_files(ws, {"a": os.urandom(70_000)}), "three")["checkpoint"]
+    store.gc(grace=0, expire_reflog=0, now=later())
+    assert Digest.parse(second).raw not in all_keys(store)
+    assert Digest.parse(first).raw in all_keys(store)
+    assert store.fsck()["ok"]
+    assert store.resolve("main") == Digest.parse(third)
+
+
+def _segments(store: Store, head) -> list[Digest]:
+    with store.objects.reader() as txn:
+        history = rollout.History(txn)
+        out, current = [], head.segment
+        while current is not None:
+            out.append(current)
+            current = history.segment(current).base.segment
+    return out
+
+
+def test_deleted_parent_keeps_exactly_the_prefix_its_forks_share(any_store, tmp_path):
+    store = any_store
+    for batch in range(3):  # ~1.5 MB each: two segments per append
+        store.rollout_append("parent", records(4500, f"b{batch}"))
+    parent = store.thread("parent")
+    parent_segments = _segments(store, parent.history)
+    assert len(parent_segments) >= 5
+    store.commit(write_files(tmp_path / "ws", {"early": os.urandom(80_000)}), "early", thread="parent")
+    at = parent.history.seq // 2
+    store.fork("parent", "fork1", at=at)
+    store.fork("fork1", "fork2", at=at // 3)
+    store.rollout_append("fork1", records(10, "own"))
+    store.commit(write_files(tmp_path / "ws2", {"late": os.urandom(90_000)}), "late", thread="parent")
+
+    fork1_chain = _segments(store, store.thread("fork1").history)
+    fork2_chain = _segments(store, store.thread("fork2").history)
+    shared = [s for s in parent_segments if s in fork1_chain]
+    freed_segments = [s for s in parent_segments if s not in fork1_chain]
+    assert shared and freed_segments  # the cut is strictly inside the parent's history
+    late_file = store.files("parent")
+    store.delete_thread("parent")
+    before = stored_bytes(store)
+    expected_live = closure_of_threads(store)
+
+    doc = store.gc(grace=0, expire_reflog=0, now=later())
+    keys = all_keys(store)
+    assert keys == expected_live
+    assert all(s.raw in keys for s in shared)                # the prefix chain, cut segment whole
+    assert not any(s.raw in keys for s in freed_segments)     # the parent's later segments go
+    assert not any(bytes.fromhex(f["id"]) in keys for f in late_file if f["path"] == "late")
+    assert doc["result"]["deleted"]["bytes"] == before - stored_bytes(store)
+    assert doc["result"]["deleted"]["bytes"] > 700_000       # later segments' records + files
+    assert store.fsck()["ok"]
+    data = b"".join(store.rollout_read("fork1"))
+    assert data.count(b"\n") == at + 10
+
+    # fork of a fork: deleting fork1 leaves exactly fork2's shorter prefix
+    store.delete_thread("fork1")
+    store.gc(grace=0, expire_reflog=0, now=later())
+    keys = all_keys(store)
+    assert keys == closure_of_threads(store)
+    assert all(s.raw in keys for s in fork2_chain)
+    assert not any(s.raw in keys for s in set(fork1_chain) - set(fork2_chain))
+    assert b"".join(store.rollout_read("fork2")).count(b"\n") == at // 3
+    assert store.fsck()["ok"]
+
+
+def test_missing_referenced_object_aborts_and_deletes_nothing(any_store, tmp_path):
+    store = any_store
+    store.commit(write_files(tmp_path / "ws", {"a": os.urandom(10_000)}), "x")  # one chunk
+    store.commit(write_files(tmp_path / "ws2", {"b": os.urandom(50_000)}), "garbage", thread="g")
+    store.delete_thread("g")
+    chunk = bytes.fromhex(store.files("main")[0]["id"])
+    assert store.objects.write(lambda txn: txn.delete("objects", chunk))
+    before = all_keys(store)
+    with pytest.raises(GcAborted) as info:
+        store.gc(grace=0, expire_reflog=0, now=later())
+    assert info.value.exit_code == 4
+    assert chunk.hex() in str(info.value) and "thread main" in str(info.value)
+    assert all_keys(store) == before
+
+
+def test_live_pin_stops_the_sweep_and_dead_pin_is_dropped(any_store, tmp_path):
+    store = any_store
+    store.commit(write_files(tmp_path / "ws", {"a": os.urandom(50_000)}), "x", thread="t")
+    store.delete_thread("t")
+    before = all_keys(store)
+    with WritePin(store.objects, "test write"):
+        result = store.gc(grace=0, expire_reflog=0, wait=0.2, now=later())["result"]
+    assert not result["complete"] and result["blocked_by"][0]["what"] == "test write"
+    assert all_keys(store) == before
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    key = b"0123456789abcdef"
+    doc = encoding.encode({"what": "crashed commit", "pid": int(dead), "started_at": int(time.time())})
+    store.objects.write(lambda txn: txn.put("pins", key, seal("pins", key, doc)))
+    result = store.gc(grace=0, expire_reflog=0, wait=0.2, now=later())["result"]
+    assert result["complete"] and result["pins_dropped"] == 1
+    assert all_keys(store) == set()
+    with store.objects.reader() as txn:
+        assert txn.count("pins") == 0
+
+
+def test_ref_moved_during_gc_is_marked_before_sweeping(any_store, tmp_path):
+    """A branch created between plan and sweep onto an unreachable checkpoint keeps it whole."""
+    store = any_store
+    orphan = store.commit(write_files(tmp_path / "ws", {"a": os.urandom(120_000)}), "x", thread="t")
+    store.delete_thread("t")
+    plan = store.gc_plan(grace=0, expire_reflog=0, now=later())
+    assert plan.reclaimable["objects"] > 0
+    store.create_thread("rescued", orphan["checkpoint"][:12])
+    result = execute(store.objects, plan)
+    assert result["deleted"]["objects"] == 0 and result["remarked"] > 0
+    assert store.fsck()["ok"]
+    store.checkout("rescued", str(tmp_path / "out"))
+
+
+def test_signatures_live_with_their_checkpoint(any_store, tmp_path):
+    store = any_store
+    cp = Digest.parse(store.commit(write_files(tmp_path / "ws", {"a": b"x" * 100}), "x", thread="t")["checkpoint"])
+    body = b'{"fake": "envelope"}'
+    sig = hash_object("signature", body)
+    key = cp.raw + sig.raw
+
+    def put(txn):
+        save_object(txn, sig, framing.frame(framing.KIND_SIGNATURE, body))
+        txn.put("signatures", key, seal("signatures", key, encoding.encode({"key_id": "k"})))
+    store.objects.write(put)
+    doc = store.gc(grace=0, expire_reflog=0, now=later())
+    assert doc["plan"]["roots"]["signature"] == 1 and sig.raw in all_keys(store)
+    store.delete_thread("t")
+    store.gc(grace=0, expire_reflog=0, now=later())
+    assert all_keys(store) == set()
+    with store.objects.reader() as txn:
+        assert txn.count("signatures") == 0
+
+
+def test_report_names_shared_bytes_and_pinned_prefixes(any_store, tmp_path):
+    store = any_store
+    store.rollout_append("main", records(4000, "m"))
+    store.commit(write_files(tmp_path / "ws", {"a": os.urandom(100_000)}), "m")
+    store.fork("main", "child", at=1000)
+    store.delete_thread("main")
+    doc = store.gc(grace=0, expire_reflog=0, report=True, now=later())
+    rows = {r["thread"]: r for r in doc["report"]["threads"]}
+    prefix = rows["child"]["pins_prefix"]
+    assert prefix["parent"] == "main" and not prefix["parent_exists"] and prefix["seq"] == 1000
+    assert prefix["segment"] == store.thread("child").history.segment.hex()
+    assert rows["child"]["live_bytes"] == stored_bytes(store)
+    assert doc["report"]["reclaimable"]["objects"] == doc["result"]["deleted"]["objects"] > 0
+    assert doc["report"]["roots"]["thread"][0]["name"] == "child"
+
+    store.fork("child", "sibling")
+    report = store.gc(grace=0, expire_reflog=0, report=True, now=later())["report"]
+    rows = {r["thread"]: r for r in report["threads"]}
+    assert rows["child"]["shared_bytes"] == rows["sibling"]["shared_bytes"] == rows["child"]["live_bytes"]
+    assert rows["child"]["unique_bytes"] == 0
+
+
+def test_explain_gives_a_path_from_a_root(any_store, tmp_path):
+    store = any_store
+    store.commit(write_files(tmp_path / "ws", {"d/f.bin": os.urandom(12_000)}), "x")
+    chunk = store.files("main")[0]["id"]
+    doc = store.gc_explain(chunk[:10], grace=0)
+    assert doc["alive"] and doc["root"]["kind"] == "thread" and doc["root"]["name"] == "main"
+    kinds = [step["kind"] for step in doc["path"]]
+    assert kinds[0] == "checkpoint" and kinds[-1] == "chunk"
+    assert doc["path"][-1]["id"] == chunk and "tree" in kinds
+    store.commit(write_files(tmp_path / "ws2", {"g": os.urandom(10_000)}), "g", thread="g")
+    gone = store.files("g")[0]["id"]
+    store.delete_thread("g")
+    assert not store.gc_explain(gone, grace=0)["alive"]
+    assert store.gc_explain(gone, grace=3600)["root"]["kind"] == "recent"
+    with pytest.raises(UsageError):
+        store.gc_explain("abc")
+    with pytest.raises(Exception) as info:
+        store.gc_explain("00000000" if not chunk.startswith("00000000") else "ffffffff")
+    assert info.value.exit_code == 1
+
+
+def test_churn_keeps_the_store_bounded(tmp_path):
+    store, _ = Store.init(str(tmp_path / "store"))
+    ws = tmp_path / "ws"
+    sizes = []
+    for round_ in range(10):
+        write_files(ws, {f"f{i}.bin": os.urandom(250_000) for i in range(8)})
+        store.commit(str(ws), f"round {round_}", thread="churn")
+        store.delete_thread("churn")
+        result = store.gc(grace=0, expire_reflog=0, now=later())["result"]
+        assert result["deleted"]["bytes"] >= 2_000_000
+        sizes.append(store.objects.used_bytes())
+    assert sizes[-1] < 1.5 * sizes[0], sizes  # without the settle writes it doubles
+    assert store.fsck()["ok"]
+
+
+def test_plan_is_json_and_counts_add_up(any_store, tmp_path):
+    store = any_store
+    store.commit(write_files(tmp_path / "ws", {"a": os.urandom(70_000)}), "x")
+    store.commit(write_files(tmp_path / "ws2", {"b": os.urandom(70_000)}), "y", thread="t")
+    store.delete_thread("t")
+    plan = plan_gc(store.objects, later(), 0, 0)
+    doc = plan.to_json()
+    encoding.encode(doc)  # plain JSON types only (no floats)
+    assert doc["objects"] == doc["live"]["objects"] + doc["reclaimable"]["objects"] + doc["held_by_grace"]["objects"]
+    assert sum(k["objects"] for k in doc["reclaimable"]["by_kind"].values()) == doc["reclaimable"]["objects"]
+    assert doc["roots"]["thread"] == 1

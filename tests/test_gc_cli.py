@@ -1,0 +1,106 @@
+"""`agentcas gc`, `gc explain` and `--report` run as a user would run them."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from conftest import run_cli, store_rows
+
+
+def setup_store(tmp_path):
+    """A store with a live thread `main` and a deleted thread's garbage (built via the CLI)."""
+    store_dir = tmp_path / "store"
+    assert run_cli("init", store_dir).code == 0
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "keep.txt").write_bytes(os.urandom(5000))
+    assert run_cli("commit", ws, "-m", "keep", store=store_dir).code == 0
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "junk.bin").write_bytes(os.urandom(7000))
+    assert run_cli("commit", junk, "-m", "junk", "--thread", "junk", store=store_dir).code == 0
+    rows = [json.dumps({"i": i}) for i in range(20)]
+    assert run_cli("rollout", "append", "main", "-", input="\n".join(rows) + "\n", store=store_dir).code == 0
+    shown = run_cli("--json", "show", "junk", "--files", store=store_dir).json()
+    assert run_cli("branch", "-d", "junk", store=store_dir).code == 0
+    return store_dir, shown["files"][0]["id"]
+
+
+def test_dry_run_prints_the_plan_and_changes_nothing(tmp_path):
+    store_dir, junk = setup_store(tmp_path)
+    before = store_rows(store_dir)
+    result = run_cli("--json", "gc", "--dry-run", "--grace", "0s", "--expire-reflog", "now", store=store_dir)
+    assert result.code == 0, result
+    doc = result.json()
+    assert doc["dry_run"] and doc["result"] is None
+    assert doc["plan"]["reclaimable"]["objects"] >= 3  # checkpoint, tree, chunk of the junk thread
+    assert doc["plan"]["roots"]["thread"] == 1
+    assert store_rows(store_dir) == before
+    text = run_cli("gc", "--dry-run", "--grace", "0s", store=store_dir)
+    assert text.code == 0 and "dry run: nothing deleted" in text.out and "reclaimable" in text.out
+
+
+def test_gc_deletes_and_reports(tmp_path):
+    store_dir, junk = setup_store(tmp_path)
+    report = tmp_path / "report.json"
+    result = run_cli("--json", "gc", "--grace", "0s", "--expire-reflog", "now", "--report", report,
+                     store=store_dir)
+    assert result.code == 0, result
+    doc = result.json()
+    assert doc["result"]["complete"] and doc["result"]["deleted"]["objects"] == doc["plan"]["reclaimable"]["objects"] >= 3
+    data = json.loads(report.read_text())
+    assert [t["thread"] for t in data["threads"]] == ["main"]
+    assert data["threads"][0]["records"] == 20 and data["roots"]["counts"]["thread"] == 1
+    assert data["result"]["deleted"]["objects"] == doc["result"]["deleted"]["objects"]
+    assert run_cli("fsck", store=store_dir).code == 0
+    gone = run_cli("gc", "explain", junk, store=store_dir)
+    assert gone.code == 1 and "no stored object" in gone.err
+
+    text_report = tmp_path / "report.txt"
+    again = run_cli("gc", "--report", text_report, store=store_dir)
+    assert again.code == 0, again
+    body = text_report.read_text()
+    assert "threads:" in body and "main:" in body and "reclaimable: 0 objects" in body
+
+
+def test_explain(tmp_path):
+    store_dir, junk = setup_store(tmp_path)
+    unreachable = run_cli("gc", "explain", junk[:12], "--grace", "0s", store=store_dir)
+    assert unreachable.code == 0 and "unreachable" in unreachable.out, unreachable
+    held = run_cli("--json", "gc", "explain", junk, store=store_dir).json()
+    assert held["alive"] and held["root"]["kind"] == "recent"  # within the default 1h grace
+    files = run_cli("--json", "show", "main", "--files", store=store_dir).json()["files"]
+    alive = run_cli("--json", "gc", "explain", files[0]["id"][:16], store=store_dir)
+    doc = alive.json()
+    assert doc["alive"] and doc["root"] == dict(doc["root"], kind="thread", name="main")
+    assert [s["kind"] for s in doc["path"]] == ["checkpoint", "tree", "chunk"]
+    text = run_cli("gc", "explain", files[0]["id"], store=store_dir).out
+    assert "kept by thread main" in text and "-> tree" in text
+    assert run_cli("gc", "explain", "abc", store=store_dir).code == 2
+    assert run_cli("gc", "explain", "zz" * 8, store=store_dir).code == 2
+
+
+def test_bad_durations_are_usage_errors(tmp_path):
+    store_dir, _ = setup_store(tmp_path)
+    before = store_rows(store_dir)
+    for args in (["--grace", "soon"], ["--expire-reflog", "1y"], ["--grace", "now"]):
+        result = run_cli("gc", *args, store=store_dir)
+        assert result.code == 2 and "not a duration" in result.err, result
+    assert store_rows(store_dir) == before
+
+
+def test_missing_object_exits_4_and_deletes_nothing(tmp_path):
+    import lmdb
+    from agentcas.cas.store import TABLES
+    store_dir, _ = setup_store(tmp_path)
+    files = run_cli("--json", "show", "main", "--files", store=store_dir).json()["files"]
+    env = lmdb.open(str(store_dir), max_dbs=len(TABLES) + 2)
+    with env.begin(write=True) as txn:
+        assert txn.delete(bytes.fromhex(files[0]["id"]), db=env.open_db(b"objects", txn=txn))
+    env.close()
+    before = store_rows(store_dir)
+    result = run_cli("gc", "--grace", "0s", "--expire-reflog", "now", store=store_dir)
+    assert result.code == 4, result
+    assert files[0]["id"] in result.err and "deleted nothing" in result.err
+    assert store_rows(store_dir) == before

@@ -1,0 +1,204 @@
+"""Refs: thread-name rules, compare-and-swap moves, reflog, revision syntax."""
+
+import pytest
+
+from agentcas.cas import framing
+from agentcas.cas.digest import Digest, hash_blob
+from agentcas.cas.objects import Checkpoint, Tree
+from agentcas.cas.store import MemoryObjectStore, save_object
+from agentcas.errors import IntegrityError, NotFound, UsageError
+from agentcas.refs import threads
+from agentcas.refs.names import BadThreadName, check_thread_name
+from agentcas.refs.revisions import AmbiguousRevision, UnknownRevision, load_checkpoint, resolve
+from agentcas.refs.threads import ThreadState, list_threads, read_reflog, read_thread, set_if_equals
+
+TREE = Tree(()).digest()
+
+
+@pytest.mark.parametrize("name", ["main", "feature/x", "a-b_c.d", "v1.2", "日本語", "a/b/c", "x" * 200,
+                                  "a@b", "@x", "-dash"])
+def test_valid_thread_names(name):
+    assert check_thread_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "@", "a..b", "a@{1}", "a b", "a~1", "a^", "a:b", "a?", "a*", "a[b",
+                                  "a\\b", "a\x01b", "a\x7fb", "a\nb", "/a", "a/", "a//b", ".a", "a/.b",
+                                  "a.lock", "a/b.lock/c", "a.", "x" * 201, "é" * 101, None])
+def test_invalid_thread_names(name):
+    with pytest.raises(BadThreadName) as info:
+        check_thread_name(name)
+    assert info.value.exit_code == 2
+
+
+# --- a small history in a memory store ---------------------------------------------------------
+
+def commit(store, thread, reason, parent=None, tree=TREE, when="2026-11-29T12:00:00.000000Z"):
+    """Store a checkpoint and move `thread` to it (as Store.commit's final transaction does)."""
+    def land(txn):
+        state = read_thread(txn, thread)
+        cp = Checkpoint(tree, () if parent is None else (parent,), thread, reason, "t", when)
+        digest = cp.digest()
+        save_object(txn, digest, framing.frame(framing.KIND_CHECKPOINT, cp.encode()))
+        assert set_if_equals(txn, thread, state, ThreadState(digest), "commit", reason)
+        return digest
+    return store.write(land)
+
+
+@pytest.fixture
+def chain():
+    """main: c0 <- c1 <- c2 <- c3; returns (store, [c0, c1, c2, c3])."""
+    store = MemoryObjectStore()
+    ids = []
+    for i in range(4):
+        ids.append(commit(store, "main", f"step {i}", ids[-1] if ids else None))
+    return store, ids
+
+
+def rev(store, text):
+    with store.reader() as txn:
+        return resolve(txn, text)
+
+
+def test_set_if_equals_is_compare_and_swap():
+    store = MemoryObjectStore()
+    a, b = ThreadState(hash_blob(b"a")), ThreadState(hash_blob(b"b"))
+    assert store.write(lambda txn: set_if_equals(txn, "t", None, a, "create", "m"))
+    assert not store.write(lambda txn: set_if_equals(txn, "t", None, b, "create", "m"))  # exists
+    assert not store.write(lambda txn: set_if_equals(txn, "t", b, b, "move", "m"))      # stale old
+    with store.reader() as txn:
+        assert read_thread(txn, "t") == a and len(read_reflog(txn, "t")) == 1
+    assert store.write(lambda txn: set_if_equals(txn, "t", a, b, "move", "m"))
+    with store.reader() as txn:
+        assert read_thread(txn, "t") == b
+        assert [e.action for e in read_reflog(txn, "t")] == ["move", "create"]
+        assert [name for name, _ in list_threads(txn)] == ["t"]
+    with pytest.raises(BadThreadName):
+        store.write(lambda txn: set_if_equals(txn, "bad..name", None, a, "create"))
+
+
+def test_failed_compare_and_swap_changes_nothing():
+    store = MemoryObjectStore()
+    a = ThreadState(hash_blob(b"a"))
+    store.write(lambda txn: set_if_equals(txn, "t", None, a, "create"))
+    with store.reader() as txn:
+        before = {t: dict(txn.scan(t)) for t in ("refs", "reflog", "meta")}
+    assert not store.write(lambda txn: set_if_equals(txn, "t", ThreadState(None), ThreadState(None), "x"))
+    with store.reader() as txn:
+        assert {t: dict(txn.scan(t)) for t in ("refs", "reflog", "meta")} == before
+
+
+def test_reflog_newest_first_and_delete_removes_it(chain):
+    store, ids = chain
+    with store.reader() as txn:
+        entries = read_reflog(txn, "main")
+        assert [e.number for e in entries] == [3, 2, 1, 0]
+        assert [e.new.checkpoint for e in entries] == ids[::-1]
+        assert [e.message for e in entries] == ["step 3", "step 2", "step 1", "step 0"]
+        olds = [getattr(e.old, "checkpoint", e.old) for e in entries]
+        assert olds == [ids[2], ids[1], ids[0], None]
+        assert all(e.time > 1.7e9 for e in entries)
+        assert len(read_reflog(txn, "main", limit=2)) == 2
+        assert read_reflog(txn, "mai") == []  # no prefix bleed between thread names
+    commit(store, "main/sub", "other")
+    commit(store, "mainx", "other")
+    state = rev(store, "main")
+    assert store.write(lambda txn: set_if_equals(txn, "main", ThreadState(state), None, "delete"))
+    with store.reader() as txn:
+        assert read_thread(txn, "main") is None and read_reflog(txn, "main") == []
+        assert len(read_reflog(txn, "main/sub")) == 1 and len(read_reflog(txn, "mainx")) == 1
+
+
+def test_damaged_ref_or_reflog_value_is_an_integrity_error(chain):
+    store, _ = chain
+    key = b"threads/main"
+
+    def damage(table, k):
+        def fn(txn):
+            value = bytearray(txn.get(table, k))
+            value[5] ^= 1
+            txn.put(table, k, bytes(value))
+        store.write(fn)
+
+    damage("reflog", key + b"\0" + (2).to_bytes(8, "big"))
+    with store.reader() as txn, pytest.raises(IntegrityError):
+        read_reflog(txn, "main")
+    damage("refs", key)
+    with store.reader() as txn, pytest.raises(IntegrityError):
+        read_thread(txn, "main")
+
+
+def test_revisions(chain):
+    store, (c0, c1, c2, c3) = chain
+    assert rev(store, "main") == c3
+    assert rev(store, c1.hex()) == c1
+    assert rev(store, c1.hex()[:8]) == c1
+    assert rev(store, c1.hex()[:9]) == c1  # odd length
+    assert rev(store, "main~0") == c3
+    assert rev(store, "main~") == rev(store, "main^") == rev(store, "main~1") == c2
+    assert rev(store, "main~3") == rev(store, "main^^^") == rev(store, "main~1~2") == c0
+    assert rev(store, c3.hex() + "~2") == c1
+    assert rev(store, "main@{0}") == c3
+    assert rev(store, "main@{1}") == c2
+    assert rev(store, "main@{3}") == c0
+    assert rev(store, "main@{1}~1") == c1
+
+
+@pytest.mark.parametrize("text, error", [
+    ("nosuch", UnknownRevision),
+    ("main~4", UnknownRevision),          # past the first checkpoint
+    ("main@{4}", UnknownRevision),
+    ("nosuch@{0}", UnknownRevision),
+    ("0000000", UnknownRevision),         # 7 hex: too short to be a prefix
+    ("00000000", UnknownRevision),
+    ("~1", UnknownRevision),
+    ("", UsageError),
+    ("x" * 2000, UsageError),
+])
+def test_bad_revisions(chain, text, error):
+    store, _ = chain
+    with pytest.raises(error) as info:
+        rev(store, text)
+    assert info.value.exit_code in (1, 2)
+
+
+def test_non_checkpoint_ids_are_not_revisions(chain):
+    store, ids = chain
+    store.write(lambda txn: save_object(txn, TREE, framing.frame(framing.KIND_TREE, Tree(()).encode())))
+    with pytest.raises(UnknownRevision):
+        rev(store, TREE.hex())
+    with pytest.raises(UnknownRevision):
+        rev(store, TREE.hex()[:10])
+    with store.reader() as txn, pytest.raises(IntegrityError):
+        load_checkpoint(txn, TREE)  # a tree is not a checkpoint
+    with store.reader() as txn, pytest.raises(NotFound):
+        load_checkpoint(txn, hash_blob(b"absent"))
+
+
+def test_ambiguous_prefix():
+    """Two checkpoint-kind objects whose ids share 9 hex digits (crafted keys: only the kind is read)."""
+    store = MemoryObjectStore()
+    value = framing.frame(framing.KIND_CHECKPOINT, b"{}")
+    a = Digest(bytes.fromhex("abcdef0123") + b"\x01" * 27)
+    b = Digest(bytes.fromhex("abcdef0128") + b"\x02" * 27)
+    chunk = Digest(bytes.fromhex("abcdef0200") + b"\x03" * 27)
+
+    def put(txn):
+        for digest, v in ((a, value), (b, value), (chunk, framing.frame(framing.KIND_CHUNK, b"x"))):
+            txn.put("objects", digest.raw, v)
+    store.write(put)
+    for prefix in ("abcdef01", "abcdef012"):
+        with pytest.raises(AmbiguousRevision, match="ambiguous") as info:
+            rev(store, prefix)
+        assert info.value.exit_code == 2
+    assert rev(store, "abcdef0123") == a        # longer prefixes disambiguate
+    assert rev(store, "abcdef0128") == b
+    with pytest.raises(UnknownRevision):
+        rev(store, "abcdef02")                  # only a chunk there
+
+
+def test_thread_name_wins_over_hex_prefix(chain):
+    store, (c0, _, _, c3) = chain
+    name = c0.hex()[:8]
+    commit(store, name, "a thread whose name spells a prefix")
+    assert rev(store, name) != c0
+    assert rev(store, c0.hex()[:9]) == c0

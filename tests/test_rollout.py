@@ -1,0 +1,338 @@
+"""Rollout storage (agentcas/lineage/rollout.py) through the Store API.
+
+Records, batches, whole-or-nothing appends, exact reads, what an append costs in new
+objects, and how many segments a read loads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+
+from agentcas import Store
+from agentcas.cas import framing
+from agentcas.cas.digest import Digest
+from agentcas.cas.objects import EMPTY_POSITION
+from agentcas.errors import IntegrityError, UsageError
+from agentcas.lineage import rollout
+from agentcas.refs import threads
+
+
+def records(count: int, start: int = 0, size: int = 0, tag: str = "m") -> list[bytes]:
+    """`count` distinct JSONL records, each padded with about `size` bytes of noise."""
+    out = []
+    for i in range(start, start + count):
+        doc = {"role": "assistant", "tag": tag, "i": i}
+        if size:
+            doc["text"] = os.urandom(size // 2).hex()
+        out.append(json.dumps(doc).encode() + b"\n")
+    return out
+
+
+def state_of(store: Store, thread: str):
+    """(thread state, reflog, objects) — everything an append may touch."""
+    with store.objects.reader() as txn:
+        return (threads.read_thread(txn, thread),
+                [e.to_json() for e in threads.read_reflog(txn, thread)],
+                txn.count("objects"), dict(txn.scan("objects")))
+
+
+@pytest.fixture(params=["memory", "lmdb"])
+def any_store(request, tmp_path):
+    if request.param == "memory":
+        yield Store.memory()
+    else:
+        store, _ = Store.init(str(tmp_path / "store"))
+        yield store
+        store.objects.close()
+
+
+# --- records ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("line, why", [
+    (b"[1, 2]", "got list"),
+    (b"42", "got int"),
+    (b'"text"', "got str"),
+    (b"null", "got NoneType"),
+    (b"true", "got bool"),
+    (b"", "not a JSON object"),
+    (b"   ", "not a JSON object"),
+    (b'{"a": 1', "not a JSON object"),
+    (b'{"a": 1} {"b": 2}', "not a JSON object"),
+    (b'{"a": NaN}', "not a JSON object"),
+    (b'{"a": Infinity}', "not a JSON object"),
+    (b'{"a": -Infinity}', "not a JSON object"),
+    (b'{"a": "\xff\xfe"}', "not a JSON object"),
+    (b'{"a": "\xed\xa0\x80"}', "not a JSON object"),  # an encoded surrogate is not UTF-8
+])
+def test_bad_line_is_named_by_its_1_based_number(any_store, line, why):
+    any_store.rollout_append("t", b'{"ok": 0}\n')
+    before = state_of(any_store, "t")
+    batch = b'{"ok": 1}\n{"ok": 2}\n' + line + b'\n{"ok": 4}\n'
+    with pytest.raises(rollout.BadRecord) as caught:
+        any_store.rollout_append("t", batch)
+    assert str(caught.value).startswith("line 3: ")
+    assert why in str(caught.value)
+    assert caught.value.exit_code == 1
+    assert state_of(any_store, "t") == before  # whole batch refused: no record, ref, reflog, chunk
+
+
+def test_bad_first_line_of_a_new_thread_creates_nothing(any_store):
+    with pytest.raises(rollout.BadRecord, match="^line 1: "):
+        any_store.rollout_append("new", b"[]\n")
+    with any_store.objects.reader() as txn:
+        assert threads.read_thread(txn, "new") is None
+        assert txn.count("objects") == 0
+        assert txn.count("pins") == 0
+
+
+def test_final_line_without_newline_gets_one(any_store):
+    any_store.rollout_append("t", b'{"a": 1}\n{"b": 2}')
+    any_store.rollout_append("t", b'{"c": 3}')
+    assert b"".join(any_store.rollout_read("t")) == b'{"a": 1}\n{"b": 2}\n{"c": 3}\n'
+
+
+def test_records_are_stored_byte_for_byte(any_store):
+    odd = [b'{ "spaced" : [1,2 ,3] }\n', '{"ü": "naïve ✓"}\n'.encode(), b'{"a":1,"a":2}\n',
+           b'{"big": 123456789012345678901234567890}\n', b'{"esc": "\\ud83d\\ude00 \\n"}\r\n',
+           b'{"deep": {"x": [[[{}]]]}}\n']
+    any_store.rollout_append("t", b"".join(odd))
+    assert list(any_store.rollout_read("t", 0)) and b"".join(any_store.rollout_read("t")) == b"".join(odd)
+    for i, line in enumerate(odd):
+        assert b"".join(any_store.rollout_read("t", i, i + 1)) == line
+
+
+def test_sequence_numbers_are_contiguous_across_batches(any_store):
+    seen = 0
+    for size in (1, 3, 1, 7, 2):
+        result = any_store.rollout_append("t", b"".join(records(size, seen)))
+        assert (result["first_seq"], result["appended"], result["history"]["seq"]) == (seen, size, seen + size)
+        seen += size
+    lines = b"".join(any_store.rollout_read("t")).splitlines()
+    assert [json.loads(line)["i"] for line in lines] == list(range(seen))
+
+
+def test_append_to_a_new_thread_creates_it(any_store):
+    result = any_store.rollout_append("agents/new", b'{"hello": 1}\n')
+    assert result["first_seq"] == 0
+    state = any_store.thread("agents/new")
+    assert state.checkpoint is None and state.history.seq == 1
+
+
+def test_empty_append_changes_nothing(any_store):
+    any_store.rollout_append("t", b'{"a": 1}\n')
+    before = state_of(any_store, "t")
+    result = any_store.rollout_append("t", b"")
+    assert result["appended"] == 0 and result["first_seq"] == 1
+    assert state_of(any_store, "t") == before
+
+
+def test_bad_thread_name_is_a_usage_error(any_store):
+    with pytest.raises(UsageError):
+        any_store.rollout_append("main@{1}", b'{"a": 1}\n')
+
+
+# --- reads --------------------------------------------------------------------------------
+
+def test_read_ranges_are_exact(any_store):
+    lines = records(40, size=100)
+    for i in range(0, 40, 8):
+        any_store.rollout_append("t", b"".join(lines[i:i + 8]))
+    for start, stop in [(0, 40), (0, 1), (39, 40), (7, 9), (8, 16), (5, 5), (40, 40), (12, None), (30, 1000)]:
+        want = b"".join(lines[start: 40 if stop is None else stop])
+        assert b"".join(any_store.rollout_read("t", start, stop)) == want
+
+
+@pytest.mark.parametrize("start, stop, message", [
+    (-1, None, "must not be negative"),
+    (0, -3, "must not be negative"),
+    (11, None, "beyond the end of the history (10 records)"),
+    (6, 5, "before --from"),
+])
+def test_bad_ranges_raise_before_any_byte(any_store, start, stop, message):
+    any_store.rollout_append("t", b"".join(records(10)))
+    with pytest.raises(UsageError) as caught:
+        any_store.rollout_read("t", start, stop)  # raises on the call, not on iteration
+    assert message in str(caught.value)
+
+
+def test_reading_an_unknown_thread_is_not_found(any_store):
+    with pytest.raises(Exception) as caught:
+        list(any_store.rollout_read("nobody"))
+    assert caught.value.exit_code == 1 and "nobody" in str(caught.value)
+
+
+def test_big_batches_span_segments_and_read_back(any_store):
+    lines = records(12, size=300_000)  # ~3.6 MB: several 1 MiB segments in one append
+    any_store.rollout_append("t", b"".join(lines))
+    head = any_store.thread("t").history
+    with any_store.objects.reader() as txn:
+        history = rollout.History(txn)
+        count, position = 0, head
+        while position.segment is not None:
+            segment = history.segment(position.segment)
+            assert segment.length <= rollout.MAX_SEGMENT_BYTES
+            count += 1
+            position = segment.base
+        assert count >= 3
+        assert history.verify(head) == 12
+    assert b"".join(any_store.rollout_read("t", 3, 9)) == b"".join(lines[3:9])
+
+
+def test_a_record_larger_than_a_segment_gets_its_own(any_store):
+    big = json.dumps({"blob": os.urandom(1_500_000).hex()}).encode() + b"\n"
+    batch = b'{"a": 1}\n' + big + b'{"b": 2}\n'
+    any_store.rollout_append("t", batch)
+    assert b"".join(any_store.rollout_read("t", 1, 2)) == big
+    assert b"".join(any_store.rollout_read("t")) == batch
+
+
+def test_corrupt_chunk_is_named_on_read():
+    store = Store.memory()
+    lines = records(5, size=200)
+    store.rollout_append("t", b"".join(lines))
+    head = store.thread("t").history
+    with store.objects.reader() as txn:
+        chunk = rollout.History(txn).segment(head.segment).chunks[0].id
+    tables = store.objects._tables
+    value = bytearray(tables["objects"][chunk.raw])
+    value[-5] ^= 0x01
+    tables["objects"][chunk.raw] = bytes(value)
+    with pytest.raises(IntegrityError) as caught:
+        list(store.rollout_read("t"))
+    assert chunk.hex() in str(caught.value) and caught.value.exit_code == 4
+
+
+def test_missing_chunk_is_named_on_read():
+    store = Store.memory()
+    store.rollout_append("t", b"".join(records(5)))
+    head = store.thread("t").history
+    with store.objects.reader() as txn:
+        chunk = rollout.History(txn).segment(head.segment).chunks[0].id
+    del store.objects._tables["objects"][chunk.raw]
+    with pytest.raises(rollout.MissingHistory) as caught:
+        list(store.rollout_read("t"))
+    assert chunk.hex() in str(caught.value) and caught.value.exit_code == 4
+
+
+def test_verify_rejects_a_position_that_lies():
+    store = Store.memory()
+    store.rollout_append("t", b"".join(records(5)))
+    head = store.thread("t").history
+    forged = type(head)(head.segment, head.seq, head.offset, Digest(bytes(range(32))))
+    with store.objects.reader() as txn:
+        with pytest.raises(IntegrityError, match="does not match its position"):
+            rollout.History(txn).verify(forged)
+
+
+# --- costs --------------------------------------------------------------------------------
+
+def objects_table(store: Store) -> dict:
+    with store.objects.reader() as txn:
+        return {bytes(k): len(v) for k, v in txn.scan("objects")}
+
+
+def test_an_append_costs_storage_proportional_to_its_size(tmp_path):
+    store, _ = Store.init(str(tmp_path / "store"))
+    try:
+        for _ in range(5):  # ~5 MB of history in 1 MB appends
+            store.rollout_append("t", b"".join(records(10, size=100_000)))
+        assert store.thread("t").history.offset > 4_900_000
+        before = objects_table(store)
+        store.rollout_append("t", b"".join(records(1, size=1000)))  # ~1 KiB
+        after = objects_table(store)
+        new = {k: size for k, size in after.items() if k not in before}
+        assert set(before) <= set(after)
+        assert len(new) <= 3  # a chunk and a segment
+        assert sum(new.values()) < 16 * 1024
+        # And a later 1 KiB append costs the same, whatever the length: no re-hash, no copy.
+        store.rollout_append("t", b"".join(records(20, size=100_000)))
+        before = objects_table(store)
+        store.rollout_append("t", b"".join(records(1, size=1000)))
+        new_again = {k: s for k, s in objects_table(store).items() if k not in before}
+        assert len(new_again) == len(new)
+    finally:
+        store.objects.close()
+
+
+class SegmentLoads:
+    """Counts segment objects loaded from the store (History caches within one instance)."""
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        original = rollout.load_object
+
+        def counting(txn, digest, kind=None):
+            if kind == framing.KIND_SEGMENT:
+                self.count += 1
+            return original(txn, digest, kind)
+        monkeypatch.setattr(rollout, "load_object", counting)
+
+
+def one_record_segments(txn, count: int, base=EMPTY_POSITION, tag: str = "r"):
+    head, lines = base, []
+    for i in range(count):
+        line = json.dumps({"tag": tag, "i": i}).encode() + b"\n"
+        prepared = rollout.prepare(line, lambda digest, framed: txn.put_new("objects", digest.raw, framed))
+        head = rollout.link_segments(txn, head, prepared)
+        lines.append(line)
+    return head, lines
+
+
+def test_reads_load_segments_proportional_to_records_read_plus_log_n(monkeypatch):
+    store = Store.memory()
+    n = 1024
+    head, lines = store.objects.write(lambda txn: one_record_segments(txn, n))
+    loads = SegmentLoads(monkeypatch)
+    bound = 6 * math.log2(n) + 8
+    with store.objects.reader() as txn:
+        for start in (0, 1, 17, 500, 512, 513, 1000, n - 1):
+            for width in (1, 10):
+                stop = min(n, start + width)
+                loads.count = 0
+                got = b"".join(rollout.History(txn).read(head, start, stop))
+                assert got == b"".join(lines[start:stop])
+                assert loads.count <= (stop - start) + bound, (start, width, loads.count)
+            loads.count = 0
+            rollout.History(txn).position(head, start)
+            assert loads.count <= bound
+        # A whole read loads each segment once.
+        loads.count = 0
+        assert rollout.History(txn).verify(head) == n
+        assert loads.count <= n + bound
+
+
+def test_appends_load_log_n_segments(monkeypatch):
+    store = Store.memory()
+    head, _ = store.objects.write(lambda txn: one_record_segments(txn, 1024))
+    loads = SegmentLoads(monkeypatch)
+    store.objects.write(lambda txn: one_record_segments(txn, 1, base=head, tag="next"))
+    assert loads.count <= 2 * math.log2(1024) + 4
+
+
+def test_deep_fork_chains_read_right_with_cost_in_depth(monkeypatch):
+    """Fork of a fork of ... (depth 40), each cut inside a segment of several records."""
+    store = Store.memory()
+    model = []
+    thread = "d0"
+    store.rollout_append(thread, b"".join(records(6, tag=thread)))
+    model = records(6, tag=thread)
+    for depth in range(1, 41):
+        cut = len(model) - 2  # inside the last segment, which holds several records
+        child = f"d{depth}"
+        store.fork(thread, child, at=cut)
+        added = records(5, tag=child)
+        store.rollout_append(child, b"".join(added))
+        model = model[:cut] + added
+        thread = child
+    assert b"".join(store.rollout_read(thread)) == b"".join(model)
+    head = store.thread(thread).history
+    loads = SegmentLoads(monkeypatch)
+    with store.objects.reader() as txn:
+        for seq in (0, 3, len(model) // 2, len(model) - 1):
+            loads.count = 0
+            assert b"".join(rollout.History(txn).read(head, seq, seq + 1)) == model[seq]
+            assert loads.count <= 6 * math.log2(41) + 8

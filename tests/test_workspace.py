@@ -1,0 +1,344 @@
+"""Workspace snapshots: what is refused, ignored, scanned, cached, and how modes survive."""
+
+import os
+import random
+import socket
+import string
+
+import pytest
+
+from agentcas import Store
+from agentcas.workspace import secrets, snapshot
+from agentcas.workspace.snapshot import FileChanged, SecretFound, WorkspaceError
+
+from conftest import run_cli, store_rows, tree_bytes
+
+
+def rows(store):
+    """Every row of every table except the stat cache, to assert nothing was stored."""
+    with store.objects.reader() as txn:
+        return {(table, key): value for table in ("meta", "objects", "refs", "reflog", "pins")
+                for key, value in txn.scan(table)}
+
+
+@pytest.fixture
+def mem():
+    return Store.memory()
+
+
+@pytest.fixture
+def ws(tmp_path):
+    root = tmp_path / "ws"
+    (root / "sub").mkdir(parents=True)
+    (root / "a.txt").write_text("alpha\n")
+    (root / "sub" / "b.txt").write_text("beta\n")
+    return root
+
+
+def files(store, rev="main"):
+    return {f["path"]: f for f in store.files(rev)}
+
+
+def refused(store, ws, exc_type, *needles, **kw):
+    before = rows(store)
+    with pytest.raises(exc_type) as info:
+        store.commit(str(ws), "try", **kw)
+    for needle in needles:
+        assert needle in str(info.value)
+    assert rows(store) == before, "a refused commit stored something"
+    return str(info.value)
+
+
+# --- what is refused ----------------------------------------------------------------------------
+
+def test_symlink_refused_naming_the_path(mem, ws):
+    os.symlink("../a.txt", ws / "sub" / "link")
+    refused(mem, ws, WorkspaceError, "symlink", "sub/link")
+
+
+def test_symlink_to_directory_refused(mem, ws):
+    os.symlink(str(ws / "sub"), ws / "dirlink")
+    refused(mem, ws, WorkspaceError, "dirlink")
+
+
+def test_hardlink_refused_naming_the_path(mem, ws):
+    os.link(ws / "a.txt", ws / "sub" / "again.txt")
+    refused(mem, ws, WorkspaceError, "hardlink")
+
+
+def test_fifo_refused_naming_the_path(mem, ws):
+    os.mkfifo(ws / "sub" / "pipe")
+    refused(mem, ws, WorkspaceError, "sub/pipe")
+
+
+def test_socket_refused_naming_the_path(mem, ws):
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.bind(str(ws / "sock"))
+        refused(mem, ws, WorkspaceError, "sock")
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("name", ["back\\slash", "new\nline", "tab\tname", "del\x7f", "bell\x07"])
+def test_bad_names_refused(mem, ws, name):
+    (ws / "sub" / name).write_text("x")
+    refused(mem, ws, WorkspaceError, "not allowed")
+
+
+def test_non_utf8_name_refused(mem, ws):
+    with open(os.path.join(os.fsencode(ws), b"bad\xffname"), "w") as handle:
+        handle.write("x")
+    refused(mem, ws, WorkspaceError, "not allowed")
+
+
+@pytest.mark.parametrize("first, second", [("Readme", "README"), ("caf\u00e9", "cafe\u0301")])
+def test_names_colliding_by_case_or_normalisation_refused(mem, ws, first, second):
+    (ws / "sub" / first).write_text("1")
+    (ws / "sub" / second).write_text("2")
+    refused(mem, ws, WorkspaceError, "collide")
+
+
+def test_missing_workspace_is_a_usage_error(mem, tmp_path):
+    with pytest.raises(Exception) as info:
+        mem.commit(str(tmp_path / "nope"), "x")
+    assert info.value.exit_code == 2
+
+
+# --- ignore rules -------------------------------------------------------------------------------
+
+def test_agentcasignore(mem, ws):
+    (ws / ".agentcasignore").write_text("*.log\n!keep.log\nbuild/\n/top-only.txt\n# comment\n")
+    (ws / "x.log").write_text("noise")
+    (ws / "keep.log").write_text("kept")
+    (ws / "build").mkdir()
+    (ws / "build" / "out.bin").write_bytes(b"\0" * 10)
+    os.symlink("nowhere", ws / "build" / "ignored-link")  # inside an ignored dir: never looked at
+    (ws / "sub" / "deep.log").write_text("noise")
+    (ws / "top-only.txt").write_text("ignored")
+    (ws / "sub" / "top-only.txt").write_text("kept: pattern anchored at the root")
+    mem.commit(str(ws), "with ignores")
+    assert sorted(files(mem)) == [".agentcasignore", "a.txt", "keep.log", "sub/b.txt", "sub/top-only.txt"]
+
+
+def test_store_directory_inside_the_workspace_is_skipped(tmp_path, ws):
+    store, _ = Store.init(str(ws / ".agentcas"))
+    store.commit(str(ws), "x")
+    assert sorted(files(store)) == ["a.txt", "sub/b.txt"]
+
+
+# --- secrets ------------------------------------------------------------------------------------
+
+def rnd(n, alphabet=string.ascii_letters + string.digits, seed=0):
+    rng = random.Random(seed + n)
+    return "".join(rng.choice(alphabet) for _ in range(n))
+
+
+# Built at run time so that this file holds no literal secret.
+SECRETS = {
+    "private key block (openssh)": "-----BEGIN OPENSSH " + "PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjE\n-----END OPENSSH PRIVATE KEY-----",
+    "private key block (rsa)": "-----BEGIN RSA " + "PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----",
+    "private key block (pkcs8)": "-----BEGIN " + "PRIVATE KEY-----\nMIIEvQ",
+    "private key block (pgp)": "-----BEGIN PGP " + "PRIVATE KEY BLOCK-----\nlQOYBF",
+    "AWS access key id": "AKIA" + rnd(16, string.ascii_uppercase + string.digits),
+    "AWS secret access key": "aws_secret_access_key = " + rnd(40, string.ascii_letters + string.digits + "/+"),
+    "GitHub token (classic)": "ghp_" + rnd(36),
+    "GitHub token (fine-grained)": "github_pat_" + rnd(22) + "_" + rnd(59),
+    "OpenAI API key": "sk-proj-" + rnd(48),
+    "OpenAI API key (legacy)": "sk-" + rnd(48),
+    "Anthropic API key": "sk-ant-api03-" + rnd(93, string.ascii_letters + string.digits + "_-"),
+    "Slack token": "xoxb-" + rnd(11, string.digits) + "-" + rnd(24),
+    "Slack webhook": "https://hooks.slack.com/services/T" + rnd(8, string.ascii_uppercase) + "/B"
+                     + rnd(8, string.ascii_uppercase) + "/" + rnd(24),
+    "Google API key": "AIza" + rnd(35),
+    "JSON Web Token": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0." + rnd(43),
+    "generic *_TOKEN=": "SERVICE_TOKEN=" + rnd(32),
+    "generic *_SECRET:": 'client_secret: "' + rnd(32) + '"',
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SECRETS))
+def test_secret_refused_naming_file_and_line_never_echoed(mem, ws, kind):
+    secret = SECRETS[kind]
+    (ws / "sub" / "config.txt").write_text("first line\nsecond line\n" + secret + "\nlast\n")
+    message = refused(mem, ws, SecretFound, "sub/config.txt", "line 3", "nothing was committed")
+    for piece in secret.split("\n"):
+        if len(piece) >= 8:
+            assert piece not in message
+    assert secrets.scan(secret.encode(), "x") is not None
+
+
+@pytest.mark.parametrize("text", [
+    "API_TOKEN=aaaaaaaaaaaaaaaaaaaaaaaa",            # low entropy placeholder
+    "MY_SECRET=changeme",                             # too short
+    "sk-" + "a" * 40,                                 # low entropy
+    "we never store a private key in this file",      # prose
+    "AKIA is a prefix, AKIAEXAMPLE is too short",
+    "the token: see the docs",
+])
+def test_harmless_text_is_not_a_secret(text):
+    assert secrets.scan(text.encode(), "x") is None
+
+
+def test_binary_files_are_not_scanned():
+    assert secrets.scan(b"\0binary " + SECRETS["GitHub token (classic)"].encode(), "x") is None
+
+
+def test_allow_secret_glob(mem, ws):
+    (ws / "conf").mkdir()
+    (ws / "conf" / "prod.env").write_text(SECRETS["generic *_TOKEN="] + "\n")
+    (ws / "other.env").write_text(SECRETS["Google API key"] + "\n")
+    refused(mem, ws, SecretFound, "other.env", allow_secrets=["conf/*.env"])
+    refused(mem, ws, SecretFound, "conf/prod.env", allow_secrets=["prod.env", "other.env"])  # globs match from the root
+    mem.commit(str(ws), "allowed", allow_secrets=["conf/*.env", "other.env"])
+    assert {"conf/prod.env", "other.env"} <= set(files(mem))
+
+
+def test_secret_in_cli_commit_not_echoed_and_nothing_stored(tmp_path, ws):
+    store_dir = tmp_path / "store"
+    assert run_cli("init", store_dir).code == 0
+    before = store_rows(store_dir)
+    secret = SECRETS["AWS access key id"]
+    (ws / "creds").write_text("x = 1\n" + secret + "\n")
+    result = run_cli("commit", ws, "-m", "oops", store=store_dir)
+    assert result.code == 1 and result.out == ""
+    assert "creds line 2" in result.err and "AWS access key id" in result.err
+    assert secret not in result.err and secret[4:] not in result.err
+    assert "Traceback" not in result.err and len(result.err.strip().splitlines()) == 1
+    assert store_rows(store_dir) == before
+    ok = run_cli("--json", "commit", ws, "-m", "allowed", "--allow-secret", "creds", store=store_dir)
+    assert ok.code == 0, ok
+
+
+# --- modes --------------------------------------------------------------------------------------
+
+def test_exec_bit_recorded_and_restored(mem, ws, tmp_path):
+    os.chmod(ws / "a.txt", 0o755)
+    os.chmod(ws / "sub" / "b.txt", 0o600)
+    (ws / "user-x").write_text("#!/bin/sh\n")
+    os.chmod(ws / "user-x", 0o700)
+    (ws / "group-x").write_text("x")
+    os.chmod(ws / "group-x", 0o654)  # executable for group only: not an executable
+    mem.commit(str(ws), "modes")
+    modes = {p: f["mode"] for p, f in files(mem).items()}
+    assert modes == {"a.txt": 0o755, "sub/b.txt": 0o644, "user-x": 0o755, "group-x": 0o644}
+    mem.checkout("main", str(tmp_path / "out"))
+    got = tree_bytes(tmp_path / "out")
+    assert {p: m for p, (_, m) in got.items()} == {"a.txt": 0o755, "sub/b.txt": 0o644, "user-x": 0o755,
+                                                  "group-x": 0o644}
+
+
+# --- consistency while reading ------------------------------------------------------------------
+
+class _ChangingFile:
+    """Wraps a real file; the first `changes` full reads rewrite the file underneath."""
+
+    def __init__(self, handle, path, on_read):
+        self._handle, self._path, self._on_read = handle, path, on_read
+
+    def read(self, size=-1):
+        data = self._handle.read(size)
+        if size is None or size < 0:
+            self._on_read(self._path)
+        return data
+
+    def __getattr__(self, name):
+        return getattr(self._handle, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._handle.close()
+        return False
+
+
+def _patch_open(monkeypatch, target, rewrites):
+    """Make the snapshot's reads of `target` (after the secret scan) see it being rewritten."""
+    real_open = open
+    state = {"opens": 0, "reads": 0}
+
+    def on_read(path):
+        state["reads"] += 1
+        if state["reads"] <= len(rewrites):
+            with real_open(path, "wb") as out:  # new size + mtime: the stat signature changes
+                out.write(rewrites[state["reads"] - 1])
+
+    def fake_open(path, mode="r", *args, **kw):
+        handle = real_open(path, mode, *args, **kw)
+        if os.fspath(path) == str(target) and "b" in mode:
+            state["opens"] += 1
+            if state["opens"] >= 2:  # the first open is the secret scan
+                return _ChangingFile(handle, path, on_read)
+        return handle
+
+    monkeypatch.setattr(snapshot, "open", fake_open, raising=False)
+    return state
+
+
+def test_file_changed_while_read_is_read_again(mem, ws, monkeypatch, tmp_path):
+    target = ws / "sub" / "b.txt"
+    state = _patch_open(monkeypatch, target, [b"second version, longer\n"])
+    mem.commit(str(ws), "reread")
+    assert state["reads"] >= 2
+    mem.checkout("main", str(tmp_path / "out"))
+    # The checkpoint holds one whole version (the one read consistently), never a mix.
+    assert (tmp_path / "out" / "sub" / "b.txt").read_bytes() == b"second version, longer\n"
+    assert files(mem)["sub/b.txt"]["size"] == len(b"second version, longer\n")
+
+
+def test_file_that_keeps_changing_fails_clearly_and_commits_nothing(mem, ws, monkeypatch):
+    _patch_open(monkeypatch, ws / "sub" / "b.txt", [b"v%d" % i * (i + 1) for i in range(1, 10)])
+    before = {k: v for k, v in rows(mem).items() if k[0] in ("refs", "reflog")}
+    with pytest.raises(FileChanged, match="sub/b.txt kept changing"):
+        mem.commit(str(ws), "never")
+    assert {k: v for k, v in rows(mem).items() if k[0] in ("refs", "reflog")} == before
+
+
+def test_file_that_gains_a_secret_while_read_is_refused(mem, ws, monkeypatch):
+    _patch_open(monkeypatch, ws / "sub" / "b.txt", [("token\n" + SECRETS["GitHub token (classic)"]).encode()])
+    with pytest.raises(SecretFound, match="sub/b.txt line 2"):
+        mem.commit(str(ws), "late secret")
+    with mem.objects.reader() as txn:
+        assert list(txn.scan("refs")) == []
+
+
+# --- stat cache ---------------------------------------------------------------------------------
+
+def test_recent_files_are_not_cached(mem, ws):
+    mem.commit(str(ws), "first")
+    assert mem.commit(str(ws), "second")["cached_files"] == 0  # written within RACY_NS
+
+
+def test_stat_cache_used_on_recommit_and_invalidated_on_change(mem, ws, monkeypatch, tmp_path):
+    monkeypatch.setattr(snapshot, "RACY_NS", 0)  # treat files as old enough to cache
+    (ws / "big.bin").write_bytes(os.urandom(200_000))
+    first = mem.commit(str(ws), "first")
+    assert first["cached_files"] == 0 and first["files"] == 3
+    second = mem.commit(str(ws), "unchanged")
+    assert second["cached_files"] == 3 and second["tree"] == first["tree"] and second["new_objects"] == 0
+    # Same size, mtime put back: the inode change time still betrays the rewrite.
+    st = os.stat(ws / "a.txt")
+    (ws / "a.txt").write_text("ALPHA\n")
+    os.utime(ws / "a.txt", ns=(st.st_atime_ns, st.st_mtime_ns))
+    third = mem.commit(str(ws), "changed")
+    assert third["cached_files"] == 2 and third["tree"] != first["tree"]
+    os.chmod(ws / "sub" / "b.txt", 0o755)  # a mode change is a change
+    fourth = mem.commit(str(ws), "chmod")
+    assert fourth["cached_files"] <= 2
+    mem.checkout("main", str(tmp_path / "out"))
+    assert tree_bytes(tmp_path / "out") == tree_bytes(ws)
+
+
+def test_stat_cache_is_not_trusted_when_objects_are_gone(mem, ws, monkeypatch, tmp_path):
+    monkeypatch.setattr(snapshot, "RACY_NS", 0)
+    mem.commit(str(ws), "first")
+    other = Store.memory()  # same workspace, fresh store: its cache is empty
+    assert other.commit(str(ws), "x")["cached_files"] == 0
+    # Drop the stored chunk of a.txt from the first store: the cache entry must not be used.
+    a_id = bytes.fromhex(files(mem)["a.txt"]["id"])
+    mem.objects.write(lambda txn: txn.delete("objects", a_id))
+    again = mem.commit(str(ws), "again")
+    assert again["cached_files"] == 1
+    mem.checkout("main", str(tmp_path / "out"))
+    assert tree_bytes(tmp_path / "out") == tree_bytes(ws)
