@@ -138,7 +138,7 @@ def show(ctx, rev, files):
     lines += [f"author     {doc['author']}", f"date       {doc['created_at']}",
               f"history    seq {doc['history']['seq']}, {doc['history']['offset']} bytes, "
               f"digest {doc['history']['digest'][:16]}",
-              f"runtime    " + ", ".join(f"{k} {v}" for k, v in sorted(doc["runtime"].items())),
+              "runtime    " + ", ".join(f"{k} {v}" for k, v in sorted(doc["runtime"].items())),
               "", "    " + doc["reason"]]
     if files:
         lines.append("")
@@ -279,8 +279,9 @@ def rollout_append(ctx, thread, source):
         except OSError as exc:
             raise AgentcasError(f"cannot read {source}: {exc.strerror}") from None
     result = ctx.store().rollout_append(thread, data)
-    ctx.emit(result, f"Appended {result['appended']} records to {thread} "
-                     f"(seq {result['first_seq']}..{result['history']['seq'] - 1})")
+    span = (f" (seq {result['first_seq']}..{result['history']['seq'] - 1})"
+            if result["appended"] else "")
+    ctx.emit(result, f"Appended {result['appended']} records to {thread}{span}")
 
 
 @rollout.command("cat")

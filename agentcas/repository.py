@@ -14,7 +14,6 @@ import os
 import platform
 import re
 import socket
-import sys
 
 from agentcas import __version__
 from agentcas.cas import encoding, framing
@@ -25,7 +24,7 @@ from agentcas.cas.objects import (EMPTY_POSITION, FORMAT_VERSION, Checkpoint, Hi
 from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.store import MemoryObjectStore, ObjectStore, Txn, load_object, save_object
 from agentcas.cas.writer import BatchWriter, WritePin
-from agentcas.errors import AgentcasError, ConflictError, IntegrityError, NotFound, UsageError
+from agentcas.errors import ConflictError, IntegrityError, NotFound, UsageError
 from agentcas.lineage import rollout
 from agentcas.refs import revisions, threads
 from agentcas.refs.names import check_thread_name
@@ -330,7 +329,7 @@ class Store:
             raise UsageError("--from and --to must not be negative")
         with self.objects.reader() as txn:
             try:
-                head, _ = _source_state(txn, thread)
+                head, _, _ = _source_state(txn, thread)
             except NotFound:
                 raise NotFound(f"no thread or checkpoint named {thread!r}") from None
         if start > head.seq:
@@ -381,9 +380,10 @@ class Store:
             raise UsageError(f"--at must not be negative: {at}")
 
         def land(txn: Txn):
-            head, tip = _source_state(txn, source)
+            head, tip, origin = _source_state(txn, source)
             if at is not None and at > head.seq:
-                raise UsageError(f"--at {at} is beyond the end of {source!r}'s history ({head.seq} records)")
+                raise UsageError(f"--at {at} is beyond the end of the history of {source!r} "
+                                 f"({head.seq} records)")
             position = rollout.History(txn).position(head, head.seq if at is None else at)
             checkpoint = tip
             while checkpoint is not None:
@@ -391,7 +391,7 @@ class Store:
                 if cp.history.seq <= position.seq:
                     break
                 checkpoint = cp.parents[0] if cp.parents else None
-            new = ThreadState(checkpoint, position, ForkOrigin(source, checkpoint, position.seq))
+            new = ThreadState(checkpoint, position, ForkOrigin(origin, checkpoint, position.seq))
             if not threads.set_if_equals(txn, name, None, new, "fork", f"fork of {source} at {position.seq}"):
                 raise ConflictError(f"thread {name!r} already exists")
             return new
@@ -689,18 +689,20 @@ def _reflog_state(txn: Txn, rev: str | None) -> ThreadState | None:
     return entries[number].new if len(entries) > number else None
 
 
-def _source_state(txn: Txn, source: str) -> tuple[HistoryPosition, Digest | None]:
-    """(history, checkpoint) that `source` names: a thread's head, a reflog entry's state
-    (with records appended after its checkpoint), or a checkpoint and its own prefix."""
+def _source_state(txn: Txn, source: str) -> tuple[HistoryPosition, Digest | None, str]:
+    """(history, checkpoint, thread) that `source` names: a thread's head, a reflog
+    entry's state (with records appended after its checkpoint), or a checkpoint and its
+    own prefix; `thread` is the thread that history belongs to, for the lineage."""
     if _is_name(source):
         state = threads.read_thread(txn, source)
         if state is not None:
-            return state.history, state.checkpoint
+            return state.history, state.checkpoint, source
     entry = _reflog_state(txn, source)
     if entry is not None:
-        return entry.history, entry.checkpoint
+        return entry.history, entry.checkpoint, _REFLOG_REV.match(source).group(1)
     digest = revisions.resolve(txn, source)
-    return revisions.load_checkpoint(txn, digest).history, digest
+    cp = revisions.load_checkpoint(txn, digest)
+    return cp.history, digest, cp.thread
 
 
 def _fork_ancestry(txn: Txn, name: str) -> set[str]:

@@ -196,10 +196,15 @@ def test_commit_rollout_ingests_only_complete_new_lines(sdir, tmp_path):
 
 def test_fork_cli_bad_at_and_existing_name(sdir):
     append(sdir, "main", jsonl(*({"i": i} for i in range(5))))
+    rows = store_rows(sdir)
     ok = cli(sdir, "fork", "main", "f", "--at", "3")
     assert ok.code == 0 and b"Forked f from main at seq 3" in ok.out
+    after = store_rows(sdir)
+    changed = {key for key in rows.keys() | after.keys() if rows.get(key) != after.get(key)}
+    assert {table for table, _ in changed} <= {"refs", "reflog", "meta"}  # no object: one position
+    assert len([key for key in changed if key[0] != "meta"]) == 2
     before = store_rows(sdir)
-    for args, code, message in [(["--at", "6"], 2, b"beyond the end of 'main''s history (5 records)"),
+    for args, code, message in [(["--at", "6"], 2, b"beyond the end of the history of 'main' (5 records)"),
                                 (["--at", "-1"], 2, b"-1"),
                                 (["--at", "three"], 2, b"three")]:
         result = cli(sdir, "fork", "main", "g", *args)
@@ -245,6 +250,7 @@ def test_revert_cli_notes_expect_and_reflog(sdir, history):
     assert cli(sdir, "rollout", "append", "main", input=jsonl({"diverged": True})).code == 0
     assert cli(sdir, "rollout", "cat", "main").out == jsonl({"i": 0}, {"i": 1}, {"diverged": True})
     # The old head: THREAD@{1} is the state before the append, @{2} before the revert.
+    assert cli(sdir, "rollout", "cat", "main@{2}").out == jsonl({"i": 0}, {"i": 1}, {"i": 2}, {"i": 3})
     assert cli(sdir, "branch", "old", "main@{2}").code == 0
     assert cli(sdir, "rollout", "cat", "old").out == jsonl({"i": 0}, {"i": 1}, {"i": 2}, {"i": 3})
     reflog = cli(sdir, "reflog", "main").out.decode()
@@ -328,7 +334,8 @@ def test_sigkill_during_appends_leaves_old_or_new_history(sdir):
     for round_ in range(2):
         proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), str(sdir), str(round_)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        time.sleep(0.8 + rng.random() * 1.5)
+        proc.stdout.readline()  # one batch landed; kill during a later one
+        time.sleep(rng.random() * 0.8)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         seqs = check_store_clean(sdir)

@@ -132,7 +132,7 @@ def test_fork_at_a_seq_takes_the_prefix_and_newest_checkpoint_before_the_cut(sto
 
 
 @pytest.mark.parametrize("at, error, message", [
-    (26, UsageError, "beyond the end of 'main''s history (25 records)"),
+    (26, UsageError, "beyond the end of the history of 'main' (25 records)"),
     (10**12, UsageError, "beyond the end"),
     (-1, UsageError, "must not be negative"),
 ])
@@ -164,6 +164,7 @@ def test_fork_from_a_checkpoint_takes_its_prefix(store, replay):
     result = store.fork(staging[:12], "from-cp")
     assert result["seq"] == 19 and result["checkpoint"] == staging
     assert read(store, "from-cp") == b"".join(LINES[:19])
+    assert store.thread("from-cp").forked_from.thread == "main"  # the checkpoint's thread
     result = store.fork("main~1", "from-parent", at=5)
     assert result["seq"] == 5 and result["checkpoint"] is None
 
@@ -233,6 +234,7 @@ def test_revert_moves_the_ref_and_later_appends_diverge(store, replay):
     assert read(store, "old") == b"".join(LINES) + b'{"after": "end"}\n'
     store.fork("main@{2}", "old2", at=20)
     assert read(store, "old2") == b"".join(LINES[:20])
+    assert store.thread("old2").forked_from.to_doc() == {"thread": "main", "seq": 20, "checkpoint": staging}
     assert read(store, end) == b"".join(LINES)  # the checkpoint names its own prefix
 
 

@@ -24,7 +24,7 @@ from agentcas.cas.digest import PREFIX_CHAIN_CONTEXT
 from agentcas.cas.objects import EMPTY_POSITION
 from agentcas.lineage import rollout
 from agentcas.lineage.closure import Walker
-from agentcas.refs import threads as refs_threads
+from agentcas.refs import revisions, threads as refs_threads
 
 # --- the model ----------------------------------------------------------------------------
 
@@ -48,6 +48,27 @@ def segment_boundaries(txn, head) -> list[int]:
         seqs.add(min(position.seq, segment.base.seq + segment.count))
         position = segment.base
     return sorted(seqs)
+
+
+def check_chain_shape(txn, head) -> None:
+    """Indexes count up by one along `base`; each skip is the ancestor at skip_index(index)."""
+    history = rollout.History(txn)
+    chain = []  # (id, segment), newest first, by base steps only
+    position = head
+    while position.segment is not None:
+        segment = history.segment(position.segment)
+        chain.append((position.segment, segment))
+        position = segment.base
+    chain.reverse()
+    by_index = [segment_id for segment_id, _ in chain]
+    for index, (segment_id, segment) in enumerate(chain):
+        assert segment.index == index
+        if index >= 2:
+            assert segment.skip == by_index[rollout.skip_index(index)]
+        else:
+            assert segment.skip is None
+        if index:
+            assert segment.base.seq > chain[index - 1][1].base.seq
 
 
 json_leaf = st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.text(max_size=12)
@@ -86,6 +107,7 @@ class RolloutMachine(RuleBasedStateMachine):
         with open(f"{self.workspace}/note.txt", "w") as handle:
             handle.write("the workspace\n")
         self.model: dict[str, list[bytes]] = {}
+        self.reflog: dict[str, list[list[bytes]]] = {}  # every state a thread was moved to
         self.checkpoints: dict[str, list[bytes]] = {}
         self.counter = 0
 
@@ -116,6 +138,7 @@ class RolloutMachine(RuleBasedStateMachine):
         assert result["appended"] == len(batch)
         self.model.setdefault(thread, []).extend(batch)
         assert result["history"]["seq"] == len(self.model[thread])
+        self.reflog.setdefault(thread, []).append(list(self.model[thread]))
 
     @precondition(lambda self: self.model)
     @rule(data=st.data(), whole=st.booleans())
@@ -127,6 +150,7 @@ class RolloutMachine(RuleBasedStateMachine):
         result = self.store.fork(source, name, at)
         self.model[name] = records[: len(records) if at is None else at]
         assert result["seq"] == len(self.model[name])
+        self.reflog[name] = [list(self.model[name])]
 
     @precondition(lambda self: self.model)
     @rule(data=st.data())
@@ -135,6 +159,7 @@ class RolloutMachine(RuleBasedStateMachine):
         result = self.store.commit(self.workspace, "step", thread)
         assert result["history"]["seq"] == len(self.model[thread])
         self.checkpoints[result["checkpoint"]] = list(self.model[thread])
+        self.reflog[thread].append(list(self.model[thread]))
 
     @precondition(lambda self: self.checkpoints)
     @rule(data=st.data())
@@ -144,6 +169,22 @@ class RolloutMachine(RuleBasedStateMachine):
         result = self.store.revert(thread, target)
         self.model[thread] = list(self.checkpoints[target])
         assert result["history"]["seq"] == len(self.model[thread])
+        self.reflog[thread].append(list(self.model[thread]))
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def fork_from_reflog_entry(self, data):
+        """THREAD@{N} names the whole history that entry recorded."""
+        source = data.draw(st.sampled_from(sorted(self.model)), label="source")
+        number = data.draw(st.integers(0, len(self.reflog[source]) - 1), label="N")
+        records = self.reflog[source][-1 - number]
+        rev = f"{source}@{{{number}}}"
+        assert b"".join(self.store.rollout_read(rev)) == b"".join(records)
+        at = data.draw(st.integers(0, len(records)), label="at")
+        name = self._new_name()
+        self.store.fork(rev, name, at)
+        self.model[name] = records[:at]
+        self.reflog[name] = [list(self.model[name])]
 
     # -- reads --------------------------------------------------------------------------------
     @precondition(lambda self: self.model)
@@ -185,6 +226,10 @@ class RolloutMachine(RuleBasedStateMachine):
                 records = self.model[name]
                 assert history.verify(state.history) == len(records)
                 list(Walker(txn).history(state.history))
+                check_chain_shape(txn, state.history)
+                if state.checkpoint is not None:  # a thread's history extends its checkpoint's
+                    cp_history = revisions.load_checkpoint(txn, state.checkpoint).history
+                    assert history.position(state.history, cp_history.seq) == cp_history
                 for seq in segment_boundaries(txn, state.history):
                     for s in {max(0, seq - 1), seq, min(len(records), seq + 1)}:
                         position = history.position(state.history, s)
@@ -238,6 +283,7 @@ def test_skip_list_lookup_at_every_boundary(count):
             if seq < count:
                 assert b"".join(history.read(head, seq, seq + 1)) == records[seq]
         assert history.verify(head) == count
+        check_chain_shape(txn, head)
 
 
 def test_skip_index_matches_bitcoin_get_skip_height():
