@@ -58,7 +58,8 @@ class _Stages:
         started = time.perf_counter()
         try:
             detail = fn()
-        except AgentcasError as exc:
+        except (AgentcasError, OSError, ValueError, KeyError) as exc:
+            # A missing or unreadable file after restore is a failed drill, not a crash.
             seconds = time.perf_counter() - started
             self.report.stages.append({"stage": name, "seconds": round(seconds, 4), "ok": False,
                                        "detail": str(exc)})
@@ -268,21 +269,20 @@ def run_checkpoint_drill(store: Store, rev: str, echo=print, keep: bool = False)
     from agentcas.lineage import rollout
     from agentcas.workspace.restore import list_files, read_file
 
+    digest, cp = store.checkpoint(rev)  # an unknown revision is the user's error, not a failed drill
     report = DrillReport()
     stages = _Stages(report, echo)
     root = tempfile.mkdtemp(prefix="agentcas-drill-")
     bundle = os.path.join(root, "checkpoint.bundle")
-    memo: dict = {}
+    memo: dict = {"digest": digest, "cp": cp}
     echo(f"agentcas drill of {rev} in {root}")
     try:
         def export():
             made = keys.write_keypair("drill", os.path.join(root, "keys"))
             memo["pub"] = made["public_key"]
-            digest, cp = store.checkpoint(rev)
-            memo["digest"], memo["cp"] = digest, cp
             # The bundle stays in this temporary directory: files the user allowed past the
             # secret scan at commit time are exported as they are.
-            result = store.export_bundle(rev, bundle, made["private_key"], allow_secrets=("*",))
+            result = store.export_bundle(digest.hex(), bundle, made["private_key"], allow_secrets=("*",))
             memo["thread"] = result["thread"]
             return f"{digest.hex()[:12]}: {result['bytes']} bytes, {result['objects']} objects"
 

@@ -285,12 +285,18 @@ def _zstd_no_size(craft):
     _replace_chunk_value(craft, framing.CODEC_ZSTD, 100, frame)
 
 
-def _replace_chunk_value(craft, codec, size, body):
+def _zstd_declares_a_gigabyte(craft):
+    frame = bytearray(zstandard.ZstdCompressor(write_content_size=True).compress(b"\0" * 100_000))
+    frame[5:9] = (1 << 30).to_bytes(4, "little")
+    _replace_chunk_value(craft, framing.CODEC_ZSTD, 1 << 30, bytes(frame), claimed=100)
+
+
+def _replace_chunk_value(craft, codec, size, body, claimed=None):
     import struct
     import zlib
     head = framing.HEADER.pack(framing.KIND_CHUNK, codec, size, 0, 0)[:-4]
     framed = head + struct.pack(">I", zlib.crc32(head)) + body
-    data = b"\0" * size
+    data = b"\0" * (claimed or size)
     entry = {"name": "zeros", "type": "file", "id": hash_blob(data).hex(), "mode": 0o644, "size": size}
     craft.records.append([framing.KIND_CHUNK, hash_blob(data).raw, framed])
     return entry
@@ -364,14 +370,15 @@ def test_object_defects_are_refused(case, receiver, tmp_path):
     refused(receiver, craft.bytes(), tmp_path, fragment)
 
 
-@pytest.mark.parametrize("make", [_zstd_overflow, _zstd_no_size], ids=["expands-past-declared", "no-declared-size"])
+@pytest.mark.parametrize("make", [_zstd_overflow, _zstd_no_size, _zstd_declares_a_gigabyte],
+                         ids=["expands-past-declared", "no-declared-size", "declares-a-gigabyte"])
 def test_zstd_frames_that_lie_are_refused(make, receiver, tmp_path):
     def entry(probe):
         make(probe)
         return {"name": "zeros", "type": "file", "id": hash_blob(b"\0" * 100).hex(), "mode": 0o644, "size": 100}
     craft = _rebuild_with(entry)()
-    message = refused(receiver, craft.bytes(), tmp_path, "zstd")
-    assert "corrupt" in message
+    message = refused(receiver, craft.bytes(), tmp_path, "corrupt")
+    assert "zstd" in message or "at most" in message
 
 
 # --- layout defects -------------------------------------------------------------------------------
@@ -627,3 +634,60 @@ def test_import_argument_errors(store, tmp_path, run, store_dir):
     path = tmp_path / "b.bundle"
     path.write_bytes(good_craft().bytes())
     assert run("import", path, "--as", "bad..name", store=store_dir).code == 2
+
+
+def test_bundle_layout_is_pinned():
+    """A fixed bundle (docs/FORMAT-exchange.md, "Test vector"): layout and whole-file BLAKE3."""
+    import blake3
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    rfc = keys.SigningKey(Ed25519PrivateKey.from_private_bytes(bytes.fromhex(
+        "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60")), keys.PublicKey(bytes.fromhex(
+        "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a")))
+    craft = good_craft(sign=False)
+    craft.sign(rfc, signed_at="2026-11-29T12:00:00.000000Z")
+    data = craft.bytes()
+    manifest_len = int.from_bytes(data[16:20], "big")
+    assert data[:16] == b"AGENTCAS-BUNDLE\n"
+    assert data[20:20 + manifest_len].startswith(b'{"checkpoint":"')
+    first = data[20 + manifest_len:20 + manifest_len + bf.RECORD_HEAD.size]
+    kind, raw, length = bf.RECORD_HEAD.unpack(first)
+    assert (kind, raw) == (framing.KIND_CHUNK, hash_blob(b"plan: sum of squares\n").raw)
+    assert data[-48:-40] == b"AGCB-END" and int.from_bytes(data[-40:-32], "big") == len(data)
+    assert data[-32:] == blake3.blake3(data[:-32]).digest()
+    assert len(data) == 2283
+    assert blake3.blake3(data).hexdigest() == "1b97d50170d64078607d1c384bcb4d7ede00539061bdb183407d4fed121da43b"
+
+
+def test_exported_records_carry_no_write_time_and_imports_get_a_fresh_one(exchange):
+    src, dst, k, tmp = exchange
+    craft = Craft.explode(str(tmp / "v2.bundle"))
+    assert {framing.read_header(framed)[3] for _, _, framed in craft.records} == {0}
+    store = Store.open(str(dst))
+    store.import_bundle(str(tmp / "v2.bundle"), allow_unsigned=True)
+    with store.objects.reader() as txn:
+        times = {framing.read_header(value)[3] for _, value in txn.scan("objects")}
+    assert 0 not in times
+
+
+def test_pass_one_keeps_chunks_on_disk_not_in_memory(exchange):
+    """Memory is bounded by metadata: chunks are indexed by offset, never held."""
+    src, dst, k, tmp = exchange
+    with open(tmp / "v2.bundle", "rb") as handle:
+        parsed = bf.parse(handle)
+        assert parsed.index.chunks and not set(parsed.index.chunks) & set(parsed.index.structured)
+        for raw, (offset, length) in parsed.index.chunks.items():
+            handle.seek(offset)
+            assert bf.read_record_value(handle.read(length), framing.KIND_CHUNK, Digest(raw))
+        assert sum(len(v) for v in parsed.index.structured.values()) < 64 * 1024
+
+
+def test_export_carries_at_most_the_signature_limit(store, workspace, tmp_path):
+    store.commit(str(workspace), "one")
+    keys.write_keypair("alice", str(tmp_path / "k"))
+    for _ in range(bf.MAX_SIGNATURES + 2):
+        store.sign("main", str(tmp_path / "k" / "alice.key"))
+    result = store.export_bundle("main", str(tmp_path / "b.bundle"), str(tmp_path / "k" / "alice.key"))
+    assert len(result["signatures"]) == bf.MAX_SIGNATURES
+    receiver = Store.memory()
+    receiver.trust_add("alice", str(tmp_path / "k" / "alice.pub"))
+    assert receiver.import_bundle(str(tmp_path / "b.bundle"))["signature"] == "valid"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import os
 import stat
 
 import pytest
@@ -153,6 +152,12 @@ def test_statement_bytes_are_pinned():
         b'"format":1,"key_id":"' + PublicKey(RFC_PUBLIC).id.encode() + b'","namespace":"agentcas-checkpoint-v1",'
         b'"signed_at":"2026-11-29T12:00:00.000000Z","thread":"main"}')
     assert envelope.Envelope.decode(signed.encode()) == signed
+    # The vectors of docs/FORMAT-exchange.md.
+    assert PublicKey(RFC_PUBLIC).id == "6c31041268f47160"
+    assert signed.signature.hex() == (
+        "bcf8c4fea7a8f82e43b9f14ce45f0362bdd4085085531fde211102ce04dedfff"
+        "bf72e4794f6cc1242117046f7f94647933a43bd9bf81043e9e733428cc3ae003")
+    assert signed.digest().hex() == "41845206e5ceefb092f996f11b968d71507b7ddb18dad2061ba12d0b884be34d"
     verdict = envelope.check(signed, _trusted(key), CHECKPOINT, "main")
     assert verdict.status == envelope.VALID, verdict
 

@@ -21,6 +21,7 @@ moves it, records the import and stores the signatures.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import secrets as pyrandom
 import time
@@ -33,11 +34,11 @@ from agentcas.cas.digest import Digest
 from agentcas.cas.objects import Checkpoint, ChunkList, HistoryPosition, InvalidObject, Segment, Tree
 from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.store import ObjectStore, Txn
-from agentcas.cas.writer import BatchWriter, WritePin
-from agentcas.errors import ConflictError, IntegrityError, UsageError
-from agentcas.exchange.bundle_format import (MAGIC, TRAILER, TRAILER_MAGIC, U32, BundleCorrupt, Manifest,
-                                             ManifestFile, ParsedBundle, RECORD_HEAD, iter_records, parse,
-                                             read_record_value, restamp)
+from agentcas.cas.writer import WritePin
+from agentcas.errors import ConflictError, IntegrityError, NotFound, UsageError
+from agentcas.exchange.bundle_format import (MAGIC, MAX_SIGNATURES, RECORD_HEAD, TRAILER, TRAILER_MAGIC, U32,
+                                             BundleCorrupt, Manifest, ManifestFile, ParsedBundle, iter_records,
+                                             parse, read_record_value, restamp)
 from agentcas.lineage import rollout
 from agentcas.lineage.closure import Walker
 from agentcas.refs import threads
@@ -97,7 +98,9 @@ def export_bundle(objects: ObjectStore, checkpoint: Digest, thread: str, out_pat
         for ancestor in checkpoints[1:]:
             # Ancestors travel too, so their files are scanned as well (each file id once).
             _scan_files(txn, load_checkpoint(txn, ancestor).tree, allow_secrets, scanned)
-        envelopes = [e for _, e in env.envelopes_for(txn, checkpoint) if e.statement.thread == thread]
+        stored = [e for _, e in env.envelopes_for(txn, checkpoint) if e.statement.thread == thread]
+        stored.sort(key=lambda e: e.statement.signed_at, reverse=True)
+        envelopes = stored[: MAX_SIGNATURES - (1 if key is not None else 0)]  # newest first
         if key is not None:
             envelopes.append(env.sign(key, checkpoint, thread))
         manifest = Manifest(checkpoint, thread, tuple(checkpoints), cp.history, tuple(files), len(records),
@@ -138,6 +141,10 @@ def export_bundle(objects: ObjectStore, checkpoint: Digest, thread: str, out_pat
                 os.link(temp, out_path)
             except FileExistsError:
                 raise ConflictError(f"{out_path} appeared during export; not overwriting") from None
+            except OSError:  # a file system without hard links: rename, after one more check
+                if os.path.lexists(out_path):
+                    raise ConflictError(f"{out_path} appeared during export; not overwriting") from None
+                os.rename(temp, out_path)
         finally:
             if os.path.exists(temp):
                 os.unlink(temp)
@@ -152,7 +159,6 @@ def _scan_files(txn: Txn, tree_id: Digest, allow_secrets, scanned: set) -> list[
 
     `scanned` holds (path, file id) pairs already scanned, so shared files cost nothing.
     """
-    import fnmatch
     out = []
     for path, entry in list_files(txn, tree_id):
         if entry.type != "file":
@@ -431,9 +437,7 @@ def _ancestors_contain(txn: Txn, tip: Digest, target: Digest, limit: int = 1_000
         seen.add(digest.raw)
         try:
             stack.extend(load_checkpoint(txn, digest).parents)
-        except IntegrityError:
-            raise
-        except Exception:  # noqa: BLE001 - an ancestor missing from the store ends that branch
+        except NotFound:  # an ancestor missing from the store ends that branch
             continue
     return False
 
@@ -494,11 +498,7 @@ def import_bundle(objects: ObjectStore, path: str, as_thread: str | None = None,
             planned = _plan_ref(before, checked, view_history, thread)
         keep = [v.envelope for v in checked.verdicts if v.status in (env.VALID, env.UNTRUSTED)]
         with WritePin(objects, f"import {thread}") as pin:
-            writer = BatchWriter(objects)
-            now = int(time.time())
-            for digest, _, framed in iter_records(handle, checked.parsed):
-                writer.add(digest, restamp(framed, now))
-            writer.flush()
+            written_objects, written_bytes = _write_pipelined(objects, iter_records(handle, checked.parsed))
 
             def land(txn: Txn):
                 for raw in checked.parsed.index.order:
@@ -523,5 +523,51 @@ def import_bundle(objects: ObjectStore, path: str, as_thread: str | None = None,
 
             objects.write(land)
     return dict(checked.to_json(), bundle=os.path.abspath(path), imported_as=thread,
-                moved=planned is not None, new_objects=writer.written_objects,
-                new_bytes=writer.written_bytes)
+                moved=planned is not None, new_objects=written_objects, new_bytes=written_bytes)
+
+
+def _write_pipelined(objects: ObjectStore, records) -> tuple[int, int]:
+    """Write verified records in batches; one batch lands while the next is read and re-verified.
+
+    At most two batches (about 2 x BATCH_BYTES) are held at once. Objects already
+    stored are skipped. Returns (objects written, bytes written).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agentcas.cas.store import save_object
+    from agentcas.cas.writer import BATCH_BYTES, BATCH_OBJECTS
+
+    def land(batch: dict) -> tuple[int, int]:
+        def put_all(txn: Txn):
+            count = size = 0
+            for raw, framed in batch.items():
+                if save_object(txn, Digest(raw), framed):
+                    count += 1
+                    size += len(framed)
+            return count, size
+        return objects.write(put_all)
+
+    now = int(time.time())
+    totals = [0, 0]
+    pending: dict = {}
+    pending_bytes = 0
+    with ThreadPoolExecutor(1) as pool:
+        future = None
+
+        def submit(batch):
+            nonlocal future
+            if future is not None:
+                count, size = future.result()
+                totals[0] += count
+                totals[1] += size
+            future = pool.submit(land, batch) if batch else None
+
+        for digest, _, framed in records:
+            pending[digest.raw] = restamp(framed, now)
+            pending_bytes += len(framed)
+            if pending_bytes >= BATCH_BYTES or len(pending) >= BATCH_OBJECTS:
+                submit(pending)
+                pending, pending_bytes = {}, 0
+        submit(pending)
+        submit({})
+    return totals[0], totals[1]

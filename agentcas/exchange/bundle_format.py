@@ -15,7 +15,9 @@ so memory is bounded by metadata, not by the bundle's size.
 
 from __future__ import annotations
 
+import os
 import struct
+import zlib
 from dataclasses import dataclass
 
 import blake3
@@ -38,6 +40,7 @@ U32 = struct.Struct(">I")
 MAX_MANIFEST_BYTES = 32 * 1024 * 1024
 MAX_MANIFEST_DEPTH = 4
 MAX_RECORD_BYTES = 64 * 1024 * 1024
+MAX_OBJECT_BYTES = 64 * 1024 * 1024  # uncompressed; chunks are far smaller (cas/chunking.py)
 MAX_STRUCTURED_BYTES = 512 * 1024 * 1024
 MAX_SIGNATURES = 16
 MAX_ENVELOPE_BYTES = 4096
@@ -257,6 +260,11 @@ class _Reader:
 def read_record_value(framed: bytes, kind: int, digest: Digest) -> bytes:
     """Unframe (bounded) and verify one object record; return its bytes."""
     try:
+        declared = framing.read_header(framed)[2]
+        if declared > MAX_OBJECT_BYTES:
+            # Checked before decompressing: a small zstd frame must not become gigabytes.
+            raise framing.CorruptValue(f"it declares {declared} bytes; a bundle object holds at most "
+                                       f"{MAX_OBJECT_BYTES}")
         got_kind, data = framing.unframe(framed)
     except framing.CorruptValue as exc:
         raise BundleCorrupt(f"object {digest.hex()} in the bundle is corrupt: {exc}") from None
@@ -276,7 +284,6 @@ def parse(handle, progress=None) -> ParsedBundle:
     Checks everything that needs only the file itself; closure, manifest-vs-objects and
     signatures are checked by the caller on the result.
     """
-    import os
     size = os.fstat(handle.fileno()).st_size
     reader = _Reader(handle, size)
     if reader.read(len(MAGIC), "header") != MAGIC:
@@ -361,7 +368,6 @@ def iter_records(handle, parsed: ParsedBundle):
 
 def restamp(framed: bytes, written_at: int) -> bytes:
     """The same stored value with a new `written_at` (and header CRC); body untouched."""
-    import zlib
     kind, codec, size, _, _ = framing.HEADER.unpack_from(framed)
     head = framing.HEADER.pack(kind, codec, size, written_at, 0)[:-4]
     return head + struct.pack(">I", zlib.crc32(head)) + framed[framing.HEADER_SIZE:]
