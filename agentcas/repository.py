@@ -204,6 +204,13 @@ class Store:
         expected = self.resolve(expect) if expect else None
         if not os.path.isdir(workspace):
             raise UsageError(f"workspace is not a directory: {workspace}")
+        if expect is not None:
+            # Refuse a stale --expect before storing anything; the final transaction
+            # checks again, for a thread that moves while we snapshot.
+            with self.objects.reader() as txn:
+                state = threads.read_thread(txn, thread)
+            if (None if state is None else state.checkpoint) != expected:
+                raise ConflictError(f"thread {thread!r} is not at {expect!r}; nothing was committed")
         with WritePin(self.objects, f"commit {thread}", lazy=True) as pin:
             skip = [self.path] if self.path else []
             # A rollout file inside the workspace is stored once, as history, not as a file too.

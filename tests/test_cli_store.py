@@ -177,7 +177,6 @@ def test_branch_create_list_delete(tmp_path):
     before = store_rows(tmp_path / "store")
     failed(run_cli("branch", "feature", store=store), 3, "already exists")
     failed(run_cli("branch", "bad..name", store=store), 2, "invalid thread name")
-    failed(run_cli("branch", "x", "nosuch", store=store), 1, "unknown revision")
     failed(run_cli("branch", "-d", "nosuch", store=store), 1, "nosuch")
     assert store_rows(tmp_path / "store") == before
 
@@ -186,10 +185,6 @@ def test_branch_create_list_delete(tmp_path):
     failed(run_cli("show", "feature", store=store), 1, "unknown revision")
     # The deleted thread's checkpoint is still reachable by id until gc.
     assert ok(run_cli("--json", "show", third["checkpoint"], store=store))["reason"] == "three"
-    # Reasons at the limits are accepted: 512 characters; 1,024 UTF-8 bytes.
-    commit(store, ws, "x" * 512)
-    (ws / "task.json").write_text("{}\n")
-    commit(store, ws, "\u20ac" * 341 + "x")
 
 
 # --- bad input: clear error, nothing changed ------------------------------------------------------
@@ -318,11 +313,12 @@ def _read_only(store, *args):
 
 def test_read_only_store(repo, changed_ws, tmp_path):
     store, ws, head = repo["store"], changed_ws, repo["second"]
-    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
-                            f"mount --bind {tmp_path} {tmp_path} && mount -o remount,ro,bind {tmp_path} {tmp_path}"],
-                           capture_output=True)
-    if shutil.which("unshare") is None or probe.returncode != 0:
-        pytest.skip("cannot make a read-only mount here (no user namespaces); as root chmod would not stop writes")
+    probe = shutil.which("unshare") and subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+         f"mount --bind {tmp_path} {tmp_path} && mount -o remount,ro,bind {tmp_path} {tmp_path}"],
+        capture_output=True)
+    if not probe or probe.returncode != 0:
+        pytest.skip("cannot make a read-only mount here (no unshare or user namespaces)")
     before = store_rows(store), tree_bytes(store)
     shown = _read_only(store, "--json", "show", "main")
     assert shown.code == 0 and shown.json()["checkpoint"] == head["checkpoint"], shown.err
@@ -406,7 +402,6 @@ def test_sigkill_during_commit_leaves_old_or_new_head(tmp_path):
     head = commit(store, ws, "base")["checkpoint"]
     full = time.monotonic() - started  # one whole commit, start-up included
     contents = {head: fingerprint(ws)}
-    outcomes = []
     for i in range(1, 5):
         grow(i)
         proc = subprocess.Popen([AGENTCAS, "--store", str(store), "--json", "commit", str(ws), "-m", f"try {i}"],
@@ -421,7 +416,6 @@ def test_sigkill_during_commit_leaves_old_or_new_head(tmp_path):
             shown = ok(run_cli("--json", "show", now, store=store))
             assert shown["parents"] == [head] and shown["reason"] == f"try {i}"
             contents[now] = new_content
-        outcomes.append(now != head)
         head = now
     # Every head the thread ever had restores to exactly what was committed.
     check_store(store, {cp: files for cp, files in contents.items()})
@@ -462,9 +456,6 @@ def test_six_concurrent_commits_are_linear_and_nothing_is_lost(tmp_path):
     assert {k: v for k, v in store_rows(store).items() if k[0] != "objects"} == before
 
 
-@pytest.mark.xfail(strict=True, reason="Store.commit snapshots (writes chunks and trees) before it compares "
-                   "--expect in the final transaction; fix: compare the thread head with `expected` before "
-                   "snapshot() too (the in-transaction check stays for races)")
 def test_stale_expect_stores_no_objects_either(small_store):
     store, ws, head = small_store
     (ws / "task.json").write_text('{"changed": "again"}\n')
@@ -521,3 +512,44 @@ def test_flipped_byte_checkout_exits_4_and_creates_nothing(committed, tmp_path, 
         assert key in line  # names the damaged object
     assert listing(out_parent) == []  # neither DEST nor a temporary sibling
     assert store_rows(store) == before
+
+
+def test_newer_store_format_is_refused(small_store, tmp_path):
+    import lmdb
+    from agentcas.cas import encoding
+    from agentcas.cas.sealed import seal
+    from agentcas.cas.store import TABLES
+    store, ws, _ = small_store
+    env = lmdb.open(str(store), max_dbs=len(TABLES) + 2)
+    with env.begin(write=True) as txn:
+        doc = encoding.encode({"created_at": "2030-01-01T00:00:00.000000Z", "format": 2})
+        txn.put(b"format", seal("meta", b"format", doc), db=env.open_db(b"meta", txn=txn))
+    env.close()
+    before = store_rows(store), listing(tmp_path)
+    failed(run_cli("show", "main", store=store), 4, "store format 2 is newer", "upgrade")
+    failed(run_cli("commit", ws, "-m", "x", store=store), 4, "upgrade")
+    assert (store_rows(store), listing(tmp_path)) == before
+
+
+def test_checkout_under_a_file_fails_clearly(repo, tmp_path):
+    (tmp_path / "afile").write_text("mine")
+    failed(run_cli("checkout", "main", tmp_path / "afile" / "dest", store=repo["store"]), 1, "cannot create")
+    assert listing(tmp_path) == ["afile"] and (tmp_path / "afile").read_text() == "mine"
+
+
+def test_checkout_that_runs_out_of_space_leaves_nothing(repo, tmp_path):
+    """DEST on a 256 KiB tmpfs (private mount namespace): the 600 KB file cannot be written."""
+    if not shutil.which("unshare"):
+        pytest.skip("no unshare")
+    script = ('mount -t tmpfs -o size=256k none "$1" && shift && "$@"; code=$?; '
+              'ls -A "$0"; exit $code')
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    proc = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, str(mnt),
+                           str(mnt), AGENTCAS, "--store", str(repo["store"]), "checkout", "main", str(mnt / "dest")],
+                          capture_output=True, text=True, timeout=60)
+    if "mount" in proc.stderr and "agentcas" not in proc.stderr:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    assert proc.returncode == 1, proc.stderr
+    assert "agentcas: error: cannot write" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout.strip() == ""  # `ls -A` of the mount: neither DEST nor a temporary sibling

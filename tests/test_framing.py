@@ -138,3 +138,19 @@ def test_flipped_body_byte_in_a_compressed_value_is_rejected_or_changes_bytes():
         except CorruptValue:
             continue
         assert got != data or bytes(bad) == value  # the digest check then catches it
+
+
+def test_sealed_values_bind_table_key_and_payload():
+    import blake3
+
+    from agentcas.cas.sealed import seal, unseal
+    value = seal("refs", b"threads/main", b'{"x":1}')
+    expected_tag = blake3.blake3(b"\x00\x04refs" + b"\x00\x00\x00\x0cthreads/main" + b'{"x":1}',
+                                 derive_key_context="agentcas 2026-11 sealed table value v1").digest()[:8]
+    assert value == b'{"x":1}' + expected_tag  # docs/FORMAT.md, "Sealed values"
+    assert unseal("refs", b"threads/main", value) == b'{"x":1}'
+    for table, key, bad in [("reflog", b"threads/main", value), ("refs", b"threads/other", value),
+                            ("refs", b"threads/main", value[:-1] + bytes([value[-1] ^ 1])),
+                            ("refs", b"threads/main", b"x" + value[1:]), ("refs", b"threads/main", b"short")]:
+        with pytest.raises(IntegrityError, match="corrupt"):
+            unseal(table, key, bad)

@@ -385,3 +385,36 @@ def test_plan_is_json_and_counts_add_up(any_store, tmp_path):
     assert doc["objects"] == doc["live"]["objects"] + doc["reclaimable"]["objects"] + doc["held_by_grace"]["objects"]
     assert sum(k["objects"] for k in doc["reclaimable"]["by_kind"].values()) == doc["reclaimable"]["objects"]
     assert doc["roots"]["thread"] == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
+def test_scan_does_not_keep_the_store_mapped(tmp_path):
+    from agentcas.cas.writer import BatchWriter
+    from agentcas.gc.pages import PageReleaser
+    store, _ = Store.init(str(tmp_path / "store"))
+    writer = BatchWriter(store.objects)
+    for _ in range(1200):
+        data = os.urandom(40_000)
+        writer.add(hash_blob(data), framing.frame(framing.KIND_CHUNK, data, compress=False))
+    writer.flush()
+
+    def mapped() -> int:
+        data_file = os.path.realpath(str(tmp_path / "store" / "data.mdb"))
+        with open("/proc/self/smaps") as smaps:
+            inside, total = False, 0
+            for line in smaps:
+                if "-" in line.split()[0] and len(line.split()) >= 5:
+                    inside = line.rstrip().endswith(data_file)
+                elif inside and line.startswith("Rss:"):
+                    total += int(line.split()[1]) * 1024
+        return total
+
+    pages = PageReleaser(store.objects, every=64, budget=2 * 1024 * 1024)
+    with store.objects.reader() as txn:
+        for _ in txn.scan("objects"):
+            pages.tick()
+        assert pages._releases > 0  # the budget was exceeded and the mapping dropped on the way
+        assert mapped() > 0
+        pages.release()
+        assert mapped() < 1024 * 1024
+        assert sum(len(v) for _, v in txn.scan("objects")) > 48_000_000  # and reads still work

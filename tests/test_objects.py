@@ -228,3 +228,26 @@ def test_newer_format_is_refused_with_a_clear_message():
 def test_unknown_checkpoint_keys_are_ignored_but_change_the_id():
     data = _cp_doc(future_field="x")
     assert Checkpoint.decode(data) == first_checkpoint()
+
+
+def test_format_md_states_every_vector():
+    """docs/FORMAT.md and these tests must agree: every vector here appears there verbatim."""
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "FORMAT.md").read_text()
+    for value in (HELLO_ID, WORLD_ID, EMPTY_BLOB_ID, EMPTY_TREE_ID, MEMORY_TREE_ID, SMALL_TREE_ID,
+                  CHECKPOINT_ID, CHILD_ID, CHUNKLIST_ID, RECORD_ID, D1, D2, SEGMENT_ID,
+                  hash_blob(RUN_SH).hex()):
+        assert value in doc, value
+    for data in (EMPTY_TREE, MEMORY_TREE, SMALL_TREE, CHECKPOINT, CHUNKLIST,
+                 Segment(EMPTY_POSITION, 0, None, 1, len(RECORD), D(D1),
+                         (ChunkRef(D(RECORD_ID), len(RECORD)),)).encode()):
+        assert data.decode() in doc, data[:60]
+    for context in ("agentcas 2026-11 tree v1", "agentcas 2026-11 checkpoint v1",
+                    "agentcas 2026-11 chunklist v1", "agentcas 2026-11 rollout segment v1",
+                    "agentcas 2026-11 signature v1", "agentcas 2026-11 history prefix v1",
+                    "agentcas 2026-11 sealed table value v1"):
+        assert context in doc, context
+    from agentcas.cas.digest import OBJECT_CONTEXTS, PREFIX_CHAIN_CONTEXT
+    from agentcas.cas import sealed
+    assert set(OBJECT_CONTEXTS.values()) | {PREFIX_CHAIN_CONTEXT, sealed._CONTEXT} <= {
+        line for line in doc.split('"')}

@@ -240,3 +240,41 @@ def test_lmdb_refuses_missing_store_and_file(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(StoreUnavailable, match="is a file"):
         LmdbObjectStore(str(tmp_path / "f"))
+
+
+def test_lmdb_map_grows_while_other_threads_read(tmp_path):
+    """py-lmdb invalidates open transactions when the map is resized: readers in worker threads
+    (snapshot, restore) must neither fail nor see garbage while the writer grows the map."""
+    import threading
+    import time
+    store = LmdbObjectStore(str(tmp_path / "s"), create=True, map_size=64 * 1024)
+    store.write(lambda txn: txn.put("objects", b"k0", b"x" * 1000))
+    stop, errors, reads = threading.Event(), [], [0]
+
+    def read():
+        try:
+            while not stop.is_set():
+                with store.reader() as txn:
+                    assert txn.get("objects", b"k0") == b"x" * 1000
+                    time.sleep(0.002)  # hold the transaction open while the writer works
+                    for _, (_, value) in zip(range(3), txn.scan("objects", start=b"k1")):
+                        assert value == b"y" * 50_000
+                    assert txn.get("objects", b"k0") == b"x" * 1000
+                reads[0] += 1
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=read) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        start = store.env.info()["map_size"]
+        for i in range(1, 120):  # ~6 MB: the map doubles several times under the readers
+            store.write(lambda txn: txn.put("objects", b"k%d" % i, b"y" * 50_000))
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        size = store.env.info()["map_size"]
+        store.close()
+    assert errors == [] and reads[0] > 0 and size >= 8 * start

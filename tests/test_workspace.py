@@ -342,3 +342,50 @@ def test_stat_cache_is_not_trusted_when_objects_are_gone(mem, ws, monkeypatch, t
     assert again["cached_files"] == 1
     mem.checkout("main", str(tmp_path / "out"))
     assert tree_bytes(tmp_path / "out") == tree_bytes(ws)
+
+
+def test_ignored_files_with_unstorable_names_are_skipped(mem, ws):
+    (ws / ".agentcasignore").write_text("*.tmp\nIcon?\n")
+    (ws / "bad\\name.tmp").write_text("x")
+    (ws / "Icon\r").write_text("finder junk")
+    mem.commit(str(ws), "ignored bad names")
+    assert sorted(files(mem)) == [".agentcasignore", "a.txt", "sub/b.txt"]
+
+
+def test_file_deleted_after_the_walk_fails_clearly(mem, ws, monkeypatch):
+    real_walk = snapshot.Snapshotter.walk
+
+    def walk_then_delete(self):
+        dirs = real_walk(self)
+        os.unlink(ws / "sub" / "b.txt")
+        return dirs
+
+    monkeypatch.setattr(snapshot.Snapshotter, "walk", walk_then_delete)
+    refused(mem, ws, WorkspaceError, "cannot read sub/b.txt")
+
+
+def test_reasons_at_the_limits_are_accepted(mem, ws):
+    assert mem.show(mem.commit(str(ws), "x" * 512)["checkpoint"])["reason"] == "x" * 512
+    reason = "\u20ac" * 341 + "x"  # 342 characters, 1,024 UTF-8 bytes
+    assert mem.show(mem.commit(str(ws), reason)["checkpoint"])["reason"] == reason
+
+
+def test_allowed_secret_is_rescanned_by_a_later_commit_without_the_flag(tmp_path):
+    """--allow-secret applies to one commit; the stat cache must not carry it forward."""
+    import time as _time
+    from agentcas import Store
+    from agentcas.workspace import snapshot as snapshot_module
+    from agentcas.workspace.snapshot import SecretFound
+    store = Store.memory()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "env.sh").write_text("GITHUB=ghp_" + "A1b2C3d4E5" * 4 + "\n")
+    old = snapshot_module.RACY_NS
+    snapshot_module.RACY_NS = 0
+    try:
+        _time.sleep(0.01)
+        store.commit(str(ws), "allowed once", allow_secrets=["env.sh"])
+        with pytest.raises(SecretFound):
+            store.commit(str(ws), "not allowed this time")
+    finally:
+        snapshot_module.RACY_NS = old

@@ -4,6 +4,11 @@ Each table is a named sub-database. Writers are serialised by LMDB's lock across
 processes; readers never block. When the map is full the write is aborted, the map
 doubled and the write run again; when another process grew the map we adopt its
 size. Stale reader slots of dead processes are cleared when the store is opened.
+
+Resizing the map invalidates every open transaction of the environment (py-lmdb) and
+must not overlap one, but snapshot and restore read from worker threads while the main
+thread writes. So every transaction holds a shared `_ResizeGate`; a resize takes it
+alone, waiting for the other threads' transactions to finish (new ones wait for it).
 """
 
 from __future__ import annotations
@@ -27,6 +32,57 @@ _OPEN_LOCK = threading.Lock()
 
 class StoreUnavailable(AgentcasError):
     """The store directory cannot be opened (missing, not a store, read-only...)."""
+
+
+class _ResizeGate:
+    """Shared by transactions, exclusive for a map resize (threads of one process)."""
+
+    WAIT_SECONDS = 60.0
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._holders: dict[int, int] = {}  # thread id -> open transactions
+        self._resizing = False
+
+    @contextmanager
+    def shared(self):
+        me = threading.get_ident()
+        with self._cond:
+            # A thread that already holds a transaction may nest another (never wait on itself).
+            while self._resizing and not self._holders.get(me):
+                self._cond.wait()
+            self._holders[me] = self._holders.get(me, 0) + 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._holders[me] -= 1
+                if not self._holders[me]:
+                    del self._holders[me]
+                self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self):
+        me = threading.get_ident()
+        with self._cond:
+            while self._resizing:
+                self._cond.wait()
+            self._resizing = True
+            try:
+                others = lambda: any(thread != me for thread in self._holders)  # noqa: E731
+                if not self._cond.wait_for(lambda: not others(), timeout=self.WAIT_SECONDS):
+                    raise StoreUnavailable("cannot grow the store's map: transactions of other "
+                                           "threads did not finish")
+            except BaseException:
+                self._resizing = False
+                self._cond.notify_all()
+                raise
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._resizing = False
+                self._cond.notify_all()
 
 
 class _LmdbTxn(Txn):
@@ -94,6 +150,7 @@ class LmdbObjectStore(ObjectStore):
         self.url = "lmdb://" + self.path
         self.readonly = False
         self._write_lock = threading.Lock()
+        self._gate = _ResizeGate()
         self.env = self._open_env(create)
         self.env.reader_check()
         self.dbs = {}
@@ -140,15 +197,23 @@ class LmdbObjectStore(ObjectStore):
     @contextmanager
     def reader(self):
         while True:
-            try:
-                txn = self.env.begin()
-                break
-            except lmdb.MapResizedError:
-                self.env.set_mapsize(0)
-        try:
-            yield _LmdbTxn(txn, self.dbs)
-        finally:
-            txn.abort()
+            with self._gate.shared():
+                try:
+                    txn = self.env.begin()
+                except lmdb.MapResizedError:
+                    txn = None  # another process grew the map: adopt its size, then retry
+                if txn is not None:
+                    try:
+                        yield _LmdbTxn(txn, self.dbs)
+                    finally:
+                        txn.abort()
+                    return
+            self._resize(0)
+
+    def _resize(self, size: int) -> None:
+        """Set the map size (0: adopt the size on disk) with no transaction open."""
+        with self._gate.exclusive():
+            self.env.set_mapsize(size)
 
     def write(self, fn):
         if self.readonly:
@@ -156,12 +221,13 @@ class LmdbObjectStore(ObjectStore):
         with self._write_lock:
             while True:
                 try:
-                    with self.env.begin(write=True) as txn:
-                        return fn(_LmdbTxn(txn, self.dbs))
+                    with self._gate.shared():
+                        with self.env.begin(write=True) as txn:
+                            return fn(_LmdbTxn(txn, self.dbs))
                 except lmdb.MapFullError:
-                    self.env.set_mapsize(self.env.info()["map_size"] * 2)
+                    self._resize(self.env.info()["map_size"] * 2)
                 except lmdb.MapResizedError:
-                    self.env.set_mapsize(0)
+                    self._resize(0)
                 except lmdb.ReadonlyError:
                     raise StoreUnavailable(f"store is read-only: {self.path}") from None
 

@@ -22,13 +22,17 @@ from agentcas.cas import framing
 from agentcas.cas.digest import DigestMismatch, Digest
 from agentcas.cas.objects import ChunkList, Tree, TreeEntry
 from agentcas.cas.store import ObjectStore, load_object
-from agentcas.errors import ConflictError, IntegrityError
+from agentcas.errors import AgentcasError, ConflictError, IntegrityError
 
 WORKERS = 2
 
 
 class MissingObject(IntegrityError):
     pass
+
+
+class RestoreError(AgentcasError):
+    """DEST could not be written (no space, not a directory, permissions...)."""
 
 
 def _load(txn, digest: Digest, kind: int, what: str) -> bytes:
@@ -101,9 +105,12 @@ def restore_tree(store: ObjectStore, tree_id: Digest, dest: str, progress=None) 
         raise ConflictError(f"destination already exists: {dest}")
     entries = verify_tree(store, tree_id)
     parent = os.path.dirname(dest)
-    os.makedirs(parent, exist_ok=True)
     temp = os.path.join(parent, f".{os.path.basename(dest)}.agentcas-{pyrandom.token_hex(6)}")
-    os.mkdir(temp, 0o755)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        os.mkdir(temp, 0o755)
+    except OSError as exc:
+        raise RestoreError(f"cannot create {dest}: {exc.strerror}") from None
     try:
         total = sum(e.size for _, e in entries if e.type == "file")
         done = count = 0
@@ -128,6 +135,9 @@ def restore_tree(store: ObjectStore, tree_id: Digest, dest: str, progress=None) 
         if os.path.lexists(dest):
             raise ConflictError(f"destination appeared while checking out: {dest}")
         os.rename(temp, dest)
+    except OSError as exc:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise RestoreError(f"cannot write {dest}: {exc.strerror}; nothing was created") from None
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise

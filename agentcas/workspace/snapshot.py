@@ -91,6 +91,7 @@ class Snapshotter:
         # chunks of new chunk lists): the commit re-checks them in its final transaction,
         # so a concurrent gc that removed an old object we deduplicated against is caught.
         self.needed: set[bytes] = set()
+        self.allowed_secrets: set[str] = set()
         self.writer = BatchWriter(store, pin=pin)
         self._ignore = self._load_ignore()
         self._started_ns = time.time_ns()
@@ -123,23 +124,24 @@ class Snapshotter:
             for entry in entries:
                 name = entry.name
                 rel = f"{rel_dir}/{name}" if rel_dir else name
+                st = entry.stat(follow_symlinks=False)
+                is_dir = stat.S_ISDIR(st.st_mode)
+                # Skipped and ignored entries first: .agentcasignore can leave out a file
+                # whose name could not be stored.
+                if is_dir and (name == ".agentcas" or os.path.realpath(entry.path) in self.skip_dirs):
+                    continue
+                if self._ignored(rel, is_dir):
+                    continue
+                if not is_dir and self.skip_files and os.path.realpath(entry.path) in self.skip_files:
+                    continue
                 try:
                     name.encode("utf-8")
                     check_name(name)
                 except (UnicodeEncodeError, BadName):
                     raise WorkspaceError(f"file name not allowed in a checkpoint: {rel!r}") from None
-                st = entry.stat(follow_symlinks=False)
-                if stat.S_ISDIR(st.st_mode):
-                    if name == ".agentcas" or os.path.realpath(entry.path) in self.skip_dirs:
-                        continue
-                    if self._ignored(rel, True):
-                        continue
+                if is_dir:
                     children.append((name, "dir"))
                     stack.append(rel)
-                    continue
-                if self._ignored(rel, False):
-                    continue
-                if self.skip_files and os.path.realpath(entry.path) in self.skip_files:
                     continue
                 if stat.S_ISLNK(st.st_mode):
                     raise WorkspaceError(f"symlinks are not supported: {rel}")
@@ -183,6 +185,8 @@ class Snapshotter:
         for item in items:
             if item.entry is None or self._started_ns - item.st.st_mtime_ns < RACY_NS:
                 continue
+            if item.rel in self.allowed_secrets:
+                continue
             if self._started_ns - item.st.st_ctime_ns < RACY_NS:
                 continue
             key = self._cache_key(item)
@@ -195,20 +199,27 @@ class Snapshotter:
         return any(fnmatch.fnmatchcase(rel, glob) for glob in self.allow_secrets)
 
     def _check_secret(self, rel: str, data: bytes) -> None:
-        if self._allowed(rel):
-            return
         finding = secrets.scan(data, rel)
+        if finding is not None and self._allowed(rel):
+            # Stored as the user asked, but never taken from the stat cache later: a
+            # commit without --allow-secret must scan (and refuse) it again.
+            self.allowed_secrets.add(rel)
+            return
         if finding is not None:
             raise SecretFound(
                 f"possible secret ({finding.rule}) in {finding.path} line {finding.line}; nothing "
                 f"was committed (use --allow-secret '{finding.path}' if it is meant to be stored)")
 
     def _scan_file(self, item: FileItem) -> None:
-        with open(item.path, "rb") as handle:
-            head = handle.read(secrets.BINARY_SNIFF)
-            if secrets.is_binary(head):
-                return
-            self._check_secret(item.rel, head + handle.read())
+        try:
+            with open(item.path, "rb") as handle:
+                head = handle.read(secrets.BINARY_SNIFF)
+                if secrets.is_binary(head):
+                    return
+                data = head + handle.read()
+        except OSError as exc:
+            raise WorkspaceError(f"cannot read {item.rel}: {exc.strerror}") from None
+        self._check_secret(item.rel, data)
 
     # -- store ----------------------------------------------------------------------------------
     def _read_stable(self, item: FileItem) -> tuple[bytes, os.stat_result]:
