@@ -637,7 +637,7 @@ def test_import_argument_errors(store, tmp_path, run, store_dir):
 
 
 def test_bundle_layout_is_pinned():
-    """A fixed bundle (docs/FORMAT-exchange.md, "Test vector"): layout and whole-file BLAKE3."""
+    """A fixed bundle (docs/FORMAT.md section 10, "Test vector"): layout and whole-file BLAKE3."""
     import blake3
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     rfc = keys.SigningKey(Ed25519PrivateKey.from_private_bytes(bytes.fromhex(

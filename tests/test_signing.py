@@ -152,7 +152,7 @@ def test_statement_bytes_are_pinned():
         b'"format":1,"key_id":"' + PublicKey(RFC_PUBLIC).id.encode() + b'","namespace":"agentcas-checkpoint-v1",'
         b'"signed_at":"2026-11-29T12:00:00.000000Z","thread":"main"}')
     assert envelope.Envelope.decode(signed.encode()) == signed
-    # The vectors of docs/FORMAT-exchange.md.
+    # The vectors of docs/FORMAT.md section 10.
     assert PublicKey(RFC_PUBLIC).id == "6c31041268f47160"
     assert signed.signature.hex() == (
         "bcf8c4fea7a8f82e43b9f14ce45f0362bdd4085085531fde211102ce04dedfff"

@@ -2,7 +2,7 @@
 
 A `Statement` binds namespace, format version, checkpoint id, thread name, signer key
 id and time. The signed message is MESSAGE_PREFIX followed by the statement's canonical
-JSON, so a signature can never be replayed as one over other bytes (docs/FORMAT-exchange.md).
+JSON, so a signature can never be replayed as one over other bytes (docs/FORMAT.md section 10).
 An `Envelope` is the statement, the signer's public key and the 64-byte signature; it is
 stored as an object of kind "signature" and indexed in the `signatures` table under
 checkpoint raw id (32) + envelope id (32). A key embedded in an envelope is only a hint
