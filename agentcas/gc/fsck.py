@@ -30,6 +30,7 @@ from agentcas.cas.objects import Checkpoint, ChunkList, HistoryPosition, Segment
 from agentcas.cas.sealed import unseal
 from agentcas.cas.store import ObjectStore, Txn, load_object, verify_object
 from agentcas.errors import IntegrityError
+from agentcas.gc.pages import PageReleaser
 from agentcas.gc.roots import SIGNATURE_KEY_SIZE, Root, entry_roots, state_roots
 from agentcas.lineage import rollout
 from agentcas.lineage.closure import MissingObject, Walker
@@ -79,8 +80,9 @@ class _FsckWalker(Walker):
 class Fsck:
     """One fsck run over a read transaction; `problems` collects what it finds."""
 
-    def __init__(self, txn: Txn, progress=None):
+    def __init__(self, txn: Txn, progress=None, pages: PageReleaser | None = None):
         self.txn = txn
+        self.pages = pages or PageReleaser(None)
         self.progress = progress
         self.problems: list[dict] = []
         self.corrupt: dict[bytes, dict] = {}  # raw id -> its problem
@@ -131,11 +133,13 @@ class Fsck:
 
     # -- 2. objects ------------------------------------------------------------------------
     def check_objects(self) -> None:
+        total = self.txn.count("objects")
         for key, value in self.txn.scan("objects"):
             raw = bytes(key)
             self.objects += 1
+            self.pages.tick()
             if self.progress and self.objects % 4096 == 0:
-                self.progress(self.objects, 0)
+                self.progress(self.objects, total)
             kind_name = None
             try:
                 if len(raw) != 32:
@@ -219,7 +223,7 @@ class Fsck:
             self.check_position(root.history, root.describe())
             try:
                 for _ in _walk(walker, root):
-                    pass
+                    self.pages.tick()
             except MissingObject as exc:
                 self.problem("missing", f"{exc}, reachable from {root.describe()}", id=exc.digest.hex(),
                              kind=framing.KIND_NAMES[exc.kind],
@@ -259,7 +263,7 @@ def fsck(objects: ObjectStore, progress=None) -> dict:
     """{"ok", "objects", "rows", "roots", "problems": [...]} for the whole store."""
     try:
         with objects.reader() as txn:
-            return Fsck(txn, progress).run()
+            return Fsck(txn, progress, PageReleaser(objects)).run()
     except lmdb.Error as exc:
         raise StoreCorrupt(f"store database is corrupt: {exc}") from None
 

@@ -29,6 +29,7 @@ from agentcas.cas.store import ObjectStore
 from agentcas.errors import IntegrityError, UsageError
 from agentcas.lineage.closure import MissingObject
 from agentcas.refs import threads
+from agentcas.gc.pages import PageReleaser
 from agentcas.gc.roots import (GcAborted, MarkWalker, all_roots, mark_root, mark_signatures,
                                read_pins, young_closure)
 
@@ -143,13 +144,15 @@ def plan_gc(objects: ObjectStore, now: float | None = None, grace: int = DEFAULT
         roots, reflog_entries, expiring = all_roots(txn, now - expire_reflog)
         pins = tuple(read_pins(txn))
         walker = MarkWalker(txn, seen)
+        pages = PageReleaser(objects)
         for root in roots:
-            mark_root(walker, root)
+            pages.tick(mark_root(walker, root))
         signatures = mark_signatures(txn, seen)
 
         young_interior: list[tuple[bytes, int]] = []
         for key, value in txn.scan("objects"):
             total += 1
+            pages.tick()
             try:
                 kind, _, _, written_at = framing.read_header(value)
             except IntegrityError as exc:
@@ -199,6 +202,7 @@ def plan_gc(objects: ObjectStore, now: float | None = None, grace: int = DEFAULT
                 notes.append(f"recent {framing.KIND_NAMES[kind]} {raw.hex()} is incomplete ({exc}); "
                              "kept as it is")
         signatures += mark_signatures(txn, seen)
+    pages.release()
 
     live_pins = [p for p in pins if p.live]
     if live_pins:

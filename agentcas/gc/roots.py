@@ -25,6 +25,7 @@ segments up to the one holding record N-1 (that segment whole) and nothing after
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import Iterator
@@ -171,10 +172,51 @@ def all_roots(txn: Txn, reflog_cutoff: float) -> tuple[list[Root], int, int]:
 
 
 class MarkWalker(Walker):
-    """closure.Walker that verifies interior objects and only checks chunks for presence."""
+    """closure.Walker that verifies interior objects and only checks chunks for presence.
+
+    Trees and chunk lists, by far the most numerous interior objects, are read with a
+    lean parse that extracts only the ids they name: their bytes have just been hashed
+    against their ids, so they are exactly what a validating writer stored (fsck
+    re-validates every object in full). A malformed one still stops gc (GcAborted).
+    """
 
     def __init__(self, txn: Txn, seen: set | None = None):
         super().__init__(txn, seen, verify=True, follow_parents=True)
+
+    def tree(self, digest: Digest, referrer: Digest | None = None) -> Iterator[tuple]:
+        seen, stack = self.seen, [(digest, referrer)]
+        while stack:
+            current, by = stack.pop()
+            if current.raw in seen:
+                continue
+            seen.add(current.raw)
+            entries = _parse(self._data(current, framing.KIND_TREE, by), current, "tree")["entries"]
+            yield current, framing.KIND_TREE, by
+            try:
+                for entry in entries:
+                    if entry["type"] == "dir":
+                        stack.append((_id(entry["id"]), current))
+                    elif entry["size"] == 0:
+                        continue
+                    elif "chunks" not in entry:
+                        yield from self._leaf(_id(entry["id"]), framing.KIND_CHUNK, current)
+                    else:
+                        yield from self._chunk_list(_id(entry["chunks"]), current)
+            except (KeyError, TypeError, ValueError):
+                raise IntegrityError(f"tree {current.hex()} is malformed") from None
+
+    def _chunk_list(self, digest: Digest, referrer: Digest) -> Iterator[tuple]:
+        if digest.raw in self.seen:
+            return
+        self.seen.add(digest.raw)
+        doc = _parse(self._data(digest, framing.KIND_CHUNKLIST, referrer), digest, "chunk list")
+        yield digest, framing.KIND_CHUNKLIST, referrer
+        try:
+            refs = [_id(item[0]) for item in doc["chunks"]]
+        except (KeyError, TypeError, ValueError, IndexError):
+            raise IntegrityError(f"chunk list {digest.hex()} is malformed") from None
+        for ref in refs:
+            yield from self._leaf(ref, framing.KIND_CHUNK, digest)
 
     def _leaf(self, digest: Digest, kind: int, referrer: Digest | None):
         if digest.raw in self.seen:
@@ -190,6 +232,23 @@ class MarkWalker(Walker):
             yield from self.checkpoint(root.checkpoint)
         if root.history.segment is not None:
             yield from self.history(root.history)
+
+
+def _parse(data: bytes, digest: Digest, what: str) -> dict:
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        raise IntegrityError(f"{what} {digest.hex()} is not JSON") from None
+    if not isinstance(doc, dict):
+        raise IntegrityError(f"{what} {digest.hex()} is malformed")
+    return doc
+
+
+def _id(text) -> Digest:
+    """A 64-hex id from a verified object (ValueError/TypeError if it is not one)."""
+    if not isinstance(text, str) or len(text) != 64:
+        raise ValueError("not an id")
+    return Digest(bytes.fromhex(text))
 
 
 def mark_root(walker: MarkWalker, root: Root) -> int:

@@ -37,6 +37,7 @@ from agentcas.cas import encoding, framing
 from agentcas.cas.sealed import seal
 from agentcas.cas.store import ObjectStore, Txn
 from agentcas.errors import IntegrityError
+from agentcas.gc.pages import PageReleaser
 from agentcas.gc.plan import KEY_SIZE, SWEEP_LEVELS, GcPlan
 from agentcas.gc.roots import (GcAborted, MarkWalker, entry_roots, mark_root, mark_signatures,
                                read_pins, state_roots)
@@ -102,7 +103,8 @@ def remark_moved_threads(txn: Txn, plan: GcPlan) -> int:
     return count
 
 
-def sweep_batch(txn: Txn, plan: GcPlan, keys: bytes, level: int) -> _Batch:
+def sweep_batch(txn: Txn, plan: GcPlan, keys: bytes, level: int,
+                pages: PageReleaser | None = None) -> _Batch:
     """One sweep transaction over packed candidate keys (see the module docstring)."""
     result = _Batch()
     live = []
@@ -123,6 +125,8 @@ def sweep_batch(txn: Txn, plan: GcPlan, keys: bytes, level: int) -> _Batch:
         raw = keys[start:start + KEY_SIZE]
         if raw in marked:
             continue
+        if pages is not None:
+            pages.tick()
         value = txn.get("objects", raw)
         if value is None:
             continue
@@ -170,12 +174,13 @@ def execute(objects: ObjectStore, plan: GcPlan, wait: float = DEFAULT_WAIT,
     complete = True
     total = sum(len(keys) for keys in plan.candidates) // KEY_SIZE
     done = 0
+    pages = PageReleaser(objects)
     for level, keys in enumerate(plan.candidates):
         step = batch * KEY_SIZE
         start = 0
         while start < len(keys) and complete:
             chunk = bytes(keys[start:start + step])
-            outcome = objects.write(lambda txn: sweep_batch(txn, plan, chunk, level))
+            outcome = objects.write(lambda txn: sweep_batch(txn, plan, chunk, level, pages))
             dropped += outcome.dropped_pins
             if outcome.busy:
                 now = time.monotonic()
