@@ -347,7 +347,7 @@ def gc_command(click_ctx, dry_run, grace, expire_reflog, report_file, wait, batc
     lines = [f"{plan['objects']} objects: {live['objects']} live ({live['bytes']} bytes), "
              f"{rec['objects']} reclaimable ({rec['bytes']} bytes), {held['objects']} held by grace "
              f"({held['bytes']} bytes)",
-             f"roots: " + ", ".join(f"{n} {kind}" for kind, n in plan["roots"].items()),
+             "roots: " + ", ".join(f"{n} {kind}" for kind, n in plan["roots"].items()),
              f"reflog: {plan['reflog']['expiring']} of {plan['reflog']['entries']} entries expire"]
     if dry_run:
         lines.append("dry run: nothing deleted")

@@ -7,7 +7,6 @@ from agentcas.cas.digest import Digest, hash_blob
 from agentcas.cas.objects import Checkpoint, Tree
 from agentcas.cas.store import MemoryObjectStore, save_object
 from agentcas.errors import IntegrityError, NotFound, UsageError
-from agentcas.refs import threads
 from agentcas.refs.names import BadThreadName, check_thread_name
 from agentcas.refs.revisions import AmbiguousRevision, UnknownRevision, load_checkpoint, resolve
 from agentcas.refs.threads import ThreadState, list_threads, read_reflog, read_thread, set_if_equals
