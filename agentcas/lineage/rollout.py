@@ -107,17 +107,27 @@ def prepare(data: bytes, add_object, first_line: int = 1) -> list[PreparedSegmen
             groups[-1].append(record)
         else:
             groups.append([record])
-    prepared = []
     view = memoryview(data)
-    for group in groups:
+
+    def pack(group):
         start, end = group[0][0], group[-1][1]
-        refs = []
-        for piece in chunking.cut(view[start:end]):
+        refs, objects = [], []
+        for piece in chunking.cut(view[start:end], chunking.ROLLOUT_AVG_SIZE,
+                                  chunking.ROLLOUT_MIN_SIZE, chunking.ROLLOUT_MAX_SIZE):
             digest = hash_blob(piece)
-            add_object(digest, framing.frame(framing.KIND_CHUNK, piece))
+            objects.append((digest, framing.frame(framing.KIND_CHUNK, piece,
+                                                  level=framing.ROLLOUT_ZSTD_LEVEL)))
             refs.append(ChunkRef(digest, len(piece)))
         hashes = [blake3.blake3(view[s:e]).digest() for s, e in group]
-        prepared.append(PreparedSegment(tuple(refs), end - start, hashes))
+        return PreparedSegment(tuple(refs), end - start, hashes), objects
+
+    prepared = []
+    # zstd and BLAKE3 release the GIL: a large append packs its segments on two threads.
+    with ThreadPoolExecutor(READ_WORKERS if len(groups) > 2 else 1) as pool:
+        for segment, objects in pool.map(pack, groups):
+            for digest, framed in objects:
+                add_object(digest, framed)
+            prepared.append(segment)
     return prepared
 
 

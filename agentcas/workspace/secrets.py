@@ -1,7 +1,9 @@
 """Secret scan: refuse to store files that look like they hold credentials.
 
-Each rule has literal anchors and a regex; the regex runs only where an anchor
-occurs (bytes.find is far faster than a regex alternation over the whole file).
+Each rule has literal anchors and a regex. One Aho-Corasick pass (the Rust
+`aho-corasick` crate via ahocorasick-rs, which releases the GIL) finds every anchor
+at once; only the rules whose anchors occur then run their regex. So clean text is
+scanned at hundreds of MB/s per core instead of one pass per anchor.
 Files whose first 8,000 bytes hold a NUL are treated as binary and not scanned,
 as git does for diffs. Findings name file, line and rule; the secret itself is
 never echoed.
@@ -13,6 +15,8 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass
+
+import ahocorasick_rs
 
 BINARY_SNIFF = 8000
 
@@ -65,12 +69,17 @@ def is_binary(head: bytes) -> bool:
     return b"\0" in head[:BINARY_SNIFF]
 
 
+_ANCHORS = [(index, anchor) for index, rule in enumerate(RULES) for anchor in rule.anchors]
+_AUTOMATON = ahocorasick_rs.BytesAhoCorasick([anchor for _, anchor in _ANCHORS])
+
+
 def scan(data: bytes, path: str) -> Finding | None:
     """The first likely secret in `data`, or None."""
     if is_binary(data):
         return None
-    for rule in RULES:
-        if not any(anchor in data for anchor in rule.anchors):
+    hit_rules = {_ANCHORS[found][0] for found, _, _ in _AUTOMATON.find_matches_as_indexes(data)}
+    for index, rule in enumerate(RULES):
+        if index not in hit_rules:
             continue
         for match in rule.pattern.finditer(data):
             value = match.group(match.lastindex or 0)

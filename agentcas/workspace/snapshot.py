@@ -251,7 +251,8 @@ class Snapshotter:
                 digest = hash_blob(piece)
                 refs.append(ChunkRef(digest, len(piece)))
                 if txn.get("objects", digest.raw) is None:
-                    objects.append((digest, framing.frame(framing.KIND_CHUNK, piece)))
+                    objects.append((digest, framing.frame(framing.KIND_CHUNK, piece,
+                                                          level=framing.FILE_ZSTD_LEVEL)))
         chunks = None
         if len(refs) > 1:
             chunk_list = ChunkList(tuple(refs))
@@ -274,11 +275,11 @@ class Snapshotter:
             if item.entry is not None and item.entry.size:
                 self.needed.add((item.entry.chunks or item.entry.id).raw)
         self.stats.cached_files = len(files) - len(todo)
-        for item in todo:
-            self._scan_file(item)
         total = sum(item.st.st_size for item in todo)
         done = 0
         with ThreadPoolExecutor(WORKERS) as pool:
+            for _ in pool.map(self._scan_file, todo):  # every file, before anything is stored
+                pass
             pending = []
             in_flight = 0
             queue = list(reversed(todo))
