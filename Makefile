@@ -11,7 +11,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 demo: setup
@@ -23,7 +23,7 @@ test: setup
 bench: setup
 	@command -v restic >/dev/null && command -v borg >/dev/null && command -v b3sum >/dev/null || \
 	  { apt-get update -qq && apt-get install -y -qq restic borgbackup b3sum; }
-	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/pip install --quiet -e '.[bench]' --config-settings editable_mode=compat
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 clean:

@@ -12,7 +12,6 @@ sees both or neither), so a write that stores nothing new costs no pin at all.
 from __future__ import annotations
 
 import os
-import secrets
 import time
 
 from agentcas.cas import encoding
@@ -78,7 +77,7 @@ class WritePin:
 
     def __init__(self, store: ObjectStore, what: str, lazy: bool = False):
         self.store = store
-        self.key = secrets.token_bytes(16)
+        self.key = os.urandom(16)
         self.doc = {"what": what, "pid": os.getpid(), "started_at": int(time.time()) - 1}
         self.lazy = lazy
         self.written = False

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import queue
-import secrets as pyrandom
 import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -140,7 +139,7 @@ def restore_tree(store: ObjectStore, tree_id: Digest, dest: str, progress=None) 
     with store.reader() as txn:
         entries = list(list_files(txn, tree_id))
     parent = os.path.dirname(dest)
-    temp = os.path.join(parent, f".{os.path.basename(dest)}.agentcas-{pyrandom.token_hex(6)}")
+    temp = os.path.join(parent, f".{os.path.basename(dest)}.agentcas-{os.urandom(6).hex()}")
     try:
         os.makedirs(parent, exist_ok=True)
         os.mkdir(temp, 0o755)

@@ -24,7 +24,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import blake3
-import pathspec
 
 from agentcas.cas import chunking, encoding, framing
 from agentcas.cas.digest import EMPTY, Digest, hash_blob
@@ -102,6 +101,7 @@ class Snapshotter:
         if not os.path.isfile(path):
             return None
         with open(path, encoding="utf-8", errors="replace") as handle:
+            import pathspec  # only when there is an ignore file: it costs ~10 ms to import
             return pathspec.GitIgnoreSpec.from_lines(handle.read().splitlines())
 
     def _ignored(self, rel: str, is_dir: bool) -> bool:
