@@ -28,6 +28,7 @@ GIB = 1 << 30
 
 
 def agentcas_commit(store: str, data: str, msg: str, env) -> tuple[float, dict]:
+    h.settle()
     start = time.perf_counter()
     out = h.output([h.AGENTCAS, "--store", store, "--json", "commit", data, "-m", msg], env=env)
     return time.perf_counter() - start, json.loads(out)

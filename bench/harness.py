@@ -38,6 +38,14 @@ TOOL_ENV = {
 }
 
 
+# Child Python processes (the agentcas CLI, workers) write their bytecode caches to a
+# private directory: a pip-installed agentcas has its .pyc files, so a benchmark should
+# not pay for compiling sources on every run (PYTHONDONTWRITEBYTECODE=1 would do that),
+# and nothing is written into the source tree.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+os.environ["PYTHONPYCACHEPREFIX"] = os.path.join(os.environ.get("BENCH_TMP", "/tmp"), "agentcas-bench-pycache")
+
+
 class ToolFailed(RuntimeError):
     pass
 
@@ -63,8 +71,17 @@ def work_dir(label: str):
         shutil.rmtree(path, ignore_errors=True)
 
 
+def settle() -> None:
+    """Flush dirty pages to disk (untimed), so no tool pays for the previous one's writes."""
+    os.sync()
+
+
 def run(cmd, env=None, cwd=None, stdout=subprocess.DEVNULL, shell=False, check=True) -> float:
-    """Run a command; return its wall time in seconds. Raise ToolFailed on non-zero exit."""
+    """Run a command; return its wall time in seconds. Raise ToolFailed on non-zero exit.
+
+    Dirty pages are flushed first (`settle`), outside the timing.
+    """
+    settle()
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, cwd=cwd, stdout=stdout, stderr=subprocess.PIPE,
                           shell=shell)
@@ -108,19 +125,25 @@ def apparent_bytes(path: str) -> int:
 
 STORE_PROBE = r"""
 import json, sys
+from agentcas.cas.store import TABLES
 from agentcas.repository import Store
 s = Store.open(sys.argv[1])
-count = size = 0
+count = size = payload = 0
 with s.objects.reader() as txn:
-    for _key, value in txn.scan("objects"):
-        count += 1
-        size += len(value)
-print(json.dumps({"used_bytes": s.objects.used_bytes(), "objects": count, "object_bytes": size}))
+    for table in TABLES:
+        for key, value in txn.scan(table):
+            payload += len(key) + len(value)
+            if table == "objects":
+                count += 1
+                size += len(value)
+print(json.dumps({"used_bytes": s.objects.used_bytes(), "objects": count, "object_bytes": size,
+                  "payload": payload}))
 """
 
 
 def store_stats(path: str) -> dict:
-    """used_bytes (LMDB pages in use), object count and the sum of stored object sizes.
+    """used_bytes (LMDB pages in use), object count, the sum of stored object sizes, and
+    `payload`: every key and value in every table (objects, refs, reflog, statcache, ...).
 
     Run in a subprocess so that this process never holds the store's LMDB environment
     while the CLI writes it.

@@ -12,6 +12,7 @@ digest covers only its bytes; together they catch a flipped bit anywhere in the 
 from __future__ import annotations
 
 import struct
+import threading
 import time
 import zlib
 
@@ -46,19 +47,44 @@ class CorruptValue(IntegrityError):
     """A stored value whose header or compressed body is damaged."""
 
 
+_LOCAL = threading.local()
+PROBE_BYTES = 8192
+
+
+def _compressor(level: int) -> zstandard.ZstdCompressor:
+    """One compressor per thread and level (they are not thread-safe, and cost to build)."""
+    cache = getattr(_LOCAL, "compressors", None)
+    if cache is None:
+        cache = _LOCAL.compressors = {}
+    compressor = cache.get(level)
+    if compressor is None:
+        compressor = cache[level] = zstandard.ZstdCompressor(
+            level=level, write_content_size=True, write_checksum=False)
+    return compressor
+
+
+def _worth_compressing(data) -> bool:
+    """Large values are probed first: 8 KiB from the middle that zstd cannot shrink by
+    3% means incompressible (random, already compressed), so the value is stored raw
+    without paying for a full compression attempt."""
+    if len(data) <= 4 * PROBE_BYTES:
+        return True
+    middle = len(data) // 2
+    return len(_compressor(1).compress(data[middle:middle + PROBE_BYTES])) < PROBE_BYTES * 0.97
+
+
 def frame(kind: int, data, compress: bool = True, written_at: int | None = None,
           level: int = ZSTD_LEVEL) -> bytes:
     """Frame `data` for storage, zstd-compressing it when that saves space."""
     size = len(data)
     body, codec = data, CODEC_RAW
-    if compress and size >= 64:
-        packed = zstandard.ZstdCompressor(level=level, write_content_size=True,
-                                          write_checksum=False).compress(data)
+    if compress and size >= 64 and _worth_compressing(data):
+        packed = _compressor(level).compress(data)
         if len(packed) + 8 < size:
             body, codec = packed, CODEC_ZSTD
     when = int(time.time()) if written_at is None else written_at
     head = HEADER.pack(kind, codec, size, when, 0)[:-4]
-    return head + struct.pack(">I", zlib.crc32(head)) + bytes(body)
+    return b"".join((head, struct.pack(">I", zlib.crc32(head)), body))
 
 
 def read_header(value) -> tuple[int, int, int, int]:

@@ -85,10 +85,16 @@ class _ResizeGate:
                 self._cond.notify_all()
 
 
+# Writes to these tables need not survive a power cut on their own: objects are
+# re-checked by the transaction that references them, and the cache and pins are hints.
+_NOT_DURABLE = frozenset(("objects", "statcache", "pins"))
+
+
 class _LmdbTxn(Txn):
     def __init__(self, txn: lmdb.Transaction, dbs: dict):
         self._txn = txn
         self._dbs = dbs
+        self.durable = False  # set when a ref-like table changes: then flush the meta page
 
     def get(self, table, key):
         return self._txn.get(key, db=self._dbs[table])
@@ -123,12 +129,15 @@ class _LmdbTxn(Txn):
             yield key, value
 
     def put(self, table, key, value):
+        self.durable = self.durable or table not in _NOT_DURABLE
         self._txn.put(key, value, db=self._dbs[table])
 
     def put_new(self, table, key, value):
+        self.durable = self.durable or table not in _NOT_DURABLE
         return self._txn.put(key, value, overwrite=False, db=self._dbs[table])
 
     def delete(self, table, key):
+        self.durable = self.durable or table not in _NOT_DURABLE
         return self._txn.delete(key, db=self._dbs[table])
 
     def count(self, table):
@@ -174,8 +183,13 @@ class LmdbObjectStore(ObjectStore):
                 os.makedirs(self.path, exist_ok=True)
             except OSError as exc:
                 raise StoreUnavailable(f"cannot create a store in {self.path}: {exc.strerror}") from None
+        # metasync=False (MDB_NOMETASYNC): each commit still fsyncs its data pages, but not
+        # the meta page; LMDB keeps integrity and a power cut can undo only the last
+        # commit. Batches of objects need no more; a transaction that moves a ref (or
+        # any other durable table) is followed by env.sync(), so it is durable on return.
         options = dict(map_size=self.map_size, subdir=True, max_dbs=len(TABLES) + 2,
-                       readahead=False, meminit=False, max_readers=256, create=create)
+                       readahead=False, meminit=False, max_readers=256, create=create,
+                       metasync=False)
         writable = os.access(self.path, os.W_OK) and (
             create or os.access(os.path.join(self.path, DATA_FILE), os.W_OK))
         try:
@@ -223,7 +237,11 @@ class LmdbObjectStore(ObjectStore):
                 try:
                     with self._gate.shared():
                         with self.env.begin(write=True) as txn:
-                            return fn(_LmdbTxn(txn, self.dbs))
+                            wrapped = _LmdbTxn(txn, self.dbs)
+                            result = fn(wrapped)
+                        if wrapped.durable:
+                            self.env.sync(True)
+                        return result
                 except lmdb.MapFullError:
                     self._resize(self.env.info()["map_size"] * 2)
                 except lmdb.MapResizedError:
