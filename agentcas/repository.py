@@ -22,7 +22,7 @@ from agentcas.cas.lmdb_store import StoreUnavailable, open_lmdb
 from agentcas.cas.objects import (EMPTY_POSITION, FORMAT_VERSION, Checkpoint, HistoryPosition,
                                   check_reason)
 from agentcas.cas.sealed import seal, unseal
-from agentcas.cas.store import MemoryObjectStore, ObjectStore, Txn, load_object, save_object
+from agentcas.cas.store import MemoryObjectStore, ObjectStore, Txn, save_object
 from agentcas.cas.writer import BatchWriter, WritePin
 from agentcas.errors import ConflictError, IntegrityError, NotFound, UsageError
 from agentcas.lineage import rollout
@@ -422,7 +422,7 @@ class Store:
                     raise ConflictError(f"thread {thread!r} is not at {expect!r}; nothing was changed")
             target = revisions.resolve(txn, rev)
             cp = revisions.load_checkpoint(txn, target)
-            related = (cp.thread == thread or _is_ancestor(txn, target, state.checkpoint)
+            related = (cp.thread == thread or revisions.is_ancestor(txn, target, state.checkpoint)
                        or bool(_fork_ancestry(txn, thread) & _fork_ancestry(txn, cp.thread)))
             entry = _reflog_state(txn, rev)
             history = entry.history if entry is not None and entry.checkpoint == target else cp.history
@@ -720,21 +720,6 @@ def _fork_ancestry(txn: Txn, name: str) -> set[str]:
         state = threads.read_thread(txn, current)
         current = state.forked_from.thread if state is not None and state.forked_from else None
     return names
-
-
-def _is_ancestor(txn: Txn, target: Digest, tip: Digest | None, limit: int = 100000) -> bool:
-    stack, seen = ([tip] if tip else []), set()
-    while stack and len(seen) < limit:
-        digest = stack.pop()
-        if digest == target:
-            return True
-        if digest.raw in seen:
-            continue
-        seen.add(digest.raw)
-        data = load_object(txn, digest, framing.KIND_CHECKPOINT)
-        if data is not None:
-            stack.extend(Checkpoint.decode(data).parents)
-    return False
 
 
 def _common_prefix(history: rollout.History, a: HistoryPosition, b: HistoryPosition) -> int:

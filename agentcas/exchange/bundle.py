@@ -35,7 +35,7 @@ from agentcas.cas.objects import Checkpoint, ChunkList, HistoryPosition, Invalid
 from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.store import ObjectStore, Txn
 from agentcas.cas.writer import WritePin
-from agentcas.errors import ConflictError, IntegrityError, NotFound, UsageError
+from agentcas.errors import ConflictError, IntegrityError, UsageError
 from agentcas.exchange.bundle_format import (MAGIC, MAX_SIGNATURES, RECORD_HEAD, TRAILER, TRAILER_MAGIC, U32,
                                              BundleCorrupt, Manifest, ManifestFile, ParsedBundle, iter_records,
                                              parse, read_record_value, restamp)
@@ -43,7 +43,7 @@ from agentcas.lineage import rollout
 from agentcas.lineage.closure import Walker
 from agentcas.refs import threads
 from agentcas.refs.names import check_thread_name
-from agentcas.refs.revisions import load_checkpoint
+from agentcas.refs.revisions import is_ancestor, load_checkpoint
 from agentcas.refs.threads import ThreadState
 from agentcas.signing import envelope as env
 from agentcas.signing import trust
@@ -425,23 +425,6 @@ def read_import(txn: Txn, thread: str) -> dict | None:
     return None if value is None else encoding.decode(unseal("imports", key, value))
 
 
-def _ancestors_contain(txn: Txn, tip: Digest, target: Digest, limit: int = 1_000_000) -> bool:
-    """True if `target` is `tip` or one of its ancestors in the store."""
-    stack, seen = [tip], set()
-    while stack and len(seen) < limit:
-        digest = stack.pop()
-        if digest == target:
-            return True
-        if digest.raw in seen:
-            continue
-        seen.add(digest.raw)
-        try:
-            stack.extend(load_checkpoint(txn, digest).parents)
-        except NotFound:  # an ancestor missing from the store ends that branch
-            continue
-    return False
-
-
 def check_rollback(txn: Txn, thread: str, checkpoint: Digest, signed_at: str | None,
                    allow_rollback: bool) -> None:
     """Refuse a bundle older (by signed time or ancestry) than the last import into `thread`."""
@@ -450,7 +433,7 @@ def check_rollback(txn: Txn, thread: str, checkpoint: Digest, signed_at: str | N
         return
     older = signed_at is not None and last.get("signed_at") is not None and signed_at < last["signed_at"]
     if not older:
-        older = _ancestors_contain(txn, Digest.parse(last["checkpoint"]), checkpoint)
+        older = is_ancestor(txn, checkpoint, Digest.parse(last["checkpoint"]))
     if older:
         raise RollbackRefused(
             f"bundle checkpoint {checkpoint.short()} is older than {last['checkpoint'][:12]} already imported "

@@ -34,13 +34,13 @@ from typing import Callable, Iterable, Iterator
 
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest
-from agentcas.cas.objects import Checkpoint
-from agentcas.cas.store import ObjectStore, Txn, load_object, verify_object
+from agentcas.cas.store import ObjectStore, Txn, verify_object
 from agentcas.cas.writer import BatchWriter, WritePin
 from agentcas.errors import ConflictError, IntegrityError, NotFound
 from agentcas.lineage.closure import MissingObject, Walker
 from agentcas.lineage.rollout import History
 from agentcas.refs import threads
+from agentcas.refs.revisions import is_ancestor
 from agentcas.refs.threads import ThreadState
 
 HAS_MANY_BATCH = 4096
@@ -121,29 +121,12 @@ def closure_of(txn: Txn, state: ThreadState, verify: bool) -> Iterator[tuple[Dig
         yield digest, kind
 
 
-def is_ancestor(txn: Txn, ancestor: Digest, tip: Digest) -> bool:
-    """True if `ancestor` is `tip` or reachable from it through parents."""
-    stack, seen = [tip], set()
-    while stack:
-        digest = stack.pop()
-        if digest == ancestor:
-            return True
-        if digest.raw in seen:
-            continue
-        seen.add(digest.raw)
-        data = load_object(txn, digest, framing.KIND_CHECKPOINT)
-        if data is None:
-            raise MissingObject(digest, framing.KIND_CHECKPOINT, None)
-        stack.extend(Checkpoint.decode(data).parents)
-    return False
-
-
 def fast_forward_problem(txn: Txn, old: ThreadState | None, new: ThreadState) -> str | None:
     """Why `new` does not fast-forward `old` (None if it does); `txn` holds new's closure."""
     if old is None:
         return None
     if old.checkpoint is not None:
-        if new.checkpoint is None or not is_ancestor(txn, old.checkpoint, new.checkpoint):
+        if new.checkpoint is None or not is_ancestor(txn, old.checkpoint, new.checkpoint, strict=True):
             return f"checkpoint {old.checkpoint.short()} is not an ancestor of the one sent"
     if old.history.seq > new.history.seq:
         return (f"its history has {old.history.seq} records, more than the "

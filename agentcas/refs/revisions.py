@@ -16,7 +16,7 @@ from agentcas.cas import framing
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import Checkpoint
 from agentcas.cas.store import Txn, load_object, object_kind
-from agentcas.errors import NotFound, UsageError
+from agentcas.errors import IntegrityError, NotFound, UsageError
 from agentcas.refs.threads import read_reflog, read_thread
 
 _SUFFIX = re.compile(r"(~\d*|\^)$")
@@ -102,3 +102,26 @@ def _resolve_prefix(txn: Txn, prefix: str, rev: str) -> Digest:
     if not matches:
         raise UnknownRevision(f"unknown revision {rev!r}")
     return matches[0]
+
+
+def is_ancestor(txn: Txn, ancestor: Digest, tip: Digest | None, strict: bool = False) -> bool:
+    """True if `ancestor` is `tip` or reachable from it through parents (depth first).
+
+    A checkpoint missing from the store ends its branch, or with `strict` raises
+    IntegrityError (a sender must hold the whole ancestry it claims).
+    """
+    stack, seen = ([tip] if tip is not None else []), set()
+    while stack:
+        digest = stack.pop()
+        if digest == ancestor:
+            return True
+        if digest.raw in seen:
+            continue
+        seen.add(digest.raw)
+        data = load_object(txn, digest, framing.KIND_CHECKPOINT)
+        if data is None:
+            if strict:
+                raise IntegrityError(f"checkpoint {digest.hex()} is missing from the store")
+            continue
+        stack.extend(Checkpoint.decode(data).parents)
+    return False
