@@ -245,7 +245,6 @@ class Snapshotter:
         objects = []
         if not data:
             return TreeEntry(item.rel.rsplit("/", 1)[-1], "file", EMPTY, mode, 0), objects, 0, []
-        file_id = Digest(blake3.blake3(data, max_threads=1).digest())
         refs = []
         with self.store.reader() as txn:
             for piece in chunking.cut(data):
@@ -255,6 +254,8 @@ class Snapshotter:
                     objects.append((digest, framing.frame(framing.KIND_CHUNK, piece,
                                                           level=framing.FILE_ZSTD_LEVEL)))
         chunks = None
+        # A one-chunk file's id is its chunk's id (both are plain BLAKE3 of the same bytes).
+        file_id = refs[0].id if len(refs) == 1 else Digest(blake3.blake3(data, max_threads=1).digest())
         if len(refs) > 1:
             chunk_list = ChunkList(tuple(refs))
             chunks = chunk_list.digest()
