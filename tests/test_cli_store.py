@@ -553,3 +553,27 @@ def test_checkout_that_runs_out_of_space_leaves_nothing(repo, tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert "agentcas: error: cannot write" in proc.stderr and "Traceback" not in proc.stderr
     assert proc.stdout.strip() == ""  # `ls -A` of the mount: neither DEST nor a temporary sibling
+
+
+def test_store_made_read_only_with_chmod_refuses_writes_even_as_root(tmp_path):
+    """`chmod a-w` on a store means read-only, also for root (who ignores mode bits)."""
+    store = tmp_path / "store"
+    assert run_cli("init", store).code == 0
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("one\n")
+    assert run_cli("commit", ws, "-m", "first", store=store).code == 0
+    paths = [store, *store.iterdir()]
+    modes = {p: p.stat().st_mode for p in paths}
+    for p in paths:
+        p.chmod(modes[p] & ~0o222)
+    try:
+        before = {p.name: p.read_bytes() for p in store.iterdir() if p.name == "data.mdb"}
+        (ws / "a.txt").write_text("two\n")
+        result = run_cli("commit", ws, "-m", "second", store=store)
+        assert result.code == 1 and "read-only" in result.err and "Traceback" not in result.err
+        assert run_cli("log", store=store).code == 0          # reading still works
+        assert {p.name: p.read_bytes() for p in store.iterdir() if p.name == "data.mdb"} == before
+    finally:
+        for p in paths:
+            p.chmod(modes[p])

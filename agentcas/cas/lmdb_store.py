@@ -152,6 +152,15 @@ def _prefix_end(prefix: bytes) -> bytes | None:
     return trimmed[:-1] + bytes([trimmed[-1] + 1])
 
 
+def _may_write(path: str) -> bool:
+    """Writable for us, and not made read-only by its owner: root ignores permission
+    bits, but a store someone ran `chmod a-w` on is meant to be read-only even so."""
+    try:
+        return os.access(path, os.W_OK) and bool(os.stat(path).st_mode & 0o222)
+    except OSError:
+        return False
+
+
 class LmdbObjectStore(ObjectStore):
     def __init__(self, path: str, create: bool = False, map_size: int | None = None):
         self.path = os.path.abspath(path)
@@ -190,8 +199,7 @@ class LmdbObjectStore(ObjectStore):
         options = dict(map_size=self.map_size, subdir=True, max_dbs=len(TABLES) + 2,
                        readahead=False, meminit=False, max_readers=256, create=create,
                        metasync=False)
-        writable = os.access(self.path, os.W_OK) and (
-            create or os.access(os.path.join(self.path, DATA_FILE), os.W_OK))
+        writable = _may_write(self.path) and (create or _may_write(os.path.join(self.path, DATA_FILE)))
         try:
             if writable:
                 return lmdb.open(self.path, **options)
