@@ -54,22 +54,27 @@ class BatchWriter:
         if not batch:
             return
         pin = self.pin if self.pin is not None and not self.pin.written else None
-
-        def put_all(txn: Txn):
-            if pin is not None:
-                pin.put(txn)
-            count = size = 0
-            for raw, framed in batch.items():
-                if save_object(txn, Digest(raw), framed):
-                    count += 1
-                    size += len(framed)
-            return count, size
-
-        count, size = self.store.write(put_all)
+        count, size = put_objects(self.store, batch, pin)
         if pin is not None:
             pin.written = True
         self.written_objects += count
         self.written_bytes += size
+
+
+def put_objects(store: ObjectStore, batch: dict, pin: "WritePin | None" = None) -> tuple[int, int]:
+    """Store {raw id: framed value} in one transaction (with a lazy pin's row, if given),
+    skipping objects already present; (objects written, bytes written)."""
+    def put_all(txn: Txn):
+        if pin is not None:
+            pin.put(txn)
+        count = size = 0
+        for raw, framed in batch.items():
+            if save_object(txn, Digest(raw), framed):
+                count += 1
+                size += len(framed)
+        return count, size
+
+    return store.write(put_all)
 
 
 class WritePin:

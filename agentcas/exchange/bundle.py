@@ -517,18 +517,10 @@ def _write_pipelined(objects: ObjectStore, records) -> tuple[int, int]:
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from agentcas.cas.store import save_object
-    from agentcas.cas.writer import BATCH_BYTES, BATCH_OBJECTS
+    from agentcas.cas.writer import BATCH_BYTES, BATCH_OBJECTS, put_objects
 
     def land(batch: dict) -> tuple[int, int]:
-        def put_all(txn: Txn):
-            count = size = 0
-            for raw, framed in batch.items():
-                if save_object(txn, Digest(raw), framed):
-                    count += 1
-                    size += len(framed)
-            return count, size
-        return objects.write(put_all)
+        return put_objects(objects, batch)
 
     now = int(time.time())
     totals = [0, 0]
