@@ -25,7 +25,7 @@ from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.store import MemoryObjectStore, ObjectStore, Txn, save_object
 from agentcas.cas.writer import BatchWriter, WritePin
 from agentcas.errors import ConflictError, IntegrityError, NotFound, UsageError
-from agentcas.lineage import rollout
+from agentcas.lineage import checkpoints, rollout
 from agentcas.refs import revisions, threads
 from agentcas.refs.names import check_thread_name
 from agentcas.refs.threads import ForkOrigin, ThreadState
@@ -242,8 +242,9 @@ class Store:
                     if txn.get("objects", raw) is None:
                         raise IntegrityError(f"object {raw.hex()} vanished before the commit landed "
                                              "(concurrent gc?); nothing was committed, retry")
+                generation, skip = checkpoints.index_for_child(txn, current)
                 cp = Checkpoint(tree, (current,) if current else (), thread, reason, who, created_at,
-                                runtime, history)
+                                runtime, history, generation=generation, skip=skip)
                 digest = cp.digest()
                 save_object(txn, digest, framing.frame(framing.KIND_CHECKPOINT, cp.encode()))
                 new = ThreadState(digest, history, None if state is None else state.forked_from)
@@ -392,12 +393,7 @@ class Store:
                 raise UsageError(f"--at {at} is beyond the end of the history of {source!r} "
                                  f"({head.seq} records)")
             position = rollout.History(txn).position(head, head.seq if at is None else at)
-            checkpoint = tip
-            while checkpoint is not None:
-                cp = revisions.load_checkpoint(txn, checkpoint)
-                if cp.history.seq <= position.seq:
-                    break
-                checkpoint = cp.parents[0] if cp.parents else None
+            checkpoint = checkpoints.newest_at_or_before(txn, tip, position.seq)
             new = ThreadState(checkpoint, position, ForkOrigin(origin, checkpoint, position.seq))
             if not threads.set_if_equals(txn, name, None, new, "fork", f"fork of {source} at {position.seq}"):
                 raise ConflictError(f"thread {name!r} already exists")

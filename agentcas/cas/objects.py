@@ -313,6 +313,11 @@ class Checkpoint:
     runtime: dict = field(default_factory=dict, hash=False, compare=False)
     history: HistoryPosition = EMPTY_POSITION
     format: int = FORMAT_VERSION
+    # Optional first-parent index (lineage/checkpoints.py): the depth along first parents
+    # and a pointer further back, so "newest checkpoint at or before seq S" is O(log n).
+    # 0 / None (the keys omitted) mean "not indexed": readers then step parent by parent.
+    generation: int = 0
+    skip: Digest | None = None
 
     KIND = framing.KIND_CHECKPOINT
 
@@ -328,12 +333,23 @@ class Checkpoint:
             raise InvalidObject("runtime must map names to version strings")
         if not isinstance(self.thread, str) or not self.thread:
             raise InvalidObject("checkpoint thread must be a name")
+        if not isinstance(self.generation, int) or isinstance(self.generation, bool) or self.generation < 0:
+            raise InvalidObject("generation must be an integer >= 0")
+        if self.generation and not self.parents:
+            raise InvalidObject("a checkpoint without parents has generation 0")
+        if self.skip is not None and (self.generation < 2 or not isinstance(self.skip, Digest)):
+            raise InvalidObject("only a checkpoint of generation >= 2 has a skip pointer")
 
     def to_doc(self):
-        return {"format": self.format, "tree": self.tree.hex(),
-                "parents": [p.hex() for p in self.parents], "thread": self.thread,
-                "reason": self.reason, "author": self.author, "created_at": self.created_at,
-                "runtime": dict(self.runtime), "history": self.history.to_doc()}
+        doc = {"format": self.format, "tree": self.tree.hex(),
+               "parents": [p.hex() for p in self.parents], "thread": self.thread,
+               "reason": self.reason, "author": self.author, "created_at": self.created_at,
+               "runtime": dict(self.runtime), "history": self.history.to_doc()}
+        if self.generation:
+            doc["generation"] = self.generation
+        if self.skip is not None:
+            doc["skip"] = self.skip.hex()
+        return doc
 
     def encode(self) -> bytes:
         return encoding.encode(self.to_doc(), check=False)
@@ -353,6 +369,11 @@ class Checkpoint:
             raise InvalidObject("parents must be a list")
         if not isinstance(doc["author"], str):
             raise InvalidObject("author must be a string")
+        if "generation" in doc and not doc["generation"]:
+            raise InvalidObject("generation 0 is written by omitting the key")
+        skip = doc.get("skip")
         return cls(_digest(doc["tree"], "tree"), tuple(_digest(p, "parent") for p in doc["parents"]),
                    doc["thread"], doc["reason"], doc["author"], doc["created_at"],
-                   doc["runtime"], HistoryPosition.from_doc(doc["history"]), doc["format"])
+                   doc["runtime"], HistoryPosition.from_doc(doc["history"]), doc["format"],
+                   _int(doc.get("generation", 0), "generation"),
+                   None if skip is None else _digest(skip, "skip"))

@@ -1,0 +1,60 @@
+"""First-parent chains of checkpoints, searched in O(log n) with skip pointers.
+
+A checkpoint committed on top of a parent gets generation = parent's + 1 and, from
+generation 2, a skip pointer to its first-parent ancestor at generation
+skip_index(generation) (the same deterministic skip list as rollout segments). Along a
+first-parent chain the history seq never decreases (a commit records its thread's
+history, which only grows from its parent's, or is reset to a checkpoint's by
+revert/branch/fork), so "the newest checkpoint at or before seq S" is found by walking
+back from the tip and jumping to the skip target whenever it still lies after S.
+Checkpoints without an index (generation 0) are walked parent by parent.
+"""
+
+from __future__ import annotations
+
+from agentcas.cas.digest import Digest
+from agentcas.cas.objects import Checkpoint
+from agentcas.cas.store import Txn
+from agentcas.lineage.rollout import skip_index
+from agentcas.refs.revisions import load_checkpoint
+
+
+def index_for_child(txn: Txn, parent: Digest | None) -> tuple[int, Digest | None]:
+    """(generation, skip) for a new checkpoint whose first parent is `parent`."""
+    if parent is None:
+        return 0, None
+    first = load_checkpoint(txn, parent)
+    if first.parents and first.generation == 0:
+        return 0, None  # the parent's chain is not indexed, so neither is the child
+    generation = first.generation + 1
+    if generation < 2:
+        return generation, None
+    return generation, ancestor_at(txn, parent, first, skip_index(generation))
+
+
+def ancestor_at(txn: Txn, digest: Digest, checkpoint: Checkpoint, generation: int) -> Digest | None:
+    """The first-parent ancestor of `digest` at `generation` (None if the chain is not indexed)."""
+    node_id, node = digest, checkpoint
+    while node.generation > generation:
+        if node.skip is not None and skip_index(node.generation) >= generation:
+            node_id = node.skip
+        elif node.parents:
+            node_id = node.parents[0]
+        else:
+            return None
+        node = load_checkpoint(txn, node_id)
+    return node_id if node.generation == generation else None
+
+
+def newest_at_or_before(txn: Txn, tip: Digest | None, seq: int) -> Digest | None:
+    """The newest checkpoint on `tip`'s first-parent chain whose history has <= seq records."""
+    node_id = tip
+    while node_id is not None:
+        node = load_checkpoint(txn, node_id)
+        if node.history.seq <= seq:
+            return node_id
+        if node.skip is not None and load_checkpoint(txn, node.skip).history.seq > seq:
+            node_id = node.skip
+        else:
+            node_id = node.parents[0] if node.parents else None
+    return None

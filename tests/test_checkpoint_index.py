@@ -1,0 +1,86 @@
+"""lineage/checkpoints.py: generation and skip pointers on first-parent chains."""
+
+from __future__ import annotations
+
+import random
+
+from agentcas import Store
+from agentcas.cas.objects import Checkpoint
+from agentcas.lineage.checkpoints import ancestor_at, newest_at_or_before
+from agentcas.refs.revisions import load_checkpoint
+
+
+def naive_newest(txn, tip, seq):
+    node = tip
+    while node is not None:
+        cp = load_checkpoint(txn, node)
+        if cp.history.seq <= seq:
+            return node
+        node = cp.parents[0] if cp.parents else None
+    return None
+
+
+def chain(txn, tip):
+    out = []
+    node = tip
+    while node is not None:
+        out.append(node)
+        cp = load_checkpoint(txn, node)
+        node = cp.parents[0] if cp.parents else None
+    return out[::-1]
+
+
+def test_commits_carry_generation_and_skip_and_fork_finds_the_newest_at_the_cut(tmp_path):
+    store = Store.memory()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("a\n")
+    rng = random.Random(7)
+    for step in range(150):
+        if rng.random() < 0.7:
+            store.rollout_append("main", b'{"step": %d}\n' % step * rng.randint(1, 3))
+        store.commit(str(ws), f"step {step}")
+        if step in (60, 110):  # reverts reset the history; the chain stays monotone
+            store.revert("main", "main~5")
+    with store.objects.reader() as txn:
+        tip = store.resolve("main")
+        nodes = chain(txn, tip)
+        for generation, node in enumerate(nodes):
+            cp = load_checkpoint(txn, node)
+            assert cp.generation == generation
+            assert (cp.skip is not None) == (generation >= 2)
+            assert ancestor_at(txn, node, cp, generation // 2) == nodes[generation // 2]
+        head = store.thread("main").history.seq
+        for seq in list(range(0, head + 1, 7)) + [head]:
+            assert newest_at_or_before(txn, tip, seq) == naive_newest(txn, tip, seq)
+    forked = store.fork("main", "side", at=head // 2)
+    with store.objects.reader() as txn:
+        assert forked["checkpoint"] == naive_newest(txn, tip, head // 2).hex()
+
+
+def test_unindexed_checkpoints_are_walked_parent_by_parent():
+    """Generation 0 with parents (built by other writers) keeps its id and still resolves."""
+    from agentcas.cas import framing
+    from agentcas.cas.objects import EMPTY_POSITION, Tree
+    from agentcas.cas.store import save_object
+    store = Store.memory()
+    tree = Tree(())
+    ids = []
+
+    def land(txn):
+        save_object(txn, tree.digest(), framing.frame(framing.KIND_TREE, tree.encode()))
+        parent = None
+        for n in range(5):
+            cp = Checkpoint(tree.digest(), (parent,) if parent else (), "main", f"n{n}", "t",
+                            "2026-11-29T00:00:00.000000Z", {}, EMPTY_POSITION)
+            digest = cp.digest()
+            save_object(txn, digest, framing.frame(framing.KIND_CHECKPOINT, cp.encode()))
+            ids.append(digest)
+            parent = digest
+
+    store.objects.write(land)
+    with store.objects.reader() as txn:
+        assert newest_at_or_before(txn, ids[-1], 0) == ids[-1]
+        assert load_checkpoint(txn, ids[-1]).generation == 0
+        assert b"generation" not in Checkpoint.decode(Checkpoint(
+            tree.digest(), (), "main", "r", "t", "2026-11-29T00:00:00.000000Z").encode()).encode()
