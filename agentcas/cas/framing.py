@@ -63,6 +63,14 @@ def _compressor(level: int) -> zstandard.ZstdCompressor:
     return compressor
 
 
+def _decompressor() -> zstandard.ZstdDecompressor:
+    """One decompressor per thread (building one per chunk costs more than small chunks)."""
+    decompressor = getattr(_LOCAL, "decompressor", None)
+    if decompressor is None:
+        decompressor = _LOCAL.decompressor = zstandard.ZstdDecompressor()
+    return decompressor
+
+
 def _worth_compressing(data) -> bool:
     """Large values are probed first: 8 KiB from the middle that zstd cannot shrink by
     3% means incompressible (random, already compressed), so the value is stored raw
@@ -115,7 +123,6 @@ def unframe(value, copy: bool = True) -> tuple[int, bytes]:
 
 def decompress_bounded(body, size: int) -> bytes:
     """Decompress one zstd frame that must expand to exactly `size` bytes."""
-    body = bytes(body)
     try:
         declared = zstandard.frame_content_size(body) if len(body) >= 4 else -2
     except zstandard.ZstdError:
@@ -125,8 +132,7 @@ def decompress_bounded(body, size: int) -> bytes:
     try:
         # allow_extra_data=False: bytes after the frame make the value corrupt, so one
         # object has exactly one stored form and damage there is not silently ignored.
-        data = zstandard.ZstdDecompressor().decompress(body, max_output_size=size,
-                                                      allow_extra_data=False)
+        data = _decompressor().decompress(body, max_output_size=size, allow_extra_data=False)
     except zstandard.ZstdError as exc:
         raise CorruptValue(f"zstd frame does not decompress: {exc}") from None
     if len(data) != size:
