@@ -204,15 +204,7 @@ def bench_snapshots(work: str, env: dict, initial: int, step: int, count: int, q
         first_bytes = handle.read()
     time.sleep(2.2)  # the workspace files are older than the racy window, as in real use
 
-    store = os.path.join(work, "s.agentcas")
-    gitdir = os.path.join(work, "git")
-    restic_repo = os.path.join(work, "restic")
-    borg_repo = os.path.join(work, "borg")
-    h.run([h.AGENTCAS, "init", store], env=env)
-    h.run(["git", "init", "-q", "--bare", gitdir], env=env)
-    h.run(["git", f"--git-dir={gitdir}", "config", "core.bare", "false"], env=env)
-    h.run(["restic", "init", "-q", "--repository-version", "2", "--repo", restic_repo], env=env)
-    h.run(["borg", "init", "-e", "none", borg_repo], env=env)
+    store, gitdir, restic_repo, borg_repo = h.init_repos(work, "s.agentcas", env)
 
     times = {"agentcas": [], "git": [], "restic": [], "borg": []}
     for i in range(count):

@@ -63,15 +63,7 @@ def bench_dataset(kind: str, total: int, files: int, quick: bool) -> dict:
         time.sleep(2.2)  # older than agentcas' (and git's) racy-timestamp window, as real files are
         r["load_start"] = h.load_note()
 
-        store = os.path.join(work, "store.agentcas")
-        gitdir = os.path.join(work, "git")
-        restic_repo = os.path.join(work, "restic")
-        borg_repo = os.path.join(work, "borg")
-        h.run([h.AGENTCAS, "init", store], env=env)
-        h.run(["git", "init", "-q", "--bare", gitdir], env=env)
-        h.run(["git", f"--git-dir={gitdir}", "config", "core.bare", "false"], env=env)
-        h.run(["restic", "init", "-q", "--repository-version", "2", "--repo", restic_repo], env=env)
-        h.run(["borg", "init", "-e", "none", borg_repo], env=env)
+        store, gitdir, restic_repo, borg_repo = h.init_repos(work, "store.agentcas", env)
 
         # 1. first commit ---------------------------------------------------------------
         h.progress(f"store/{kind}: first commit")

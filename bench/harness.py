@@ -92,6 +92,19 @@ def run(cmd, env=None, cwd=None, stdout=subprocess.DEVNULL, shell=False, check=T
     return elapsed
 
 
+def init_repos(work: str, store_name: str, env: dict) -> tuple[str, str, str, str]:
+    """Create an agentcas store and empty git, restic and borg repositories under `work`;
+    return their paths (store, git dir, restic repo, borg repo)."""
+    store, gitdir = os.path.join(work, store_name), os.path.join(work, "git")
+    restic_repo, borg_repo = os.path.join(work, "restic"), os.path.join(work, "borg")
+    run([AGENTCAS, "init", store], env=env)
+    run(["git", "init", "-q", "--bare", gitdir], env=env)
+    run(["git", f"--git-dir={gitdir}", "config", "core.bare", "false"], env=env)
+    run(["restic", "init", "-q", "--repository-version", "2", "--repo", restic_repo], env=env)
+    run(["borg", "init", "-e", "none", borg_repo], env=env)
+    return store, gitdir, restic_repo, borg_repo
+
+
 def output(cmd, env=None, cwd=None) -> str:
     proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True)
     if proc.returncode != 0:
