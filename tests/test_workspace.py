@@ -180,6 +180,22 @@ def test_harmless_text_is_not_a_secret(text):
     assert secrets.scan(text.encode(), "x") is None
 
 
+@pytest.mark.parametrize("kind", sorted(SECRETS))
+def test_secret_is_found_in_any_buffer_and_behind_overlapping_anchors(kind):
+    secret = SECRETS[kind].encode()
+    # An anchor inside another (`_SECRET` in `AWS_SECRET`, `sk-` in `task-`) must not
+    # hide the rule it belongs to; views and bytearrays are scanned like bytes.
+    for text in (b"AWS_SECRET_NAME: " + secret, b"task-1 " + secret, b"risk-\n" + secret):
+        assert secrets.scan(text, "x") is not None
+        assert secrets.scan(memoryview(bytearray(b"x" + text))[1:], "x") is not None
+    assert secrets.scan(b"MY_AWS_SECRET=" + rnd(32).encode(), "x").rule == "secret assignment"
+
+
+def test_nul_in_a_view_marks_it_binary():
+    assert secrets.is_binary(memoryview(b"text\0more"))
+    assert not secrets.is_binary(memoryview(b"text only"))
+
+
 def test_binary_files_are_not_scanned():
     assert secrets.scan(b"\0binary " + SECRETS["GitHub token (classic)"].encode(), "x") is None
 

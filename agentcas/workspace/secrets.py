@@ -1,9 +1,12 @@
 """Secret scan: refuse to store files that look like they hold credentials.
 
-Each rule has literal anchors and a regex. One Aho-Corasick pass (the Rust
-`aho-corasick` crate via ahocorasick-rs, which releases the GIL) finds every anchor
-at once; only the rules whose anchors occur then run their regex. So clean text is
-scanned at hundreds of MB/s per core instead of one pass per anchor.
+Each rule has literal anchors and a regex. Clean text (the common case) is cleared
+by one leftmost-first Aho-Corasick pass (the Rust `aho-corasick` crate via
+ahocorasick-rs, which releases the GIL): with leftmost semantics the crate uses its
+SIMD "Teddy" prefilter, ~2 GB/s per core here, and it reports a match whenever any
+anchor occurs. Only then does an overlapping pass (~0.6 GB/s; a leftmost pass could
+hide one anchor inside another, such as `_SECRET` inside `AWS_SECRET`) name every
+anchor found, and only the rules whose anchors occur run their regex.
 Files whose first 8,000 bytes hold a NUL are treated as binary and not scanned,
 as git does for diffs. Findings name file, line and rule; the secret itself is
 never echoed.
@@ -65,19 +68,22 @@ def _entropy(value: bytes) -> float:
     return -sum(c / len(value) * math.log2(c / len(value)) for c in counts.values())
 
 
-def is_binary(head: bytes) -> bool:
-    return b"\0" in head[:BINARY_SNIFF]
+def is_binary(head) -> bool:
+    # bytes() first: `in` on a memoryview compares single items, not a subsequence.
+    return b"\0" in bytes(head[:BINARY_SNIFF])
 
 
 _ANCHORS = [(index, anchor) for index, rule in enumerate(RULES) for anchor in rule.anchors]
-_AUTOMATON = ahocorasick_rs.BytesAhoCorasick([anchor for _, anchor in _ANCHORS])
+_ANY_ANCHOR = ahocorasick_rs.BytesAhoCorasick([anchor for _, anchor in _ANCHORS],
+                                              matchkind=ahocorasick_rs.MatchKind.LeftmostFirst)
+_EVERY_ANCHOR = ahocorasick_rs.BytesAhoCorasick([anchor for _, anchor in _ANCHORS])
 
 
-def scan(data: bytes, path: str) -> Finding | None:
-    """The first likely secret in `data`, or None."""
-    if is_binary(data):
+def scan(data, path: str) -> Finding | None:
+    """The first likely secret in `data` (any bytes-like object), or None."""
+    if is_binary(data) or not _ANY_ANCHOR.find_matches_as_indexes(data):
         return None
-    hit_rules = {_ANCHORS[found][0] for found, _, _ in _AUTOMATON.find_matches_as_indexes(data)}
+    hit_rules = {_ANCHORS[found][0] for found, _, _ in _EVERY_ANCHOR.find_matches_as_indexes(data, overlapping=True)}
     for index, rule in enumerate(RULES):
         if index not in hit_rules:
             continue
@@ -85,5 +91,5 @@ def scan(data: bytes, path: str) -> Finding | None:
             value = match.group(match.lastindex or 0)
             if rule.min_entropy and _entropy(value) < rule.min_entropy:
                 continue
-            return Finding(path, data.count(b"\n", 0, match.start()) + 1, rule.name)
+            return Finding(path, bytes(data[: match.start()]).count(b"\n") + 1, rule.name)
     return None
