@@ -247,16 +247,24 @@ def test_exec_bit_recorded_and_restored(mem, ws, tmp_path):
 # --- consistency while reading ------------------------------------------------------------------
 
 class _ChangingFile:
-    """Wraps a real file; the first `changes` full reads rewrite the file underneath."""
+    """Wraps a real file; each read (or first readinto) may rewrite the file underneath."""
 
     def __init__(self, handle, path, on_read):
         self._handle, self._path, self._on_read = handle, path, on_read
+        self._read_once = False
 
     def read(self, size=-1):
         data = self._handle.read(size)
         if size is None or size < 0:
             self._on_read(self._path)
         return data
+
+    def readinto(self, buffer):
+        count = self._handle.readinto(buffer)
+        if not self._read_once:
+            self._read_once = True
+            self._on_read(self._path)
+        return count
 
     def __getattr__(self, name):
         return getattr(self._handle, name)

@@ -23,7 +23,10 @@ import lmdb
 from agentcas.cas.store import TABLES, ObjectStore, Txn
 from agentcas.errors import AgentcasError
 
-INITIAL_MAP_SIZE = int(os.environ.get("AGENTCAS_LMDB_MAP_SIZE", str(1 << 30)))
+# The map is address space, not disk: the data file grows only as pages are used. A
+# large first map spares the first big commit its MapFullError retries (each one
+# aborts and redoes a whole 64 MiB batch).
+INITIAL_MAP_SIZE = int(os.environ.get("AGENTCAS_LMDB_MAP_SIZE", str(64 << 30)))
 DATA_FILE = "data.mdb"
 
 _OPEN: dict[str, "LmdbObjectStore"] = {}
@@ -270,7 +273,7 @@ class LmdbObjectStore(ObjectStore):
 def open_lmdb(path: str, create: bool = False, map_size: int | None = None) -> LmdbObjectStore:
     """The process's one environment for the store at `path` (LMDB forbids two).
 
-    `map_size` (default $AGENTCAS_LMDB_MAP_SIZE or 1 GiB) is the initial map; it grows.
+    `map_size` (default $AGENTCAS_LMDB_MAP_SIZE or 64 GiB) is the initial map; it grows.
     """
     key = os.path.abspath(path)
     with _OPEN_LOCK:
