@@ -11,12 +11,15 @@ from __future__ import annotations
 import json
 import os
 import sys
-import traceback
+from typing import TYPE_CHECKING
 
 import click
 
+from agentcas import __version__
 from agentcas.errors import AgentcasError
-from agentcas.repository import STORE_DIR, Store, find_store
+
+if TYPE_CHECKING:
+    from agentcas.repository import Store
 
 
 class Context:
@@ -27,6 +30,8 @@ class Context:
 
     def store(self) -> Store:
         if self._store is None:
+            # Lazy: --help, --version and usage errors need no store (~50 ms of imports).
+            from agentcas.repository import STORE_DIR, Store, find_store
             path = self.store_path or os.environ.get("AGENTCAS_STORE") or find_store()
             if not path:
                 raise AgentcasError(f"no store found: use --store DIR, set AGENTCAS_STORE, "
@@ -78,7 +83,7 @@ class Progress:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--store", "store_path", metavar="DIR", help="Store directory (else $AGENTCAS_STORE, else ./.agentcas upward).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
-@click.version_option(package_name="agentcas")
+@click.version_option(__version__)  # not package_name=: reading installed metadata costs ~30 ms
 @click.pass_context
 def cli(ctx, store_path, as_json):
     """agentcas: content-addressed checkpoints with Git-like lineage for AI-agent state."""
@@ -90,6 +95,7 @@ def cli(ctx, store_path, as_json):
 @pass_ctx
 def init(ctx, directory):
     """Create a store in DIRECTORY (default ./.agentcas, or --store)."""
+    from agentcas.repository import STORE_DIR, Store  # lazy, as in Context.store
     path = directory or ctx.store_path or os.environ.get("AGENTCAS_STORE") or STORE_DIR
     store, created = Store.init(path)
     ctx.emit({"store": store.path, "created": created},
@@ -611,12 +617,12 @@ def main(argv=None) -> int:
         return 1
     except click.ClickException as exc:
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         click.echo(f"agentcas: error: {exc.format_message()}", err=True)
         return exc.exit_code
     except AgentcasError as exc:
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         click.echo(f"agentcas: error: {_one_line(str(exc))}", err=True)
         return exc.exit_code
     except BrokenPipeError:
@@ -626,10 +632,15 @@ def main(argv=None) -> int:
         return 130
     except Exception as exc:  # noqa: BLE001 - last resort: still one line
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         click.echo(f"agentcas: error: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
                    "(set AGENTCAS_DEBUG=1 for a traceback)", err=True)
         return 1
+
+
+def _print_traceback() -> None:
+    import traceback  # lazy: only AGENTCAS_DEBUG=1 needs it (with textwrap, ~1.5 ms)
+    traceback.print_exc()
 
 
 def _one_line(text: str) -> str:

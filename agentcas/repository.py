@@ -13,7 +13,6 @@ import getpass
 import os
 import platform
 import re
-import socket
 
 from agentcas import __version__
 from agentcas.cas import encoding, framing
@@ -29,8 +28,6 @@ from agentcas.lineage import checkpoints, rollout
 from agentcas.refs import revisions, threads
 from agentcas.refs.names import check_thread_name
 from agentcas.refs.threads import ForkOrigin, ThreadState
-from agentcas.workspace.restore import list_files, restore_tree
-from agentcas.workspace.snapshot import snapshot
 
 STORE_DIR = ".agentcas"
 FORMAT_KEY = b"format"
@@ -58,7 +55,7 @@ def default_author() -> str:
     if name:
         return name
     try:
-        return f"{getpass.getuser()}@{socket.gethostname()}"
+        return f"{getpass.getuser()}@{os.uname().nodename}"  # socket.gethostname(), without socket
     except Exception:  # noqa: BLE001 - no user database in some containers
         return "unknown"
 
@@ -161,6 +158,7 @@ class Store:
         return doc
 
     def files(self, rev: str) -> list[dict]:
+        from agentcas.workspace.restore import list_files  # lazy: restore pulls in shutil and threads
         digest, cp = self.checkpoint(rev)
         with self.objects.reader() as txn:
             return [{"path": path, "size": entry.size, "mode": entry.mode, "id": entry.id.hex()}
@@ -211,6 +209,7 @@ class Store:
                 state = threads.read_thread(txn, thread)
             if (None if state is None else state.checkpoint) != expected:
                 raise ConflictError(f"thread {thread!r} is not at {expect!r}; nothing was committed")
+        from agentcas.workspace.snapshot import snapshot  # lazy: only commit reads a workspace
         with WritePin(self.objects, f"commit {thread}", lazy=True) as pin:
             skip = [self.path] if self.path else []
             # A rollout file inside the workspace is stored once, as history, not as a file too.
@@ -433,12 +432,14 @@ class Store:
                 "history": new.history.to_doc(), "related": related, "notes": notes}
 
     def checkout(self, rev: str, dest: str, progress=None) -> dict:
+        from agentcas.workspace.restore import restore_tree  # lazy: only checkout writes files
         digest, cp = self.checkpoint(rev)
         count = restore_tree(self.objects, cp.tree, dest, progress)
         return {"checkpoint": digest.hex(), "tree": cp.tree.hex(), "dest": os.path.abspath(dest),
                 "files": count}
 
     def diff(self, rev1: str, rev2: str) -> dict:
+        from agentcas.workspace.restore import list_files  # lazy: restore pulls in shutil and threads
         d1, c1 = self.checkpoint(rev1)
         d2, c2 = self.checkpoint(rev2)
         with self.objects.reader() as txn:

@@ -19,12 +19,11 @@ of that segment in *this* history (its successor's base) is known.
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import blake3
 
-from agentcas.cas import chunking, framing
+from agentcas.cas import framing
 from agentcas.cas.digest import Digest, chain_prefix, hash_blob
 from agentcas.cas.objects import EMPTY_POSITION, ChunkRef, HistoryPosition, Segment
 from agentcas.cas.store import Txn, load_object, save_object, verify_object
@@ -99,6 +98,11 @@ def prepare(data: bytes, add_object, first_line: int = 1) -> list[PreparedSegmen
 
     `first_line` numbers the first line of `data` in error messages (a file's tail).
     """
+    # Lazy: only appends chunk (pyfastcdc) and pack on threads (concurrent.futures, logging),
+    # ~10 ms of imports that log, show and checkout do not need.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agentcas.cas import chunking
     data = normalise(data)
     records = split_records(data, first_line)
     groups: list[list[tuple[int, int]]] = []
@@ -251,6 +255,7 @@ class History:
             yield from self._slice(chain, map(decode_segment, stored), start, stop)
             return
         # Fetch in this thread (the transaction's), decode a few segments ahead in workers.
+        from concurrent.futures import ThreadPoolExecutor  # lazy: short reads need no workers
         with ThreadPoolExecutor(READ_WORKERS) as pool:
             window: list = []
 
