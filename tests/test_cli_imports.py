@@ -8,6 +8,7 @@ import importlib.metadata
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -63,3 +64,11 @@ def test_commit_and_checkout_load_no_signing_gc_or_progress_bar(store_dir, works
 def test_version_is_the_installed_one():
     # --version prints agentcas.__version__ (reading package metadata would cost ~30 ms).
     assert agentcas.__version__ == importlib.metadata.version("agentcas")
+
+
+def test_unchanged_recommit_loads_no_chunker_pool_or_secret_rules(store_dir, workspace, run):
+    time.sleep(2.1)  # past the stat cache's racy window (mtime and ctime), so every file is cached
+    assert run("commit", workspace, "-m", "one", store=store_dir).code == 0
+    modules = modules_after("--store", store_dir, "commit", workspace, "-m", "again")
+    assert loaded(modules, ["pyfastcdc", "concurrent.futures", "agentcas.workspace.secrets",
+                            "agentcas.cas.chunking"]) == []

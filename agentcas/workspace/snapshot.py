@@ -25,12 +25,11 @@ import stat
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import blake3
 
-from agentcas.cas import chunking, encoding, framing
+from agentcas.cas import encoding, framing
 from agentcas.cas.digest import EMPTY, Digest, hash_blob
 from agentcas.cas.names import BadName, check_name, check_unique
 from agentcas.cas.objects import MODE_EXEC, MODE_FILE, ChunkList, ChunkRef, Tree, TreeEntry
@@ -38,7 +37,6 @@ from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.store import ObjectStore
 from agentcas.cas.writer import BatchWriter
 from agentcas.errors import AgentcasError, IntegrityError
-from agentcas.workspace import secrets
 
 IGNORE_FILE = ".agentcasignore"
 RACY_NS = 2_000_000_000
@@ -214,6 +212,7 @@ class Snapshotter:
         return any(fnmatch.fnmatchcase(rel, glob) for glob in self.allow_secrets)
 
     def _check_secret(self, rel: str, data: bytes) -> None:
+        from agentcas.workspace import secrets  # lazy: see _store_files
         finding = secrets.scan(data, rel)
         if finding is not None and self._allowed(rel):
             # Stored as the user asked, but never taken from the stat cache later: a
@@ -226,6 +225,7 @@ class Snapshotter:
                 f"was committed (use --allow-secret '{finding.path}' if it is meant to be stored)")
 
     def _scan_file(self, item: FileItem) -> None:
+        from agentcas.workspace import secrets
         try:
             with open(item.path, "rb", buffering=0) as handle:
                 head = handle.read(secrets.BINARY_SNIFF)
@@ -271,6 +271,7 @@ class Snapshotter:
         objects = []
         if not data:
             return TreeEntry(item.rel.rsplit("/", 1)[-1], "file", EMPTY, mode, 0), objects, 0, []
+        from agentcas.cas import chunking
         refs = []
         with self.store.reader() as txn:
             for piece in chunking.cut(data):
@@ -304,13 +305,14 @@ class Snapshotter:
                 self.needed.add((item.entry.chunks or item.entry.id).raw)
         self.stats.cached_files = len(files) - len(todo)
         total = sum(item.st.st_size for item in todo)
-        switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(WRITE_SWITCH_INTERVAL)
-        try:
-            self._store_files(todo, total)
-        finally:
-            sys.setswitchinterval(switch_interval)
-            self._buffers = threading.local()
+        if todo:
+            switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(WRITE_SWITCH_INTERVAL)
+            try:
+                self._store_files(todo, total)
+            finally:
+                sys.setswitchinterval(switch_interval)
+                self._buffers = threading.local()
         root = self._build_trees(dirs)
         self.writer.flush()
         rows = self._cache_rows(todo)
@@ -325,6 +327,9 @@ class Snapshotter:
 
     def _store_files(self, todo: list[FileItem], total: int) -> None:
         """Scan every file, then store them on the workers while this thread writes."""
+        # Imported here: an unchanged recommit (every file from the stat cache) never
+        # needs the pool, the chunker or the secret rules, and their imports cost ~20 ms.
+        from concurrent.futures import ThreadPoolExecutor
         done = 0
         with ThreadPoolExecutor(WORKERS, initializer=_yield_to_writer) as pool:
             for _ in pool.map(self._scan_file, todo):  # every file, before anything is stored
