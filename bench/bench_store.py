@@ -10,12 +10,17 @@ incompressible bytes and once with text/JSON, in one run:
   5. store size vs data size.
 Every tool reads the same files from the page cache (the data was just written and
 RAM is larger than it). Times are wall-clock through the real CLIs, start-up included.
+The head-to-head timings (agentcas vs borg, git and cp -r) run ROUNDS times, alternating
+which tool goes first, and report the median with the range: on this VM one command's
+time varies by up to 1.5x from run to run (disk write-back of the previous command).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import statistics
 import sys
 import time
 
@@ -25,6 +30,7 @@ import harness as h  # noqa: E402
 from datasets import random_tree, text_tree  # noqa: E402
 
 GIB = 1 << 30
+ROUNDS = 3  # --quick: 1
 
 
 def agentcas_commit(store: str, data: str, msg: str, env) -> tuple[float, dict]:
@@ -51,6 +57,15 @@ def edit_4k(path: str, seed: int) -> None:
         handle.write(os.urandom(4096) if seed else b"x" * 4096)
 
 
+def alternate(rounds: int, first: str, second: str, time_one) -> dict[str, list[float]]:
+    """Time `time_one(tool, round)` for both tools `rounds` times, alternating which goes first."""
+    times: dict[str, list[float]] = {first: [], second: []}
+    for k in range(rounds):
+        for tool in ((first, second) if k % 2 == 0 else (second, first)):
+            times[tool].append(time_one(tool, k))
+    return times
+
+
 def bench_dataset(kind: str, total: int, files: int, quick: bool) -> dict:
     r: dict = {"kind": kind, "total": total, "files": files}
     with h.work_dir(f"store-{kind}") as work:
@@ -65,19 +80,34 @@ def bench_dataset(kind: str, total: int, files: int, quick: bool) -> dict:
 
         store, gitdir, restic_repo, borg_repo = h.init_repos(work, "store.agentcas", env)
 
-        # 1. first commit ---------------------------------------------------------------
-        h.progress(f"store/{kind}: first commit")
+        rounds = 1 if quick else ROUNDS
+        r["rounds"] = rounds
+
+        # 1. first commit: agentcas and borg `rounds` times each, into fresh repositories --
+        h.progress(f"store/{kind}: first commit ({rounds} rounds against borg)")
         r["first"] = first = {}
-        first["agentcas"], doc = agentcas_commit(store, data, "first", env)
-        r["first_doc"] = doc
+
+        def first_commit(tool: str, k: int) -> float:
+            repo = store if tool == "agentcas" else borg_repo
+            if k:  # every round starts from an empty store / repository
+                shutil.rmtree(repo)
+                h.run([h.AGENTCAS, "init", store] if tool == "agentcas"
+                      else ["borg", "init", "-e", "none", borg_repo], env=env)
+            if tool == "borg":
+                return h.run(["borg", "create", f"{borg_repo}::s1", data], env=env)
+            t, r["first_doc"] = agentcas_commit(store, data, "first", env)
+            return t
+
+        r["first_rounds"] = alternate(rounds, "agentcas", "borg", first_commit)
+        first["agentcas"] = statistics.median(r["first_rounds"]["agentcas"])
+        first["borg"] = statistics.median(r["first_rounds"]["borg"])
         r["store_after_first"] = h.store_stats(store)
         r["agentcas_disk_first"] = h.disk_bytes(store)
+        r["borg_disk_first"] = h.disk_bytes(borg_repo)
         first["git"] = git_commit(gitdir, data, "first", env)
         r["git_disk_first"] = h.disk_bytes(gitdir)
         first["restic"] = h.run(["restic", "-q", "--repo", restic_repo, "backup", data], env=env)
         r["restic_disk_first"] = h.disk_bytes(restic_repo)
-        first["borg"] = h.run(["borg", "create", f"{borg_repo}::s1", data], env=env)
-        r["borg_disk_first"] = h.disk_bytes(borg_repo)
         first["b3sum"] = h.run(["b3sum", *paths], env=env)
         copy = os.path.join(work, "copy")
         first["cp -r"] = h.run(["cp", "-r", data, copy], env=env)
@@ -86,9 +116,16 @@ def bench_dataset(kind: str, total: int, files: int, quick: bool) -> dict:
         # 2. recommit, nothing changed ------------------------------------------------------
         h.progress(f"store/{kind}: recommit with nothing changed")
         r["again"] = again = {}
-        again["agentcas"], doc = agentcas_commit(store, data, "again", env)
-        r["again_doc"] = doc
-        again["git"] = git_commit(gitdir, data, "again", env)
+
+        def recommit(tool: str, k: int) -> float:
+            if tool == "git":
+                return git_commit(gitdir, data, "again", env)
+            t, r["again_doc"] = agentcas_commit(store, data, "again", env)
+            return t
+
+        r["again_rounds"] = alternate(rounds, "agentcas", "git", recommit)
+        again["agentcas"] = statistics.median(r["again_rounds"]["agentcas"])
+        again["git"] = statistics.median(r["again_rounds"]["git"])
         again["restic"] = h.run(["restic", "-q", "--repo", restic_repo, "backup", data], env=env)
         again["borg"] = h.run(["borg", "create", f"{borg_repo}::s2", data], env=env)
 
@@ -115,15 +152,23 @@ def bench_dataset(kind: str, total: int, files: int, quick: bool) -> dict:
         h.progress(f"store/{kind}: checkout")
         r["checkout"] = co = {}
         dest = os.path.join(work, "restored")
-        co["agentcas"] = h.run([h.AGENTCAS, "--store", store, "checkout", "main", dest], env=env)
-        ok = h.apparent_bytes(dest) == h.apparent_bytes(data)
-        probe = os.path.relpath(target, data)
-        with open(target, "rb") as a, open(os.path.join(dest, probe), "rb") as b:
-            ok = ok and a.read() == b.read()
-        r["checkout_ok"] = ok
-        h.run(["rm", "-rf", dest])
-        co["cp -r"] = h.run(["cp", "-r", data, dest], env=env)
-        h.run(["rm", "-rf", dest])
+        r["checkout_ok"] = True
+
+        def checkout(tool: str, k: int) -> float:
+            if tool == "cp -r":
+                t = h.run(["cp", "-r", data, dest], env=env)
+            else:
+                t = h.run([h.AGENTCAS, "--store", store, "checkout", "main", dest], env=env)
+                ok = h.apparent_bytes(dest) == h.apparent_bytes(data)
+                probe = os.path.relpath(target, data)
+                with open(target, "rb") as a, open(os.path.join(dest, probe), "rb") as b:
+                    r["checkout_ok"] = r["checkout_ok"] and ok and a.read() == b.read()
+            h.run(["rm", "-rf", dest])
+            return t
+
+        r["checkout_rounds"] = alternate(rounds, "agentcas", "cp -r", checkout)
+        co["agentcas"] = statistics.median(r["checkout_rounds"]["agentcas"])
+        co["cp -r"] = statistics.median(r["checkout_rounds"]["cp -r"])
         os.makedirs(dest)
         co["restic restore"] = h.run(["restic", "-q", "--repo", restic_repo, "restore", "latest",
                                       "--target", dest], env=env)
@@ -133,6 +178,13 @@ def bench_dataset(kind: str, total: int, files: int, quick: bool) -> dict:
         h.run(["rm", "-rf", dest])
         r["load_end"] = h.load_note()
     return r
+
+
+def spread(times: list[float]) -> str:
+    """'min–max of N' for a timing that ran more than once."""
+    if len(times) < 2:
+        return ""
+    return f"{h.fmt_time(min(times))}–{h.fmt_time(max(times))} of {len(times)}"
 
 
 def report(r: dict) -> list[str]:
@@ -148,12 +200,13 @@ def report(r: dict) -> list[str]:
         t = first[tool]
         size = disk.get(tool)
         rows.append([tool if tool != "git" else "git add -A + commit", h.fmt_time(t),
+                     spread(r["first_rounds"].get(tool, [])),
                      h.fmt_ratio(h.ratio(t, a)), f"{data / t / 2**20:.0f} MiB/s",
                      h.fmt_bytes(size), h.fmt_ratio(h.ratio(size, data))])
     used = r["store_after_first"]["used_bytes"]
     out.append(h.table(
         f"First commit — {label}",
-        ["tool", "time", "time / agentcas", "throughput", "store on disk", "store / data"], rows,
+        ["tool", "time (median)", "range", "time / agentcas", "throughput", "store on disk", "store / data"], rows,
         [f"agentcas store: {h.fmt_bytes(used)} of LMDB pages in use "
          f"({h.fmt_ratio(h.ratio(used, data))} of the data), {r['store_after_first']['objects']} objects "
          f"holding {h.fmt_bytes(r['store_after_first']['object_bytes'])}. "
@@ -161,10 +214,11 @@ def report(r: dict) -> list[str]:
 
     again = r["again"]
     a = again["agentcas"]
-    rows = [[name, h.fmt_time(again[tool]), h.fmt_ratio(h.ratio(again[tool], a))]
+    rows = [[name, h.fmt_time(again[tool]), spread(r["again_rounds"].get(tool, [])),
+             h.fmt_ratio(h.ratio(again[tool], a))]
             for tool, name in (("agentcas", "agentcas commit"), ("git", "git add -A && git commit"),
                                ("restic", "restic backup (2nd)"), ("borg", "borg create (2nd)"))]
-    out.append(h.table(f"Recommit, nothing changed — {label}", ["tool", "time", "time / agentcas"], rows,
+    out.append(h.table(f"Recommit, nothing changed — {label}", ["tool", "time (median)", "range", "time / agentcas"], rows,
                        [f"agentcas took {r['again_doc']['cached_files']} of {r['again_doc']['files']} files "
                         f"from its stat cache."]))
 
@@ -181,10 +235,10 @@ def report(r: dict) -> list[str]:
 
     co = r["checkout"]
     a = co["agentcas"]
-    rows = [[tool, h.fmt_time(t), h.fmt_ratio(h.ratio(t, a)), f"{data / t / 2**20:.0f} MiB/s"]
-            for tool, t in co.items()]
+    rows = [[tool, h.fmt_time(t), spread(r["checkout_rounds"].get(tool, [])), h.fmt_ratio(h.ratio(t, a)),
+             f"{data / t / 2**20:.0f} MiB/s"] for tool, t in co.items()]
     out.append(h.table(f"Checkout / restore of the whole tree — {label}",
-                       ["tool", "time", "time / agentcas", "throughput"], rows,
+                       ["tool", "time (median)", "range", "time / agentcas", "throughput"], rows,
                        [f"Restored bytes checked against the source: {'ok' if r['checkout_ok'] else 'MISMATCH'}."]))
     return out
 
