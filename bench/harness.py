@@ -76,12 +76,30 @@ def settle() -> None:
     os.sync()
 
 
-def run(cmd, env=None, cwd=None, stdout=subprocess.DEVNULL, shell=False, check=True) -> float:
+def warm(*paths: str) -> None:
+    """Read every file under `paths` into the page cache (untimed).
+
+    `borg create` drops each file it has read from the page cache (POSIX_FADV_DONTNEED),
+    so without this whatever runs after borg reads its input from disk (measured here:
+    a 1 GiB commit 1.8 s warm, 2.8 s after borg).
+    """
+    for path in paths:
+        files = [path] if os.path.isfile(path) else (
+            os.path.join(root, name) for root, _dirs, names in os.walk(path) for name in names)
+        for name in files:
+            with open(name, "rb", buffering=0) as handle:
+                while handle.read(1 << 20):
+                    pass
+
+
+def run(cmd, env=None, cwd=None, stdout=subprocess.DEVNULL, shell=False, check=True, warm_paths=()) -> float:
     """Run a command; return its wall time in seconds. Raise ToolFailed on non-zero exit.
 
-    Dirty pages are flushed first (`settle`), outside the timing.
+    Dirty pages are flushed first (`settle`) and `warm_paths` read into the page cache
+    (`warm`), outside the timing.
     """
     settle()
+    warm(*warm_paths)
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, cwd=cwd, stdout=stdout, stderr=subprocess.PIPE,
                           shell=shell)
