@@ -59,7 +59,7 @@ def make_workspace(root, seed=0, big=600_000):
     (root / "run.sh").write_text("#!/bin/sh\necho hi\n")
     os.chmod(root / "run.sh", 0o755)
     (root / "artifacts").mkdir(exist_ok=True)
-    (root / "artifacts" / "data.bin").write_bytes(rng.randbytes(big))  # several chunks
+    (root / "artifacts" / "data.bin").write_bytes(rng.randbytes(big))  # at least two chunks (max 512 KiB)
     return root
 
 

@@ -24,7 +24,7 @@ def build(tmp_path, rollout: bool = True) -> tuple:
     ws = tmp_path / "ws"
     (ws / "sub").mkdir(parents=True)
     (ws / "small.txt").write_bytes(os.urandom(6000))          # one chunk: its id is the file id
-    (ws / "sub" / "big.bin").write_bytes(os.urandom(200_000))  # a chunk list
+    (ws / "sub" / "big.bin").write_bytes(os.urandom(1_200_000))  # a chunk list (max chunk 512 KiB)
     if rollout:
         store.rollout_append("main", b"".join(b'{"n": %d, "pad": "%s"}\n' % (i, b"y" * 200) for i in range(3000)))
     store.commit(str(ws), "first")

@@ -4,7 +4,14 @@ A gear hash rolls over the bytes; a cut falls where its masked bits are zero, wi
 stricter mask before the target size and a looser one after ("normalized chunking"),
 bounded by a minimum and a maximum. Cuts depend only on nearby content, so an edit or
 an append moves only the cuts around it and every other chunk keeps its id.
-pyfastcdc's mean chunk is about avg + min, so avg 64 KiB and min 16 KiB give ~80 KiB.
+pyfastcdc's mean chunk is about avg + min, so avg 128 KiB and min 32 KiB give ~160 KiB.
+
+Workspace chunks: avg 128 KiB rather than 64 KiB, measured on 1 GiB in 1,000 files
+(in-process, 3 alternating runs): text commit 6.2-6.4 s of CPU instead of 6.7-7.0,
+checkout 1.3-1.5 s instead of 1.7-1.8 (zstd decompresses a frame per chunk, and each
+chunk costs a hash, a lookup and a put), text store 448 MiB instead of 483, random
+store 1.02x of the data instead of 1.03x. A 4 KiB edit then adds ~160 KiB, not ~80
+(restic and borg cut ~1-2 MiB chunks).
 """
 
 from __future__ import annotations
@@ -13,9 +20,9 @@ from typing import Iterator
 
 import pyfastcdc
 
-AVG_SIZE = 64 * 1024
-MIN_SIZE = 16 * 1024
-MAX_SIZE = 256 * 1024
+AVG_SIZE = 128 * 1024
+MIN_SIZE = 32 * 1024
+MAX_SIZE = 512 * 1024
 
 # Rollout segments (at most 1 MiB) are new bytes only, so they gain nothing from small
 # chunks; larger ones compress much better (measured on agent JSONL at zstd 7:
