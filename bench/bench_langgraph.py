@@ -213,8 +213,8 @@ def report(n: int, a: dict, lg: dict, msg_bytes: int) -> None:
             ["checkpointer", "total bytes", "bytes / agentcas", "payload bytes", f"step time, first {WINDOW}",
              f"step time, last {WINDOW}", f"bytes/step, first {WINDOW}", f"bytes/step, last {WINDOW}",
              "all steps"], rows,
-            [f"Total bytes: agentcas = LMDB pages in use (data.mdb on disk: {h.fmt_bytes(a['disk'])}, it grows its "
-             f"map in steps); LangGraph = the SQLite file plus its WAL. Payload = the stored keys and values "
+            [f"Total bytes: agentcas = LMDB pages in use (data.mdb on disk: {h.fmt_bytes(a['disk'])}); "
+             f"LangGraph = the SQLite file plus its WAL. Payload = the stored keys and values "
              f"(agentcas: every table; LangGraph: checkpoint, metadata and write blobs). Bytes/step are "
              f"file/page growth. LangGraph writes "
              f"{next(iter(lg.values()))['checkpoints'] // n} checkpoints per invoke. agentcas steps through the "

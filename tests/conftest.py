@@ -65,7 +65,7 @@ def workspace(tmp_path) -> Path:
     (ws / "instructions.md").write_text("Be careful.\n")
     (ws / "task.json").write_text('{"step": 1}\n')
     (ws / "artifacts").mkdir()
-    (ws / "artifacts" / "data.bin").write_bytes(os.urandom(300_000))
+    (ws / "artifacts" / "data.bin").write_bytes(os.urandom(600_000))  # a chunk list (max chunk 512 KiB)
     return ws
 
 

@@ -433,7 +433,7 @@ def test_six_concurrent_commits_are_linear_and_nothing_is_lost(tmp_path):
     base = commit(store, base_ws, "base")["checkpoint"]
     workspaces = []
     for i in range(6):
-        ws = make_workspace(tmp_path / f"ws{i}", seed=100 + i, big=150_000)
+        ws = make_workspace(tmp_path / f"ws{i}", seed=100 + i, big=600_000)  # each a chunk list
         workspaces.append(ws)
     procs = [subprocess.Popen([AGENTCAS, "--store", str(store), "--json", "commit", str(ws), "-m", f"writer {i}"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -577,3 +577,23 @@ def test_store_made_read_only_with_chmod_refuses_writes_even_as_root(tmp_path):
     finally:
         for p in paths:
             p.chmod(modes[p])
+
+
+def test_store_works_under_an_address_space_limit(tmp_path):
+    """`ulimit -v` below the default 16 GiB map: the map is halved until it fits."""
+    import resource
+    import subprocess
+    from conftest import AGENTCAS
+
+    def limited(*args):
+        def limit():
+            resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+        env = {k: v for k, v in os.environ.items() if k != "AGENTCAS_LMDB_MAP_SIZE"}
+        return subprocess.run([AGENTCAS, "--store", str(tmp_path / "store"), *map(str, args)],
+                              capture_output=True, text=True, env=env, preexec_fn=limit, timeout=120)
+
+    ws = make_workspace(tmp_path / "ws")
+    for args in (["init"], ["commit", ws, "-m", "limited"], ["fsck"], ["checkout", "main", tmp_path / "out"]):
+        proc = limited(*args)
+        assert proc.returncode == 0, (args, proc.stderr)
+    assert (tmp_path / "out" / "artifacts" / "data.bin").read_bytes() == (ws / "artifacts" / "data.bin").read_bytes()

@@ -336,7 +336,7 @@ def test_recent_files_are_not_cached(mem, ws):
 
 def test_stat_cache_used_on_recommit_and_invalidated_on_change(mem, ws, monkeypatch, tmp_path):
     monkeypatch.setattr(snapshot, "RACY_NS", 0)  # treat files as old enough to cache
-    (ws / "big.bin").write_bytes(os.urandom(200_000))
+    (ws / "big.bin").write_bytes(os.urandom(600_000))  # a chunk list (max chunk 512 KiB)
     first = mem.commit(str(ws), "first")
     assert first["cached_files"] == 0 and first["files"] == 3
     second = mem.commit(str(ws), "unchanged")

@@ -25,8 +25,10 @@ from agentcas.errors import AgentcasError
 
 # The map is address space, not disk: the data file grows only as pages are used. A
 # large first map spares the first big commit its MapFullError retries (each one
-# aborts and redoes a whole 64 MiB batch).
-INITIAL_MAP_SIZE = int(os.environ.get("AGENTCAS_LMDB_MAP_SIZE", str(64 << 30)))
+# aborts and redoes a whole 64 MiB batch). Under an address-space limit (ulimit -v)
+# the map is halved until it fits, down to MIN_MAP_SIZE; it grows again when full.
+INITIAL_MAP_SIZE = int(os.environ.get("AGENTCAS_LMDB_MAP_SIZE", str(16 << 30)))
+MIN_MAP_SIZE = 1 << 30
 DATA_FILE = "data.mdb"
 
 _OPEN: dict[str, "LmdbObjectStore"] = {}
@@ -205,7 +207,7 @@ class LmdbObjectStore(ObjectStore):
         writable = _may_write(self.path) and (create or _may_write(os.path.join(self.path, DATA_FILE)))
         try:
             if writable:
-                return lmdb.open(self.path, **options)
+                return self._open_fitting(options)
         except lmdb.Error as exc:
             if getattr(exc, "errno", None) not in (errno.EACCES, errno.EROFS, errno.EPERM) \
                     and "ermission" not in str(exc) and "ead-only" not in str(exc):
@@ -214,10 +216,21 @@ class LmdbObjectStore(ObjectStore):
             raise StoreUnavailable(f"cannot create a store in read-only {self.path}")
         self.readonly = True
         try:
-            return lmdb.open(self.path, readonly=True, lock=False, **{
-                k: v for k, v in options.items() if k != "create"})
+            return self._open_fitting(dict({k: v for k, v in options.items() if k != "create"},
+                                           readonly=True, lock=False))
         except lmdb.Error as exc:
             raise StoreUnavailable(f"cannot open store {self.path}: {exc}") from None
+
+    def _open_fitting(self, options: dict) -> lmdb.Environment:
+        """lmdb.open, halving the map while the address space cannot hold it."""
+        while True:
+            try:
+                return lmdb.open(self.path, **options)
+            except lmdb.MemoryError:
+                if options["map_size"] <= MIN_MAP_SIZE:
+                    raise
+                options["map_size"] = max(MIN_MAP_SIZE, options["map_size"] // 2)
+                self.map_size = options["map_size"]
 
     @contextmanager
     def reader(self, buffers: bool = False):
@@ -238,7 +251,11 @@ class LmdbObjectStore(ObjectStore):
     def _resize(self, size: int) -> None:
         """Set the map size (0: adopt the size on disk) with no transaction open."""
         with self._gate.exclusive():
-            self.env.set_mapsize(size)
+            try:
+                self.env.set_mapsize(size)
+            except lmdb.MemoryError:
+                raise StoreUnavailable(f"cannot grow the map of {self.path} to {size} bytes: "
+                                       "not enough address space (ulimit -v?)") from None
 
     def write(self, fn):
         if self.readonly:
@@ -273,7 +290,7 @@ class LmdbObjectStore(ObjectStore):
 def open_lmdb(path: str, create: bool = False, map_size: int | None = None) -> LmdbObjectStore:
     """The process's one environment for the store at `path` (LMDB forbids two).
 
-    `map_size` (default $AGENTCAS_LMDB_MAP_SIZE or 64 GiB) is the initial map; it grows.
+    `map_size` (default $AGENTCAS_LMDB_MAP_SIZE or 16 GiB) is the initial map; it grows.
     """
     key = os.path.abspath(path)
     with _OPEN_LOCK:

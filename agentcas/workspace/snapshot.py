@@ -10,7 +10,8 @@
 4. Store: two worker threads read, chunk (FastCDC), hash (BLAKE3) and compress
    (zstd), all of which release the GIL; the main thread writes batches. A file is
    fstat'ed before and after reading; if it changed it is read again (3 tries), and
-   if it differs from what was scanned it is scanned again. Each worker reads into
+   if its stat differs from the walk's (the scan may have read another version) the
+   bytes being stored are scanned again. Each worker reads into
    one reused buffer (chunks are views into it, copied once, into their framed
    value), so a GiB of files costs no GiB of fresh pages.
 5. Trees are built bottom-up and returned as the root tree id.
@@ -44,14 +45,14 @@ READ_TRIES = 3
 WORKERS = 2
 IN_FLIGHT_BYTES = 256 * 1024 * 1024
 # The writing (main) thread is the critical path: LMDB copies every byte twice, into
-# its pages and then into the file. Two things kept it waiting on a 1 GiB commit:
-# - three threads share two cores, and `perf sched` found the writer preempted for
-#   0.65 s. Workers run at a lower priority (Linux: niceness is per thread), so they
-#   take what the writer leaves: 2.4-2.8 s -> 1.7-1.9 s in-process (3 A/B runs);
-# - py-lmdb releases the GIL around every put, and getting it back waits up to the
-#   switch interval (5 ms) for a worker to drop it; 0.5 ms while storing helps a little.
-WORKER_NICENESS = 10
-WRITE_SWITCH_INTERVAL = 0.0005
+# its pages and then into the file. With two workers, three threads share two cores,
+# and `perf sched` found the writer preempted for 0.65 s of a 1 GiB commit. Workers
+# therefore run slightly below the writer's priority (Linux: niceness is per thread).
+# Measured on 1 GiB of random data, in-process, 2 runs each: idle machine 2.3-3.2 s at
+# +0, 1.8-2.6 s at +2, 2.0-2.3 s at +5; with two CPU-bound processes running, 3.7-3.9 s
+# at +0, 4.1-4.8 s at +2, 4.8-5.6 s at +5 (and ~5x slower at +10, where the workers
+# give way to every other process). +2 takes most of the gain for a small cost.
+WORKER_NICENESS = 2
 
 
 class WorkspaceError(AgentcasError):
@@ -306,12 +307,9 @@ class Snapshotter:
         self.stats.cached_files = len(files) - len(todo)
         total = sum(item.st.st_size for item in todo)
         if todo:
-            switch_interval = sys.getswitchinterval()
-            sys.setswitchinterval(WRITE_SWITCH_INTERVAL)
             try:
                 self._store_files(todo, total)
             finally:
-                sys.setswitchinterval(switch_interval)
                 self._buffers = threading.local()
         root = self._build_trees(dirs)
         self.writer.flush()
