@@ -583,7 +583,6 @@ def test_store_works_under_an_address_space_limit(tmp_path):
     """`ulimit -v` below the default 16 GiB map: the map is halved until it fits."""
     import resource
     import subprocess
-    from conftest import AGENTCAS
 
     def limited(*args):
         def limit():
@@ -597,3 +596,24 @@ def test_store_works_under_an_address_space_limit(tmp_path):
         proc = limited(*args)
         assert proc.returncode == 0, (args, proc.stderr)
     assert (tmp_path / "out" / "artifacts" / "data.bin").read_bytes() == (ws / "artifacts" / "data.bin").read_bytes()
+
+
+def test_file_larger_than_memory_fails_clearly_and_stores_nothing(tmp_path):
+    """Files are read whole: one that cannot fit is refused by name, not with a traceback."""
+    import resource
+    store = init(tmp_path / "store")
+    ws = make_workspace(tmp_path / "ws")
+    with open(ws / "artifacts" / "model.bin", "wb") as handle:
+        handle.truncate(1_500_000_000)  # sparse: costs no disk, reads as zeros
+    before = store_rows(store)
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (2500 << 20, 2500 << 20))
+    proc = subprocess.run([AGENTCAS, "--store", str(store), "commit", str(ws), "-m", "big"], capture_output=True,
+                          text=True, preexec_fn=limit, timeout=120,
+                          env={k: v for k, v in os.environ.items() if k != "AGENTCAS_LMDB_MAP_SIZE"})
+    assert proc.returncode == 1, proc
+    assert proc.stderr.strip().splitlines() == [
+        "agentcas: error: not enough memory to read artifacts/model.bin (1500000000 bytes): agentcas reads "
+        "each file whole while storing it; nothing was committed"]
+    assert store_rows(store) == before

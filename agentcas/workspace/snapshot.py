@@ -67,6 +67,15 @@ class FileChanged(AgentcasError):
     """A file kept changing while it was read."""
 
 
+class FileTooLarge(AgentcasError):
+    """A file does not fit in memory (files are read whole while they are stored)."""
+
+
+def _too_large(item: "FileItem") -> FileTooLarge:
+    return FileTooLarge(f"not enough memory to read {item.rel} ({item.st.st_size} bytes): agentcas "
+                        "reads each file whole while storing it; nothing was committed")
+
+
 @dataclass
 class FileItem:
     rel: str
@@ -226,6 +235,12 @@ class Snapshotter:
                 f"was committed (use --allow-secret '{finding.path}' if it is meant to be stored)")
 
     def _scan_file(self, item: FileItem) -> None:
+        try:
+            self._scan_whole(item)
+        except MemoryError:
+            raise _too_large(item) from None
+
+    def _scan_whole(self, item: FileItem) -> None:
         from agentcas.workspace import secrets
         try:
             with open(item.path, "rb", buffering=0) as handle:
@@ -264,6 +279,12 @@ class Snapshotter:
         raise FileChanged(f"{item.rel} kept changing while it was read; nothing was committed")
 
     def _store_file(self, item: FileItem):
+        try:
+            return self._store_whole(item)
+        except MemoryError:
+            raise _too_large(item) from None
+
+    def _store_whole(self, item: FileItem):
         data, st = self._read_stable(item)
         if _signature(st) != _signature(item.st):
             self._check_secret(item.rel, data)  # it changed since the scan: scan what we store
