@@ -413,3 +413,130 @@ def test_allowed_secret_is_rescanned_by_a_later_commit_without_the_flag(tmp_path
             store.commit(str(ws), "not allowed this time")
     finally:
         snapshot_module.RACY_NS = old
+
+
+# --- large files: streamed, never held whole ------------------------------------------------------
+
+@pytest.fixture
+def small_stream(monkeypatch):
+    """Stream files over 1 MiB, scanning 256 KiB windows that overlap by 4 KiB."""
+    monkeypatch.setattr(snapshot, "STREAM_BYTES", 1 << 20)
+    monkeypatch.setattr(snapshot, "SCAN_WINDOW", 256 << 10)
+    monkeypatch.setattr(snapshot, "SCAN_OVERLAP", 4096)
+
+
+def _text_lines(count: int, seed: int = 0) -> list[bytes]:
+    rng = random.Random(seed)
+    return [(" ".join(rng.choice(["alpha", "beta", "gamma", "delta", "task-1"]) for _ in range(8)) + "\n").encode()
+            for _ in range(count)]
+
+
+def test_streamed_file_gives_the_tree_of_a_whole_read(tmp_path, ws, monkeypatch):
+    import blake3
+    data = random.Random(7).randbytes(3 << 20)
+    (ws / "big.bin").write_bytes(data)
+    (ws / "big.txt").write_bytes(b"".join(_text_lines(60_000)))
+    whole = Store.memory().commit(str(ws), "whole")
+    monkeypatch.setattr(snapshot, "STREAM_BYTES", 1 << 20)
+    streamed_store = Store.memory()
+    streamed = streamed_store.commit(str(ws), "streamed")
+    # FastCDC over the stream cuts where it cuts the whole buffer: same chunks, same ids.
+    assert streamed["tree"] == whole["tree"]
+    assert files(streamed_store)["big.bin"]["id"] == blake3.blake3(data).hexdigest()
+    streamed_store.checkout("main", str(tmp_path / "out"))
+    assert (tmp_path / "out" / "big.bin").read_bytes() == data
+
+
+@pytest.mark.parametrize("where", ["first window", "third window", "straddling a window boundary"])
+def test_secret_in_a_streamed_file_is_refused_at_its_line(mem, ws, small_stream, where):
+    lines = _text_lines(40_000)  # ~1.7 MB: streamed, seven windows
+    if where == "first window":
+        at = 10
+    elif where == "third window":
+        at = 14_000
+    else:  # the line that crosses the first window's end (256 KiB)
+        offset, at = 0, 0
+        while offset + len(lines[at]) < (256 << 10):
+            offset += len(lines[at])
+            at += 1
+    lines.insert(at, b"GITHUB=" + SECRETS["GitHub token (classic)"].encode()
+                 + (b" " * 20 if where.startswith("straddling") else b"") + b"\n")
+    (ws / "log.txt").write_bytes(b"".join(lines))
+    refused(mem, ws, SecretFound, "log.txt", f"line {at + 1};")
+
+
+def test_binary_streamed_file_is_not_scanned(mem, ws, small_stream):
+    (ws / "blob.bin").write_bytes(b"\0" + os.urandom(1_500_000) + SECRETS["GitHub token (classic)"].encode())
+    mem.commit(str(ws), "binary")
+    assert files(mem)["blob.bin"]["size"] == 1_500_001 + len(SECRETS["GitHub token (classic)"])
+
+
+def test_streamed_file_that_keeps_changing_fails_and_moves_nothing(mem, ws, small_stream, monkeypatch):
+    from agentcas.cas import chunking
+    target = ws / "big.bin"
+    target.write_bytes(os.urandom(2 << 20))
+    real_cut_stream = chunking.cut_stream
+
+    def rewriting(handle):
+        for index, piece in enumerate(real_cut_stream(handle)):
+            if index == 1:  # rewritten under the reader: new size and mtime
+                target.write_bytes(os.urandom((2 << 20) + index + len(piece) % 7 + 1))
+            yield piece
+    monkeypatch.setattr(chunking, "cut_stream", rewriting)
+    refs_before = {k: v for k, v in rows(mem).items() if k[0] in ("refs", "reflog")}
+    with pytest.raises(FileChanged, match="big.bin kept changing"):
+        mem.commit(str(ws), "never")
+    assert {k: v for k, v in rows(mem).items() if k[0] in ("refs", "reflog")} == refs_before
+
+
+def test_streamed_file_changed_once_is_read_again(tmp_path, ws, small_stream, monkeypatch):
+    from agentcas.cas import chunking
+    target = ws / "big.bin"
+    target.write_bytes(os.urandom(2 << 20))
+    final = os.urandom(3 << 20)
+    real_cut_stream = chunking.cut_stream
+    calls = []
+
+    def rewriting_once(handle):
+        calls.append(1)
+        for index, piece in enumerate(real_cut_stream(handle)):
+            if index == 1 and len(calls) == 1:
+                target.write_bytes(final)
+            yield piece
+    monkeypatch.setattr(chunking, "cut_stream", rewriting_once)
+    store = Store.memory()
+    store.commit(str(ws), "reread")
+    assert len(calls) == 2
+    store.checkout("main", str(tmp_path / "out"))
+    assert (tmp_path / "out" / "big.bin").read_bytes() == final
+
+
+def test_file_too_large_for_memory_is_named_and_nothing_stored(mem, ws, monkeypatch):
+    def no_memory(self, size):
+        raise MemoryError
+    monkeypatch.setattr(snapshot.Snapshotter, "_buffer", no_memory)
+    message = refused(mem, ws, snapshot.FileTooLarge, "not enough memory to read", "nothing was committed")
+    assert "a.txt" in message or "sub/b.txt" in message
+
+
+def test_secret_written_while_a_large_file_is_stored_never_lands(mem, ws, small_stream, monkeypatch):
+    from agentcas.cas import chunking, framing
+    target = ws / "notes.txt"
+    clean = b"".join(_text_lines(40_000))
+    target.write_bytes(clean)  # the scan pass sees this
+    secret = SECRETS["GitHub token (classic)"].encode()
+    real_cut_stream = chunking.cut_stream
+
+    def gains_a_secret(handle):
+        # Before the store pass reads: the secret now sits in the third window.
+        target.write_bytes(clean[:600_000] + b"\nTOKEN " + secret + b"\n" + clean[600_000:])
+        yield from real_cut_stream(handle)
+    monkeypatch.setattr(chunking, "cut_stream", gains_a_secret)
+    refs_before = {k: v for k, v in rows(mem).items() if k[0] in ("refs", "reflog")}
+    with pytest.raises(SecretFound, match="notes.txt line"):
+        mem.commit(str(ws), "late secret")
+    after = rows(mem)
+    assert {k: v for k, v in after.items() if k[0] in ("refs", "reflog")} == refs_before
+    for (table, _key), value in after.items():  # chunks stored before the secret was seen are clean
+        if table == "objects":
+            assert secret not in framing.unframe(value)[1]

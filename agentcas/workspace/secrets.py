@@ -79,9 +79,13 @@ _ANY_ANCHOR = ahocorasick_rs.BytesAhoCorasick([anchor for _, anchor in _ANCHORS]
 _EVERY_ANCHOR = ahocorasick_rs.BytesAhoCorasick([anchor for _, anchor in _ANCHORS])
 
 
-def scan(data, path: str) -> Finding | None:
-    """The first likely secret in `data` (any bytes-like object), or None."""
-    if is_binary(data) or not _ANY_ANCHOR.find_matches_as_indexes(data):
+def scan(data, path: str, sniff: bool = True) -> Finding | None:
+    """The first likely secret in `data` (any bytes-like object), or None.
+
+    `sniff=False`: the caller has already decided the file is text (a window of a large
+    file is scanned even if a NUL appears near its start).
+    """
+    if (sniff and is_binary(data)) or not _ANY_ANCHOR.find_matches_as_indexes(data):
         return None
     hit_rules = {_ANCHORS[found][0] for found, _, _ in _EVERY_ANCHOR.find_matches_as_indexes(data, overlapping=True)}
     for index, rule in enumerate(RULES):

@@ -14,6 +14,10 @@
    bytes being stored are scanned again. Each worker reads into
    one reused buffer (chunks are views into it, copied once, into their framed
    value), so a GiB of files costs no GiB of fresh pages.
+   Files over STREAM_BYTES are never held whole: they are scanned in overlapping
+   windows, and stored by the writing thread chunk by chunk as read (FastCDC over the
+   stream cuts exactly where it cuts the whole buffer), each window of chunks scanned
+   before it is stored. Memory stays at a window plus the writer's batch.
 5. Trees are built bottom-up and returned as the root tree id.
 """
 
@@ -44,6 +48,9 @@ RACY_NS = 2_000_000_000
 READ_TRIES = 3
 WORKERS = 2
 IN_FLIGHT_BYTES = 256 * 1024 * 1024
+STREAM_BYTES = 256 * 1024 * 1024  # larger files are streamed, not read whole
+SCAN_WINDOW = 16 * 1024 * 1024
+SCAN_OVERLAP = 64 * 1024  # a secret shorter than this that straddles two windows is seen whole
 # The writing (main) thread is the critical path: LMDB copies every byte twice, into
 # its pages and then into the file. With two workers, three threads share two cores,
 # and `perf sched` found the writer preempted for 0.65 s of a 1 GiB commit. Workers
@@ -221,9 +228,11 @@ class Snapshotter:
     def _allowed(self, rel: str) -> bool:
         return any(fnmatch.fnmatchcase(rel, glob) for glob in self.allow_secrets)
 
-    def _check_secret(self, rel: str, data: bytes) -> None:
+    def _check_secret(self, rel: str, data: bytes, lines_before: int = 0, sniff: bool = True) -> None:
+        """Refuse `data` if it holds a secret; `lines_before`: newlines in the file before
+        `data` (a window of a streamed file)."""
         from agentcas.workspace import secrets  # lazy: see _store_files
-        finding = secrets.scan(data, rel)
+        finding = secrets.scan(data, rel, sniff)
         if finding is not None and self._allowed(rel):
             # Stored as the user asked, but never taken from the stat cache later: a
             # commit without --allow-secret must scan (and refuse) it again.
@@ -231,14 +240,32 @@ class Snapshotter:
             return
         if finding is not None:
             raise SecretFound(
-                f"possible secret ({finding.rule}) in {finding.path} line {finding.line}; nothing "
+                f"possible secret ({finding.rule}) in {finding.path} line {finding.line + lines_before}; nothing "
                 f"was committed (use --allow-secret '{finding.path}' if it is meant to be stored)")
 
     def _scan_file(self, item: FileItem) -> None:
         try:
-            self._scan_whole(item)
+            if item.st.st_size > STREAM_BYTES:
+                self._scan_stream(item)
+            else:
+                self._scan_whole(item)
         except MemoryError:
             raise _too_large(item) from None
+
+    def _scan_stream(self, item: FileItem) -> None:
+        from agentcas.workspace import secrets
+        try:
+            with open(item.path, "rb") as handle:
+                head = handle.read(secrets.BINARY_SNIFF)
+                if secrets.is_binary(head):
+                    return
+                windows = _WindowScan(lambda data, lines: self._check_secret(item.rel, data, lines, False))
+                windows.feed(head)
+                while block := handle.read(SCAN_WINDOW):
+                    windows.feed(block)
+                windows.finish()
+        except OSError as exc:
+            raise WorkspaceError(f"cannot read {item.rel}: {exc.strerror}") from None
 
     def _scan_whole(self, item: FileItem) -> None:
         from agentcas.workspace import secrets
@@ -355,7 +382,7 @@ class Snapshotter:
                 pass
             pending = []
             in_flight = 0
-            queue = list(reversed(todo))
+            queue = [item for item in reversed(todo) if item.st.st_size <= STREAM_BYTES]
             while queue or pending:
                 while queue and (in_flight < IN_FLIGHT_BYTES or not pending):
                     item = queue.pop()
@@ -372,6 +399,68 @@ class Snapshotter:
                 self.stats.read_bytes += size
                 if self.progress:
                     self.progress(done, total)
+        for item in todo:
+            if item.st.st_size > STREAM_BYTES:
+                size = self._store_stream(item)
+                done += size
+                self.stats.read_bytes += size
+                if self.progress:
+                    self.progress(done, total)
+
+    def _store_stream(self, item: FileItem) -> int:
+        """Store a large file chunk by chunk through the writer; its size."""
+        for _ in range(READ_TRIES):
+            try:
+                with open(item.path, "rb") as handle:
+                    before = os.fstat(handle.fileno())
+                    entry, size, needed = self._stream_chunks(item, handle)
+                    after = os.fstat(handle.fileno())
+            except OSError as exc:
+                raise WorkspaceError(f"cannot read {item.rel}: {exc.strerror}") from None
+            # A change during the read leaves the chunks written so far unreferenced (gc
+            # removes them); they were scanned before they were stored, like every byte.
+            if _signature(before) == _signature(after) and size == after.st_size:
+                item.st, item.entry = after, entry
+                self.needed.update(needed)
+                return size
+        raise FileChanged(f"{item.rel} kept changing while it was read; nothing was committed")
+
+    def _stream_chunks(self, item: FileItem, handle):
+        """(entry, size, ids it needs): each window of chunks is scanned, then stored."""
+        from agentcas.cas import chunking
+        from agentcas.workspace import secrets
+        hasher = blake3.blake3(max_threads=1)
+        refs: list[ChunkRef] = []
+        windows = None
+        size = 0
+
+        def store(pieces) -> None:
+            for piece in pieces:
+                digest = hash_blob(piece)
+                refs.append(ChunkRef(digest, len(piece)))
+                with self.store.reader() as txn:
+                    stored = txn.get("objects", digest.raw) is not None
+                if not stored:
+                    self.writer.add(digest, framing.frame(framing.KIND_CHUNK, piece, level=framing.FILE_ZSTD_LEVEL))
+
+        for index, piece in enumerate(chunking.cut_stream(handle)):
+            if index == 0 and not secrets.is_binary(piece):  # text, judged by its head as git does
+                windows = _WindowScan(lambda data, lines: self._check_secret(item.rel, data, lines, False))
+            hasher.update(piece)
+            size += len(piece)
+            store(windows.feed(piece) if windows is not None else (piece,))
+        if windows is not None:
+            store(windows.finish())
+        mode = _mode(os.fstat(handle.fileno()))
+        if len(refs) < 2:  # shrank below STREAM_BYTES since the walk: a one-chunk (or empty) file
+            file_id = refs[0].id if refs else EMPTY
+            entry = TreeEntry(item.rel.rsplit("/", 1)[-1], "file", file_id, mode, size)
+            return entry, size, [ref.id.raw for ref in refs]
+        chunk_list = ChunkList(tuple(refs))
+        chunks = chunk_list.digest()
+        self.writer.add(chunks, framing.frame(framing.KIND_CHUNKLIST, chunk_list.encode()))
+        entry = TreeEntry(item.rel.rsplit("/", 1)[-1], "file", Digest(hasher.digest()), mode, size, chunks)
+        return entry, size, [ref.id.raw for ref in refs] + [chunks.raw]
 
     def _build_trees(self, dirs: dict[str, list]) -> Digest:
         ids: dict[str, Digest] = {}
@@ -388,6 +477,36 @@ class Snapshotter:
             self.needed.add(digest.raw)
             ids[rel_dir] = digest
         return ids[""]
+
+
+class _WindowScan:
+    """Secret-scan a file fed in pieces, a window of about SCAN_WINDOW bytes at a time.
+
+    Each window starts SCAN_OVERLAP bytes before the previous one ended, so a secret
+    shorter than that which straddles two windows is seen whole in the second; line
+    numbers count from the start of the file. `feed` and `finish` return the pieces
+    whose bytes have now been scanned (and may be stored).
+    """
+
+    def __init__(self, check):
+        self.check = check  # check(data, newlines before data) raises on a secret
+        self.pieces: list = []
+        self.size = 0
+        self.carry = b""
+        self.lines_before = 0
+
+    def feed(self, piece) -> list:
+        self.pieces.append(piece)
+        self.size += len(piece)
+        return self.finish() if self.size >= SCAN_WINDOW else []
+
+    def finish(self) -> list:
+        scanned, self.pieces, self.size = self.pieces, [], 0
+        data = self.carry + b"".join(scanned)
+        self.check(data, self.lines_before)
+        self.carry = data[-SCAN_OVERLAP:]
+        self.lines_before += data.count(b"\n", 0, len(data) - len(self.carry))
+        return scanned
 
 
 def _yield_to_writer() -> None:
