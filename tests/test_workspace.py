@@ -447,22 +447,68 @@ def test_streamed_file_gives_the_tree_of_a_whole_read(tmp_path, ws, monkeypatch)
     assert (tmp_path / "out" / "big.bin").read_bytes() == data
 
 
-@pytest.mark.parametrize("where", ["first window", "third window", "straddling a window boundary"])
-def test_secret_in_a_streamed_file_is_refused_at_its_line(mem, ws, small_stream, where):
+@pytest.mark.parametrize("at", [10, 14_000, 39_990])
+def test_secret_in_a_streamed_file_is_refused_at_its_line(mem, ws, small_stream, at):
     lines = _text_lines(40_000)  # ~1.7 MB: streamed, seven windows
-    if where == "first window":
-        at = 10
-    elif where == "third window":
-        at = 14_000
-    else:  # the line that crosses the first window's end (256 KiB)
-        offset, at = 0, 0
-        while offset + len(lines[at]) < (256 << 10):
-            offset += len(lines[at])
-            at += 1
-    lines.insert(at, b"GITHUB=" + SECRETS["GitHub token (classic)"].encode()
-                 + (b" " * 20 if where.startswith("straddling") else b"") + b"\n")
+    lines.insert(at, b"GITHUB=" + SECRETS["GitHub token (classic)"].encode() + b"\n")
     (ws / "log.txt").write_bytes(b"".join(lines))
     refused(mem, ws, SecretFound, "log.txt", f"line {at + 1};")
+
+
+def _windows(monkeypatch, text: bytes, piece: int, secret: bytes):
+    """Feed `text` to a _WindowScan (10,000-byte windows, 100-byte overlap) in pieces;
+    (pieces released before the secret was seen, the window that saw it or None)."""
+    monkeypatch.setattr(snapshot, "SCAN_WINDOW", 10_000)
+    monkeypatch.setattr(snapshot, "SCAN_OVERLAP", 100)
+    seen = []
+
+    def check(data, lines_before):
+        if secret in data:
+            seen.append(data)
+            raise SecretFound("found")
+    windows, released = snapshot._WindowScan(check), []
+    try:
+        for offset in range(0, len(text), piece):
+            released += windows.feed(text[offset:offset + piece])
+        released += windows.finish()
+    except SecretFound:
+        pass
+    return b"".join(released), (seen[0] if seen else None)
+
+
+@pytest.mark.parametrize("start", [10_430, 10_480, 10_499, 20_990])
+def test_a_secret_straddling_two_windows_is_seen_before_any_of_it_is_released(monkeypatch, start):
+    # Pieces of 700 bytes: windows close at 10,500 and 21,000 bytes, carrying 100 back.
+    secret = b"S3CR3T" * 5  # 30 bytes, shorter than the overlap
+    text = bytearray(b"x" * 40_000)
+    text[start:start + len(secret)] = secret
+    released, seen = _windows(monkeypatch, bytes(text), 700, secret)
+    assert seen is not None  # one window held the whole secret
+    assert len(released) <= start  # and nothing from its first byte on had been released
+
+
+def test_windows_release_every_byte_once_in_order(monkeypatch):
+    text = bytes(random.Random(3).randbytes(55_555))
+    released, seen = _windows(monkeypatch, text, 777, b"\xff" * 64)
+    assert seen is None and released == text
+
+
+def test_window_line_numbers_count_from_the_start_of_the_file(monkeypatch):
+    monkeypatch.setattr(snapshot, "SCAN_WINDOW", 1_000)
+    monkeypatch.setattr(snapshot, "SCAN_OVERLAP", 50)
+    text = b"".join(_text_lines(2_000))
+    marker = text.index(b"\n", 30_000) + 1
+    text = text[:marker] + b"NEEDLE\n" + text[marker:]
+    found = []
+
+    def check(data, lines_before):
+        if b"NEEDLE" in data and not found:
+            found.append(lines_before + data.count(b"\n", 0, data.index(b"NEEDLE")) + 1)
+    windows = snapshot._WindowScan(check)
+    for offset in range(0, len(text), 333):
+        windows.feed(text[offset:offset + 333])
+    windows.finish()
+    assert found == [text.count(b"\n", 0, marker) + 1]
 
 
 def test_binary_streamed_file_is_not_scanned(mem, ws, small_stream):
@@ -519,18 +565,36 @@ def test_file_too_large_for_memory_is_named_and_nothing_stored(mem, ws, monkeypa
     assert "a.txt" in message or "sub/b.txt" in message
 
 
-def test_secret_written_while_a_large_file_is_stored_never_lands(mem, ws, small_stream, monkeypatch):
-    from agentcas.cas import chunking, framing
+@pytest.mark.parametrize("before", ["text", "binary"])
+def test_secret_written_while_a_large_file_is_stored_never_lands(mem, ws, small_stream, monkeypatch, before):
+    from agentcas.cas import chunking, framing, writer
+    monkeypatch.setattr(writer, "BATCH_OBJECTS", 1)  # every object the writer is given lands at once
     target = ws / "notes.txt"
-    clean = b"".join(_text_lines(40_000))
-    target.write_bytes(clean)  # the scan pass sees this
+    clean = b"".join(_text_lines(150_000))  # ~6.4 MB: the chunker refills its buffer many times
+    # The scan pass sees this version (a binary head is not scanned at all).
+    target.write_bytes(clean if before == "text" else b"\0" + clean)
     secret = SECRETS["GitHub token (classic)"].encode()
     real_cut_stream = chunking.cut_stream
+    calls = []
+
+    class Rewritten:
+        """The store pass's reader: after 2 MB the file is rewritten under it, as text
+        holding a secret at 4 MB (so the rest of this read sees the new version)."""
+
+        def __init__(self, handle):
+            self.handle, self.delivered = handle, 0
+
+        def readinto(self, view):
+            count = self.handle.readinto(memoryview(view)[:65536])
+            self.delivered += count
+            if len(calls) == 1 and self.delivered >= 2_000_000 and not getattr(self, "done", False):
+                self.done = True
+                target.write_bytes(clean[:4_000_000] + b"\nTOKEN " + secret + b"\n" + clean[4_000_000:])
+            return count
 
     def gains_a_secret(handle):
-        # Before the store pass reads: the secret now sits in the third window.
-        target.write_bytes(clean[:600_000] + b"\nTOKEN " + secret + b"\n" + clean[600_000:])
-        yield from real_cut_stream(handle)
+        calls.append(1)
+        return real_cut_stream(Rewritten(handle))
     monkeypatch.setattr(chunking, "cut_stream", gains_a_secret)
     refs_before = {k: v for k, v in rows(mem).items() if k[0] in ("refs", "reflog")}
     with pytest.raises(SecretFound, match="notes.txt line"):

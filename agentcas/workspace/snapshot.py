@@ -16,8 +16,11 @@
    value), so a GiB of files costs no GiB of fresh pages.
    Files over STREAM_BYTES are never held whole: they are scanned in overlapping
    windows, and stored by the writing thread chunk by chunk as read (FastCDC over the
-   stream cuts exactly where it cuts the whole buffer), each window of chunks scanned
-   before it is stored. Memory stays at a window plus the writer's batch.
+   stream cuts exactly where it cuts the whole buffer). A window of chunks is stored
+   only after its bytes were scanned (with the overlap, see _WindowScan) and an fstat
+   showed the file unchanged; a change abandons the attempt (3 tries). Memory stays at
+   a window plus the writer's batch. A secret longer than the 64 KiB overlap that
+   straddles two windows is missed where a whole-file scan would find it.
 5. Trees are built bottom-up and returned as the root tree id.
 """
 
@@ -79,8 +82,8 @@ class FileTooLarge(AgentcasError):
 
 
 def _too_large(item: "FileItem") -> FileTooLarge:
-    return FileTooLarge(f"not enough memory to read {item.rel} ({item.st.st_size} bytes): agentcas "
-                        "reads each file whole while storing it; nothing was committed")
+    return FileTooLarge(f"not enough memory to read {item.rel} ({item.st.st_size} bytes); "
+                        "nothing was committed")
 
 
 @dataclass
@@ -413,20 +416,27 @@ class Snapshotter:
             try:
                 with open(item.path, "rb") as handle:
                     before = os.fstat(handle.fileno())
-                    entry, size, needed = self._stream_chunks(item, handle)
-                    after = os.fstat(handle.fileno())
+                    result = self._stream_chunks(item, handle, before)
             except OSError as exc:
                 raise WorkspaceError(f"cannot read {item.rel}: {exc.strerror}") from None
-            # A change during the read leaves the chunks written so far unreferenced (gc
-            # removes them); they were scanned before they were stored, like every byte.
-            if _signature(before) == _signature(after) and size == after.st_size:
+            except MemoryError:
+                raise _too_large(item) from None
+            if result is not None:
+                entry, size, needed, after = result
                 item.st, item.entry = after, entry
                 self.needed.update(needed)
                 return size
         raise FileChanged(f"{item.rel} kept changing while it was read; nothing was committed")
 
-    def _stream_chunks(self, item: FileItem, handle):
-        """(entry, size, ids it needs): each window of chunks is scanned, then stored."""
+    def _stream_chunks(self, item: FileItem, handle, before: os.stat_result):
+        """(entry, size, ids it needs, stat), or None if the file changed while read.
+
+        Chunks reach the writer a window at a time, only after the window's bytes were
+        secret-scanned (text files) and an fstat showed the file unchanged since `before`
+        (so they are bytes of that version, which the head judged text or binary). A
+        change abandons the attempt; chunks stored by then are scanned bytes of one
+        version, unreferenced (gc removes them).
+        """
         from agentcas.cas import chunking
         from agentcas.workspace import secrets
         hasher = blake3.blake3(max_threads=1)
@@ -434,7 +444,9 @@ class Snapshotter:
         windows = None
         size = 0
 
-        def store(pieces) -> None:
+        def store(pieces) -> bool:
+            if pieces and _signature(os.fstat(handle.fileno())) != _signature(before):
+                return False
             for piece in pieces:
                 digest = hash_blob(piece)
                 refs.append(ChunkRef(digest, len(piece)))
@@ -442,25 +454,32 @@ class Snapshotter:
                     stored = txn.get("objects", digest.raw) is not None
                 if not stored:
                     self.writer.add(digest, framing.frame(framing.KIND_CHUNK, piece, level=framing.FILE_ZSTD_LEVEL))
+            return True
 
         for index, piece in enumerate(chunking.cut_stream(handle)):
-            if index == 0 and not secrets.is_binary(piece):  # text, judged by its head as git does
-                windows = _WindowScan(lambda data, lines: self._check_secret(item.rel, data, lines, False))
+            if index == 0:  # text or binary is judged by the head, as git does
+                check = None if secrets.is_binary(piece) else (
+                    lambda data, lines: self._check_secret(item.rel, data, lines, False))
+                windows = _WindowScan(check)
             hasher.update(piece)
             size += len(piece)
-            store(windows.feed(piece) if windows is not None else (piece,))
-        if windows is not None:
-            store(windows.finish())
-        mode = _mode(os.fstat(handle.fileno()))
+            if not store(windows.feed(piece)):
+                return None
+        if windows is not None and not store(windows.finish()):
+            return None
+        after = os.fstat(handle.fileno())
+        if _signature(after) != _signature(before) or size != after.st_size:
+            return None
+        mode = _mode(after)
         if len(refs) < 2:  # shrank below STREAM_BYTES since the walk: a one-chunk (or empty) file
             file_id = refs[0].id if refs else EMPTY
             entry = TreeEntry(item.rel.rsplit("/", 1)[-1], "file", file_id, mode, size)
-            return entry, size, [ref.id.raw for ref in refs]
+            return entry, size, [ref.id.raw for ref in refs], after
         chunk_list = ChunkList(tuple(refs))
         chunks = chunk_list.digest()
         self.writer.add(chunks, framing.frame(framing.KIND_CHUNKLIST, chunk_list.encode()))
         entry = TreeEntry(item.rel.rsplit("/", 1)[-1], "file", Digest(hasher.digest()), mode, size, chunks)
-        return entry, size, [ref.id.raw for ref in refs] + [chunks.raw]
+        return entry, size, [ref.id.raw for ref in refs] + [chunks.raw], after
 
     def _build_trees(self, dirs: dict[str, list]) -> Digest:
         ids: dict[str, Digest] = {}
@@ -480,33 +499,54 @@ class Snapshotter:
 
 
 class _WindowScan:
-    """Secret-scan a file fed in pieces, a window of about SCAN_WINDOW bytes at a time.
+    """Secret-scan a file fed in pieces, a window of about SCAN_WINDOW bytes at a time,
+    and release each piece only once every byte of it has been scanned.
 
     Each window starts SCAN_OVERLAP bytes before the previous one ended, so a secret
-    shorter than that which straddles two windows is seen whole in the second; line
-    numbers count from the start of the file. `feed` and `finish` return the pieces
-    whose bytes have now been scanned (and may be stored).
+    shorter than that which straddles two windows is seen whole in the second; pieces
+    that reach into those carried bytes are held back until the next window has been
+    scanned, so no part of such a secret is released before it is seen. Line numbers
+    count from the start of the file. `check(data, newlines before data)` raises on a
+    secret; `check=None` (a binary file) scans nothing but batches the same way.
     """
 
     def __init__(self, check):
-        self.check = check  # check(data, newlines before data) raises on a secret
-        self.pieces: list = []
-        self.size = 0
-        self.carry = b""
-        self.lines_before = 0
+        self.check = check
+        self.pieces: list = []  # not yet released, in file order; they start at `start`
+        self.start = 0
+        self.fresh: list = []   # pieces fed since the last window
+        self.fresh_size = 0
+        self.carry = b""        # the previous window's last SCAN_OVERLAP bytes; they start at `carry_at`
+        self.carry_at = 0
+        self.lines_before = 0   # newlines in the file before `carry_at`
 
     def feed(self, piece) -> list:
         self.pieces.append(piece)
-        self.size += len(piece)
-        return self.finish() if self.size >= SCAN_WINDOW else []
+        self.fresh.append(piece)
+        self.fresh_size += len(piece)
+        return self._window(final=False) if self.fresh_size >= SCAN_WINDOW else []
 
     def finish(self) -> list:
-        scanned, self.pieces, self.size = self.pieces, [], 0
-        data = self.carry + b"".join(scanned)
-        self.check(data, self.lines_before)
-        self.carry = data[-SCAN_OVERLAP:]
-        self.lines_before += data.count(b"\n", 0, len(data) - len(self.carry))
-        return scanned
+        return self._window(final=True)
+
+    def _window(self, final: bool) -> list:
+        data = b"".join([self.carry, *self.fresh])
+        self.fresh, self.fresh_size = [], 0
+        if self.check is not None:
+            self.check(data, self.lines_before)
+        if final:
+            released, self.pieces = self.pieces, []
+            return released
+        keep = min(SCAN_OVERLAP, len(data))
+        self.lines_before += data.count(b"\n", 0, len(data) - keep)
+        self.carry_at += len(data) - keep
+        self.carry = data[len(data) - keep:]
+        released = []
+        while self.pieces and self.start + len(self.pieces[0]) <= self.carry_at:
+            piece = self.pieces.pop(0)
+            self.start += len(piece)
+            released.append(piece)
+        return released
 
 
 def _yield_to_writer() -> None:
