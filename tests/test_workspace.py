@@ -604,3 +604,12 @@ def test_secret_written_while_a_large_file_is_stored_never_lands(mem, ws, small_
     for (table, _key), value in after.items():  # chunks stored before the secret was seen are clean
         if table == "objects":
             assert secret not in framing.unframe(value)[1]
+
+
+def test_progress_moves_while_a_large_file_streams(mem, ws, small_stream):
+    (ws / "big.bin").write_bytes(os.urandom(4 << 20))
+    seen = []
+    mem.commit(str(ws), "progress", progress=lambda done, total: seen.append((done, total)))
+    total = seen[-1][1]
+    assert seen[-1][0] == total and len([d for d, _ in seen if 0 < d < total]) >= 5
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)

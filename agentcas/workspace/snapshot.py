@@ -404,19 +404,20 @@ class Snapshotter:
                     self.progress(done, total)
         for item in todo:
             if item.st.st_size > STREAM_BYTES:
-                size = self._store_stream(item)
+                size = self._store_stream(item, lambda part: self.progress and self.progress(done + part, total))
                 done += size
                 self.stats.read_bytes += size
                 if self.progress:
                     self.progress(done, total)
 
-    def _store_stream(self, item: FileItem) -> int:
-        """Store a large file chunk by chunk through the writer; its size."""
+    def _store_stream(self, item: FileItem, report) -> int:
+        """Store a large file chunk by chunk through the writer; its size. `report(bytes
+        read so far)` after every window, for the progress bar."""
         for _ in range(READ_TRIES):
             try:
                 with open(item.path, "rb") as handle:
                     before = os.fstat(handle.fileno())
-                    result = self._stream_chunks(item, handle, before)
+                    result = self._stream_chunks(item, handle, before, report)
             except OSError as exc:
                 raise WorkspaceError(f"cannot read {item.rel}: {exc.strerror}") from None
             except MemoryError:
@@ -428,7 +429,7 @@ class Snapshotter:
                 return size
         raise FileChanged(f"{item.rel} kept changing while it was read; nothing was committed")
 
-    def _stream_chunks(self, item: FileItem, handle, before: os.stat_result):
+    def _stream_chunks(self, item: FileItem, handle, before: os.stat_result, report):
         """(entry, size, ids it needs, stat), or None if the file changed while read.
 
         Chunks reach the writer a window at a time, only after the window's bytes were
@@ -463,8 +464,11 @@ class Snapshotter:
                 windows = _WindowScan(check)
             hasher.update(piece)
             size += len(piece)
-            if not store(windows.feed(piece)):
+            released = windows.feed(piece)
+            if not store(released):
                 return None
+            if released:
+                report(size)
         if windows is not None and not store(windows.finish()):
             return None
         after = os.fstat(handle.fileno())
