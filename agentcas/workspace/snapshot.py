@@ -402,22 +402,22 @@ class Snapshotter:
                 self.stats.read_bytes += size
                 if self.progress:
                     self.progress(done, total)
-        for item in todo:
-            if item.st.st_size > STREAM_BYTES:
-                size = self._store_stream(item, lambda part: self.progress and self.progress(done + part, total))
-                done += size
-                self.stats.read_bytes += size
-                if self.progress:
-                    self.progress(done, total)
+            for item in todo:
+                if item.st.st_size > STREAM_BYTES:
+                    size = self._store_stream(item, pool, lambda part: self.progress and self.progress(done + part, total))
+                    done += size
+                    self.stats.read_bytes += size
+                    if self.progress:
+                        self.progress(done, total)
 
-    def _store_stream(self, item: FileItem, report) -> int:
+    def _store_stream(self, item: FileItem, pool, report) -> int:
         """Store a large file chunk by chunk through the writer; its size. `report(bytes
         read so far)` after every window, for the progress bar."""
         for _ in range(READ_TRIES):
             try:
                 with open(item.path, "rb") as handle:
                     before = os.fstat(handle.fileno())
-                    result = self._stream_chunks(item, handle, before, report)
+                    result = self._stream_chunks(item, handle, before, pool, report)
             except OSError as exc:
                 raise WorkspaceError(f"cannot read {item.rel}: {exc.strerror}") from None
             except MemoryError:
@@ -429,33 +429,45 @@ class Snapshotter:
                 return size
         raise FileChanged(f"{item.rel} kept changing while it was read; nothing was committed")
 
-    def _stream_chunks(self, item: FileItem, handle, before: os.stat_result, report):
+    def _stream_chunks(self, item: FileItem, handle, before: os.stat_result, pool, report):
         """(entry, size, ids it needs, stat), or None if the file changed while read.
 
-        Chunks reach the writer a window at a time, only after the window's bytes were
-        secret-scanned (text files) and an fstat showed the file unchanged since `before`
-        (so they are bytes of that version, which the head judged text or binary). A
-        change abandons the attempt; chunks stored by then are scanned bytes of one
-        version, unreferenced (gc removes them).
+        This thread reads, cuts and scans; the workers hash and frame each released
+        window (two windows in flight). Chunks reach the writer a window at a time, only
+        after the window's bytes were secret-scanned (text files) and an fstat showed the
+        file unchanged since `before` (so they are bytes of that version, which the head
+        judged text or binary). A change abandons the attempt; chunks stored by then are
+        scanned bytes of one version, unreferenced (gc removes them).
         """
+        from collections import deque
+
         from agentcas.cas import chunking
         from agentcas.workspace import secrets
         hasher = blake3.blake3(max_threads=1)
         refs: list[ChunkRef] = []
+        in_flight: deque = deque()  # futures of released windows' (digest, size, framed or None)
         windows = None
         size = 0
 
-        def store(pieces) -> bool:
-            if pieces and _signature(os.fstat(handle.fileno())) != _signature(before):
-                return False
-            for piece in pieces:
-                digest = hash_blob(piece)
-                refs.append(ChunkRef(digest, len(piece)))
-                with self.store.reader() as txn:
-                    stored = txn.get("objects", digest.raw) is not None
-                if not stored:
-                    self.writer.add(digest, framing.frame(framing.KIND_CHUNK, piece, level=framing.FILE_ZSTD_LEVEL))
+        def store(limit: int) -> bool:
+            """Hand finished windows to the writer until at most `limit` are in flight."""
+            while len(in_flight) > limit:
+                framed_window = in_flight.popleft().result()
+                if _signature(os.fstat(handle.fileno())) != _signature(before):
+                    for future in in_flight:
+                        future.result()  # let the workers finish; nothing more is stored
+                    return False
+                for digest, length, framed in framed_window:
+                    refs.append(ChunkRef(digest, length))
+                    if framed is not None:
+                        self.writer.add(digest, framed)
             return True
+
+        def submit(pieces) -> None:
+            half = (len(pieces) + 1) // 2  # both workers share a window
+            for part in (pieces[:half], pieces[half:]):
+                if part:
+                    in_flight.append(pool.submit(self._hash_and_frame, part))
 
         for index, piece in enumerate(chunking.cut_stream(handle)):
             if index == 0:  # text or binary is judged by the head, as git does
@@ -465,11 +477,14 @@ class Snapshotter:
             hasher.update(piece)
             size += len(piece)
             released = windows.feed(piece)
-            if not store(released):
-                return None
             if released:
+                submit(released)
+                if not store(limit=2):
+                    return None
                 report(size)
-        if windows is not None and not store(windows.finish()):
+        if windows is not None:
+            submit(windows.finish())
+        if not store(limit=0):
             return None
         after = os.fstat(handle.fileno())
         if _signature(after) != _signature(before) or size != after.st_size:
@@ -484,6 +499,17 @@ class Snapshotter:
         self.writer.add(chunks, framing.frame(framing.KIND_CHUNKLIST, chunk_list.encode()))
         entry = TreeEntry(item.rel.rsplit("/", 1)[-1], "file", Digest(hasher.digest()), mode, size, chunks)
         return entry, size, [ref.id.raw for ref in refs] + [chunks.raw], after
+
+    def _hash_and_frame(self, pieces) -> list:
+        """On a worker: (id, size, framed value or None when already stored) per piece."""
+        out = []
+        with self.store.reader() as txn:
+            for piece in pieces:
+                digest = hash_blob(piece)
+                stored = txn.get("objects", digest.raw) is not None
+                out.append((digest, len(piece), None if stored else
+                            framing.frame(framing.KIND_CHUNK, piece, level=framing.FILE_ZSTD_LEVEL)))
+        return out
 
     def _build_trees(self, dirs: dict[str, list]) -> Digest:
         ids: dict[str, Digest] = {}
