@@ -116,7 +116,7 @@ def text_tree(root: str, total_bytes: int, files: int, seed: int = 2) -> list[st
 
     A pool of distinct lines is generated once and each file draws its own random
     sequence of lines from it (plus fresh ids and numbers), so files compress like
-    text but no two files, and practically no two 64 KiB chunks, are equal.
+    text but no two files, and practically no two chunks, are equal.
     """
     text = _Text(seed)
     rng = text.rng
