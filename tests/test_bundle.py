@@ -691,3 +691,28 @@ def test_export_carries_at_most_the_signature_limit(store, workspace, tmp_path):
     receiver = Store.memory()
     receiver.trust_add("alice", str(tmp_path / "k" / "alice.pub"))
     assert receiver.import_bundle(str(tmp_path / "b.bundle"))["signature"] == "valid"
+
+
+@pytest.mark.parametrize("at", [5, 9_000, 24_990])
+def test_export_scans_a_large_file_window_by_window(tmp_path, monkeypatch, at):
+    """Files are scanned for export in overlapping windows (bounded memory); the finding
+    names the line counted from the start of the file."""
+    import random as rnd
+    from agentcas.exchange.bundle import SecretInBundle
+    from agentcas.workspace import secrets
+    monkeypatch.setattr(secrets, "SCAN_WINDOW", 64 << 10)
+    monkeypatch.setattr(secrets, "SCAN_OVERLAP", 1024)
+    rng = rnd.Random(at)
+    lines = [(" ".join(rng.choice(["alpha", "beta", "task-7", "gamma"]) for _ in range(8)) + "\n").encode()
+             for _ in range(25_000)]  # ~1 MB: many chunks, 16 windows
+    token = "ghp_" + "".join(rng.choice("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+                             for _ in range(36))
+    lines.insert(at, f"TOKEN {token}\n".encode())
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "log.txt").write_bytes(b"".join(lines))
+    store = Store.init(str(tmp_path / "s"))[0]
+    store.commit(str(ws), "with a token", allow_secrets=["log.txt"])
+    with pytest.raises(SecretInBundle, match=f"log.txt line {at + 1} looks like a GitHub token"):
+        store.export_bundle("main", str(tmp_path / "b.bundle"))
+    assert not (tmp_path / "b.bundle").exists()

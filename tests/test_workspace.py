@@ -421,8 +421,8 @@ def test_allowed_secret_is_rescanned_by_a_later_commit_without_the_flag(tmp_path
 def small_stream(monkeypatch):
     """Stream files over 1 MiB, scanning 256 KiB windows that overlap by 4 KiB."""
     monkeypatch.setattr(snapshot, "STREAM_BYTES", 1 << 20)
-    monkeypatch.setattr(snapshot, "SCAN_WINDOW", 256 << 10)
-    monkeypatch.setattr(snapshot, "SCAN_OVERLAP", 4096)
+    monkeypatch.setattr(secrets, "SCAN_WINDOW", 256 << 10)
+    monkeypatch.setattr(secrets, "SCAN_OVERLAP", 4096)
 
 
 def _text_lines(count: int, seed: int = 0) -> list[bytes]:
@@ -456,17 +456,17 @@ def test_secret_in_a_streamed_file_is_refused_at_its_line(mem, ws, small_stream,
 
 
 def _windows(monkeypatch, text: bytes, piece: int, secret: bytes):
-    """Feed `text` to a _WindowScan (10,000-byte windows, 100-byte overlap) in pieces;
+    """Feed `text` to a WindowScan (10,000-byte windows, 100-byte overlap) in pieces;
     (pieces released before the secret was seen, the window that saw it or None)."""
-    monkeypatch.setattr(snapshot, "SCAN_WINDOW", 10_000)
-    monkeypatch.setattr(snapshot, "SCAN_OVERLAP", 100)
+    monkeypatch.setattr(secrets, "SCAN_WINDOW", 10_000)
+    monkeypatch.setattr(secrets, "SCAN_OVERLAP", 100)
     seen = []
 
     def check(data, lines_before):
         if secret in data:
             seen.append(data)
             raise SecretFound("found")
-    windows, released = snapshot._WindowScan(check), []
+    windows, released = secrets.WindowScan(check), []
     try:
         for offset in range(0, len(text), piece):
             released += windows.feed(text[offset:offset + piece])
@@ -494,8 +494,8 @@ def test_windows_release_every_byte_once_in_order(monkeypatch):
 
 
 def test_window_line_numbers_count_from_the_start_of_the_file(monkeypatch):
-    monkeypatch.setattr(snapshot, "SCAN_WINDOW", 1_000)
-    monkeypatch.setattr(snapshot, "SCAN_OVERLAP", 50)
+    monkeypatch.setattr(secrets, "SCAN_WINDOW", 1_000)
+    monkeypatch.setattr(secrets, "SCAN_OVERLAP", 50)
     text = b"".join(_text_lines(2_000))
     marker = text.index(b"\n", 30_000) + 1
     text = text[:marker] + b"NEEDLE\n" + text[marker:]
@@ -504,7 +504,7 @@ def test_window_line_numbers_count_from_the_start_of_the_file(monkeypatch):
     def check(data, lines_before):
         if b"NEEDLE" in data and not found:
             found.append(lines_before + data.count(b"\n", 0, data.index(b"NEEDLE")) + 1)
-    windows = snapshot._WindowScan(check)
+    windows = secrets.WindowScan(check)
     for offset in range(0, len(text), 333):
         windows.feed(text[offset:offset + 333])
     windows.finish()

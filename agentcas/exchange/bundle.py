@@ -49,7 +49,7 @@ from agentcas.signing import envelope as env
 from agentcas.signing import trust
 from agentcas.signing.keys import SigningKey
 from agentcas.workspace import secrets
-from agentcas.workspace.restore import file_chunks, list_files, read_file
+from agentcas.workspace.restore import file_chunks, list_files, verified_chunks
 
 IMPORTS_PREFIX = b"threads/"
 _PRIVATE_KEY = next(rule for rule in secrets.RULES if rule.name == "private key block")
@@ -173,19 +173,27 @@ def _scan_files(txn: Txn, tree_id: Digest, allow_secrets, scanned: set) -> list[
             raise IntegrityError(f"chunk {first_id.hex()} of {path} is missing from the store")
         if secrets.is_binary(framing.unframe(value)[1][: secrets.BINARY_SNIFF]):
             continue
-        data = read_file(txn, entry, path)
-        if any(fnmatch.fnmatchcase(path, g) for g in allow_secrets):
-            # --allow-secret never lets a private key leave: only the key-block rule still applies.
-            match = _PRIVATE_KEY.pattern.search(data)
-            finding = None if match is None else secrets.Finding(
-                path, data.count(b"\n", 0, match.start()) + 1, _PRIVATE_KEY.name)
-        else:
-            finding = secrets.scan(data, path)
-        if finding is not None:
-            raise SecretInBundle(f"refusing to export: {finding.path} line {finding.line} looks like a "
-                                 f"{finding.rule} (use --allow-secret GLOB if it is not one); "
-                                 "no bundle was written")
+        allowed = any(fnmatch.fnmatchcase(path, g) for g in allow_secrets)
+        # Window by window, so a file of any size is scanned in bounded memory.
+        windows = secrets.WindowScan(lambda data, lines: _refuse_secret(data, lines, path, allowed))
+        for data in verified_chunks(txn, entry, path):
+            windows.feed(data)
+        windows.finish()
     return out
+
+
+def _refuse_secret(data, lines_before: int, path: str, allowed: bool) -> None:
+    if allowed:
+        # --allow-secret never lets a private key leave: only the key-block rule still applies.
+        match = _PRIVATE_KEY.pattern.search(data)
+        finding = None if match is None else secrets.Finding(
+            path, data.count(b"\n", 0, match.start()) + 1, _PRIVATE_KEY.name)
+    else:
+        finding = secrets.scan(data, path, sniff=False)
+    if finding is not None:
+        raise SecretInBundle(f"refusing to export: {finding.path} line {finding.line + lines_before} looks "
+                             f"like a {finding.rule} (use --allow-secret GLOB if it is not one); "
+                             "no bundle was written")
 
 
 # --- checking a bundle ------------------------------------------------------------------------

@@ -71,19 +71,25 @@ def file_chunks(txn, entry: TreeEntry):
     return tuple((ref.id, ref.size) for ref in chunk_list.chunks)
 
 
-def read_file(txn, entry: TreeEntry, path: str = "") -> bytes:
-    """A file's verified bytes (each chunk against its id, the whole against the file id)."""
-    parts = []
+def verified_chunks(txn, entry: TreeEntry, path: str = ""):
+    """Yield a file's chunks, each checked against its id; after the last, the whole is
+    checked against the file id (DigestMismatch), so a caller that consumes them all has
+    read exactly the file. Memory: one chunk at a time."""
+    hasher = blake3.blake3(max_threads=1)
     for chunk_id, size in file_chunks(txn, entry):
         data = _load(txn, chunk_id, framing.KIND_CHUNK, "chunk")
         if len(data) != size:
             raise IntegrityError(f"chunk {chunk_id.hex()} of {path} has the wrong size")
-        parts.append(data)
-    data = b"".join(parts) if len(parts) != 1 else parts[0]
-    got = Digest(blake3.blake3(data, max_threads=1).digest())
+        hasher.update(data)
+        yield data
+    got = Digest(hasher.digest())
     if got != entry.id:
         raise DigestMismatch(entry.id, got, f"file {path}")
-    return data
+
+
+def read_file(txn, entry: TreeEntry, path: str = "") -> bytes:
+    """A file's verified bytes (each chunk against its id, the whole against the file id)."""
+    return b"".join(verified_chunks(txn, entry, path))
 
 
 def write_verified(txn, path: str, entry: TreeEntry, target: str) -> None:

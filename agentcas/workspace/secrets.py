@@ -22,6 +22,9 @@ from dataclasses import dataclass
 import ahocorasick_rs
 
 BINARY_SNIFF = 8000
+# Large files are scanned in windows (see WindowScan), never held whole.
+SCAN_WINDOW = 16 * 1024 * 1024
+SCAN_OVERLAP = 64 * 1024  # a secret shorter than this that straddles two windows is seen whole
 
 
 @dataclass(frozen=True)
@@ -97,3 +100,54 @@ def scan(data, path: str, sniff: bool = True) -> Finding | None:
                 continue
             return Finding(path, bytes(data[: match.start()]).count(b"\n") + 1, rule.name)
     return None
+
+
+class WindowScan:
+    """Secret-scan a file fed in pieces, a window of about SCAN_WINDOW bytes at a time,
+    and release each piece only once every byte of it has been scanned.
+
+    Each window starts SCAN_OVERLAP bytes before the previous one ended, so a secret
+    shorter than that which straddles two windows is seen whole in the second; pieces
+    that reach into those carried bytes are held back until the next window has been
+    scanned, so no part of such a secret is released before it is seen. Line numbers
+    count from the start of the file. `check(data, newlines before data)` raises on a
+    secret; `check=None` (a binary file) scans nothing but batches the same way.
+    """
+
+    def __init__(self, check):
+        self.check = check
+        self.pieces: list = []  # not yet released, in file order; they start at `start`
+        self.start = 0
+        self.fresh: list = []   # pieces fed since the last window
+        self.fresh_size = 0
+        self.carry = b""        # the previous window's last SCAN_OVERLAP bytes; they start at `carry_at`
+        self.carry_at = 0
+        self.lines_before = 0   # newlines in the file before `carry_at`
+
+    def feed(self, piece) -> list:
+        self.pieces.append(piece)
+        self.fresh.append(piece)
+        self.fresh_size += len(piece)
+        return self._window(final=False) if self.fresh_size >= SCAN_WINDOW else []
+
+    def finish(self) -> list:
+        return self._window(final=True)
+
+    def _window(self, final: bool) -> list:
+        data = b"".join([self.carry, *self.fresh])
+        self.fresh, self.fresh_size = [], 0
+        if self.check is not None:
+            self.check(data, self.lines_before)
+        if final:
+            released, self.pieces = self.pieces, []
+            return released
+        keep = min(SCAN_OVERLAP, len(data))
+        self.lines_before += data.count(b"\n", 0, len(data) - keep)
+        self.carry_at += len(data) - keep
+        self.carry = data[len(data) - keep:]
+        released = []
+        while self.pieces and self.start + len(self.pieces[0]) <= self.carry_at:
+            piece = self.pieces.pop(0)
+            self.start += len(piece)
+            released.append(piece)
+        return released

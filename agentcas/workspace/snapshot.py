@@ -17,7 +17,7 @@
    Files over STREAM_BYTES are never held whole: they are scanned in overlapping
    windows, and stored by the writing thread chunk by chunk as read (FastCDC over the
    stream cuts exactly where it cuts the whole buffer). A window of chunks is stored
-   only after its bytes were scanned (with the overlap, see _WindowScan) and an fstat
+   only after its bytes were scanned (with the overlap: secrets.WindowScan) and an fstat
    showed the file unchanged; a change abandons the attempt (3 tries). Memory stays at
    a window plus the writer's batch. A secret longer than the 64 KiB overlap that
    straddles two windows is missed where a whole-file scan would find it.
@@ -52,8 +52,6 @@ READ_TRIES = 3
 WORKERS = 2
 IN_FLIGHT_BYTES = 256 * 1024 * 1024
 STREAM_BYTES = 256 * 1024 * 1024  # larger files are streamed, not read whole
-SCAN_WINDOW = 16 * 1024 * 1024
-SCAN_OVERLAP = 64 * 1024  # a secret shorter than this that straddles two windows is seen whole
 # The writing (main) thread is the critical path: LMDB copies every byte twice, into
 # its pages and then into the file. With two workers, three threads share two cores,
 # and `perf sched` found the writer preempted for 0.65 s of a 1 GiB commit. Workers
@@ -262,9 +260,9 @@ class Snapshotter:
                 head = handle.read(secrets.BINARY_SNIFF)
                 if secrets.is_binary(head):
                     return
-                windows = _WindowScan(lambda data, lines: self._check_secret(item.rel, data, lines, False))
+                windows = secrets.WindowScan(lambda data, lines: self._check_secret(item.rel, data, lines, False))
                 windows.feed(head)
-                while block := handle.read(SCAN_WINDOW):
+                while block := handle.read(secrets.SCAN_WINDOW):
                     windows.feed(block)
                 windows.finish()
         except OSError as exc:
@@ -473,7 +471,7 @@ class Snapshotter:
             if index == 0:  # text or binary is judged by the head, as git does
                 check = None if secrets.is_binary(piece) else (
                     lambda data, lines: self._check_secret(item.rel, data, lines, False))
-                windows = _WindowScan(check)
+                windows = secrets.WindowScan(check)
             hasher.update(piece)
             size += len(piece)
             released = windows.feed(piece)
@@ -526,57 +524,6 @@ class Snapshotter:
             self.needed.add(digest.raw)
             ids[rel_dir] = digest
         return ids[""]
-
-
-class _WindowScan:
-    """Secret-scan a file fed in pieces, a window of about SCAN_WINDOW bytes at a time,
-    and release each piece only once every byte of it has been scanned.
-
-    Each window starts SCAN_OVERLAP bytes before the previous one ended, so a secret
-    shorter than that which straddles two windows is seen whole in the second; pieces
-    that reach into those carried bytes are held back until the next window has been
-    scanned, so no part of such a secret is released before it is seen. Line numbers
-    count from the start of the file. `check(data, newlines before data)` raises on a
-    secret; `check=None` (a binary file) scans nothing but batches the same way.
-    """
-
-    def __init__(self, check):
-        self.check = check
-        self.pieces: list = []  # not yet released, in file order; they start at `start`
-        self.start = 0
-        self.fresh: list = []   # pieces fed since the last window
-        self.fresh_size = 0
-        self.carry = b""        # the previous window's last SCAN_OVERLAP bytes; they start at `carry_at`
-        self.carry_at = 0
-        self.lines_before = 0   # newlines in the file before `carry_at`
-
-    def feed(self, piece) -> list:
-        self.pieces.append(piece)
-        self.fresh.append(piece)
-        self.fresh_size += len(piece)
-        return self._window(final=False) if self.fresh_size >= SCAN_WINDOW else []
-
-    def finish(self) -> list:
-        return self._window(final=True)
-
-    def _window(self, final: bool) -> list:
-        data = b"".join([self.carry, *self.fresh])
-        self.fresh, self.fresh_size = [], 0
-        if self.check is not None:
-            self.check(data, self.lines_before)
-        if final:
-            released, self.pieces = self.pieces, []
-            return released
-        keep = min(SCAN_OVERLAP, len(data))
-        self.lines_before += data.count(b"\n", 0, len(data) - keep)
-        self.carry_at += len(data) - keep
-        self.carry = data[len(data) - keep:]
-        released = []
-        while self.pieces and self.start + len(self.pieces[0]) <= self.carry_at:
-            piece = self.pieces.pop(0)
-            self.start += len(piece)
-            released.append(piece)
-        return released
 
 
 def _yield_to_writer() -> None:
