@@ -368,6 +368,32 @@ def test_stat_cache_is_not_trusted_when_objects_are_gone(mem, ws, monkeypatch, t
     assert tree_bytes(tmp_path / "out") == tree_bytes(ws)
 
 
+def test_agentcasignore_in_subdirectories_follows_git(mem, ws, tmp_path):
+    import subprocess
+    (ws / ".agentcasignore").write_text("*.log\n/out/\n")
+    (ws / "sub" / ".agentcasignore").write_text("!keep.log\ndata/\n/only-here.txt\n")
+    (ws / "sub" / "deep").mkdir()
+    (ws / "sub" / "deep" / ".agentcasignore").write_text("*.txt\n!want.txt\n")
+    for rel in ("x.log", "sub/keep.log", "sub/drop.log", "sub/data/a.bin", "sub/only-here.txt",
+                "sub/deep/only-here.txt", "sub/deep/no.txt", "sub/deep/want.txt", "sub/deep/keep.log",
+                "out/o.bin", "sub/out/o.bin", "other/data/d.bin"):
+        (ws / rel).parent.mkdir(parents=True, exist_ok=True)
+        (ws / rel).write_text(rel)
+    mem.commit(str(ws), "nested ignores")
+    ours = sorted(files(mem))
+    # git, on the same tree with the same files named .gitignore, keeps the same paths.
+    twin = tmp_path / "twin"
+    subprocess.run(["cp", "-r", str(ws), str(twin)], check=True)
+    for path in list(twin.rglob(".agentcasignore")):
+        path.rename(path.with_name(".gitignore"))
+    subprocess.run(["git", "init", "-q", str(twin)], check=True)
+    listed = subprocess.run(["git", "-C", str(twin), "ls-files", "--others", "--exclude-standard"],
+                            check=True, capture_output=True, text=True).stdout.split()
+    assert ours == sorted(p.replace(".gitignore", ".agentcasignore") for p in listed)
+    assert {"sub/keep.log", "sub/deep/want.txt", "sub/deep/keep.log", "other/data/d.bin"} <= set(ours)
+    assert not {"x.log", "sub/drop.log", "sub/data/a.bin", "sub/only-here.txt", "sub/deep/no.txt", "out/o.bin"} & set(ours)
+
+
 def test_ignored_files_with_unstorable_names_are_skipped(mem, ws):
     (ws / ".agentcasignore").write_text("*.tmp\nIcon?\n")
     (ws / "bad\\name.tmp").write_text("x")

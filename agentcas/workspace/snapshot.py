@@ -1,8 +1,11 @@
 """Snapshot a directory into trees, file entries and chunks.
 
 1. Walk: regular files and directories only (symlinks, hardlinked files, devices,
-   fifos and sockets are refused, naming the path); names checked; `.agentcasignore`
-   (gitignore syntax, at the workspace root) and the store's own directory skipped.
+   fifos and sockets are refused, naming the path); names checked; the store's own
+   directory skipped, and what `.agentcasignore` files exclude: gitignore syntax, in
+   any directory, patterns relative to it; as in git, for each path the last matching
+   pattern of the deepest file with a match decides (`!` re-includes), and nothing
+   inside an excluded directory is looked at.
 2. Stat cache: a file whose (size, mtime_ns, inode, ctime_ns) match the cache and
    whose objects are still stored is not read again, as git's index does. Entries
    younger than RACY_NS are not cached (a same-tick rewrite would go unseen).
@@ -122,21 +125,36 @@ class Snapshotter:
         self.needed: set[bytes] = set()
         self.allowed_secrets: set[str] = set()
         self.writer = BatchWriter(store, pin=pin)
-        self._ignore = self._load_ignore()
+        self._ignores: dict[str, object] = {}  # directory rel path -> its .agentcasignore spec
         self._started_ns = time.time_ns()
         self._buffers = threading.local()  # one read buffer per worker thread
 
     # -- walk ---------------------------------------------------------------------------
-    def _load_ignore(self):
-        path = os.path.join(self.root, IGNORE_FILE)
-        if not os.path.isfile(path):
-            return None
+    def _load_ignore(self, rel_dir: str, names) -> None:
+        """Read `rel_dir`'s .agentcasignore, if it has a regular one."""
+        if IGNORE_FILE not in names:
+            return
+        path = os.path.join(self.root, rel_dir, IGNORE_FILE)
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return  # a symlink or directory of that name is refused or walked as usual
         with open(path, encoding="utf-8", errors="replace") as handle:
             import pathspec  # only when there is an ignore file: it costs ~10 ms to import
-            return pathspec.GitIgnoreSpec.from_lines(handle.read().splitlines())
+            self._ignores[rel_dir] = pathspec.GitIgnoreSpec.from_lines(handle.read().splitlines())
 
     def _ignored(self, rel: str, is_dir: bool) -> bool:
-        return self._ignore is not None and self._ignore.match_file(rel + "/" if is_dir else rel)
+        """Whether the ignore files of `rel`'s ancestors exclude it (the deepest match decides)."""
+        if not self._ignores:
+            return False
+        parts = rel.split("/")
+        for depth in range(len(parts) - 1, -1, -1):  # deepest directory first
+            spec = self._ignores.get("/".join(parts[:depth]))
+            if spec is None:
+                continue
+            below = "/".join(parts[depth:]) + ("/" if is_dir else "")
+            include = spec.check_file(below).include
+            if include is not None:
+                return include
+        return False
 
     def walk(self) -> dict[str, list]:
         """Map of directory rel path ('' = root) -> list of (name, FileItem | 'dir')."""
@@ -150,6 +168,7 @@ class Snapshotter:
             children = []
             try:
                 entries = sorted(os.scandir(abs_dir), key=lambda e: e.name)
+                self._load_ignore(rel_dir, {entry.name for entry in entries})
             except OSError as exc:
                 raise WorkspaceError(f"cannot read directory {abs_dir}: {exc.strerror}") from None
             for entry in entries:
