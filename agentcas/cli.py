@@ -194,7 +194,7 @@ def branch(ctx, name, rev, delete):
             raise click.UsageError("branch -d needs a thread name")
         result = store.delete_thread(name)
         ctx.emit(result, f"Deleted thread {name}")
-    elif name:
+    elif name is not None:
         result = store.create_thread(name, rev)
         ctx.emit(result, f"Created thread {name} at {result['checkpoint'][:12]}")
     else:

@@ -60,6 +60,11 @@ def default_author() -> str:
         return "unknown"
 
 
+def _within(path: str, directory: str) -> bool:
+    """Whether `path` is `directory` or below it (both real paths)."""
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
 def find_store(start: str | None = None) -> str | None:
     """The nearest ./.agentcas from `start` upward, or None."""
     here = os.path.abspath(start or os.getcwd())
@@ -202,6 +207,8 @@ class Store:
         expected = self.resolve(expect) if expect else None
         if not os.path.isdir(workspace):
             raise UsageError(f"workspace is not a directory: {workspace}")
+        if self.path and _within(os.path.realpath(workspace), os.path.realpath(self.path)):
+            raise UsageError(f"workspace {workspace} is the store itself, or inside it; nothing was committed")
         if expect is not None:
             # Refuse a stale --expect before storing anything; the final transaction
             # checks again, for a thread that moves while we snapshot.

@@ -622,3 +622,44 @@ def test_file_larger_than_memory_is_streamed(tmp_path):
     assert listed["artifacts/model.bin"]["size"] == size
     assert listed["artifacts/model.bin"]["id"] == hasher.hexdigest()
     assert run_cli("fsck", store=store).code == 0
+
+
+def test_committing_the_store_into_itself_is_refused(tmp_path):
+    store = init(tmp_path / "store")
+    commit(store, make_workspace(tmp_path / "ws"), "one")
+    before = store_rows(store)
+    failed(run_cli("commit", store, "-m", "self", store=store), 2, "is the store itself")
+    assert store_rows(store) == before
+
+
+def test_branch_names_that_git_refuses(repo):
+    store = repo["store"]
+    before = store_rows(store)
+    failed(run_cli("branch", "", "main", store=store), 2, "invalid thread name")
+    failed(run_cli("branch", "--", "-x", "main", store=store), 2, "starts with '-'")
+    assert store_rows(store) == before
+
+
+def test_non_utf8_arguments_get_clear_errors_and_paths_work(tmp_path):
+    store = init(tmp_path / "store")
+    ws = make_workspace(tmp_path / "ws")
+    commit(store, ws, "one")
+    before = store_rows(store)
+    bad = os.fsdecode(b"t\xff")
+    failed(run_cli("commit", ws, "-m", "x", "--thread", bad, store=store), 2, "not valid UTF-8")
+    failed(run_cli("show", "main" + bad, store=store), 1, "unknown revision")
+    assert store_rows(store) == before
+    # A workspace below a directory whose name is not UTF-8 commits like any other.
+    parent = os.path.join(os.fsencode(tmp_path), b"par\xff")
+    shutil.copytree(os.fsencode(ws), os.path.join(parent, b"ws"))
+    result = run_cli("--json", "commit", os.fsdecode(os.path.join(parent, b"ws")), "-m", "odd parent", store=store)
+    assert result.code == 0, result
+    assert result.json()["tree"] == run_cli("--json", "show", "main~1", store=store).json()["tree"]
+
+
+def test_full_id_in_uppercase_resolves(tmp_path):
+    store = init(tmp_path / "store")
+    checkpoint = commit(store, make_workspace(tmp_path / "ws"), "one")["checkpoint"]
+    shown = run_cli("--json", "show", checkpoint.upper(), store=store)
+    assert shown.code == 0 and shown.json()["checkpoint"] == checkpoint
+    assert run_cli("--json", "show", checkpoint[:10].upper(), store=store).json()["checkpoint"] == checkpoint

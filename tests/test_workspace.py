@@ -148,6 +148,8 @@ SECRETS = {
     "OpenAI API key (legacy)": "sk-" + rnd(48),
     "Anthropic API key": "sk-ant-api03-" + rnd(93, string.ascii_letters + string.digits + "_-"),
     "Slack token": "xoxb-" + rnd(11, string.digits) + "-" + rnd(24),
+    "Slack app-level token": "xapp-1-A" + rnd(10, string.ascii_uppercase + string.digits) + "-"
+                             + rnd(13, string.digits) + "-" + rnd(64, "0123456789abcdef"),
     "Slack webhook": "https://hooks.slack.com/services/T" + rnd(8, string.ascii_uppercase) + "/B"
                      + rnd(8, string.ascii_uppercase) + "/" + rnd(24),
     "Google API key": "AIza" + rnd(35),

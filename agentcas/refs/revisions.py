@@ -44,6 +44,10 @@ def resolve(txn: Txn, rev: str) -> Digest:
     """The checkpoint id that `rev` names; UnknownRevision / AmbiguousRevision otherwise."""
     if not isinstance(rev, str) or not rev or len(rev) > 1024:
         raise UsageError("empty or oversized revision")
+    try:
+        rev.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UnknownRevision(f"unknown revision {rev!r}") from None
     steps = 0
     base = rev
     while True:
@@ -81,8 +85,8 @@ def _resolve_base(txn: Txn, base: str, rev: str) -> Digest:
         if state.checkpoint is None:
             raise UnknownRevision(f"thread {base!r} has no checkpoint yet")
         return state.checkpoint
-    if _HEX.match(base):
-        return _resolve_prefix(txn, base, rev)
+    if _HEX.match(base.lower()):  # ids are written in lowercase; git accepts either case
+        return _resolve_prefix(txn, base.lower(), rev)
     raise UnknownRevision(f"unknown revision {rev!r}")
 
 

@@ -48,8 +48,9 @@ RULES = (
          re.compile(rb"\bsk-ant-[a-z]{2,10}\d{2}-[A-Za-z0-9_\-]{32,}")),
     Rule("OpenAI API key", (b"sk-",),
          re.compile(rb"\bsk-(?:proj-|svcacct-|admin-|None-)?[A-Za-z0-9_\-]{32,}"), 3.5),
-    Rule("Slack token", (b"xox", b"hooks.slack.com"),
-         re.compile(rb"\bxox[abposr]-[0-9A-Za-z\-]{10,}|https://hooks\.slack\.com/services/T[A-Z0-9]+/B[A-Z0-9]+/[A-Za-z0-9]+")),
+    Rule("Slack token", (b"xox", b"xapp-", b"hooks.slack.com"),
+         re.compile(rb"\bxox[abposr]-[0-9A-Za-z\-]{10,}|\bxapp-\d-[A-Z0-9]+-\d+-[0-9a-f]{32,}"
+                    rb"|https://hooks\.slack\.com/services/T[A-Z0-9]+/B[A-Z0-9]+/[A-Za-z0-9]+")),
     Rule("Google API key", (b"AIza", b"GOCSPX-"),
          re.compile(rb"\bAIza[0-9A-Za-z_\-]{35}|\bGOCSPX-[A-Za-z0-9_\-]{28}")),
     Rule("JSON Web Token", (b"eyJ",),

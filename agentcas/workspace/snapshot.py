@@ -209,7 +209,7 @@ class Snapshotter:
 
     # -- stat cache ---------------------------------------------------------------------------
     def _cache_key(self, item: FileItem) -> bytes:
-        return (self.root + "\0" + item.rel).encode("utf-8")
+        return os.fsencode(self.root) + b"\0" + item.rel.encode("utf-8")
 
     def _from_cache(self, txn, item: FileItem) -> TreeEntry | None:
         key = self._cache_key(item)
