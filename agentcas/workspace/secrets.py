@@ -56,7 +56,9 @@ RULES = (
     Rule("JSON Web Token", (b"eyJ",),
          re.compile(rb"\beyJ[A-Za-z0-9_\-]{10,}\.eyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}")),
     Rule("secret assignment", (b"_TOKEN", b"_SECRET", b"_token", b"_secret", b"_Token", b"_Secret"),
-         re.compile(rb"(?i)\b[A-Za-z0-9_]*_(?:TOKEN|SECRET)[\"']?\s*[=:]\s*[\"']?([^\s\"',;]{16,})"), 3.0),
+         # The value: 16+ characters without quotes, separators or parentheses (a call such
+         # as `get_token(request)` is code, not a credential).
+         re.compile(rb"(?i)\b[A-Za-z0-9_]*_(?:TOKEN|SECRET)[\"']?\s*[=:]\s*[\"']?([^\s\"',;()]{16,})(?=[\s\"',;)]|\Z)"), 3.0),
 )
 
 
