@@ -212,9 +212,9 @@ def reflog(ctx, thread, limit):
     """Every move of a thread's ref, newest first (THREAD@{N})."""
     entries = ctx.store().reflog(thread, limit)
     lines = []
-    for i, e in enumerate(entries):
+    for e in entries:
         cp = (e["new"]["checkpoint"] or "-")[:12] if e["new"] else "-"
-        lines.append(f"{cp} {thread}@{{{i}}}: {e['action']}: {e['message']} (seq {e['new']['history']['seq']})")
+        lines.append(f"{cp} {e['rev']}: {e['action']}: {e['message']} (seq {e['new']['history']['seq']})")
     ctx.emit({"thread": thread, "entries": entries}, "\n".join(lines))
 
 

@@ -195,7 +195,9 @@ class Store:
         with self.objects.reader() as txn:
             if threads.read_thread(txn, thread) is None:
                 raise NotFound(f"no thread named {thread!r}")
-            return [entry.to_json() for entry in threads.read_reflog(txn, thread, limit)]
+            # Newest first; "rev" is the entry's name as a revision (THREAD@{N}).
+            return [dict(entry.to_json(), rev=f"{thread}@{{{index}}}")
+                    for index, entry in enumerate(threads.read_reflog(txn, thread, limit))]
 
     # -- committing -----------------------------------------------------------------------------
     def commit(self, workspace: str, reason: str, thread: str = "main", rollout_file: str | None = None,

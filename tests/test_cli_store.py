@@ -663,3 +663,16 @@ def test_full_id_in_uppercase_resolves(tmp_path):
     shown = run_cli("--json", "show", checkpoint.upper(), store=store)
     assert shown.code == 0 and shown.json()["checkpoint"] == checkpoint
     assert run_cli("--json", "show", checkpoint[:10].upper(), store=store).json()["checkpoint"] == checkpoint
+
+
+def test_reflog_json_names_each_entry_as_a_revision(tmp_path):
+    store = init(tmp_path / "store")
+    ws = make_workspace(tmp_path / "ws")
+    for i in range(3):
+        (ws / "task.json").write_text(json.dumps({"step": i}) + "\n")
+        commit(store, ws, f"step {i}")
+    entries = run_cli("--json", "reflog", "main", store=store).json()["entries"]
+    assert [e["rev"] for e in entries] == ["main@{0}", "main@{1}", "main@{2}"]
+    for entry in entries:  # each rev names the checkpoint its entry moved the thread to
+        shown = run_cli("--json", "show", entry["rev"], store=store).json()
+        assert shown["checkpoint"] == entry["new"]["checkpoint"]
