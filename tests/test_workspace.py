@@ -156,6 +156,7 @@ SECRETS = {
     "JSON Web Token": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0." + rnd(43),
     "generic *_TOKEN=": "SERVICE_TOKEN=" + rnd(32),
     "generic *_SECRET:": 'client_secret: "' + rnd(32) + '"',
+    "generic *_SECRET= with punctuation": "DB_SECRET=Zq8!(x#Lm2$Pw&Rt7^Yk)9v",
 }
 
 

@@ -2,9 +2,8 @@
 
 Components are separated by "/"; none may be empty, start with "." or end with
 ".lock"; the name may not contain "..", "@{", control characters, space, or any of
-~ ^ : ? * [ \\ ; it may not end with "/" or "." and may not be "@" alone. As
-`git branch` does, a name may not start with "-" (it would read as an option), and it
-must be valid UTF-8.
+~ ^ : ? * [ \\ ; it may not end with "/" or "." and may not be "@" alone. It must be
+valid UTF-8.
 """
 
 from __future__ import annotations
@@ -29,8 +28,6 @@ def check_thread_name(name: str) -> str:
         name.encode("utf-8")
     except UnicodeEncodeError:
         bad("not valid UTF-8")
-    if name.startswith("-"):
-        bad("starts with '-'")
     if len(name.encode("utf-8")) > MAX_THREAD_NAME:
         bad(f"longer than {MAX_THREAD_NAME} bytes")
     if name == "@":

@@ -56,9 +56,10 @@ RULES = (
     Rule("JSON Web Token", (b"eyJ",),
          re.compile(rb"\beyJ[A-Za-z0-9_\-]{10,}\.eyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}")),
     Rule("secret assignment", (b"_TOKEN", b"_SECRET", b"_token", b"_secret", b"_Token", b"_Secret"),
-         # The value: 16+ characters without quotes, separators or parentheses (a call such
-         # as `get_token(request)` is code, not a credential).
-         re.compile(rb"(?i)\b[A-Za-z0-9_]*_(?:TOKEN|SECRET)[\"']?\s*[=:]\s*[\"']?([^\s\"',;()]{16,})(?=[\s\"',;)]|\Z)"), 3.0),
+         # The value: 16+ characters without quotes or separators, unless it is a call such
+         # as `get_token(request)`: code, not a credential.
+         re.compile(rb"(?i)\b[A-Za-z0-9_]*_(?:TOKEN|SECRET)[\"']?\s*[=:]\s*[\"']?"
+                    rb"(?![A-Za-z_][A-Za-z0-9_.]*\([^\s]*\)(?:[\s;,]|\Z))([^\s\"',;]{16,})"), 3.0),
 )
 
 

@@ -137,7 +137,7 @@ class Snapshotter:
         path = os.path.join(self.root, rel_dir, IGNORE_FILE)
         if not stat.S_ISREG(os.lstat(path).st_mode):
             return  # a symlink or directory of that name is refused or walked as usual
-        with open(path, encoding="utf-8", errors="replace") as handle:
+        with open(path, encoding="utf-8-sig", errors="replace") as handle:  # a BOM is not a pattern
             import pathspec  # only when there is an ignore file: it costs ~10 ms to import
             self._ignores[rel_dir] = pathspec.GitIgnoreSpec.from_lines(handle.read().splitlines())
 
