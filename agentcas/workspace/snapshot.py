@@ -336,28 +336,14 @@ class Snapshotter:
         if _signature(st) != _signature(item.st):
             self._check_secret(item.rel, data)  # it changed since the scan: scan what we store
             item.st = st
-        mode = _mode(st)
-        objects = []
-        if not data:
-            return TreeEntry(item.rel.rsplit("/", 1)[-1], "file", EMPTY, mode, 0), objects, 0, []
         from agentcas.cas import chunking
-        refs = []
-        with self.store.reader() as txn:
-            for piece in chunking.cut(data):
-                digest = hash_blob(piece)
-                refs.append(ChunkRef(digest, len(piece)))
-                if txn.get("objects", digest.raw) is None:
-                    objects.append((digest, framing.frame(framing.KIND_CHUNK, piece,
-                                                          level=framing.FILE_ZSTD_LEVEL)))
-        chunks = None
-        # A one-chunk file's id is its chunk's id (both are plain BLAKE3 of the same bytes).
-        file_id = refs[0].id if len(refs) == 1 else Digest(blake3.blake3(data, max_threads=1).digest())
-        if len(refs) > 1:
-            chunk_list = ChunkList(tuple(refs))
-            chunks = chunk_list.digest()
-            objects.append((chunks, framing.frame(framing.KIND_CHUNKLIST, chunk_list.encode())))
-        entry = TreeEntry(item.rel.rsplit("/", 1)[-1], "file", file_id, mode, len(data), chunks)
-        needed = [ref.id.raw for ref in refs] + ([chunks.raw] if chunks else [])
+        framed_chunks = self._hash_and_frame(list(chunking.cut(data)))
+        refs = [ChunkRef(digest, length) for digest, length, _ in framed_chunks]
+        objects = [(digest, framed) for digest, _, framed in framed_chunks if framed is not None]
+        entry, chunk_list, needed = _file_entry(item.rel.rsplit("/", 1)[-1], _mode(st), len(data), refs,
+                                                lambda: Digest(blake3.blake3(data, max_threads=1).digest()))
+        if chunk_list is not None:
+            objects.append(chunk_list)
         return entry, objects, len(data), needed
 
     def run(self) -> Digest:
@@ -506,19 +492,15 @@ class Snapshotter:
         after = os.fstat(handle.fileno())
         if _signature(after) != _signature(before) or size != after.st_size:
             return None
-        mode = _mode(after)
-        if len(refs) < 2:  # shrank below STREAM_BYTES since the walk: a one-chunk (or empty) file
-            file_id = refs[0].id if refs else EMPTY
-            entry = TreeEntry(item.rel.rsplit("/", 1)[-1], "file", file_id, mode, size)
-            return entry, size, [ref.id.raw for ref in refs], after
-        chunk_list = ChunkList(tuple(refs))
-        chunks = chunk_list.digest()
-        self.writer.add(chunks, framing.frame(framing.KIND_CHUNKLIST, chunk_list.encode()))
-        entry = TreeEntry(item.rel.rsplit("/", 1)[-1], "file", Digest(hasher.digest()), mode, size, chunks)
-        return entry, size, [ref.id.raw for ref in refs] + [chunks.raw], after
+        # (A file that shrank below STREAM_BYTES since the walk may be one chunk, or empty.)
+        entry, chunk_list, needed = _file_entry(item.rel.rsplit("/", 1)[-1], _mode(after), size, refs,
+                                                lambda: Digest(hasher.digest()))
+        if chunk_list is not None:
+            self.writer.add(*chunk_list)
+        return entry, size, needed, after
 
     def _hash_and_frame(self, pieces) -> list:
-        """On a worker: (id, size, framed value or None when already stored) per piece."""
+        """(id, size, framed value or None when already stored) per piece (on a worker)."""
         out = []
         with self.store.reader() as txn:
             for piece in pieces:
@@ -543,6 +525,19 @@ class Snapshotter:
             self.needed.add(digest.raw)
             ids[rel_dir] = digest
         return ids[""]
+
+
+def _file_entry(name: str, mode: int, size: int, refs: list[ChunkRef], whole_id):
+    """(tree entry, (id, framed chunk list) or None, ids the entry needs) of a file cut
+    into `refs`. A one-chunk file's id is its chunk's id (both are plain BLAKE3 of the
+    same bytes); `whole_id()` gives a multi-chunk file's id."""
+    needed = [ref.id.raw for ref in refs]
+    if len(refs) < 2:
+        return TreeEntry(name, "file", refs[0].id if refs else EMPTY, mode, size), None, needed
+    chunk_list = ChunkList(tuple(refs))
+    chunks = chunk_list.digest()
+    framed = (chunks, framing.frame(framing.KIND_CHUNKLIST, chunk_list.encode()))
+    return TreeEntry(name, "file", whole_id(), mode, size, chunks), framed, needed + [chunks.raw]
 
 
 def _yield_to_writer() -> None:
