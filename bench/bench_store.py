@@ -68,6 +68,24 @@ def alternate(rounds: int, first: str, second: str, time_one) -> dict[str, list[
     return times
 
 
+def checkout_against_cp(rounds: int, store: str, data: str, dest: str, env, restored) -> tuple[dict, bool]:
+    """`agentcas checkout main DEST` against `cp -r DATA DEST`, alternating, `rounds` times
+    each; (times per tool, whether every checkout passed `restored(dest)`)."""
+    ok = True
+
+    def checkout(tool: str, k: int) -> float:
+        nonlocal ok
+        if tool == "cp -r":
+            t = h.run(["cp", "-r", data, dest], env=env, warm_paths=(data,))
+        else:
+            t = h.run([h.AGENTCAS, "--store", store, "checkout", "main", dest], env=env, warm_paths=(store,))
+            ok = ok and restored(dest)
+        h.run(["rm", "-rf", dest])
+        return t
+
+    return alternate(rounds, "agentcas", "cp -r", checkout), ok
+
+
 def bench_dataset(kind: str, total: int, files: int, quick: bool) -> dict:
     r: dict = {"kind": kind, "total": total, "files": files}
     with h.work_dir(f"store-{kind}") as work:
@@ -155,21 +173,13 @@ def bench_dataset(kind: str, total: int, files: int, quick: bool) -> dict:
         h.progress(f"store/{kind}: checkout")
         r["checkout"] = co = {}
         dest = os.path.join(work, "restored")
-        r["checkout_ok"] = True
 
-        def checkout(tool: str, k: int) -> float:
-            if tool == "cp -r":
-                t = h.run(["cp", "-r", data, dest], env=env, warm_paths=(data,))
-            else:
-                t = h.run([h.AGENTCAS, "--store", store, "checkout", "main", dest], env=env, warm_paths=(store,))
-                ok = h.apparent_bytes(dest) == h.apparent_bytes(data)
-                probe = os.path.relpath(target, data)
-                with open(target, "rb") as a, open(os.path.join(dest, probe), "rb") as b:
-                    r["checkout_ok"] = r["checkout_ok"] and ok and a.read() == b.read()
-            h.run(["rm", "-rf", dest])
-            return t
+        def restored(dest: str) -> bool:
+            probe = os.path.relpath(target, data)
+            with open(target, "rb") as a, open(os.path.join(dest, probe), "rb") as b:
+                return h.apparent_bytes(dest) == h.apparent_bytes(data) and a.read() == b.read()
 
-        r["checkout_rounds"] = alternate(rounds, "agentcas", "cp -r", checkout)
+        r["checkout_rounds"], r["checkout_ok"] = checkout_against_cp(rounds, store, data, dest, env, restored)
         co["agentcas"] = statistics.median(r["checkout_rounds"]["agentcas"])
         co["cp -r"] = statistics.median(r["checkout_rounds"]["cp -r"])
         os.makedirs(dest)
@@ -294,21 +304,10 @@ def bench_one_file(total: int, quick: bool) -> dict:
 
         h.progress(f"store/one file: first commit ({rounds} rounds against borg)")
         r["first_rounds"] = alternate(rounds, "agentcas", "borg", first_commit)
-        dest = os.path.join(work, "restored")
-        r["checkout_ok"] = True
-
-        def checkout(tool: str, k: int) -> float:
-            if tool == "cp -r":
-                t = h.run(["cp", "-r", data, dest], env=env, warm_paths=(data,))
-            else:
-                t = h.run([h.AGENTCAS, "--store", stores[-1], "checkout", "main", dest], env=env,
-                          warm_paths=(stores[-1],))
-                r["checkout_ok"] = r["checkout_ok"] and h.apparent_bytes(dest) == r["data_bytes"]
-            h.run(["rm", "-rf", dest])
-            return t
-
         h.progress("store/one file: checkout")
-        r["checkout_rounds"] = alternate(rounds, "agentcas", "cp -r", checkout)
+        r["checkout_rounds"], r["checkout_ok"] = checkout_against_cp(
+            rounds, stores[-1], data, os.path.join(work, "restored"), env,
+            lambda dest: h.apparent_bytes(dest) == r["data_bytes"])
         r["load_end"] = h.load_note()
     return r
 
