@@ -1,0 +1,89 @@
+"""The blob-store interface: immutable objects keyed by their raw 32-byte id.
+
+A blob store holds framed objects (cas/framing.py: header, then raw or zstd bytes) and
+nothing else. It has no transactions: every operation is idempotent, an object is
+written only if absent (create-if-absent), and a reader that finds a key gets the
+bytes that were first written under it. It does not verify: callers read objects
+through `cas.objects_source.ObjectSource`, which checks every value against its id.
+Backends: memory.py, ../lmdb_store.py (in the store's one LMDB environment), s3.py.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Mapping, Sequence
+
+KEY_SIZE = 32
+
+
+@dataclass(frozen=True)
+class BlobInfo:
+    """One stored object as a listing sees it, without reading its body."""
+
+    key: bytes           # raw 32-byte object id
+    size: int            # stored (framed) bytes
+    written_at: float    # unix seconds when it was first stored (gc's grace period)
+    kind: int | None     # framing.KIND_* when the backend knows it cheaply, else None
+
+
+class BlobUnavailable(Exception):
+    """The backend could not be reached after its retries (mapped to an AgentcasError above)."""
+
+
+class BlobStore(ABC):
+    """Immutable framed objects by raw id: has / get / put-if-absent / delete / list."""
+
+    url: str
+
+    @abstractmethod
+    def get(self, key: bytes) -> bytes | None:
+        """The framed value stored under `key`, or None (not verified here)."""
+
+    def get_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        """{key: framed value} for the keys that are stored (backends may fetch in parallel)."""
+        out = {}
+        for key in keys:
+            value = self.get(key)
+            if value is not None:
+                out[bytes(key)] = value
+        return out
+
+    @abstractmethod
+    def has_many(self, keys: Iterable[bytes]) -> set[bytes]:
+        """The subset of `keys` that is stored (batched where the backend can)."""
+
+    def has(self, key: bytes) -> bool:
+        return bool(self.has_many([key]))
+
+    @abstractmethod
+    def put_many(self, items: Mapping[bytes, bytes]) -> tuple[int, int]:
+        """Store each {key: framed value} unless present; (objects written, bytes written)."""
+
+    def put_if_absent(self, key: bytes, value: bytes) -> bool:
+        """Store one object unless present; True if it was written now."""
+        return self.put_many({bytes(key): value})[0] == 1
+
+    @abstractmethod
+    def delete_many(self, keys: Iterable[bytes]) -> int:
+        """Delete the given keys (absent ones are ignored); how many were deleted."""
+
+    @abstractmethod
+    def list(self) -> Iterator[BlobInfo]:
+        """Every stored object, streamed (in key order where the backend can)."""
+
+    def header(self, key: bytes) -> bytes | None:
+        """The first framing.HEADER_SIZE bytes of an object (kind, size, written_at), or None."""
+        from agentcas.cas import framing
+        value = self.get(key)
+        return None if value is None else bytes(value[:framing.HEADER_SIZE])
+
+    def count(self) -> int:
+        return sum(1 for _ in self.list())
+
+    def used_bytes(self) -> int:
+        """Bytes the objects occupy, for reports and benchmarks (0 if unknown)."""
+        return 0
+
+    def close(self) -> None:
+        pass
