@@ -23,9 +23,10 @@ if TYPE_CHECKING:
 
 
 class Context:
-    def __init__(self, store_path: str | None, as_json: bool):
+    def __init__(self, store_path: str | None, as_json: bool, refs: str | None = None):
         self.store_path = store_path
         self.as_json = as_json
+        self.refs = refs or os.environ.get("AGENTCAS_REFS") or None
         self._store = None
 
     def store(self) -> Store:
@@ -36,7 +37,7 @@ class Context:
             if not path:
                 raise AgentcasError(f"no store found: use --store DIR, set AGENTCAS_STORE, "
                                     f"or run 'agentcas init' to create ./{STORE_DIR}")
-            self._store = Store.open(path)
+            self._store = Store.open(path, refs=self.refs)
         return self._store
 
     def emit(self, doc, text: str | None = None) -> None:
@@ -81,13 +82,16 @@ class Progress:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--store", "store_path", metavar="DIR", help="Store directory (else $AGENTCAS_STORE, else ./.agentcas upward).")
+@click.option("--store", "store_path", metavar="DIR|URL",
+              help="Store directory or s3://BUCKET/PREFIX (else $AGENTCAS_STORE, else ./.agentcas upward).")
+@click.option("--refs", "refs", metavar="URL",
+              help="For an s3:// store: its refs database, postgresql://USER@HOST:PORT/DB (else $AGENTCAS_REFS).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.version_option(__version__)  # not package_name=: reading installed metadata costs ~30 ms
 @click.pass_context
-def cli(ctx, store_path, as_json):
+def cli(ctx, store_path, refs, as_json):
     """agentcas: content-addressed checkpoints with Git-like lineage for AI-agent state."""
-    ctx.obj = Context(store_path, as_json)
+    ctx.obj = Context(store_path, as_json, refs)
 
 
 @cli.command()
@@ -97,9 +101,10 @@ def init(ctx, directory):
     """Create a store in DIRECTORY (default ./.agentcas, or --store)."""
     from agentcas.repository import STORE_DIR, Store  # lazy, as in Context.store
     path = directory or ctx.store_path or os.environ.get("AGENTCAS_STORE") or STORE_DIR
-    store, created = Store.init(path)
-    ctx.emit({"store": store.path, "created": created},
-             f"{'Initialised empty' if created else 'Reinitialised existing'} agentcas store in {store.path}")
+    store, created = Store.init(path, refs=ctx.refs)
+    where = store.path or store.url
+    ctx.emit({"store": where, "created": created},
+             f"{'Initialised empty' if created else 'Reinitialised existing'} agentcas store in {where}")
 
 
 @cli.command()

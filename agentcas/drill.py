@@ -162,7 +162,7 @@ def run_drill(echo=print, keep: bool = False) -> DrillReport:
             with open(rollout_file, "rb") as handle:
                 memo["rollout"] = handle.read()
             memo["state"] = SumOfSquaresAgent(ws, rollout_file).state()
-            store.objects.close()
+            store.close()
             return (f"checkpoint {result['checkpoint'][:12]}: {result['files']} files, "
                     f"{result['appended_records']} rollout records")
 
@@ -174,7 +174,7 @@ def run_drill(echo=print, keep: bool = False) -> DrillReport:
             store = Store.open(store_dir)
             os.makedirs(os.path.dirname(bundle))
             result = store.export_bundle("main", bundle, made["private_key"])
-            store.objects.close()
+            store.close()
             return f"{result['bytes']} bytes, {result['objects']} objects, signed by key {made['key_id']}"
 
         stages.run("export signed bundle", export)
@@ -191,8 +191,8 @@ def run_drill(echo=print, keep: bool = False) -> DrillReport:
             try:
                 scratch.import_bundle(bad)
             except IntegrityError as exc:
-                with scratch.objects.reader() as txn:
-                    _require(txn.count("objects") == 0 and txn.count("refs") == 0,
+                with scratch.meta.reader() as txn:
+                    _require(scratch.blobs.count() == 0 and txn.count("refs") == 0,
                              "a refused bundle left objects or refs behind")
                 return f"a copy with one flipped byte is refused ({str(exc)[:60]}...)"
             raise DrillFailed("a tampered bundle was accepted")
@@ -219,7 +219,7 @@ def run_drill(echo=print, keep: bool = False) -> DrillReport:
                 out.write(rebuilt)
             state = SumOfSquaresAgent(os.path.join(recovered, "workspace"), "").state()
             _require(state == memo["state"], f"restored state {state} differs from saved {memo['state']}")
-            store.objects.close()
+            store.close()
             return (f"trusted key {memo['key_id']}, imported and verified ({verified['reason']}); "
                     f"state next i {state['next_i']}, partial sum {state['partial_sum']}; "
                     f"{len(rebuilt)} rollout bytes identical")
@@ -250,7 +250,7 @@ def run_drill(echo=print, keep: bool = False) -> DrillReport:
             result = store.commit(os.path.join(recovered, "workspace"), "drill: finished", "main",
                                   os.path.join(recovered, "rollout.jsonl"))
             log = store.log("main")
-            store.objects.close()
+            store.close()
             _require(log[1]["checkpoint"] == memo["checkpoint"], "the finished checkpoint does not follow the imported one")
             return (f"checkpoint {result['checkpoint'][:12]} follows {memo['checkpoint'][:12]}, "
                     f"+{result['appended_records']} rollout records")
@@ -304,7 +304,7 @@ def run_checkpoint_drill(store: Store, rev: str, echo=print, keep: bool = False)
             cp = memo["cp"]
             count = size = 0
             expected_paths = set()
-            with store.objects.reader() as txn:
+            with store.source.reading() as txn:
                 for path, entry in list_files(txn, cp.tree):
                     target = os.path.join(dest, *path.rstrip("/").split("/"))
                     expected_paths.add(os.path.normpath(target))
@@ -324,10 +324,10 @@ def run_checkpoint_drill(store: Store, rev: str, echo=print, keep: bool = False)
                     found.add(os.path.normpath(os.path.join(here, name)))
             _require(found == expected_paths, f"restore has extra or missing paths: {sorted(found ^ expected_paths)[:3]}")
             scratch = memo["scratch"]
-            with scratch.objects.reader() as txn:
+            with scratch.source.reading() as txn:
                 restored_history = b"".join(rollout.History(txn).read(cp.history))
             _require(restored_history == original_history, "the rollout differs after the round trip")
-            scratch.objects.close()
+            scratch.close()
             return (f"{count} files, {size} bytes and {cp.history.seq} rollout records "
                     f"({len(original_history)} bytes) identical")
 

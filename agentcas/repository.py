@@ -1,9 +1,9 @@
 """`Store`: the Python API of agentcas, the same surface the CLI uses.
 
-It opens an ObjectStore, checks the format version, and composes the layers:
-workspace snapshots and restores, refs and revisions, rollout histories. Every
-method that changes the store writes objects first and moves refs last, in one
-final transaction that re-reads the thread and checks what it references exists.
+A thin front: it opens the storage a URL names (cas/backends.py), checks the format
+version, and calls the layers that own each job: workspace snapshots and restores,
+thread moves (lineage/moves.py), revisions, rollout histories, gc, signing and
+exchange. It holds no storage logic of its own.
 """
 
 from __future__ import annotations
@@ -16,15 +16,19 @@ import re
 
 from agentcas import __version__
 from agentcas.cas import encoding, framing
+from agentcas.cas.backends import Stores, embedded_stores, is_shared_url, memory_stores, shared_stores
 from agentcas.cas.digest import Digest
+from agentcas.cas.leases import Lease, sweep_active
 from agentcas.cas.lmdb_store import StoreUnavailable, open_lmdb
+from agentcas.cas.metastore.base import MetaTxn as Txn
 from agentcas.cas.objects import (EMPTY_POSITION, FORMAT_VERSION, Checkpoint, HistoryPosition,
                                   check_reason)
 from agentcas.cas.sealed import seal, unseal
-from agentcas.cas.store import MemoryObjectStore, ObjectStore, Txn, save_object
-from agentcas.cas.writer import BatchWriter, WritePin
+from agentcas.cas.source import ObjectSource
+from agentcas.cas.writer import BatchWriter
 from agentcas.errors import ConflictError, IntegrityError, NotFound, UsageError
 from agentcas.lineage import checkpoints, rollout
+from agentcas.lineage.moves import Move, move_thread, read_state
 from agentcas.refs import revisions, threads
 from agentcas.refs.names import check_thread_name
 from agentcas.refs.threads import ForkOrigin, ThreadState
@@ -65,6 +69,18 @@ def _within(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
+def _write_format(stores: Stores) -> bool:
+    """Write the store's format record (and gc's idle fence row) unless present; True if
+    this made the store."""
+    doc = encoding.encode({"format": FORMAT_VERSION, "created_at": utc_now()})
+
+    def create(txn: Txn) -> bool:
+        sweep_active(txn, 0.0, lock=True)  # writes the fence row leases lock (cas/leases.py)
+        return txn.put_new("meta", FORMAT_KEY, seal("meta", FORMAT_KEY, doc))
+
+    return stores.meta.write(create)
+
+
 def find_store(start: str | None = None) -> str | None:
     """The nearest ./.agentcas from `start` upward, or None."""
     here = os.path.abspath(start or os.getcwd())
@@ -79,17 +95,26 @@ def find_store(start: str | None = None) -> str | None:
 
 
 class Store:
-    """An agentcas store: checkpoints, threads and histories over one ObjectStore."""
+    """An agentcas store: checkpoints, threads and histories over a blob and a metadata store."""
 
-    def __init__(self, objects: ObjectStore, path: str | None = None):
-        self.objects = objects
+    def __init__(self, stores: Stores, path: str | None = None):
+        self.stores = stores
         self.path = path
+        self.url = stores.url
+        self.blobs = stores.blobs
+        self.meta = stores.meta
+        self.source: ObjectSource = stores.objects
+        # The embedded table environment (LMDB or memory), for tools and tests that look
+        # at raw tables; None for a shared store.
+        self.objects = stores.embedded
         self._check_format()
 
     # -- opening ------------------------------------------------------------------------------
     @classmethod
-    def init(cls, path: str) -> tuple["Store", bool]:
-        """Create a store at `path` (or open the one there); (store, created)."""
+    def init(cls, path: str, refs: str | None = None) -> tuple["Store", bool]:
+        """Create a store at `path` (a directory, or s3://... with `refs`); (store, created)."""
+        if is_shared_url(path):
+            return cls._init_shared(path, refs)
         path = os.path.abspath(path)
         if os.path.exists(path) and not os.path.isdir(path):
             raise StoreUnavailable(f"store path is a file, not a directory: {path}")
@@ -98,55 +123,68 @@ class Store:
         if os.path.isdir(path) and os.listdir(path):
             raise ConflictError(f"directory exists and is not empty: {path}")
         os.makedirs(path, exist_ok=True)
-        objects = open_lmdb(path, create=True)
-        doc = encoding.encode({"format": FORMAT_VERSION, "created_at": utc_now()})
-        objects.write(lambda txn: txn.put_new("meta", FORMAT_KEY, seal("meta", FORMAT_KEY, doc)))
-        return cls(objects, path), True
+        env = open_lmdb(path, create=True)
+        stores = embedded_stores(env, path)
+        _write_format(stores)
+        return cls(stores, path), True
 
     @classmethod
-    def open(cls, path: str) -> "Store":
+    def _init_shared(cls, url: str, refs: str | None) -> tuple["Store", bool]:
+        stores = shared_stores(url, refs, create=True)
+        created = _write_format(stores)
+        return cls(stores, None), created
+
+    @classmethod
+    def open(cls, path: str, refs: str | None = None) -> "Store":
         if path.startswith("memory://"):
             return cls.memory()
+        if is_shared_url(path):
+            return cls(shared_stores(path, refs), None)
         if path.startswith("lmdb://"):
             path = path[len("lmdb://"):]
         path = os.path.abspath(path)
         if not os.path.exists(path):
             raise StoreUnavailable(f"no store at {path} (run 'agentcas init {path}')")
-        return cls(open_lmdb(path), path)
+        return cls(embedded_stores(open_lmdb(path), path), path)
 
     @classmethod
     def memory(cls) -> "Store":
-        objects = MemoryObjectStore()
-        doc = encoding.encode({"format": FORMAT_VERSION, "created_at": utc_now()})
-        objects.write(lambda txn: txn.put("meta", FORMAT_KEY, seal("meta", FORMAT_KEY, doc)))
-        return cls(objects, None)
+        stores = memory_stores()
+        _write_format(stores)
+        return cls(stores, None)
+
+    def close(self) -> None:
+        self.stores.close()
 
     def _check_format(self) -> None:
-        with self.objects.reader() as txn:
+        with self.meta.reader() as txn:
             value = txn.get("meta", FORMAT_KEY)
             if value is None:
-                raise StoreUnavailable(f"not an agentcas store (no format record): {self.path}")
+                raise StoreUnavailable(f"not an agentcas store (no format record): {self.path or self.url}")
             doc = encoding.decode(unseal("meta", FORMAT_KEY, value))
         if doc.get("format", 0) > FORMAT_VERSION:
             raise StoreFormatError(
                 f"store format {doc['format']} is newer than this agentcas reads ({FORMAT_VERSION}); "
                 "upgrade agentcas")
 
+    def _lease(self, what: str) -> Lease:
+        return Lease(self.meta, what)
+
     # -- reading ------------------------------------------------------------------------------
     def resolve(self, rev: str) -> Digest:
-        with self.objects.reader() as txn:
-            digest = revisions.resolve(txn, rev)
-            revisions.load_checkpoint(txn, digest)
-            return digest
+        with self.meta.reader() as txn:
+            digest = revisions.resolve(txn, self.source, rev)
+        revisions.load_checkpoint(self.source, digest)
+        return digest
 
     def checkpoint(self, rev: str) -> tuple[Digest, Checkpoint]:
-        with self.objects.reader() as txn:
-            digest = revisions.resolve(txn, rev)
-            return digest, revisions.load_checkpoint(txn, digest)
+        with self.meta.reader() as txn:
+            digest = revisions.resolve(txn, self.source, rev)
+        return digest, revisions.load_checkpoint(self.source, digest)
 
     def thread(self, name: str) -> ThreadState:
         check_thread_name(name)
-        with self.objects.reader() as txn:
+        with self.meta.reader() as txn:
             state = threads.read_thread(txn, name)
         if state is None:
             raise NotFound(f"no thread named {name!r}")
@@ -165,18 +203,19 @@ class Store:
     def files(self, rev: str) -> list[dict]:
         from agentcas.workspace.restore import list_files  # lazy: restore pulls in shutil and threads
         digest, cp = self.checkpoint(rev)
-        with self.objects.reader() as txn:
+        with self.source.reading() as objects:
             return [{"path": path, "size": entry.size, "mode": entry.mode, "id": entry.id.hex()}
-                    for path, entry in list_files(txn, cp.tree) if entry.type == "file"]
+                    for path, entry in list_files(objects, cp.tree) if entry.type == "file"]
 
     def log(self, thread: str | None = None, limit: int | None = None) -> list[dict]:
         """Checkpoints newest first along first parents from a thread (or revision)."""
         thread = thread or "main"
         out = []
-        with self.objects.reader() as txn:
-            digest = revisions.resolve(txn, thread)
+        with self.meta.reader() as txn:
+            digest = revisions.resolve(txn, self.source, thread)
+        with self.source.reading() as objects:
             while digest is not None and (limit is None or len(out) < limit):
-                cp = revisions.load_checkpoint(txn, digest)
+                cp = revisions.load_checkpoint(objects, digest)
                 out.append({"checkpoint": digest.hex(), "reason": cp.reason, "thread": cp.thread,
                             "created_at": cp.created_at, "author": cp.author,
                             "parents": [p.hex() for p in cp.parents], "history": cp.history.to_doc()})
@@ -184,7 +223,7 @@ class Store:
         return out
 
     def threads(self) -> list[dict]:
-        with self.objects.reader() as txn:
+        with self.meta.reader() as txn:
             return [{"thread": name, "checkpoint": None if s.checkpoint is None else s.checkpoint.hex(),
                      "history": s.history.to_doc(),
                      "forked_from": None if s.forked_from is None else s.forked_from.to_doc()}
@@ -192,7 +231,7 @@ class Store:
 
     def reflog(self, thread: str, limit: int | None = None) -> list[dict]:
         check_thread_name(thread)
-        with self.objects.reader() as txn:
+        with self.meta.reader() as txn:
             if threads.read_thread(txn, thread) is None:
                 raise NotFound(f"no thread named {thread!r}")
             # Newest first; "rev" is the entry's name as a revision (THREAD@{N}).
@@ -212,125 +251,88 @@ class Store:
         if self.path and _within(os.path.realpath(workspace), os.path.realpath(self.path)):
             raise UsageError(f"workspace {workspace} is the store itself, or inside it; nothing was committed")
         if expect is not None:
-            # Refuse a stale --expect before storing anything; the final transaction
-            # checks again, for a thread that moves while we snapshot.
-            with self.objects.reader() as txn:
-                state = threads.read_thread(txn, thread)
-            if (None if state is None else state.checkpoint) != expected:
-                raise ConflictError(f"thread {thread!r} is not at {expect!r}; nothing was committed")
+            # Refuse a stale --expect before storing anything; the plan checks again, for a
+            # thread that moves while we snapshot.
+            self._check_expected(thread, expected, expect)
         from agentcas.workspace.snapshot import snapshot  # lazy: only commit reads a workspace
-        with WritePin(self.objects, f"commit {thread}", lazy=True) as pin:
+        with self._lease(f"commit {thread}") as lease:
             skip = [self.path] if self.path else []
             # A rollout file inside the workspace is stored once, as history, not as a file too.
             skip_files = [rollout_file] if rollout_file else []
-            tree, stats, needed = snapshot(self.objects, workspace, allow_secrets, progress, skip,
-                                           skip_files, pin)
+            tree, stats, needed = snapshot(self.source, self.stores.local, workspace, allow_secrets,
+                                           progress, skip, skip_files, lease)
             tail = None
             if rollout_file is not None:
-                tail = self._prepare_rollout_tail(thread, rollout_file, pin)
+                from agentcas.lineage.tail import prepare_tail
+                writer = BatchWriter(self.source, lease=lease)
+                tail = prepare_tail(self.source, writer, thread, read_state(self.stores, thread), rollout_file)
             created_at, who, runtime = utc_now(), author or default_author(), runtime_description()
 
-            def land(txn: Txn):
-                state = threads.read_thread(txn, thread)
+            def plan(state: ThreadState | None) -> Move:
                 current = None if state is None else state.checkpoint
                 if expect is not None and current != expected:
                     raise ConflictError(f"thread {thread!r} is at "
                                         f"{current.hex() if current else 'nothing'}, not at {expect!r}; "
                                         "nothing was committed")
                 history = EMPTY_POSITION if state is None else state.history
-                appended = 0
+                appended, new_objects = 0, {}
                 if tail is not None:
                     prepared, based_on = tail
                     if history != based_on:
                         raise ConflictError(f"thread {thread!r} history moved while the rollout was read; "
                                             "nothing was committed, retry")
-                    history = rollout.link_segments(txn, history, prepared)
+                    history, new_objects = rollout.link_segments(self.source, history, prepared)
                     appended = history.seq - based_on.seq
-                for raw in needed:
-                    if txn.get("objects", raw) is None:
-                        raise IntegrityError(f"object {raw.hex()} vanished before the commit landed "
-                                             "(concurrent gc?); nothing was committed, retry")
-                generation, skip = checkpoints.index_for_child(txn, current)
+                generation, skip_to = checkpoints.index_for_child(self.source, current)
                 cp = Checkpoint(tree, (current,) if current else (), thread, reason, who, created_at,
-                                runtime, history, generation=generation, skip=skip)
+                                runtime, history, generation=generation, skip=skip_to)
                 digest = cp.digest()
-                save_object(txn, digest, framing.frame(framing.KIND_CHECKPOINT, cp.encode()))
-                new = ThreadState(digest, history, None if state is None else state.forked_from)
-                threads.set_if_equals(txn, thread, state, new, "commit", reason)
-                pin.release(txn)
-                return digest, cp, appended
+                new_objects[digest.raw] = framing.frame(framing.KIND_CHECKPOINT, cp.encode())
+                # The parent's own tree is held by the ref we compare against; anything
+                # else the snapshot reused must still be stored.
+                same_tree = current is not None and revisions.load_checkpoint(self.source, current).tree == tree
+                return Move(ThreadState(digest, history, None if state is None else state.forked_from),
+                            "commit", reason, new_objects, set() if same_tree else set(needed),
+                            (digest, cp, appended))
 
-            digest, cp, appended = self.objects.write(land)
+            _, move = move_thread(self.stores, lease, thread, plan)
+        digest, cp, appended = move.result
         return {"checkpoint": digest.hex(), "tree": tree.hex(), "thread": thread,
                 "parents": [p.hex() for p in cp.parents], "history": cp.history.to_doc(),
                 "files": stats.files, "bytes": stats.bytes, "cached_files": stats.cached_files,
                 "new_objects": stats.new_objects, "new_bytes": stats.new_bytes,
                 "appended_records": appended}
 
-    def _prepare_rollout_tail(self, thread: str, path: str, pin: WritePin):
-        """Check that `path` starts with the stored history; prepare its new complete lines."""
-        with self.objects.reader() as txn:
+    def _check_expected(self, thread: str, expected: Digest | None, expect: str) -> None:
+        with self.meta.reader() as txn:
             state = threads.read_thread(txn, thread)
-            head = EMPTY_POSITION if state is None else state.history
-            history = rollout.History(txn)
-            try:
-                handle = open(path, "rb")
-            except OSError as exc:
-                raise UsageError(f"cannot read rollout file {path}: {exc.strerror}") from None
-            with handle:
-                size = os.fstat(handle.fileno()).st_size
-                if size < head.offset:
-                    raise rollout.RolloutMismatch(
-                        f"rollout file {path} is shorter ({size} bytes) than the {head.offset} bytes "
-                        f"already stored for thread {thread!r}: it was truncated or rewritten; "
-                        "nothing was committed")
-                if head.seq:
-                    # Compare the stored bytes of the last segment and the first 64 KiB of the first.
-                    seg_id, seg, cut = history.locate(head, head.seq - 1)
-                    stored = history.segment_bytes(seg, cut)
-                    handle.seek(seg.base.offset)
-                    same = handle.read(len(stored)) == stored
-                    if seg.base.seq:
-                        _, first_seg, first_cut = history.locate(head, 0)
-                        first = history.segment_bytes(first_seg, first_cut)[:65536]
-                        handle.seek(0)
-                        same = same and handle.read(len(first)) == first
-                    if not same:
-                        raise rollout.RolloutMismatch(
-                            f"rollout file {path} differs from the history already stored for thread "
-                            f"{thread!r} (it was rewritten or edited); nothing was committed")
-                handle.seek(head.offset)
-                tail = handle.read()
-        cut = tail.rfind(b"\n") + 1
-        writer = BatchWriter(self.objects, pin=pin)
-        prepared = rollout.prepare(tail[:cut], writer.add, first_line=head.seq + 1)
-        writer.flush()
-        return prepared, head
+        if (None if state is None else state.checkpoint) != expected:
+            raise ConflictError(f"thread {thread!r} is not at {expect!r}; nothing was committed")
 
     # -- rollouts -------------------------------------------------------------------------------
     def rollout_append(self, thread: str, data: bytes) -> dict:
         """Append JSONL records to a thread's history (creating the thread if new)."""
         check_thread_name(thread)
-        with WritePin(self.objects, f"append {thread}", lazy=True) as pin:
-            writer = BatchWriter(self.objects, pin=pin)
+        with self._lease(f"append {thread}") as lease:
+            writer = BatchWriter(self.source, lease=lease)
             prepared = rollout.prepare(data, writer.add)
             writer.flush()
 
-            def land(txn: Txn):
-                state = threads.read_thread(txn, thread)
+            def plan(state: ThreadState | None) -> Move | None:
                 base = EMPTY_POSITION if state is None else state.history
-                head = rollout.link_segments(txn, base, prepared)
+                head, segments = rollout.link_segments(self.source, base, prepared)
                 if state is not None and head == base:  # nothing to append: no ref move
-                    pin.release(txn)
-                    return base, head
+                    return None
                 new = ThreadState(None if state is None else state.checkpoint, head,
                                   None if state is None else state.forked_from)
-                threads.set_if_equals(txn, thread, state, new, "append",
-                                      f"append {head.seq - base.seq} records")
-                pin.release(txn)
-                return base, head
+                return Move(new, "append", f"append {head.seq - base.seq} records", segments,
+                            result=(base, head))
 
-            base, head = self.objects.write(land)
+            state, move = move_thread(self.stores, lease, thread, plan)
+        if move is None:
+            return {"thread": thread, "appended": 0, "first_seq": state.history.seq,
+                    "history": state.history.to_doc()}
+        base, head = move.result
         return {"thread": thread, "appended": head.seq - base.seq, "first_seq": base.seq,
                 "history": head.to_doc()}
 
@@ -343,9 +345,9 @@ class Store:
         """
         if start < 0 or (stop is not None and stop < 0):
             raise UsageError("--from and --to must not be negative")
-        with self.objects.reader() as txn:
+        with self.meta.reader() as txn:
             try:
-                head, _, _ = _source_state(txn, thread)
+                head, _, _ = _source_state(txn, self.source, thread)
             except NotFound:
                 raise NotFound(f"no thread or checkpoint named {thread!r}") from None
         if start > head.seq:
@@ -355,37 +357,41 @@ class Store:
         return self._read_history(head, start, stop)
 
     def _read_history(self, head: HistoryPosition, start: int, stop: int | None):
-        with self.objects.reader() as txn:
-            yield from rollout.History(txn).read(head, start, stop)
+        with self.source.reading() as objects:
+            yield from rollout.History(objects).read(head, start, stop)
 
     # -- moves on threads -----------------------------------------------------------------------
+    def _move(self, thread: str, what: str, plan):
+        with self._lease(what) as lease:
+            return move_thread(self.stores, lease, thread, plan)
+
     def create_thread(self, name: str, rev: str | None = None) -> dict:
         """A new thread at a checkpoint (default: main's head), with that checkpoint's history."""
         check_thread_name(name)
 
-        def land(txn: Txn):
-            digest = revisions.resolve(txn, rev or "main")
-            cp = revisions.load_checkpoint(txn, digest)
-            entry = _reflog_state(txn, rev)  # THREAD@{N}: with records appended after its checkpoint
-            history = entry.history if entry is not None and entry.checkpoint == digest else cp.history
-            if not threads.set_if_equals(txn, name, None, ThreadState(digest, history), "branch",
-                                         f"branch from {rev or 'main'}"):
+        def plan(state):
+            if state is not None:
                 raise ConflictError(f"thread {name!r} already exists")
-            return digest
+            with self.meta.reader() as txn:
+                digest = revisions.resolve(txn, self.source, rev or "main")
+                entry = _reflog_state(txn, rev)  # THREAD@{N}: with records appended after its checkpoint
+            cp = revisions.load_checkpoint(self.source, digest)
+            history = entry.history if entry is not None and entry.checkpoint == digest else cp.history
+            return Move(ThreadState(digest, history), "branch", f"branch from {rev or 'main'}",
+                        needed=_state_objects(digest, history), result=digest)
 
-        return {"thread": name, "checkpoint": self.objects.write(land).hex()}
+        _, move = self._move(name, f"branch {name}", plan)
+        return {"thread": name, "checkpoint": move.result.hex()}
 
     def delete_thread(self, name: str) -> dict:
         check_thread_name(name)
 
-        def land(txn: Txn):
-            state = threads.read_thread(txn, name)
+        def plan(state):
             if state is None:
                 raise NotFound(f"no thread named {name!r}")
-            threads.set_if_equals(txn, name, state, None, "delete")
-            return state
+            return Move(None, "delete")
 
-        state = self.objects.write(land)
+        state, _ = self._move(name, f"delete {name}", plan)
         return {"thread": name, "deleted": True,
                 "checkpoint": None if state.checkpoint is None else state.checkpoint.hex()}
 
@@ -395,19 +401,22 @@ class Store:
         if at is not None and at < 0:
             raise UsageError(f"--at must not be negative: {at}")
 
-        def land(txn: Txn):
-            head, tip, origin = _source_state(txn, source)
+        def plan(state):
+            with self.meta.reader() as txn:
+                head, tip, origin = _source_state(txn, self.source, source)
             if at is not None and at > head.seq:
                 raise UsageError(f"--at {at} is beyond the end of the history of {source!r} "
                                  f"({head.seq} records)")
-            position = rollout.History(txn).position(head, head.seq if at is None else at)
-            checkpoint = checkpoints.newest_at_or_before(txn, tip, position.seq)
-            new = ThreadState(checkpoint, position, ForkOrigin(origin, checkpoint, position.seq))
-            if not threads.set_if_equals(txn, name, None, new, "fork", f"fork of {source} at {position.seq}"):
+            if state is not None:
                 raise ConflictError(f"thread {name!r} already exists")
-            return new
+            position = rollout.History(self.source).position(head, head.seq if at is None else at)
+            checkpoint = checkpoints.newest_at_or_before(self.source, tip, position.seq)
+            new = ThreadState(checkpoint, position, ForkOrigin(origin, checkpoint, position.seq))
+            return Move(new, "fork", f"fork of {source} at {position.seq}",
+                        needed=_state_objects(checkpoint, position), result=new)
 
-        new = self.objects.write(land)
+        _, move = self._move(name, f"fork {name}", plan)
+        new = move.result
         return {"thread": name, "source": source, "seq": new.history.seq,
                 "checkpoint": None if new.checkpoint is None else new.checkpoint.hex(),
                 "history": new.history.to_doc()}
@@ -416,25 +425,26 @@ class Store:
         """Move `thread` to checkpoint `rev` by compare-and-swap; the old head stays in the reflog."""
         check_thread_name(thread)
 
-        def land(txn: Txn):
-            state = threads.read_thread(txn, thread)
+        def plan(state):
             if state is None:
                 raise NotFound(f"no thread named {thread!r}")
-            if expect is not None:
-                expected = revisions.resolve(txn, expect)
-                if state.checkpoint != expected:
-                    raise ConflictError(f"thread {thread!r} is not at {expect!r}; nothing was changed")
-            target = revisions.resolve(txn, rev)
-            cp = revisions.load_checkpoint(txn, target)
-            related = (cp.thread == thread or revisions.is_ancestor(txn, target, state.checkpoint)
-                       or bool(_fork_ancestry(txn, thread) & _fork_ancestry(txn, cp.thread)))
-            entry = _reflog_state(txn, rev)
+            with self.meta.reader() as txn:
+                if expect is not None:
+                    expected = revisions.resolve(txn, self.source, expect)
+                    if state.checkpoint != expected:
+                        raise ConflictError(f"thread {thread!r} is not at {expect!r}; nothing was changed")
+                target = revisions.resolve(txn, self.source, rev)
+                cp = revisions.load_checkpoint(self.source, target)
+                related = (cp.thread == thread or revisions.is_ancestor(self.source, target, state.checkpoint)
+                           or bool(_fork_ancestry(txn, thread) & _fork_ancestry(txn, cp.thread)))
+                entry = _reflog_state(txn, rev)
             history = entry.history if entry is not None and entry.checkpoint == target else cp.history
             new = ThreadState(target, history, state.forked_from)
-            threads.set_if_equals(txn, thread, state, new, "revert", f"revert to {rev}")
-            return state, target, new, related
+            return Move(new, "revert", f"revert to {rev}", needed=_state_objects(target, history),
+                        result=(target, new, related))
 
-        old, target, new, related = self.objects.write(land)
+        old, move = self._move(thread, f"revert {thread}", plan)
+        target, new, related = move.result
         notes = [WORLD_NOTE] + ([] if related else [UNRELATED_NOTE])
         return {"thread": thread, "checkpoint": target.hex(),
                 "previous": None if old.checkpoint is None else old.checkpoint.hex(),
@@ -443,7 +453,7 @@ class Store:
     def checkout(self, rev: str, dest: str, progress=None) -> dict:
         from agentcas.workspace.restore import restore_tree  # lazy: only checkout writes files
         digest, cp = self.checkpoint(rev)
-        count = restore_tree(self.objects, cp.tree, dest, progress)
+        count = restore_tree(self.source, cp.tree, dest, progress)
         return {"checkpoint": digest.hex(), "tree": cp.tree.hex(), "dest": os.path.abspath(dest),
                 "files": count}
 
@@ -451,10 +461,10 @@ class Store:
         from agentcas.workspace.restore import list_files  # lazy: restore pulls in shutil and threads
         d1, c1 = self.checkpoint(rev1)
         d2, c2 = self.checkpoint(rev2)
-        with self.objects.reader() as txn:
-            files1 = {p: e for p, e in list_files(txn, c1.tree) if e.type == "file"}
-            files2 = {p: e for p, e in list_files(txn, c2.tree) if e.type == "file"}
-            history = rollout.History(txn)
+        with self.source.reading() as objects:
+            files1 = {p: e for p, e in list_files(objects, c1.tree) if e.type == "file"}
+            files2 = {p: e for p, e in list_files(objects, c2.tree) if e.type == "file"}
+            history = rollout.History(objects)
             common = _common_prefix(history, c1.history, c2.history)
         added = [{"path": p, "size": files2[p].size} for p in sorted(files2.keys() - files1.keys())]
         removed = [{"path": p, "size": files1[p].size} for p in sorted(files1.keys() - files2.keys())]
@@ -510,12 +520,12 @@ class Store:
     def gc_plan(self, grace: int = 3600, expire_reflog: int = 90 * 86400, now: float | None = None):
         """Mark from every root and classify every object (deletes nothing): a gc.plan.GcPlan."""
         from agentcas.gc.plan import plan_gc
-        return plan_gc(self.objects, now, grace, expire_reflog)
+        return plan_gc(self.stores, now, grace, expire_reflog)
 
     def gc_execute(self, plan, wait: float = 60.0, progress=None, batch: int = 10_000) -> dict:
         """Carry out a GcPlan (gc/sweep.py): expire reflog entries, delete garbage, settle."""
         from agentcas.gc.sweep import execute
-        return execute(self.objects, plan, wait=wait, batch=batch, progress=progress)
+        return execute(self.stores, plan, wait=wait, batch=batch, progress=progress)
 
     def gc(self, grace: int = 3600, expire_reflog: int = 90 * 86400, dry_run: bool = False,
            report: bool = False, wait: float = 60.0, progress=None, now: float | None = None,
@@ -526,18 +536,18 @@ class Store:
         result = None if dry_run else self.gc_execute(plan, wait, progress, batch)
         doc = {"dry_run": dry_run, "plan": plan.to_json(), "result": result}
         if report:
-            doc["report"] = build_report(self.objects, plan, result)
+            doc["report"] = build_report(self.stores, plan, result)
         return doc
 
     def gc_explain(self, object_id: str, grace: int = 3600, expire_reflog: int = 90 * 86400) -> dict:
         """Why an object is alive (the path from a root to it), or that it is unreachable."""
         from agentcas.gc.explain import explain
-        return explain(self.objects, object_id, grace=grace, expire_reflog=expire_reflog)
+        return explain(self.stores, object_id, grace=grace, expire_reflog=expire_reflog)
 
     def fsck(self, progress=None) -> dict:
         """Verify every object, row, position and closure: {"ok", "objects", "problems", ...}."""
         from agentcas.gc.fsck import fsck
-        return fsck(self.objects, progress)
+        return fsck(self.stores, progress)
 
     # -- signing, bundles, remotes (agentcas/signing, agentcas/exchange) --------------------------
     # (exchange helper: methods go here)
@@ -547,24 +557,24 @@ class Store:
         """Trust the key in `public_key_file` as signer `name` for `namespaces`."""
         from agentcas.signing import keys, trust
         public = keys.load_public_key(public_key_file)
-        entry = self.objects.write(lambda txn: trust.add(txn, name, public, namespaces))
+        entry = self.meta.write(lambda txn: trust.add(txn, name, public, namespaces))
         return entry.to_doc()
 
     def trust_list(self) -> list[dict]:
         from agentcas.signing import trust
-        with self.objects.reader() as txn:
+        with self.meta.reader() as txn:
             return [e.to_doc() for e in trust.list_trusted(txn)]
 
     def trust_remove(self, name: str) -> dict:
         from agentcas.signing import trust
-        entry = self.objects.write(lambda txn: trust.remove(txn, name))
+        entry = self.meta.write(lambda txn: trust.remove(txn, name))
         return dict(entry.to_doc(), removed=True)
 
     def _signing_thread(self, rev: str) -> tuple[Digest, str]:
         """The checkpoint `rev` names and the thread a signature binds: the thread named, else its own."""
         digest, cp = self.checkpoint(rev)
         if _is_name(rev):
-            with self.objects.reader() as txn:
+            with self.meta.reader() as txn:
                 state = threads.read_thread(txn, rev)
             if state is not None:
                 return digest, rev
@@ -576,7 +586,11 @@ class Store:
         key = keys.load_signing_key(key_file)
         digest, thread = self._signing_thread(rev)
         signed = envelope.sign(key, digest, thread)
-        envelope_id = self.objects.write(lambda txn: envelope.save_envelope(txn, signed))
+        envelope_id, framed = envelope.envelope_object(signed)
+        with self._lease(f"sign {digest.short()}") as lease:
+            self.source.put_many({envelope_id.raw: framed})
+            from agentcas.cas.leases import land
+            land(self.meta, lease, lambda txn: envelope.save_index_row(txn, signed, envelope_id))
         return {"checkpoint": digest.hex(), "thread": thread, "signature": envelope_id.hex(),
                 "key_id": key.public.id, "signed_at": signed.statement.signed_at,
                 "namespace": signed.statement.namespace}
@@ -586,10 +600,10 @@ class Store:
         from agentcas.exchange.bundle import SignatureRejected
         from agentcas.signing import envelope, trust
         digest, _ = self.checkpoint(rev)
-        with self.objects.reader() as txn:
+        with self.meta.reader() as txn:
             trusted = trust.list_trusted(txn)
             verdicts = [envelope.check(e, trusted, digest, e.statement.thread)
-                        for _, e in envelope.envelopes_for(txn, digest)]
+                        for _, e in envelope.envelopes_for(txn, self.source, digest)]
         status, reason = envelope.summarize(verdicts)
         if status != envelope.VALID:
             raise SignatureRejected(status, f"checkpoint {digest.short()}: signature {status}: {reason}")
@@ -598,7 +612,7 @@ class Store:
 
     def verify_bundle(self, path: str, progress=None) -> dict:
         from agentcas.exchange import bundle
-        return bundle.verify_bundle(self.objects, path, progress)
+        return bundle.verify_bundle(self.stores, path, progress)
 
     def export_bundle(self, rev: str, out_path: str, key_file: str | None = None, allow_secrets=(),
                       progress=None) -> dict:
@@ -607,13 +621,13 @@ class Store:
         from agentcas.signing import keys
         key = keys.load_signing_key(key_file) if key_file else None
         digest, thread = self._signing_thread(rev)
-        return bundle.export_bundle(self.objects, digest, thread, out_path, key, allow_secrets, progress)
+        return bundle.export_bundle(self.stores, digest, thread, out_path, key, allow_secrets, progress)
 
     def import_bundle(self, path: str, as_thread: str | None = None, allow_unsigned: bool = False,
                       allow_rollback: bool = False, progress=None) -> dict:
         """Verify a bundle completely, then land it as a new thread or a fast-forward."""
         from agentcas.exchange import bundle
-        return bundle.import_bundle(self.objects, path, as_thread, allow_unsigned, allow_rollback, progress)
+        return bundle.import_bundle(self.stores, path, as_thread, allow_unsigned, allow_rollback, progress)
 
     # remotes
     def remote_add(self, name: str, url: str) -> dict:
@@ -622,17 +636,17 @@ class Store:
         remote_table.check_remote_name(name)
         url = remote_table.normalise_url(url)
         self._open_remote_store(remote_table.Remote(name, url))
-        added = self.objects.write(lambda txn: remote_table.add_remote(txn, name, url))
+        added = self.meta.write(lambda txn: remote_table.add_remote(txn, name, url))
         return added.to_doc()
 
     def remotes(self) -> list[dict]:
         from agentcas.exchange import remote as remote_table
-        with self.objects.reader() as txn:
+        with self.meta.reader() as txn:
             return [r.to_doc() for r in remote_table.list_remotes(txn)]
 
     def remote_remove(self, name: str) -> dict:
         from agentcas.exchange import remote as remote_table
-        removed = self.objects.write(lambda txn: remote_table.remove_remote(txn, name))
+        removed = self.meta.write(lambda txn: remote_table.remove_remote(txn, name))
         return dict(removed.to_doc(), removed=True)
 
     def _open_remote_store(self, remote) -> "Store":
@@ -648,11 +662,11 @@ class Store:
         """(remote, local endpoint, remote endpoint) for a push or pull."""
         from agentcas.exchange import remote as remote_table
         from agentcas.exchange.transfer import LocalStoreEndpoint
-        with self.objects.reader() as txn:
+        with self.meta.reader() as txn:
             remote = remote_table.read_remote(txn, name)
         other = self._open_remote_store(remote)
-        here = LocalStoreEndpoint(self.objects, "file://" + self.path if self.path else self.objects.url)
-        return remote, here, LocalStoreEndpoint(other.objects, remote.url)
+        here = LocalStoreEndpoint(self.stores, "file://" + self.path if self.path else self.url)
+        return remote, here, LocalStoreEndpoint(other.stores, remote.url)
 
     def push(self, remote: str, thread: str, force: bool = False, progress=None) -> dict:
         """Send THREAD to the remote: missing objects, then its ref by compare-and-swap."""
@@ -692,6 +706,11 @@ def _is_name(text: str) -> bool:
         return False
 
 
+def _state_objects(checkpoint: Digest | None, history: HistoryPosition) -> set[bytes]:
+    """The objects a thread state points at directly (its checkpoint and head segment)."""
+    return {d.raw for d in (checkpoint, history.segment) if d is not None}
+
+
 def _reflog_state(txn: Txn, rev: str | None) -> ThreadState | None:
     """The state reflog entry THREAD@{N} recorded, if `rev` is exactly that form."""
     match = _REFLOG_REV.match(rev or "")
@@ -702,7 +721,7 @@ def _reflog_state(txn: Txn, rev: str | None) -> ThreadState | None:
     return entries[number].new if len(entries) > number else None
 
 
-def _source_state(txn: Txn, source: str) -> tuple[HistoryPosition, Digest | None, str]:
+def _source_state(txn: Txn, objects: ObjectSource, source: str) -> tuple[HistoryPosition, Digest | None, str]:
     """(history, checkpoint, thread) that `source` names: a thread's head, a reflog
     entry's state (with records appended after its checkpoint), or a checkpoint and its
     own prefix; `thread` is the thread that history belongs to, for the lineage."""
@@ -713,8 +732,8 @@ def _source_state(txn: Txn, source: str) -> tuple[HistoryPosition, Digest | None
     entry = _reflog_state(txn, source)
     if entry is not None:
         return entry.history, entry.checkpoint, _REFLOG_REV.match(source).group(1)
-    digest = revisions.resolve(txn, source)
-    cp = revisions.load_checkpoint(txn, digest)
+    digest = revisions.resolve(txn, objects, source)
+    cp = revisions.load_checkpoint(objects, digest)
     return cp.history, digest, cp.thread
 
 

@@ -102,7 +102,7 @@ def build_agentcas(path: str, content: Content) -> dict:
     """Write the store directly; returns counts."""
     store, _ = Store.init(path)
     old = int(time.time()) - 2 * 86400
-    writer = BatchWriter(store.objects)
+    writer = BatchWriter(store.source)
     pending = []  # (t, tree id, prepared first part, prepared second part)
     started = time.perf_counter()
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+
 from agentcas import Store
 
 AGENTCAS = shutil.which("agentcas", path=str(Path(sys.executable).parent)) or "agentcas"
@@ -87,7 +88,7 @@ def store_rows(store_dir: Path) -> dict:
     try:
         with env.begin() as txn:
             for name in TABLES:
-                if name == "statcache":
+                if name in ("statcache", "leases"):  # a cache and writers' leases: hints
                     continue
                 db = env.open_db(name.encode(), txn=txn, create=False)
                 for key, value in txn.cursor(db=db):
@@ -95,3 +96,34 @@ def store_rows(store_dir: Path) -> dict:
     finally:
         env.close()
     return rows
+
+
+def objects_of(env):
+    """An ObjectSource over a table environment (MemoryObjectStore / LMDB), for tests that
+    build stores by hand."""
+    from agentcas.cas.source import ObjectSource
+    from agentcas.cas.store import TableBlobStore
+    return ObjectSource(TableBlobStore(env))
+
+
+class View:
+    """Test glue: a metadata snapshot and the store's object source in one handle, for tests
+    that inspect refs and objects together (the layers take them separately)."""
+
+    _SOURCE = {"raw", "load", "has", "missing", "kind", "keys_from", "blobs", "reading", "put_many"}
+
+    def __init__(self, txn, objects):
+        self._txn, self._objects = txn, objects
+
+    def __getattr__(self, name):
+        return getattr(self._objects if name in self._SOURCE else self._txn, name)
+
+
+from contextlib import contextmanager  # noqa: E402
+
+
+@contextmanager
+def views(store):
+    """`with views(store) as view:` -> View over store.meta.reader() and store.source."""
+    with store.meta.reader() as txn, store.source.reading() as objects:
+        yield View(txn, objects)

@@ -13,7 +13,7 @@ import unicodedata
 import pytest
 import zstandard
 
-from conftest import store_rows, tree_bytes
+from conftest import store_rows, tree_bytes, views
 from agentcas import Store
 from agentcas.cas import encoding, framing
 from agentcas.cas.digest import EMPTY, Digest, hash_blob, hash_object
@@ -115,7 +115,7 @@ def good_craft(root_extra=(), files_extra=(), sign=True) -> Craft:
 
 def snapshot(store: Store) -> dict:
     rows = {}
-    with store.objects.reader() as txn:
+    with views(store) as txn:
         for table in TABLES:
             if table in ("statcache", "pins"):
                 continue
@@ -664,7 +664,7 @@ def test_exported_records_carry_no_write_time_and_imports_get_a_fresh_one(exchan
     assert {framing.read_header(framed)[3] for _, _, framed in craft.records} == {0}
     store = Store.open(str(dst))
     store.import_bundle(str(tmp / "v2.bundle"), allow_unsigned=True)
-    with store.objects.reader() as txn:
+    with views(store) as txn:
         times = {framing.read_header(value)[3] for _, value in txn.scan("objects")}
     assert 0 not in times
 

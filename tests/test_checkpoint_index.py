@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+from conftest import views
 from agentcas import Store
 from agentcas.cas.objects import Checkpoint
 from agentcas.lineage.checkpoints import ancestor_at, newest_at_or_before
@@ -42,7 +43,7 @@ def test_commits_carry_generation_and_skip_and_fork_finds_the_newest_at_the_cut(
         store.commit(str(ws), f"step {step}")
         if step in (60, 110):  # reverts reset the history; the chain stays monotone
             store.revert("main", "main~5")
-    with store.objects.reader() as txn:
+    with views(store) as txn:
         tip = store.resolve("main")
         nodes = chain(txn, tip)
         for generation, node in enumerate(nodes):
@@ -54,7 +55,7 @@ def test_commits_carry_generation_and_skip_and_fork_finds_the_newest_at_the_cut(
         for seq in list(range(0, head + 1, 7)) + [head]:
             assert newest_at_or_before(txn, tip, seq) == naive_newest(txn, tip, seq)
     forked = store.fork("main", "side", at=head // 2)
-    with store.objects.reader() as txn:
+    with views(store) as txn:
         assert forked["checkpoint"] == naive_newest(txn, tip, head // 2).hex()
 
 
@@ -79,7 +80,7 @@ def test_unindexed_checkpoints_are_walked_parent_by_parent():
             parent = digest
 
     store.objects.write(land)
-    with store.objects.reader() as txn:
+    with views(store) as txn:
         assert newest_at_or_before(txn, ids[-1], 0) == ids[-1]
         assert load_checkpoint(txn, ids[-1]).generation == 0
         assert b"generation" not in Checkpoint.decode(Checkpoint(

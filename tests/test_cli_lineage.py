@@ -23,7 +23,7 @@ from agentcas import Store
 from agentcas.lineage import rollout
 from agentcas.lineage.closure import Walker
 from agentcas.refs import threads
-from conftest import AGENTCAS, run_cli, store_rows
+from conftest import AGENTCAS, run_cli, store_rows, views
 
 
 def without_pins(rows: dict) -> dict:
@@ -305,7 +305,7 @@ def test_diff_and_lineage_cli(sdir, history):
 def check_store_clean(sdir) -> dict:
     """Every thread verifies and walks clean, and `agentcas fsck` agrees; {thread: seq}."""
     out = {}
-    with opened(sdir) as store, store.objects.reader() as txn:
+    with opened(sdir) as store, views(store) as txn:
         for name, state in threads.list_threads(txn):
             assert rollout.History(txn).verify(state.history) == state.history.seq
             walker = Walker(txn, verify=True)
@@ -373,7 +373,7 @@ def test_corrupt_rollout_chunk_makes_cat_exit_4_naming_it(sdir):
     with opened(sdir) as store:
         store.rollout_append("t", jsonl(*({"i": i, "pad": "z" * 50} for i in range(40))))
         head = store.thread("t").history
-        with store.objects.reader() as txn:
+        with views(store) as txn:
             chunk = rollout.History(txn).segment(head.segment).chunks[0].id.hex()
     flip = """
         import lmdb, sys

@@ -351,10 +351,10 @@ CHECK = textwrap.dedent("""
     from agentcas.workspace.restore import restore_tree
     store = Store.open(sys.argv[1])
     expect = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
-    with store.objects.reader() as txn:
+    with store.meta.reader() as txn:
         heads, seen = {}, set()
         for name, state in threads.list_threads(txn):
-            walker = Walker(txn, seen=seen, verify=True)
+            walker = Walker(store.source, seen=seen, verify=True)
             if state.checkpoint is not None:
                 for _ in walker.checkpoint(state.checkpoint):
                     pass
@@ -364,7 +364,7 @@ CHECK = textwrap.dedent("""
     for checkpoint, files in expect.items():
         _, cp = store.checkpoint(checkpoint)
         with tempfile.TemporaryDirectory() as tmp:
-            restore_tree(store.objects, cp.tree, os.path.join(tmp, "out"))
+            restore_tree(store.source, cp.tree, os.path.join(tmp, "out"))
             got = {}
             for root, _, names in os.walk(os.path.join(tmp, "out")):
                 for n in names:

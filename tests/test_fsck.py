@@ -14,7 +14,7 @@ from agentcas.cas.objects import ChunkRef, HistoryPosition, Segment
 from agentcas.cas.store import TABLES, save_object
 from agentcas.refs import threads
 
-from conftest import run_cli
+from conftest import run_cli, views
 
 
 def build(tmp_path, rollout: bool = True) -> tuple:
@@ -32,7 +32,7 @@ def build(tmp_path, rollout: bool = True) -> tuple:
     facts = {"tree": store.show("main")["tree"],
              "small": next(f["id"] for f in store.files("main") if f["path"] == "small.txt"),
              "history": store.thread("main").history}
-    with store.objects.reader() as txn:
+    with views(store) as txn:
         from agentcas.lineage.rollout import History
         facts["segment"] = History(txn).segment(facts["history"].segment) if rollout else None
     store.objects.close()
@@ -78,9 +78,9 @@ def test_flipped_object_byte_is_named_and_checkout_refuses(tmp_path, where):
     store_dir, facts = build(tmp_path, rollout=False)
     if where.startswith("chunk list"):
         store = Store.open(str(store_dir))
-        with store.objects.reader() as txn:
+        with views(store) as txn:
             from agentcas.cas.objects import Tree
-            from agentcas.cas.store import load_object
+            from agentcas.cas.source import load_object
             sub = Tree.decode(load_object(txn, Digest.parse(facts["tree"]))).entries[1].id
             target = Tree.decode(load_object(txn, sub)).entries[0].chunks.hex()
         store.objects.close()

@@ -9,13 +9,15 @@ import time
 
 import pytest
 
+from conftest import views
+
 from agentcas import Store
 from agentcas.cas import encoding, framing
 from agentcas.cas.digest import Digest, hash_blob, hash_object
 from agentcas.cas.objects import Tree, TreeEntry
 from agentcas.cas.sealed import seal
 from agentcas.cas.store import save_object
-from agentcas.cas.writer import WritePin
+from agentcas.cas.leases import Lease, LeaseRow, this_host
 from agentcas.errors import UsageError
 from agentcas.gc.plan import parse_duration, plan_gc
 from agentcas.gc.roots import GcAborted
@@ -49,19 +51,19 @@ def write_files(root, files: dict) -> str:
 
 
 def all_keys(store: Store) -> set[bytes]:
-    with store.objects.reader() as txn:
+    with views(store) as txn:
         return {bytes(k) for k, _ in txn.scan("objects")}
 
 
 def stored_bytes(store: Store) -> int:
-    with store.objects.reader() as txn:
+    with views(store) as txn:
         return sum(len(v) for _, v in txn.scan("objects"))
 
 
 def closure_of_threads(store: Store) -> set[bytes]:
     """Every object reachable from thread refs and reflog states, by an independent full walk."""
     seen: set = set()
-    with store.objects.reader() as txn:
+    with views(store) as txn:
         walker = Walker(txn, seen, verify=True)
         for _, state in threads.list_threads(txn):
             if state.checkpoint:
@@ -189,7 +191,7 @@ def test_reflog_keeps_reverted_head_until_it_expires(any_store, tmp_path):
 
 
 def _segments(store: Store, head) -> list[Digest]:
-    with store.objects.reader() as txn:
+    with views(store) as txn:
         history = rollout.History(txn)
         out, current = [], head.segment
         while current is not None:
@@ -265,7 +267,7 @@ def test_live_pin_stops_the_sweep_and_dead_pin_is_dropped(any_store, tmp_path):
     store.commit(write_files(tmp_path / "ws", {"a": os.urandom(50_000)}), "x", thread="t")
     store.delete_thread("t")
     before = all_keys(store)
-    with WritePin(store.objects, "test write"):
+    with Lease(store.meta, "test write"):
         result = store.gc(grace=0, expire_reflog=0, wait=0.2, now=later())["result"]
     assert not result["complete"] and result["blocked_by"][0]["what"] == "test write"
     assert all_keys(store) == before
@@ -273,13 +275,13 @@ def test_live_pin_stops_the_sweep_and_dead_pin_is_dropped(any_store, tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()
     key = b"0123456789abcdef"
-    doc = encoding.encode({"what": "crashed commit", "pid": int(dead), "started_at": int(time.time())})
-    store.objects.write(lambda txn: txn.put("pins", key, seal("pins", key, doc)))
+    row = LeaseRow(key, "crashed commit", this_host(), int(dead), time.time(), time.time() + 600)
+    store.meta.write(lambda txn: txn.put("leases", key, row.encode()))
     result = store.gc(grace=0, expire_reflog=0, wait=0.2, now=later())["result"]
     assert result["complete"] and result["pins_dropped"] == 1
     assert all_keys(store) == set()
-    with store.objects.reader() as txn:
-        assert txn.count("pins") == 0
+    with views(store) as txn:
+        assert txn.count("leases") == 0
 
 
 def test_ref_moved_during_gc_is_marked_before_sweeping(any_store, tmp_path):
@@ -290,7 +292,7 @@ def test_ref_moved_during_gc_is_marked_before_sweeping(any_store, tmp_path):
     plan = store.gc_plan(grace=0, expire_reflog=0, now=later())
     assert plan.reclaimable["objects"] > 0
     store.create_thread("rescued", orphan["checkpoint"][:12])
-    result = execute(store.objects, plan)
+    result = execute(store.stores, plan)
     assert result["deleted"]["objects"] == 0 and result["remarked"] > 0
     assert store.fsck()["ok"]
     store.checkout("rescued", str(tmp_path / "out"))
@@ -312,7 +314,7 @@ def test_signatures_live_with_their_checkpoint(any_store, tmp_path):
     store.delete_thread("t")
     store.gc(grace=0, expire_reflog=0, now=later())
     assert all_keys(store) == set()
-    with store.objects.reader() as txn:
+    with views(store) as txn:
         assert txn.count("signatures") == 0
 
 
@@ -379,7 +381,7 @@ def test_plan_is_json_and_counts_add_up(any_store, tmp_path):
     store.commit(write_files(tmp_path / "ws", {"a": os.urandom(70_000)}), "x")
     store.commit(write_files(tmp_path / "ws2", {"b": os.urandom(70_000)}), "y", thread="t")
     store.delete_thread("t")
-    plan = plan_gc(store.objects, later(), 0, 0)
+    plan = plan_gc(store.stores, later(), 0, 0)
     doc = plan.to_json()
     encoding.encode(doc)  # plain JSON types only (no floats)
     assert doc["objects"] == doc["live"]["objects"] + doc["reclaimable"]["objects"] + doc["held_by_grace"]["objects"]
@@ -392,7 +394,7 @@ def test_scan_does_not_keep_the_store_mapped(tmp_path):
     from agentcas.cas.writer import BatchWriter
     from agentcas.gc.pages import PageReleaser
     store, _ = Store.init(str(tmp_path / "store"))
-    writer = BatchWriter(store.objects)
+    writer = BatchWriter(store.source)
     for _ in range(1200):
         data = os.urandom(40_000)
         writer.add(hash_blob(data), framing.frame(framing.KIND_CHUNK, data, compress=False))
@@ -410,7 +412,7 @@ def test_scan_does_not_keep_the_store_mapped(tmp_path):
         return total
 
     pages = PageReleaser(store.objects, every=64, budget=2 * 1024 * 1024)
-    with store.objects.reader() as txn:
+    with views(store) as txn:
         for _ in txn.scan("objects"):
             pages.tick()
         assert pages._releases > 0  # the budget was exceeded and the mapping dropped on the way

@@ -101,7 +101,7 @@ def _garbage_store(tmp_path, count: int):
     store.rollout_append("main", b"".join(b'{"n": %d}\n' % i for i in range(500)))
     store.fork("main", "fork", at=100)
     old = int(time.time()) - 7200
-    writer = BatchWriter(store.objects)
+    writer = BatchWriter(store.source)
     for i in range(count):
         data = b"garbage %d " % i + os.urandom(64)
         writer.add(hash_blob(data), framing.frame(framing.KIND_CHUNK, data, written_at=old))

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import views
+
 from agentcas import Store
 from agentcas.errors import ConflictError, NotFound, UsageError
 from agentcas.lineage import rollout
@@ -86,7 +88,7 @@ def read(store: Store, rev: str, start: int = 0, stop=None) -> bytes:
 
 
 def thread_rows(store: Store, name: str):
-    with store.objects.reader() as txn:
+    with views(store) as txn:
         return threads.read_thread(txn, name), [e.to_json() for e in threads.read_reflog(txn, name)]
 
 
@@ -123,7 +125,7 @@ def test_fork_at_a_seq_takes_the_prefix_and_newest_checkpoint_before_the_cut(sto
         assert result["seq"] == at
         assert result["checkpoint"] == checkpoint
         assert read(store, f"f{at}") == b"".join(LINES[:at])
-        with store.objects.reader() as txn:
+        with views(store) as txn:
             position = rollout.History(txn).position(store.thread("main").history, at)
         assert store.thread(f"f{at}").history == position
     assert tables(store)["objects"] == before
@@ -202,7 +204,7 @@ def test_forks_of_forks_ten_deep_read_correctly(store, ws):
     assert read(store, "t10") == b"".join(model)
     for start in range(len(model)):
         assert read(store, "t10", start, start + 2) == b"".join(model[start:start + 2])
-    with store.objects.reader() as txn:
+    with views(store) as txn:
         assert rollout.History(txn).verify(store.thread("t10").history) == len(model)
         list(Walker(txn).checkpoint(store.thread("t10").checkpoint))
     chain = []
@@ -347,6 +349,6 @@ def test_log_shows_each_checkpoints_history_position(store, replay):
     assert [e["checkpoint"] for e in entries] == [end, staging]
     assert [e["history"]["seq"] for e in entries] == [25, 19]
     assert entries[1]["history"]["offset"] == len(b"".join(LINES[:19]))
-    with store.objects.reader() as txn:
+    with views(store) as txn:
         position = rollout.History(txn).position(store.thread("main").history, 19)
     assert entries[1]["history"] == position.to_doc()

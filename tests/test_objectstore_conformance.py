@@ -1,4 +1,5 @@
-"""One conformance suite for every ObjectStore implementation (memory and LMDB)."""
+"""One conformance suite for the table environments (memory and LMDB) that embedded stores run on,
+and for the ObjectSource read path over them."""
 
 import os
 import subprocess
@@ -10,7 +11,8 @@ import pytest
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest, DigestMismatch, hash_blob, hash_object
 from agentcas.cas.lmdb_store import LmdbObjectStore, StoreUnavailable
-from agentcas.cas.store import TABLES, MemoryObjectStore, has_object, load_object, object_kind, save_object
+from agentcas.cas.store import TABLES, MemoryObjectStore, save_object
+from conftest import objects_of
 from agentcas.errors import IntegrityError
 
 
@@ -135,7 +137,7 @@ def test_scan(objects, kw):
 
 
 def test_scan_of_empty_table(objects):
-    assert scan(objects, "pins", reverse=True) == [] == scan(objects, "pins", prefix=b"x", reverse=True)
+    assert scan(objects, "leases", reverse=True) == [] == scan(objects, "leases", prefix=b"x", reverse=True)
 
 
 def test_object_helpers_verify_every_read(objects):
@@ -152,20 +154,21 @@ def test_object_helpers_verify_every_read(objects):
         save_object(txn, hash_blob(b"other"), framing.frame(framing.KIND_CHUNK, b"not other"))
         save_object(txn, hash_object("tree", data), framing.frame(framing.KIND_CHUNK, data))
     objects.write(put)
-    with objects.reader() as txn:
-        assert load_object(txn, chunk) == data
-        assert load_object(txn, chunk, framing.KIND_CHUNK) == data
-        assert load_object(txn, tree, framing.KIND_TREE) == tree_bytes
-        assert has_object(txn, chunk) and object_kind(txn, tree) == framing.KIND_TREE
-        missing = Digest(b"\x07" * 32)
-        assert load_object(txn, missing) is None and not has_object(txn, missing)
-        assert object_kind(txn, missing) is None
-        with pytest.raises(IntegrityError, match="expected a checkpoint"):
-            load_object(txn, tree, framing.KIND_CHECKPOINT)
-        with pytest.raises(DigestMismatch):
-            load_object(txn, hash_blob(b"other"))
-        with pytest.raises(DigestMismatch):
-            load_object(txn, hash_object("tree", data))
+    for source in (objects_of(objects), ):
+        with source.reading() as txn:
+            assert txn.load(chunk) == data
+            assert txn.load(chunk, framing.KIND_CHUNK) == data
+            assert txn.load(tree, framing.KIND_TREE) == tree_bytes
+            assert txn.has(chunk) and txn.kind(tree) == framing.KIND_TREE
+            missing = Digest(b"\x07" * 32)
+            assert txn.load(missing) is None and not txn.has(missing)
+            assert txn.kind(missing) is None
+            with pytest.raises(IntegrityError, match="expected a checkpoint"):
+                txn.load(tree, framing.KIND_CHECKPOINT)
+            with pytest.raises(DigestMismatch):
+                txn.load(hash_blob(b"other"))
+            with pytest.raises(DigestMismatch):
+                txn.load(hash_object("tree", data))
 
 
 def test_damaged_stored_value_is_an_integrity_error(objects):
@@ -174,11 +177,11 @@ def test_damaged_stored_value_is_an_integrity_error(objects):
     value = bytearray(framing.frame(framing.KIND_CHUNK, data, compress=False))
     value[3] ^= 1  # in the header
     objects.write(lambda txn: txn.put("objects", digest.raw, bytes(value)))
-    with objects.reader() as txn:
-        with pytest.raises(IntegrityError, match="corrupt"):
-            load_object(txn, digest)
-        with pytest.raises(IntegrityError, match="corrupt"):
-            object_kind(txn, digest)
+    source = objects_of(objects)
+    with pytest.raises(IntegrityError, match="corrupt"):
+        source.load(digest)
+    with pytest.raises(IntegrityError, match="corrupt"):
+        source.kind(digest)
 
 
 # --- LMDB only ---------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from agentcas.cas import framing
 from agentcas.cas.digest import Digest, hash_blob
 from agentcas.cas.objects import Checkpoint, Tree
 from agentcas.cas.store import MemoryObjectStore, save_object
+from conftest import objects_of
 from agentcas.errors import IntegrityError, NotFound, UsageError
 from agentcas.refs.names import BadThreadName, check_thread_name
 from agentcas.refs.revisions import AmbiguousRevision, UnknownRevision, load_checkpoint, resolve
@@ -56,7 +57,7 @@ def chain():
 
 def rev(store, text):
     with store.reader() as txn:
-        return resolve(txn, text)
+        return resolve(txn, objects_of(store), text)
 
 
 def test_set_if_equals_is_compare_and_swap():
@@ -168,10 +169,10 @@ def test_non_checkpoint_ids_are_not_revisions(chain):
         rev(store, TREE.hex())
     with pytest.raises(UnknownRevision):
         rev(store, TREE.hex()[:10])
-    with store.reader() as txn, pytest.raises(IntegrityError):
-        load_checkpoint(txn, TREE)  # a tree is not a checkpoint
-    with store.reader() as txn, pytest.raises(NotFound):
-        load_checkpoint(txn, hash_blob(b"absent"))
+    with pytest.raises(IntegrityError):
+        load_checkpoint(objects_of(store), TREE)  # a tree is not a checkpoint
+    with pytest.raises(NotFound):
+        load_checkpoint(objects_of(store), hash_blob(b"absent"))
 
 
 def test_ambiguous_prefix():

@@ -22,13 +22,13 @@ from agentcas.exchange.transfer import (CorruptTransfer, LocalStoreEndpoint, Not
                                         transfer)
 from agentcas.lineage.closure import Walker
 
-from conftest import tree_bytes
+from conftest import tree_bytes, views
 
 
 def rows(store: Store) -> dict:
     """Every row of every table (but the stat cache), read through the store's environment."""
     out = {}
-    with store.objects.reader() as txn:
+    with views(store) as txn:
         for table in TABLES:
             if table != "statcache":
                 out.update({(table, bytes(k)): bytes(v) for k, v in txn.scan(table)})
@@ -58,7 +58,7 @@ def pair(tmp_path, workspace):
 def assert_complete(store: Store, thread: str) -> None:
     """The thread's whole closure is present and every object verifies."""
     state = store.thread(thread)
-    with store.objects.reader() as txn:
+    with views(store) as txn:
         walker = Walker(txn, verify=True)
         if state.checkpoint is not None:
             list(walker.checkpoint(state.checkpoint))
@@ -132,8 +132,8 @@ def test_push_creates_the_remote_thread(pair, tmp_path):
     assert tree_bytes(tmp_path / "out") == tree_bytes(tmp_path / "ws")
     entry = remote.reflog("main")[0]
     assert entry["action"] == "push" and local.path in entry["message"]
-    with remote.objects.reader() as txn:  # no write pin left behind
-        assert txn.count("pins") == 0
+    with views(remote) as txn:  # no write pin left behind
+        assert txn.count("leases") == 0
 
 
 def test_second_push_sends_nothing(pair):
@@ -290,8 +290,8 @@ class ShortSource(LocalStoreEndpoint):
 def test_bad_objects_in_flight_are_refused_and_nothing_lands(pair, source_class):
     local, remote = pair
     before = rows(remote)
-    source = source_class(local.objects, "file://" + local.path)
-    target = LocalStoreEndpoint(remote.objects, "file://" + remote.path)
+    source = source_class(local.stores, "file://" + local.path)
+    target = LocalStoreEndpoint(remote.stores, "file://" + remote.path)
     with pytest.raises(CorruptTransfer) as info:
         transfer(source, target, "main", action="push")
     assert info.value.exit_code == 4
@@ -307,9 +307,9 @@ def test_lost_race_moves_nothing(pair, workspace):
             remote.commit(str(workspace), "racing commit")  # someone moves the ref meanwhile
             return result
 
-    source = LocalStoreEndpoint(local.objects, "local")
+    source = LocalStoreEndpoint(local.stores, "local")
     with pytest.raises(ConflictError, match="moved during the transfer"):
-        transfer(source, RacedTarget(remote.objects, "remote"), "main", action="push")
+        transfer(source, RacedTarget(remote.stores, "remote"), "main", action="push")
     assert remote.log("main")[0]["reason"] == "racing commit"
     assert len(remote.log("main")) == 1
 
@@ -322,7 +322,7 @@ def test_received_objects_carry_the_receivers_time(pair, workspace, monkeypatch)
     monkeypatch.undo()
     started = int(time.time())
     local.push("other", "main")
-    with remote.objects.reader() as txn:
+    with views(remote) as txn:
         stamps = {framing.read_header(value)[3] for _, value in txn.scan("objects")}
     assert min(stamps) >= started - 1
 
@@ -343,9 +343,9 @@ def test_missing_object_in_target_after_transfer_is_caught(pair):
             return {d.raw for d in ids}
 
     before = rows(remote)
-    source = LocalStoreEndpoint(local.objects, "local")
+    source = LocalStoreEndpoint(local.stores, "local")
     with pytest.raises(IntegrityError, match="is missing"):
-        transfer(source, LyingTarget(remote.objects, "remote"), "main", action="push")
+        transfer(source, LyingTarget(remote.stores, "remote"), "main", action="push")
     assert rows(remote) == before
 
 
@@ -365,8 +365,8 @@ def test_target_rechecks_fast_forward_in_its_final_transaction(pair, workspace):
     state = remote.thread("main")
     reflog = remote.reflog("main")
     with pytest.raises(NotFastForward, match="not an ancestor"):
-        transfer(CarelessSource(local.objects, "local"), LocalStoreEndpoint(remote.objects, "remote"),
+        transfer(CarelessSource(local.stores, "local"), LocalStoreEndpoint(remote.stores, "remote"),
                  "main", action="push")
     assert remote.thread("main") == state and remote.reflog("main") == reflog
-    with remote.objects.reader() as txn:
-        assert txn.count("pins") == 0
+    with views(remote) as txn:
+        assert txn.count("leases") == 0

@@ -12,6 +12,8 @@ import os
 
 import pytest
 
+from conftest import views
+
 from agentcas import Store
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest
@@ -34,10 +36,10 @@ def records(count: int, start: int = 0, size: int = 0, tag: str = "m") -> list[b
 
 def state_of(store: Store, thread: str):
     """(thread state, reflog, objects) — everything an append may touch."""
-    with store.objects.reader() as txn:
+    with views(store) as txn:
         return (threads.read_thread(txn, thread),
                 [e.to_json() for e in threads.read_reflog(txn, thread)],
-                txn.count("objects"), dict(txn.scan("objects")))
+                txn.count("objects"), dict(txn.scan("objects")))  # the embedded environment's raw tables
 
 
 @pytest.fixture(params=["memory", "lmdb"])
@@ -83,10 +85,10 @@ def test_bad_line_is_named_by_its_1_based_number(any_store, line, why):
 def test_bad_first_line_of_a_new_thread_creates_nothing(any_store):
     with pytest.raises(rollout.BadRecord, match="^line 1: "):
         any_store.rollout_append("new", b"[]\n")
-    with any_store.objects.reader() as txn:
+    with views(any_store) as txn:
         assert threads.read_thread(txn, "new") is None
         assert txn.count("objects") == 0
-        assert txn.count("pins") == 0
+        assert txn.count("leases") == 0
 
 
 def test_final_line_without_newline_gets_one(any_store):
@@ -169,7 +171,7 @@ def test_big_batches_span_segments_and_read_back(any_store):
     lines = records(12, size=300_000)  # ~3.6 MB: several 1 MiB segments in one append
     any_store.rollout_append("t", b"".join(lines))
     head = any_store.thread("t").history
-    with any_store.objects.reader() as txn:
+    with any_store.source.reading() as txn:
         history = rollout.History(txn)
         count, position = 0, head
         while position.segment is not None:
@@ -195,7 +197,7 @@ def test_corrupt_chunk_is_named_on_read():
     lines = records(5, size=200)
     store.rollout_append("t", b"".join(lines))
     head = store.thread("t").history
-    with store.objects.reader() as txn:
+    with store.source.reading() as txn:
         chunk = rollout.History(txn).segment(head.segment).chunks[0].id
     tables = store.objects._tables
     value = bytearray(tables["objects"][chunk.raw])
@@ -210,7 +212,7 @@ def test_missing_chunk_is_named_on_read():
     store = Store.memory()
     store.rollout_append("t", b"".join(records(5)))
     head = store.thread("t").history
-    with store.objects.reader() as txn:
+    with store.source.reading() as txn:
         chunk = rollout.History(txn).segment(head.segment).chunks[0].id
     del store.objects._tables["objects"][chunk.raw]
     with pytest.raises(rollout.MissingHistory) as caught:
@@ -223,7 +225,7 @@ def test_verify_rejects_a_position_that_lies():
     store.rollout_append("t", b"".join(records(5)))
     head = store.thread("t").history
     forged = type(head)(head.segment, head.seq, head.offset, Digest(bytes(range(32))))
-    with store.objects.reader() as txn:
+    with store.source.reading() as txn:
         with pytest.raises(IntegrityError, match="does not match its position"):
             rollout.History(txn).verify(forged)
 
@@ -231,7 +233,7 @@ def test_verify_rejects_a_position_that_lies():
 # --- costs --------------------------------------------------------------------------------
 
 def objects_table(store: Store) -> dict:
-    with store.objects.reader() as txn:
+    with views(store) as txn:
         return {bytes(k): len(v) for k, v in txn.scan("objects")}
 
 
@@ -272,12 +274,15 @@ class SegmentLoads:
         monkeypatch.setattr(rollout, "load_object", counting)
 
 
-def one_record_segments(txn, count: int, base=EMPTY_POSITION, tag: str = "r"):
+def one_record_segments(store, count: int, base=EMPTY_POSITION, tag: str = "r"):
     head, lines = base, []
     for i in range(count):
         line = json.dumps({"tag": tag, "i": i}).encode() + b"\n"
-        prepared = rollout.prepare(line, lambda digest, framed: txn.put_new("objects", digest.raw, framed))
-        head = rollout.link_segments(txn, head, prepared)
+        chunks = {}
+        prepared = rollout.prepare(line, lambda digest, framed: chunks.__setitem__(digest.raw, framed))
+        store.source.put_many(chunks)
+        head, segments = rollout.link_segments(store.source, head, prepared)
+        store.source.put_many(segments)
         lines.append(line)
     return head, lines
 
@@ -285,10 +290,10 @@ def one_record_segments(txn, count: int, base=EMPTY_POSITION, tag: str = "r"):
 def test_reads_load_segments_proportional_to_records_read_plus_log_n(monkeypatch):
     store = Store.memory()
     n = 1024
-    head, lines = store.objects.write(lambda txn: one_record_segments(txn, n))
+    head, lines = one_record_segments(store, n)
     loads = SegmentLoads(monkeypatch)
     bound = 6 * math.log2(n) + 8
-    with store.objects.reader() as txn:
+    with store.source.reading() as txn:
         for start in (0, 1, 17, 500, 512, 513, 1000, n - 1):
             for width in (1, 10):
                 stop = min(n, start + width)
@@ -307,9 +312,9 @@ def test_reads_load_segments_proportional_to_records_read_plus_log_n(monkeypatch
 
 def test_appends_load_log_n_segments(monkeypatch):
     store = Store.memory()
-    head, _ = store.objects.write(lambda txn: one_record_segments(txn, 1024))
+    head, _ = one_record_segments(store, 1024)
     loads = SegmentLoads(monkeypatch)
-    store.objects.write(lambda txn: one_record_segments(txn, 1, base=head, tag="next"))
+    one_record_segments(store, 1, base=head, tag="next")
     assert loads.count <= 2 * math.log2(1024) + 4
 
 
@@ -331,7 +336,7 @@ def test_deep_fork_chains_read_right_with_cost_in_depth(monkeypatch):
     assert b"".join(store.rollout_read(thread)) == b"".join(model)
     head = store.thread(thread).history
     loads = SegmentLoads(monkeypatch)
-    with store.objects.reader() as txn:
+    with store.source.reading() as txn:
         for seq in (0, 3, len(model) // 2, len(model) - 1):
             loads.count = 0
             assert b"".join(rollout.History(txn).read(head, seq, seq + 1)) == model[seq]

@@ -16,6 +16,8 @@ import tempfile
 
 import blake3
 import pytest
+
+from conftest import views
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -204,7 +206,7 @@ class RolloutMachine(RuleBasedStateMachine):
         records = self.model[thread]
         seq = data.draw(st.integers(0, len(records)), label="seq")
         head = self.store.thread(thread).history
-        with self.store.objects.reader() as txn:
+        with views(self.store) as txn:
             position = rollout.History(txn).position(head, seq)
         assert position.seq == seq
         assert position.offset == sum(map(len, records[:seq]))
@@ -220,7 +222,7 @@ class RolloutMachine(RuleBasedStateMachine):
 
     def final_check(self):
         """Every thread verifies, walks clean, and reads right at every segment boundary."""
-        with self.store.objects.reader() as txn:
+        with views(self.store) as txn:
             history = rollout.History(txn)
             for name, state in refs_threads.list_threads(txn):
                 records = self.model[name]
@@ -258,14 +260,17 @@ TestRolloutLmdb = LmdbRolloutMachine.TestCase
 
 # --- deep chains: the skip list ------------------------------------------------------------
 
-def _single_record_chain(txn, count: int, base=EMPTY_POSITION, tag: str = "r"):
+def _single_record_chain(store, count: int, base=EMPTY_POSITION, tag: str = "r"):
     """`count` one-record segments continuing from `base`, linked directly (fast)."""
     records = []
     head = base
     for i in range(count):
         line = json.dumps({"tag": tag, "i": i}).encode() + b"\n"
-        prepared = rollout.prepare(line, lambda digest, framed: txn.put_new("objects", digest.raw, framed))
-        head = rollout.link_segments(txn, head, prepared)
+        chunks = {}
+        prepared = rollout.prepare(line, lambda digest, framed: chunks.__setitem__(digest.raw, framed))
+        store.source.put_many(chunks)
+        head, segments = rollout.link_segments(store.source, head, prepared)
+        store.source.put_many(segments)
         records.append(line)
     return head, records
 
@@ -273,8 +278,8 @@ def _single_record_chain(txn, count: int, base=EMPTY_POSITION, tag: str = "r"):
 @pytest.mark.parametrize("count", [1, 2, 3, 64, 600])
 def test_skip_list_lookup_at_every_boundary(count):
     store = Store.memory()
-    head, records = store.objects.write(lambda txn: _single_record_chain(txn, count))
-    with store.objects.reader() as txn:
+    head, records = _single_record_chain(store, count)
+    with views(store) as txn:
         history = rollout.History(txn)
         step = 1 if count < 100 else 37
         for seq in list(range(0, count + 1, step)) + [count - 1, count]:

@@ -11,13 +11,13 @@ from agentcas import Store
 from agentcas.workspace import secrets, snapshot
 from agentcas.workspace.snapshot import FileChanged, SecretFound, WorkspaceError
 
-from conftest import run_cli, store_rows, tree_bytes
+from conftest import run_cli, store_rows, tree_bytes, views
 
 
 def rows(store):
     """Every row of every table except the stat cache, to assert nothing was stored."""
-    with store.objects.reader() as txn:
-        return {(table, key): value for table in ("meta", "objects", "refs", "reflog", "pins")
+    with views(store) as txn:
+        return {(table, key): value for table in ("meta", "objects", "refs", "reflog", "leases")
                 for key, value in txn.scan(table)}
 
 
@@ -328,7 +328,7 @@ def test_file_that_gains_a_secret_while_read_is_refused(mem, ws, monkeypatch):
     _patch_open(monkeypatch, ws / "sub" / "b.txt", [("token\n" + SECRETS["GitHub token (classic)"]).encode()])
     with pytest.raises(SecretFound, match="sub/b.txt line 2"):
         mem.commit(str(ws), "late secret")
-    with mem.objects.reader() as txn:
+    with views(mem) as txn:
         assert list(txn.scan("refs")) == []
 
 

@@ -91,8 +91,8 @@ class _ResizeGate:
 
 
 # Writes to these tables need not survive a power cut on their own: objects are
-# re-checked by the transaction that references them, and the cache and pins are hints.
-_NOT_DURABLE = frozenset(("objects", "statcache", "pins"))
+# re-checked before the ref move that references them, and the cache and leases are hints.
+_NOT_DURABLE = frozenset(("objects", "statcache", "leases"))
 
 
 class _LmdbTxn(Txn):
@@ -101,10 +101,13 @@ class _LmdbTxn(Txn):
         self._dbs = dbs
         self.durable = False  # set when a ref-like table changes: then flush the meta page
 
-    def get(self, table, key):
-        return self._txn.get(key, db=self._dbs[table])
+    def get(self, table, key, for_update=False):
+        db = self._dbs[table]
+        return None if db is None else self._txn.get(key, db=db)
 
     def scan(self, table, prefix=b"", start=None, reverse=False):
+        if self._dbs[table] is None:  # a table a read-only older store does not have
+            return
         cursor = self._txn.cursor(db=self._dbs[table])
         if not reverse:
             # A start before the prefix means "from the prefix's first key".
@@ -146,7 +149,8 @@ class _LmdbTxn(Txn):
         return self._txn.delete(key, db=self._dbs[table])
 
     def count(self, table):
-        return self._txn.stat(self._dbs[table])["entries"]
+        db = self._dbs[table]
+        return 0 if db is None else self._txn.stat(db)["entries"]
 
 
 def _prefix_end(prefix: bytes) -> bytes | None:
@@ -181,7 +185,10 @@ class LmdbObjectStore(ObjectStore):
             # Not inside an explicit read transaction: handles opened there die with it
             # (every later get() fails with EINVAL); py-lmdb's own transaction keeps them.
             for name in TABLES:
-                self.dbs[name] = self.env.open_db(name.encode(), create=False)
+                try:
+                    self.dbs[name] = self.env.open_db(name.encode(), create=False)
+                except lmdb.NotFoundError:
+                    self.dbs[name] = None  # a table newer than the store: read as empty
         else:
             with self.env.begin(write=True) as txn:
                 for name in TABLES:

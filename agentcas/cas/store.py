@@ -1,10 +1,12 @@
-"""The object-store interface: named tables of bytes, read and write transactions.
+"""A transactional table environment (memory or LMDB) and the two stores over it.
 
-Objects (chunks, trees, checkpoints, ...) and the mutable tables (refs, reflog, trust,
-...) live in one store so that a checkpoint, its ref move and its reflog entry commit
-in a single write transaction. `write(fn)` runs `fn(txn)` atomically and may run it
-again (after growing an LMDB map), so `fn` must have no side effects outside `txn`.
-Every object read goes through `load_object`, which verifies the id; missing is None.
+An embedded store keeps everything in one environment of named tables: `objects`
+(the blob store), the metadata tables (metastore/base.TABLES) and `statcache` (this
+machine's stat cache). `write(fn)` runs `fn(txn)` atomically and may run it again
+(after growing an LMDB map), so `fn` must have no side effects outside `txn`.
+`TableBlobStore` and `TableMetadataStore` present the environment as the two
+interfaces the layers use (cas/blobstore/base.py, cas/metastore/base.py); the layers
+never see its raw tables.
 """
 
 from __future__ import annotations
@@ -14,23 +16,33 @@ from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from typing import Callable, Iterator, TypeVar
 
-import blake3
-
 from agentcas.cas import framing
-from agentcas.cas.digest import OBJECT_CONTEXTS, Digest, DigestMismatch
-from agentcas.errors import IntegrityError
+from agentcas.cas.blobstore.base import BlobInfo, BlobStore
+from agentcas.cas.metastore.base import TABLES as METADATA_TABLES
+from agentcas.cas.metastore.base import MetadataStore, MetaTxn
 
 T = TypeVar("T")
 
-TABLES = ("meta", "objects", "refs", "reflog", "statcache", "trust", "remotes", "pins",
-          "signatures", "imports")
+TABLES = ("objects", "statcache") + METADATA_TABLES
 
 
-class Txn(ABC):
-    """One transaction over the store's tables. Keys and values are bytes."""
+class Txn(MetaTxn):
+    """One transaction over the environment's tables. Keys and values are bytes."""
 
     @abstractmethod
-    def get(self, table: str, key: bytes) -> bytes | None: ...
+    def get(self, table: str, key: bytes, for_update: bool = False) -> bytes | None: ...
+
+    def compare_and_set(self, table, key, old, new):
+        # Writers are serialised (LMDB's lock, the memory store's), so this is a read,
+        # a compare and a write.
+        current = self.get(table, key)
+        if (None if current is None else bytes(current)) != old:
+            return False
+        if new is None:
+            self.delete(table, key)
+        else:
+            self.put(table, key, new)
+        return True
 
     @abstractmethod
     def scan(self, table: str, prefix: bytes = b"", start: bytes | None = None,
@@ -52,7 +64,7 @@ class Txn(ABC):
 
 
 class ObjectStore(ABC):
-    """A transactional store of tables; implementations: memory and LMDB."""
+    """A transactional environment of tables; implementations: memory and LMDB."""
 
     url: str
 
@@ -76,53 +88,6 @@ class ObjectStore(ABC):
         return 0
 
 
-# --- object helpers: every object read verifies its id -------------------------------
-
-def verify_object(kind: int, digest: Digest, data: bytes) -> None:
-    """Raise DigestMismatch unless `data` hashes to `digest` under `kind`'s rule."""
-    if kind == framing.KIND_CHUNK:
-        got = blake3.blake3(data, max_threads=1).digest()
-    else:
-        got = blake3.blake3(data, derive_key_context=OBJECT_CONTEXTS[framing.KIND_NAMES[kind]]).digest()
-    if got != digest.raw:
-        raise DigestMismatch(digest, Digest(got), framing.KIND_NAMES[kind])
-
-
-def load_object(txn: Txn, digest: Digest, kind: int | None = None) -> bytes | None:
-    """The verified bytes of an object, or None if it is not stored."""
-    value = txn.get("objects", digest.raw)
-    if value is None:
-        return None
-    try:
-        got_kind, data = framing.unframe(value)
-    except framing.CorruptValue as exc:
-        raise IntegrityError(f"object {digest.hex()} is corrupt: {exc}") from None
-    verify_object(got_kind, digest, data)
-    if kind is not None and got_kind != kind:
-        raise IntegrityError(f"object {digest.hex()} is a {framing.KIND_NAMES[got_kind]}, "
-                             f"expected a {framing.KIND_NAMES[kind]}")
-    return data
-
-
-def has_object(txn: Txn, digest: Digest) -> bool:
-    return txn.get("objects", digest.raw) is not None
-
-
-def object_kind(txn: Txn, digest: Digest) -> int | None:
-    value = txn.get("objects", digest.raw)
-    if value is None:
-        return None
-    try:
-        return framing.read_header(value)[0]
-    except framing.CorruptValue as exc:
-        raise IntegrityError(f"object {digest.hex()} is corrupt: {exc}") from None
-
-
-def save_object(txn: Txn, digest: Digest, framed: bytes) -> bool:
-    """Store a framed object under its id unless present; True if it was new."""
-    return txn.put_new("objects", digest.raw, framed)
-
-
 # --- in-memory implementation ------------------------------------------------------------
 
 class _MemoryTxn(Txn):
@@ -130,7 +95,7 @@ class _MemoryTxn(Txn):
         self._tables = tables
         self._writable = writable
 
-    def get(self, table, key):
+    def get(self, table, key, for_update=False):
         return self._tables[table].get(bytes(key))
 
     def scan(self, table, prefix=b"", start=None, reverse=False):
@@ -184,3 +149,144 @@ class MemoryObjectStore(ObjectStore):
 
     def used_bytes(self):
         return sum(len(k) + len(v) for rows in self._tables.values() for k, v in rows.items())
+
+
+def save_object(txn: Txn, digest, framed: bytes) -> bool:
+    """Store a framed object in the environment's `objects` table unless present; True if new."""
+    return txn.put_new("objects", digest.raw, framed)
+
+
+# --- the two stores over one environment ----------------------------------------------------
+
+class _SnapshotBlobs(BlobStore):
+    """Blob reads inside one read transaction of the environment (see `snapshot`)."""
+
+    def __init__(self, txn: Txn, url: str):
+        self._txn = txn
+        self.url = url
+
+    def get(self, key):
+        return self._txn.get("objects", key)
+
+    def has_many(self, keys):
+        return {bytes(k) for k in keys if self._txn.get("objects", k) is not None}
+
+    def header(self, key):
+        value = self._txn.get("objects", key)
+        return None if value is None else bytes(value[:framing.HEADER_SIZE])
+
+    def put_many(self, items):
+        raise TypeError("a read snapshot cannot store objects")
+
+    def delete_many(self, keys):
+        raise TypeError("a read snapshot cannot delete objects")
+
+    def list(self):
+        return _list_objects(self._txn)
+
+    def list_from(self, start):
+        return _list_objects(self._txn, start)
+
+    def count(self):
+        return self._txn.count("objects")
+
+
+def _list_objects(txn: Txn, start: bytes | None = None) -> Iterator[BlobInfo]:
+    for key, value in txn.scan("objects", start=start):
+        try:
+            kind, _, _, written_at = framing.read_header(value)
+        except framing.CorruptValue:
+            kind, written_at = None, 0  # a damaged header: whoever reads it names the object
+        yield BlobInfo(bytes(key), len(value), float(written_at), kind)
+
+
+class TableBlobStore(BlobStore):
+    """The `objects` table of an environment as a BlobStore."""
+
+    def __init__(self, env: "ObjectStore"):
+        self.env = env
+        self.url = env.url
+
+    def get(self, key):
+        with self.env.reader() as txn:
+            value = txn.get("objects", key)
+            return None if value is None else bytes(value)
+
+    def get_many(self, keys):
+        out = {}
+        with self.env.reader() as txn:
+            for key in keys:
+                value = txn.get("objects", key)
+                if value is not None:
+                    out[bytes(key)] = bytes(value)
+        return out
+
+    def has_many(self, keys):
+        with self.env.reader() as txn:
+            return {bytes(k) for k in keys if txn.get("objects", k) is not None}
+
+    def header(self, key):
+        with self.env.reader() as txn:
+            value = txn.get("objects", key)
+            return None if value is None else bytes(value[:framing.HEADER_SIZE])
+
+    def put_many(self, items):
+        def put_all(txn: Txn):
+            count = size = 0
+            for key, value in items.items():
+                if txn.put_new("objects", bytes(key), value):
+                    count += 1
+                    size += len(value)
+            return count, size
+        return self.env.write(put_all) if items else (0, 0)
+
+    def delete_many(self, keys):
+        keys = list(keys)
+        if not keys:
+            return 0
+        return self.env.write(lambda txn: sum(1 for key in keys if txn.delete("objects", key)))
+
+    def list(self):
+        return self.list_from(None)
+
+    def list_from(self, start):
+        # Streamed in read transactions of bounded length, so a long listing (gc's scan)
+        # does not pin old pages for its whole duration.
+        after = start
+        while True:
+            batch = []
+            with self.env.reader() as txn:
+                for info in _list_objects(txn, after):
+                    batch.append(info)
+                    if len(batch) >= 65536:
+                        break
+            yield from batch
+            if len(batch) < 65536:
+                return
+            after = batch[-1].key + b"\0"
+
+    def count(self):
+        with self.env.reader() as txn:
+            return txn.count("objects")
+
+    def used_bytes(self):
+        return self.env.used_bytes()
+
+    @contextmanager
+    def snapshot(self, buffers: bool = False):
+        with self.env.reader(buffers=buffers) as txn:
+            yield _SnapshotBlobs(txn, self.url)
+
+
+class TableMetadataStore(MetadataStore):
+    """The metadata tables of an environment as a MetadataStore (same transactions)."""
+
+    def __init__(self, env: "ObjectStore"):
+        self.env = env
+        self.url = env.url
+
+    def reader(self):
+        return self.env.reader()
+
+    def write(self, fn):
+        return self.env.write(fn)

@@ -15,8 +15,11 @@ Import checks everything before writing anything:
   3. signatures against this store's trust list (and --allow-unsigned);
   4. rollback (table `imports`) and fast-forward of the target thread.
 Only then: pass 2 re-reads and re-verifies each object while writing it in batches
-(under a WritePin), and one final transaction re-checks the thread (compare-and-swap),
-moves it, records the import and stores the signatures.
+(under a lease, cas/leases.py), the signature objects are stored, every object is
+checked to be present, and one final metadata transaction re-checks the thread
+(compare-and-swap), moves it, records the import and indexes the signatures.
+During the checks the bundle's objects are read through an ObjectSource over the
+bundle file itself (`BundleBlobs`), so lineage code reads them like any store's.
 """
 
 from __future__ import annotations
@@ -33,8 +36,11 @@ from agentcas.cas import encoding, framing
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import Checkpoint, ChunkList, HistoryPosition, InvalidObject, Segment, Tree
 from agentcas.cas.sealed import seal, unseal
-from agentcas.cas.store import ObjectStore, Txn
-from agentcas.cas.writer import WritePin
+from agentcas.cas.backends import Stores
+from agentcas.cas.blobstore.base import BlobInfo, BlobStore
+from agentcas.cas.leases import Lease
+from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.source import ObjectSource
 from agentcas.errors import ConflictError, IntegrityError, UsageError
 from agentcas.exchange.bundle_format import (MAGIC, MAX_SIGNATURES, RECORD_HEAD, TRAILER, TRAILER_MAGIC, U32,
                                              BundleCorrupt, Manifest, ManifestFile, ParsedBundle, iter_records,
@@ -73,7 +79,7 @@ class SecretInBundle(IntegrityError):
 
 # --- export -----------------------------------------------------------------------------------
 
-def export_bundle(objects: ObjectStore, checkpoint: Digest, thread: str, out_path: str,
+def export_bundle(stores: Stores, checkpoint: Digest, thread: str, out_path: str,
                   key: SigningKey | None = None, allow_secrets=(), progress=None,
                   created_at: str | None = None) -> dict:
     """Write a bundle of `checkpoint` (with its ancestry and history) to `out_path`."""
@@ -83,14 +89,14 @@ def export_bundle(objects: ObjectStore, checkpoint: Digest, thread: str, out_pat
         raise ConflictError(f"{out_path} already exists; not overwriting")
     if not os.path.isdir(os.path.dirname(out_path)):
         raise UsageError(f"directory of {out_path} does not exist")
-    with objects.reader() as txn:
+    with stores.meta.reader() as meta, stores.objects.reading() as txn:
         cp = load_checkpoint(txn, checkpoint)
         scanned: set = set()
         files = _scan_files(txn, cp.tree, allow_secrets, scanned)
         records, checkpoints = [], []
         total = 0
         for digest, kind, _ in Walker(txn, verify=False, follow_parents=True).checkpoint(checkpoint):
-            value = txn.get("objects", digest.raw)
+            value = txn.raw(digest)
             records.append((digest, kind, len(value)))
             total += RECORD_HEAD.size + len(value)
             if kind == framing.KIND_CHECKPOINT:
@@ -98,7 +104,7 @@ def export_bundle(objects: ObjectStore, checkpoint: Digest, thread: str, out_pat
         for ancestor in checkpoints[1:]:
             # Ancestors travel too, so their files are scanned as well (each file id once).
             _scan_files(txn, load_checkpoint(txn, ancestor).tree, allow_secrets, scanned)
-        stored = [e for _, e in env.envelopes_for(txn, checkpoint) if e.statement.thread == thread]
+        stored = [e for _, e in env.envelopes_for(meta, txn, checkpoint) if e.statement.thread == thread]
         stored.sort(key=lambda e: e.statement.signed_at, reverse=True)
         envelopes = stored[: MAX_SIGNATURES - (1 if key is not None else 0)]  # newest first
         if key is not None:
@@ -119,7 +125,7 @@ def export_bundle(objects: ObjectStore, checkpoint: Digest, thread: str, out_pat
                 manifest_bytes = manifest.encode()
                 put(MAGIC + U32.pack(len(manifest_bytes)) + manifest_bytes)
                 for digest, kind, length in records:
-                    value = bytes(txn.get("objects", digest.raw))
+                    value = bytes(txn.raw(digest))
                     if len(value) != length:
                         raise IntegrityError(f"object {digest.hex()} changed during export")
                     read_record_value(value, kind, digest)  # verify before it leaves the store
@@ -154,7 +160,7 @@ def export_bundle(objects: ObjectStore, checkpoint: Digest, thread: str, out_pat
             "signatures": [e.statement.key_id for e in envelopes]}
 
 
-def _scan_files(txn: Txn, tree_id: Digest, allow_secrets, scanned: set) -> list[ManifestFile]:
+def _scan_files(txn: ObjectSource, tree_id: Digest, allow_secrets, scanned: set) -> list[ManifestFile]:
     """Every file of the tree as a manifest entry, after a secret scan of its bytes.
 
     `scanned` holds (path, file id) pairs already scanned, so shared files cost nothing.
@@ -168,7 +174,7 @@ def _scan_files(txn: Txn, tree_id: Digest, allow_secrets, scanned: set) -> list[
             continue
         scanned.add((path, entry.id.raw))
         first_id, _ = file_chunks(txn, entry)[0]
-        value = txn.get("objects", first_id.raw)
+        value = txn.raw(first_id)
         if value is None:
             raise IntegrityError(f"chunk {first_id.hex()} of {path} is missing from the store")
         if secrets.is_binary(framing.unframe(value)[1][: secrets.BINARY_SNIFF]):
@@ -198,15 +204,14 @@ def _refuse_secret(data, lines_before: int, path: str, allowed: bool) -> None:
 
 # --- checking a bundle ------------------------------------------------------------------------
 
-class _BundleView(Txn):
-    """A read-only Txn over a parsed bundle's objects, so lineage code can read them."""
+class BundleBlobs(BlobStore):
+    """A read-only blob store over a parsed bundle's objects, so lineage code can read them."""
 
     def __init__(self, handle, parsed: ParsedBundle):
         self.handle, self.parsed = handle, parsed
+        self.url = "bundle:"
 
-    def get(self, table, key):
-        if table != "objects":
-            return None
+    def get(self, key):
         key = bytes(key)
         framed = self.parsed.index.structured.get(key)
         if framed is not None:
@@ -217,16 +222,17 @@ class _BundleView(Txn):
         self.handle.seek(where[0])
         return self.handle.read(where[1])
 
-    def scan(self, table, prefix=b"", start=None, reverse=False):
-        return iter(())
+    def has_many(self, keys):
+        return {bytes(k) for k in keys if bytes(k) in self.parsed.index.kinds}
 
-    def put(self, table, key, value):
-        raise TypeError("a bundle view is read-only")
+    def list(self):
+        return (BlobInfo(key, 0, 0.0, kind) for key, kind in sorted(self.parsed.index.kinds.items()))
 
-    put_new = delete = put
+    def put_many(self, items):
+        raise TypeError("a bundle is read-only")
 
-    def count(self, table):
-        return len(self.parsed.index.kinds) if table == "objects" else 0
+    def delete_many(self, keys):
+        raise TypeError("a bundle is read-only")
 
 
 @dataclass
@@ -307,7 +313,7 @@ def check_closure(handle, parsed: ParsedBundle) -> Checkpoint:
         raise BundleCorrupt("bundle manifest's checkpoint list differs from the checkpoints it carries")
     if head_cp.history != m.history:
         raise BundleCorrupt("bundle manifest's history position differs from the checkpoint's")
-    view = _BundleView(handle, parsed)
+    view = ObjectSource(BundleBlobs(handle, parsed))
     listed = [(f.path, f.size, f.mode, f.id) for f in m.files]
     try:
         actual = [(p, e.size, e.mode, e.id) for p, e in list_files(view, head_cp.tree) if e.type == "file"]
@@ -318,7 +324,7 @@ def check_closure(handle, parsed: ParsedBundle) -> Checkpoint:
     for path, file_id, chunks in multi_chunk:
         hasher = blake3.blake3()
         for chunk_id in chunks:
-            hasher.update(framing.unframe(view.get("objects", chunk_id.raw))[1])
+            hasher.update(framing.unframe(view.raw(chunk_id))[1])
         if hasher.digest() != file_id.raw:
             raise BundleCorrupt(f"bundle file {path} does not hash to its id {file_id.hex()}")
     history = rollout.History(view)
@@ -383,11 +389,11 @@ def judge_signatures(txn: Txn, parsed: ParsedBundle) -> tuple[list, list, str, s
     return envelopes, verdicts, status, reason
 
 
-def check_bundle(objects: ObjectStore, handle, progress=None) -> CheckedBundle:
+def check_bundle(stores: Stores, handle, progress=None) -> CheckedBundle:
     """Steps 1-3: everything but rollback and the ref. Raises BundleCorrupt on damage."""
     parsed = parse(handle, progress)
     checkpoint = check_closure(handle, parsed)
-    with objects.reader() as txn:
+    with stores.meta.reader() as txn:
         envelopes, verdicts, status, reason = judge_signatures(txn, parsed)
     return CheckedBundle(parsed, checkpoint, verdicts, status, reason, envelopes)
 
@@ -413,10 +419,10 @@ def open_bundle(path: str):
         raise UsageError(f"cannot read bundle {path}: {exc.strerror}") from None
 
 
-def verify_bundle(objects: ObjectStore, path: str, progress=None) -> dict:
+def verify_bundle(stores: Stores, path: str, progress=None) -> dict:
     """Check a bundle completely without writing; raise unless a trusted signature verifies."""
     with open_bundle(path) as handle:
-        checked = check_bundle(objects, handle, progress)
+        checked = check_bundle(stores, handle, progress)
     require_signature(checked, allow_unsigned=False)
     return dict(checked.to_json(), bundle=os.path.abspath(path), verified=True)
 
@@ -433,15 +439,15 @@ def read_import(txn: Txn, thread: str) -> dict | None:
     return None if value is None else encoding.decode(unseal("imports", key, value))
 
 
-def check_rollback(txn: Txn, thread: str, checkpoint: Digest, signed_at: str | None,
-                   allow_rollback: bool) -> None:
+def check_rollback(txn: Txn, objects: ObjectSource, thread: str, checkpoint: Digest,
+                   signed_at: str | None, allow_rollback: bool) -> None:
     """Refuse a bundle older (by signed time or ancestry) than the last import into `thread`."""
     last = read_import(txn, thread)
     if last is None or allow_rollback or last["checkpoint"] == checkpoint.hex():
         return
     older = signed_at is not None and last.get("signed_at") is not None and signed_at < last["signed_at"]
     if not older:
-        older = is_ancestor(txn, checkpoint, Digest.parse(last["checkpoint"]))
+        older = is_ancestor(objects, checkpoint, Digest.parse(last["checkpoint"]))
     if older:
         raise RollbackRefused(
             f"bundle checkpoint {checkpoint.short()} is older than {last['checkpoint'][:12]} already imported "
@@ -471,53 +477,59 @@ def _plan_ref(state: ThreadState | None, checked: CheckedBundle, history: rollou
     return ThreadState(m.checkpoint, cp.history, state.forked_from)
 
 
-def import_bundle(objects: ObjectStore, path: str, as_thread: str | None = None,
+def import_bundle(stores: Stores, path: str, as_thread: str | None = None,
                   allow_unsigned: bool = False, allow_rollback: bool = False, progress=None) -> dict:
     """Verify a bundle completely, then land its objects, its signatures and the thread."""
     if as_thread is not None:
         check_thread_name(as_thread)
     with open_bundle(path) as handle:
-        checked = check_bundle(objects, handle, progress)
+        checked = check_bundle(stores, handle, progress)
         require_signature(checked, allow_unsigned)
         m = checked.manifest
         thread = as_thread or m.thread
         signed_at = checked.signed_at()
-        view_history = rollout.History(_BundleView(handle, checked.parsed))
-        with objects.reader() as txn:
-            check_rollback(txn, thread, m.checkpoint, signed_at, allow_rollback)
+        view_history = rollout.History(ObjectSource(BundleBlobs(handle, checked.parsed)))
+        with stores.meta.reader() as txn:
+            check_rollback(txn, stores.objects, thread, m.checkpoint, signed_at, allow_rollback)
             before = threads.read_thread(txn, thread)
-            planned = _plan_ref(before, checked, view_history, thread)
+        planned = _plan_ref(before, checked, view_history, thread)
         keep = [v.envelope for v in checked.verdicts if v.status in (env.VALID, env.UNTRUSTED)]
-        with WritePin(objects, f"import {thread}") as pin:
-            written_objects, written_bytes = _write_pipelined(objects, iter_records(handle, checked.parsed))
+        with Lease(stores.meta, f"import {thread}") as lease:
+            written_objects, written_bytes = _write_pipelined(stores.objects, iter_records(handle, checked.parsed),
+                                                              lease)
+            signatures = [(item, *env.envelope_object(item)) for item in keep]
+            stores.objects.put_many({digest.raw: framed for _, digest, framed in signatures})
+            missing = stores.objects.missing(list(checked.parsed.index.order)
+                                             + [digest.raw for _, digest, _ in signatures])
+            if missing:
+                raise IntegrityError(f"object {sorted(missing)[0].hex()} vanished before the import landed "
+                                     "(concurrent gc?); nothing was changed, retry")
 
             def land(txn: Txn):
-                for raw in checked.parsed.index.order:
-                    if txn.get("objects", raw) is None:
-                        raise IntegrityError(f"object {raw.hex()} vanished before the import landed "
-                                             "(concurrent gc?); nothing was changed, retry")
-                check_rollback(txn, thread, m.checkpoint, signed_at, allow_rollback)
+                lease.check(txn)
+                check_rollback(txn, stores.objects, thread, m.checkpoint, signed_at, allow_rollback)
                 state = threads.read_thread(txn, thread)
                 if state != before:
                     raise ConflictError(f"thread {thread!r} moved while the bundle was imported; "
                                         "nothing was changed, retry")
-                if planned is not None:
-                    threads.set_if_equals(txn, thread, state, planned, "import",
-                                          f"import {os.path.basename(path)}")
-                for item in keep:
-                    env.save_envelope(txn, item)
+                if planned is not None and not threads.set_if_equals(
+                        txn, thread, state, planned, "import", f"import {os.path.basename(path)}"):
+                    raise ConflictError(f"thread {thread!r} moved while the bundle was imported; "
+                                        "nothing was changed, retry")
+                for item, digest, _ in signatures:
+                    env.save_index_row(txn, item, digest)
                 key = _imports_key(thread)
                 doc = {"checkpoint": m.checkpoint.hex(), "signed_at": signed_at, "thread": m.thread,
                        "imported_at": env.utc_now(), "signature": checked.status}
                 txn.put("imports", key, seal("imports", key, encoding.encode(doc)))
-                pin.release(txn)
+                lease.release(txn)
 
-            objects.write(land)
+            stores.meta.write(land)
     return dict(checked.to_json(), bundle=os.path.abspath(path), imported_as=thread,
                 moved=planned is not None, new_objects=written_objects, new_bytes=written_bytes)
 
 
-def _write_pipelined(objects: ObjectStore, records) -> tuple[int, int]:
+def _write_pipelined(objects: ObjectSource, records, lease: Lease | None = None) -> tuple[int, int]:
     """Write verified records in batches; one batch lands while the next is read and re-verified.
 
     At most two batches (about 2 x BATCH_BYTES) are held at once. Objects already
@@ -525,10 +537,11 @@ def _write_pipelined(objects: ObjectStore, records) -> tuple[int, int]:
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from agentcas.cas.writer import BATCH_BYTES, BATCH_OBJECTS, put_objects
+    from agentcas.cas.writer import BATCH_BYTES, BATCH_OBJECTS
 
     def land(batch: dict) -> tuple[int, int]:
-        return put_objects(objects, batch)
+        present = objects.blobs.has_many(batch.keys())
+        return objects.put_many({raw: value for raw, value in batch.items() if raw not in present})
 
     now = int(time.time())
     totals = [0, 0]
@@ -539,6 +552,8 @@ def _write_pipelined(objects: ObjectStore, records) -> tuple[int, int]:
 
         def submit(batch):
             nonlocal future
+            if lease is not None:
+                lease.refresh()
             if future is not None:
                 count, size = future.result()
                 totals[0] += count

@@ -26,7 +26,7 @@ from agentcas.cas import encoding, framing
 from agentcas.cas.digest import Digest
 from agentcas.cas.names import BadName, check_relpath, collision_key
 from agentcas.cas.objects import FORMAT_VERSION, MODE_EXEC, MODE_FILE, HistoryPosition, InvalidObject
-from agentcas.cas.store import verify_object
+from agentcas.cas.source import verify_object
 from agentcas.errors import IntegrityError
 from agentcas.refs.names import check_thread_name
 

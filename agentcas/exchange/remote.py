@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from agentcas.cas import encoding
 from agentcas.cas.sealed import seal, unseal
-from agentcas.cas.store import Txn
+from agentcas.cas.metastore.base import MetaTxn as Txn
 from agentcas.errors import ConflictError, IntegrityError, NotFound, UsageError
 
 SCHEMES = ("file",)

@@ -19,7 +19,7 @@ A transfer has a source endpoint (holding the thread) and a target endpoint. It 
 
 The `Endpoint` interface is deliberately small so that an object-storage remote can
 implement it later: ids in, ids out, framed object bytes, and one conditional write of
-a ref. `LocalStoreEndpoint` implements it over any ObjectStore (an agentcas store).
+a ref. `LocalStoreEndpoint` implements it over any agentcas store (its Stores).
 """
 
 from __future__ import annotations
@@ -34,8 +34,10 @@ from typing import Callable, Iterable, Iterator
 
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest
-from agentcas.cas.store import ObjectStore, Txn, verify_object
-from agentcas.cas.writer import BatchWriter, WritePin
+from agentcas.cas.backends import Stores
+from agentcas.cas.leases import Lease
+from agentcas.cas.source import ObjectSource, verify_object
+from agentcas.cas.writer import BatchWriter
 from agentcas.errors import ConflictError, IntegrityError, NotFound
 from agentcas.lineage.closure import MissingObject, Walker
 from agentcas.lineage.rollout import History
@@ -88,32 +90,32 @@ class Endpoint(ABC):
 
     @abstractmethod
     def object_reader(self):
-        """A context manager giving a read-only Txn whose "objects" table can be read
+        """A context manager giving an ObjectSource of this side's objects
         (used to walk closures and histories on the side that holds them)."""
 
     @contextmanager
     def receiving(self, what: str):
-        """Held around put_objects ... compare_and_swap_ref (a gc pin, for local stores)."""
+        """Held around put_objects ... compare_and_swap_ref (a gc lease, for stores)."""
         yield self
 
     # Built on object_reader(); a backend may override them with something cheaper.
     def closure(self, state: ThreadState) -> list[tuple[Digest, int]]:
         """Every object `state` needs, each once, verified as it is read."""
-        with self.object_reader() as txn:
-            return list(closure_of(txn, state, verify=True))
+        with self.object_reader() as objects:
+            return list(closure_of(objects, state, verify=True))
 
     def fast_forward_problem(self, old: ThreadState | None, new: ThreadState) -> str | None:
         """Why moving from `old` to `new` is not a fast-forward (None if it is); run this
         on an endpoint that holds the closure of `new`."""
-        with self.object_reader() as txn:
-            return fast_forward_problem(txn, old, new)
+        with self.object_reader() as objects:
+            return fast_forward_problem(objects, old, new)
 
 
 # --- checks shared by every endpoint ---------------------------------------------------------
 
-def closure_of(txn: Txn, state: ThreadState, verify: bool) -> Iterator[tuple[Digest, int]]:
+def closure_of(objects: ObjectSource, state: ThreadState, verify: bool) -> Iterator[tuple[Digest, int]]:
     """(id, kind) of the checkpoint closure (with ancestors) and history of `state`."""
-    walker = Walker(txn, verify=verify, follow_parents=True)
+    walker = Walker(objects, verify=verify, follow_parents=True)
     if state.checkpoint is not None:
         for digest, kind, _ in walker.checkpoint(state.checkpoint):
             yield digest, kind
@@ -121,17 +123,17 @@ def closure_of(txn: Txn, state: ThreadState, verify: bool) -> Iterator[tuple[Dig
         yield digest, kind
 
 
-def fast_forward_problem(txn: Txn, old: ThreadState | None, new: ThreadState) -> str | None:
-    """Why `new` does not fast-forward `old` (None if it does); `txn` holds new's closure."""
+def fast_forward_problem(objects: ObjectSource, old: ThreadState | None, new: ThreadState) -> str | None:
+    """Why `new` does not fast-forward `old` (None if it does); `objects` holds new's closure."""
     if old is None:
         return None
     if old.checkpoint is not None:
-        if new.checkpoint is None or not is_ancestor(txn, old.checkpoint, new.checkpoint, strict=True):
+        if new.checkpoint is None or not is_ancestor(objects, old.checkpoint, new.checkpoint, strict=True):
             return f"checkpoint {old.checkpoint.short()} is not an ancestor of the one sent"
     if old.history.seq > new.history.seq:
         return (f"its history has {old.history.seq} records, more than the "
                 f"{new.history.seq} sent")
-    if History(txn).position(new.history, old.history.seq).digest != old.history.digest:
+    if History(objects).position(new.history, old.history.seq).digest != old.history.digest:
         return f"its history's first {old.history.seq} records differ from those sent"
     return None
 
@@ -139,7 +141,7 @@ def fast_forward_problem(txn: Txn, old: ThreadState | None, new: ThreadState) ->
 def restamp(framed: bytes, when: int) -> bytes:
     """The same stored value with `written_at` set to `when` (the receiver's clock).
 
-    gc's grace period and write pins go by `written_at`; a received object is new
+    gc's grace period goes by `written_at`; a received object is new
     to this store, so it must not carry the sender's (possibly old) time.
     """
     kind, codec, size, _ = framing.read_header(framed)
@@ -162,40 +164,42 @@ def verified(digest: Digest, framed) -> bytes:
 # --- the local-store implementation ------------------------------------------------------------
 
 class LocalStoreEndpoint(Endpoint):
-    """An agentcas store reachable in this process (the local store, or a file:// remote)."""
+    """An agentcas store opened in this process (the local store, or a remote's URL)."""
 
-    def __init__(self, objects: ObjectStore, url: str):
-        self.objects = objects
+    def __init__(self, stores: Stores, url: str):
+        self.stores = stores
         self.url = url
-        self._pin: WritePin | None = None
+        self._lease: Lease | None = None
 
     def read_ref(self, thread):
-        with self.objects.reader() as txn:
+        with self.stores.meta.reader() as txn:
             return threads.read_thread(txn, thread)
 
     def has_many(self, ids):
-        with self.objects.reader() as txn:
-            return {d.raw for d in ids if txn.get("objects", d.raw) is not None}
+        return self.stores.blobs.has_many([d.raw for d in ids])
 
     def get_objects(self, ids):
-        with self.objects.reader() as txn:
-            for digest in ids:
-                value = txn.get("objects", digest.raw)
+        ids = list(ids)
+        for start in range(0, len(ids), HAS_MANY_BATCH):
+            batch = ids[start:start + HAS_MANY_BATCH]
+            values = self.stores.blobs.get_many([d.raw for d in batch])
+            for digest in batch:
+                value = values.get(digest.raw)
                 if value is None:
                     raise MissingObject(digest, framing.KIND_CHUNK, None)
                 yield digest, bytes(value)
 
     @contextmanager
     def receiving(self, what):
-        with WritePin(self.objects, what, lazy=True) as pin:  # written with the first batch
-            self._pin = pin
+        with Lease(self.stores.meta, what) as lease:
+            self._lease = lease
             try:
                 yield self
             finally:
-                self._pin = None
+                self._lease = None
 
     def put_objects(self, stream):
-        writer = BatchWriter(self.objects, pin=self._pin)
+        writer = BatchWriter(self.stores.objects, lease=self._lease)
         count = size = 0
         now = int(time.time())
         for digest, framed in stream:
@@ -207,33 +211,36 @@ class LocalStoreEndpoint(Endpoint):
         return count, size
 
     def object_reader(self):
-        return self.objects.reader()
+        return self.stores.objects.reading()
 
     def compare_and_swap_ref(self, thread, old, new, fast_forward_only, action, message):
-        pin = self._pin
+        lease = self._lease
+        try:
+            with self.stores.objects.reading() as objects:
+                for _ in closure_of(objects, new, verify=False):
+                    pass
+        except MissingObject as exc:
+            raise IntegrityError(f"{exc} at {self.url} after the transfer (concurrent gc?); "
+                                 "nothing was changed, retry") from None
+        if fast_forward_only:
+            problem = self.fast_forward_problem(old, new)
+            if problem:
+                raise NotFastForward(f"not a fast-forward of thread {thread!r} at {self.url}: "
+                                     f"{problem}; nothing was changed (use --force to replace it)")
 
-        def land(txn: Txn):
+        def land(txn):
+            if lease is not None:
+                lease.check(txn)
             current = threads.read_thread(txn, thread)
             if current != old:
                 raise ConflictError(f"thread {thread!r} at {self.url} moved during the transfer; "
                                     "nothing was changed, retry")
-            try:
-                for _ in closure_of(txn, new, verify=False):
-                    pass
-            except MissingObject as exc:
-                raise IntegrityError(f"{exc} at {self.url} after the transfer (concurrent gc?); "
-                                     "nothing was changed, retry") from None
-            if fast_forward_only:
-                problem = fast_forward_problem(txn, old, new)
-                if problem:
-                    raise NotFastForward(f"not a fast-forward of thread {thread!r} at {self.url}: "
-                                         f"{problem}; nothing was changed (use --force to replace it)")
             if not threads.set_if_equals(txn, thread, old, new, action, message):
                 raise ConflictError(f"thread {thread!r} at {self.url} moved; nothing was changed")
-            if pin is not None:
-                pin.release(txn)
+            if lease is not None:
+                lease.release(txn)
 
-        self.objects.write(land)
+        self.stores.meta.write(land)
 
 
 # --- the transfer --------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ import time
 
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest
-from agentcas.cas.store import ObjectStore, Txn
+from agentcas.cas.backends import Stores
+from agentcas.cas.source import ObjectSource
 from agentcas.errors import IntegrityError, NotFound, UsageError
 from agentcas.gc.plan import DEFAULT_EXPIRE_REFLOG, DEFAULT_GRACE
 from agentcas.gc.roots import SIGNATURE_KEY_SIZE, MarkWalker, all_roots, read_pins, young_closure
@@ -27,14 +28,14 @@ class UnknownObject(NotFound):
     pass
 
 
-def resolve_object(txn: Txn, text: str) -> Digest:
+def resolve_object(objects: ObjectSource, text: str) -> Digest:
     """A stored object named by its id or a unique hex prefix of at least 8 characters."""
     text = (text or "").strip().lower()
     if not (MIN_PREFIX <= len(text) <= 64) or any(c not in "0123456789abcdef" for c in text):
         raise UsageError(f"not an object id or hex prefix of 8+ characters: {text[:80]!r}")
     start = bytes.fromhex(text[: len(text) // 2 * 2])
     matches = []
-    for key, _ in txn.scan("objects", start):
+    for key in objects.keys_from(start):
         hexkey = bytes(key).hex()
         if not hexkey.startswith(text[: len(text) // 2 * 2]):
             break
@@ -57,18 +58,18 @@ def _path(parents: dict, target: bytes) -> list[dict]:
     return path
 
 
-def explain(objects: ObjectStore, text: str, now: float | None = None, grace: int = DEFAULT_GRACE,
+def explain(stores: Stores, text: str, now: float | None = None, grace: int = DEFAULT_GRACE,
             expire_reflog: int = DEFAULT_EXPIRE_REFLOG) -> dict:
     """{"object", "kind", "alive", "root", "path", ...} for the object `text` names."""
     now = time.time() if now is None else now
-    with objects.reader() as txn:
-        target = resolve_object(txn, text)
-        value = txn.get("objects", target.raw)
+    with stores.meta.reader() as txn, stores.objects.reading() as objects:
+        target = resolve_object(objects, text)
+        value = objects.raw(target)
         kind, _, _, written_at = framing.read_header(value)
         doc = {"object": target.hex(), "kind": framing.KIND_NAMES[kind], "written_at": written_at,
                "size": len(value), "alive": False, "root": None, "path": [], "notes": []}
         parents: dict[bytes, tuple] = {}
-        walker = MarkWalker(txn)
+        walker = MarkWalker(objects)
 
         def walk(stream, root_doc) -> bool:
             try:
@@ -93,14 +94,21 @@ def explain(objects: ObjectStore, text: str, now: float | None = None, grace: in
                     doc.update(alive=True, root={"kind": "signature", "checkpoint": bytes(key[:32]).hex()},
                                path=_path(parents, target.raw))
                     return doc
-        for key, stored in txn.scan("objects"):
-            young_kind, _, _, when = framing.read_header(stored)
+        for info in stores.blobs.list():
+            key = info.key
+            if info.kind is not None:
+                young_kind, when = info.kind, info.written_at
+            else:
+                header = objects.blobs.header(key)
+                if header is None:
+                    continue
+                young_kind, _, _, when = framing.read_header(header)
             if when > now - grace and bytes(key) not in walker.seen:
                 root_doc = {"kind": "recent", "id": bytes(key).hex(), "written_at": when,
                             "held_for_seconds": max(0, int(when + grace - now) + 1)}
                 if walk(young_closure(walker, Digest(bytes(key)), young_kind), root_doc):
                     return doc
-        pins = [p for p in read_pins(txn) if p.live]
+        pins = [p for p in read_pins(txn) if p.live()]
     if pins:
         doc["notes"].append(f"{len(pins)} write(s) in progress: gc deletes nothing until they finish")
     return doc

@@ -1,10 +1,12 @@
-"""fsck: check every stored byte and every reference, in one read snapshot.
+"""fsck: check every stored byte and every reference.
 
-1. Rows: every value of the sealed tables (meta, refs, reflog, trust, remotes, pins,
-   imports, statcache, signatures) is unsealed (its keyed checksum catches a flipped byte); refs,
-   reflog entries and pins are decoded too. `signatures` rows must be 64-byte keys
+The metadata is read in one snapshot, the objects in one more (one LMDB read
+transaction for an embedded store; a listing of the bucket for a shared one).
+1. Rows: every value of the sealed tables (meta, refs, reflog, trust, remotes, leases,
+   imports, signatures, and this machine's statcache) is unsealed (its keyed checksum
+   catches a flipped byte); refs, reflog entries and leases are decoded too. `signatures` rows must be 64-byte keys
    naming a stored signature.
-2. Objects: `objects` is streamed; each value's header CRC is checked, its body
+2. Objects: the blob store is streamed; each value's header CRC is checked, its body
    unframed (bounded decompression) and hashed against its id, and structured objects
    decoded. Each rollout segment is checked on its own: its chunks' bytes are read,
    and its length, record count and prefix digest recomputed from its base.
@@ -28,7 +30,10 @@ from agentcas.cas import encoding, framing
 from agentcas.cas.digest import Digest, chain_prefix
 from agentcas.cas.objects import Checkpoint, ChunkList, HistoryPosition, Segment, Tree
 from agentcas.cas.sealed import unseal
-from agentcas.cas.store import ObjectStore, Txn, load_object, verify_object
+from agentcas.cas.backends import Stores
+from agentcas.cas.leases import LeaseRow
+from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.source import ObjectSource, load_object, verify_object
 from agentcas.errors import IntegrityError
 from agentcas.gc.pages import PageReleaser
 from agentcas.gc.roots import SIGNATURE_KEY_SIZE, Root, entry_roots, state_roots
@@ -36,8 +41,7 @@ from agentcas.lineage import rollout
 from agentcas.lineage.closure import MissingObject, Walker
 from agentcas.refs import threads
 
-SEALED_TABLES = ("meta", "refs", "reflog", "trust", "remotes", "pins", "imports", "statcache",
-                 "signatures")
+SEALED_TABLES = ("meta", "refs", "reflog", "trust", "remotes", "leases", "imports", "signatures")
 DECODERS = {framing.KIND_TREE: Tree.decode, framing.KIND_CHECKPOINT: Checkpoint.decode,
             framing.KIND_CHUNKLIST: ChunkList.decode, framing.KIND_SEGMENT: Segment.decode}
 
@@ -59,8 +63,8 @@ class _CorruptReference(IntegrityError):
 class _FsckWalker(Walker):
     """Walker over objects already verified in the object pass; corrupt ones stop it."""
 
-    def __init__(self, txn: Txn, corrupt: dict, seen: set, on_corrupt_leaf):
-        super().__init__(txn, seen, verify=False, follow_parents=True)
+    def __init__(self, objects: ObjectSource, corrupt: dict, seen: set, on_corrupt_leaf):
+        super().__init__(objects, seen, verify=False, follow_parents=True)
         self.corrupt = corrupt
         self.on_corrupt_leaf = on_corrupt_leaf
 
@@ -78,15 +82,18 @@ class _FsckWalker(Walker):
 
 
 class Fsck:
-    """One fsck run over a read transaction; `problems` collects what it finds."""
+    """One fsck run over a metadata snapshot and an object source; `problems` collects findings."""
 
-    def __init__(self, txn: Txn, progress=None, pages: PageReleaser | None = None):
+    def __init__(self, txn: Txn, source: ObjectSource, local=None, progress=None,
+                 pages: PageReleaser | None = None):
         self.txn = txn
+        self.source = source
+        self.local = local  # this machine's table environment (its stat cache), if any
         self.pages = pages or PageReleaser(None)
         self.progress = progress
         self.problems: list[dict] = []
         self.corrupt: dict[bytes, dict] = {}  # raw id -> its problem
-        self.history = rollout.History(txn)
+        self.history = rollout.History(source)
         self.positions_checked: set = set()
         self.objects = 0
         self.rows = 0
@@ -101,41 +108,49 @@ class Fsck:
     # -- 1. rows ---------------------------------------------------------------------------
     def check_rows(self) -> None:
         for table in SEALED_TABLES:
-            for key, value in self.txn.scan(table):
-                key = bytes(key)
-                self.rows += 1
-                shown = key.decode("utf-8", "replace") if table != "pins" else key.hex()
-                try:
-                    payload = unseal(table, key, value)
-                    if table == "refs" and key.startswith(threads.PREFIX):
-                        name = key[len(threads.PREFIX):].decode("utf-8")
-                        state = threads.read_thread(self.txn, name)
-                        self.roots += state_roots("thread", name, name, state)
-                    elif table == "reflog":
-                        entry = threads.decode_reflog_entry(key, value)
-                        name = key[len(threads.PREFIX): key.index(b"\0")].decode("utf-8")
-                        self.roots += entry_roots(name, entry)
-                    elif table == "pins":
-                        doc = encoding.decode(payload)
-                        int(doc["pid"]), int(doc["started_at"])
-                except lmdb.Error:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - any damage is a finding, not a crash
-                    self.problem("row", f"{table} entry {shown!r}: {exc}", table=table, key=shown)
+            self._check_table(self.txn, table)
+        if self.local is not None:
+            with self.local.reader() as local:
+                self._check_table(local, "statcache")
         for key, _ in self.txn.scan("signatures"):
             key = bytes(key)
             if len(key) < SIGNATURE_KEY_SIZE:
                 self.problem("row", f"signatures entry {key.hex()} has a malformed key", table="signatures")
-            elif self.txn.get("objects", key[32:64]) is None:
+            elif not self.source.has(Digest(key[32:64])):
                 self.problem("missing", f"signature {key[32:64].hex()} is missing (listed for checkpoint "
                              f"{key[:32].hex()})", id=key[32:64].hex(), kind="signature",
                              referenced_by=key[:32].hex())
 
+    def _check_table(self, txn, table: str) -> None:
+        for key, value in txn.scan(table):
+            key = bytes(key)
+            self.rows += 1
+            shown = key.decode("utf-8", "replace") if table != "leases" else key.hex()
+            try:
+                unseal(table, key, value)
+                if table == "refs" and key.startswith(threads.PREFIX):
+                    name = key[len(threads.PREFIX):].decode("utf-8")
+                    state = threads.read_thread(self.txn, name)
+                    self.roots += state_roots("thread", name, name, state)
+                elif table == "reflog":
+                    entry = threads.decode_reflog_entry(key, value)
+                    name = key[len(threads.PREFIX): key.index(b"\0")].decode("utf-8")
+                    self.roots += entry_roots(name, entry)
+                elif table == "leases":
+                    LeaseRow.decode(key, value)
+            except lmdb.Error:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any damage is a finding, not a crash
+                self.problem("row", f"{table} entry {shown!r}: {exc}", table=table, key=shown)
+
     # -- 2. objects ------------------------------------------------------------------------
     def check_objects(self) -> None:
-        total = self.txn.count("objects")
-        for key, value in self.txn.scan("objects"):
-            raw = bytes(key)
+        total = self.source.blobs.count()
+        for info in self.source.blobs.list():
+            raw = bytes(info.key)
+            value = self.source.blobs.get(raw)
+            if value is None:
+                continue  # deleted since it was listed (a concurrent gc)
             self.objects += 1
             self.pages.tick()
             if self.progress and self.objects % 4096 == 0:
@@ -164,7 +179,7 @@ class Fsck:
         """Recompute a segment's length, record count and prefix digest from its base."""
         parts = []
         for ref in segment.chunks:
-            data = load_object(self.txn, ref.id, framing.KIND_CHUNK)
+            data = load_object(self.source, ref.id, framing.KIND_CHUNK)
             if data is None:
                 raise IntegrityError(f"segment {digest.hex()}: its chunk {ref.id.hex()} is missing")
             if len(data) != ref.size:
@@ -216,7 +231,7 @@ class Fsck:
     def check_closures(self) -> None:
         seen: set = set()
         current: list[Root] = []
-        walker = _FsckWalker(self.txn, self.corrupt, seen,
+        walker = _FsckWalker(self.source, self.corrupt, seen,
                              lambda exc: self.note_referrer(exc, current[0]))
         for root in self.roots:
             current[:] = [root]
@@ -259,11 +274,11 @@ def _walk(walker: Walker, root: Root):
         yield from walker.history(root.history)
 
 
-def fsck(objects: ObjectStore, progress=None) -> dict:
+def fsck(stores: Stores, progress=None) -> dict:
     """{"ok", "objects", "rows", "roots", "problems": [...]} for the whole store."""
     try:
-        with objects.reader() as txn:
-            return Fsck(txn, progress, PageReleaser(objects)).run()
+        with stores.meta.reader() as txn, stores.objects.reading() as objects:
+            return Fsck(txn, objects, stores.local, progress, PageReleaser(stores)).run()
     except lmdb.Error as exc:
         raise StoreCorrupt(f"store database is corrupt: {exc}") from None
 

@@ -1,31 +1,34 @@
 """Plan a garbage collection: mark from the roots, then classify every stored object.
 
-`plan_gc(objects, now, grace, expire_reflog) -> GcPlan` runs in one read snapshot:
+`plan_gc(stores, now, grace, expire_reflog) -> GcPlan` reads the metadata in one snapshot:
 1. Roots (roots.py): every thread ref, the reflog entries that will be kept, and
    signature objects of live checkpoints. A `MarkWalker` marks their closures into one
    shared set of raw 32-byte digests. A missing or damaged object reachable from a
    root aborts gc (GcAborted, exit 4) before anything is deleted.
-2. Scan: `objects` is streamed in key order reading only each value's 22-byte header
-   (kind, written_at). An object is live (marked), held by grace (written less than
+2. Scan: the blob store is listed in key order (kind and written_at from each
+   value's 22-byte header, or from the listing where the backend gives them). An object is live (marked), held by grace (written less than
    `grace` ago: a `recent` root whose closure is then marked too), or a candidate.
    Candidates are kept as packed 32-byte keys in one bytearray per sweep level, so
    the plan costs ~32 bytes per garbage object and no Python object per object.
 3. Sweep levels put referrers before what they refer to (checkpoints and signatures,
    then trees and segments, then chunk lists, then chunks), so even a gc killed
    half-way never leaves a stored object whose own references are gone.
-The plan is inspectable and JSON-able (`to_json`); `sweep.execute(objects, plan)`
-deletes, re-checking pins and refs in every write transaction.
+The plan is inspectable and JSON-able (`to_json`); `sweep.execute(stores, plan)`
+deletes in batches fenced against leases, re-checking refs and ages in every batch.
+Objects and refs are not read in one snapshot: whatever lands after the roots were
+read is caught by the sweep's ref comparison (and by the grace re-check).
 """
 
 from __future__ import annotations
 
+import array
 import re
 import time
 from dataclasses import dataclass, field
 
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest
-from agentcas.cas.store import ObjectStore
+from agentcas.cas.backends import Stores
 from agentcas.errors import IntegrityError, UsageError
 from agentcas.lineage.closure import MissingObject
 from agentcas.refs import threads
@@ -82,6 +85,7 @@ class GcPlan:
     notes: tuple
     marked: set = field(repr=False, compare=False)
     candidates: tuple = field(repr=False, compare=False)   # one bytearray of keys per level
+    sizes: tuple = field(repr=False, compare=False)        # stored bytes per candidate, per level
     tracking: dict = field(repr=False, compare=False)      # {"generation", "refs": name -> value}
     root_list: tuple = field(repr=False, compare=False)
 
@@ -116,7 +120,18 @@ class GcPlan:
                 "notes": list(self.notes)}
 
 
-def plan_gc(objects: ObjectStore, now: float | None = None, grace: int = DEFAULT_GRACE,
+def _kind_and_age(objects, info) -> tuple[int | None, int]:
+    """(kind, written_at) of a listed object; kind None if it is gone since the listing."""
+    if info.kind is not None:
+        return info.kind, int(info.written_at)
+    header = objects.blobs.header(info.key)
+    if header is None:
+        return None, 0
+    kind, _, _, written_at = framing.read_header(header)
+    return kind, written_at
+
+
+def plan_gc(stores: Stores, now: float | None = None, grace: int = DEFAULT_GRACE,
             expire_reflog: int = DEFAULT_EXPIRE_REFLOG) -> GcPlan:
     """Mark from every root and classify every object; deletes nothing.
 
@@ -132,37 +147,42 @@ def plan_gc(objects: ObjectStore, now: float | None = None, grace: int = DEFAULT
     held.update(oldest_written_at=None, newest_written_at=None)
     by_kind = {name: _tally() for name in framing.KIND_NAMES.values()}
     candidates = tuple(bytearray() for _ in SWEEP_LEVELS)
+    sizes = tuple(array.array("Q") for _ in SWEEP_LEVELS)  # stored bytes, parallel to candidates
     total = 0
 
     def young(written_at: int) -> bool:
         return written_at > grace_cutoff
 
-    with objects.reader() as txn:
+    with stores.meta.reader() as txn, stores.objects.reading() as objects:
         tracking = {"generation": threads.ref_generation(txn),
                     "refs": {bytes(k[len(threads.PREFIX):]).decode("utf-8"): bytes(v)
                              for k, v in txn.scan("refs", threads.PREFIX)}}
         roots, reflog_entries, expiring = all_roots(txn, now - expire_reflog)
         pins = tuple(read_pins(txn))
-        walker = MarkWalker(txn, seen)
-        pages = PageReleaser(objects)
+        walker = MarkWalker(objects, seen)
+        pages = PageReleaser(stores)
         for root in roots:
             pages.tick(mark_root(walker, root))
-        signatures = mark_signatures(txn, seen)
+        signatures = mark_signatures(txn, objects, seen)
 
         young_interior: list[tuple[bytes, int]] = []
-        for key, value in txn.scan("objects"):
+        for info in stores.blobs.list():
+            key = info.key
             total += 1
             pages.tick()
+            if key in seen:
+                live["objects"] += 1
+                live["bytes"] += info.size
+                continue
             try:
-                kind, _, _, written_at = framing.read_header(value)
+                kind, written_at = _kind_and_age(objects, info)
             except IntegrityError as exc:
                 raise GcAborted(f"object {bytes(key).hex()} is corrupt ({exc}); gc deleted nothing "
                                 "(run 'agentcas fsck')") from None
-            size = len(value)
-            if key in seen:
-                live["objects"] += 1
-                live["bytes"] += size
-            elif young(written_at):
+            if kind is None:
+                continue  # deleted since it was listed
+            size = info.size
+            if young(written_at):
                 held["objects"] += 1
                 held["bytes"] += size
                 if held["oldest_written_at"] is None or written_at < held["oldest_written_at"]:
@@ -173,6 +193,7 @@ def plan_gc(objects: ObjectStore, now: float | None = None, grace: int = DEFAULT
                     young_interior.append((bytes(key), kind))
             else:
                 candidates[LEVEL_OF_KIND[kind]].extend(key)
+                sizes[LEVEL_OF_KIND[kind]].append(size)
                 reclaimable["objects"] += 1
                 reclaimable["bytes"] += size
                 tally = by_kind[framing.KIND_NAMES[kind]]
@@ -187,10 +208,10 @@ def plan_gc(objects: ObjectStore, now: float | None = None, grace: int = DEFAULT
             recent_roots += 1
             try:
                 for digest, got_kind, _ in young_closure(walker, Digest(raw), kind):
-                    value = txn.get("objects", digest.raw)
+                    value = objects.blobs.header(digest.raw)
                     written_at = framing.read_header(value)[3]
                     if not young(written_at):  # counted as a candidate above: it is held now
-                        size = len(value)
+                        size = len(objects.raw(digest))
                         reclaimable["objects"] -= 1
                         reclaimable["bytes"] -= size
                         tally = by_kind[framing.KIND_NAMES[got_kind]]
@@ -201,7 +222,7 @@ def plan_gc(objects: ObjectStore, now: float | None = None, grace: int = DEFAULT
             except (MissingObject, IntegrityError) as exc:
                 notes.append(f"recent {framing.KIND_NAMES[kind]} {raw.hex()} is incomplete ({exc}); "
                              "kept as it is")
-        signatures += mark_signatures(txn, seen)
+        signatures += mark_signatures(txn, objects, seen)
     pages.release()
 
     live_pins = [p for p in pins if p.live]
@@ -212,10 +233,10 @@ def plan_gc(objects: ObjectStore, now: float | None = None, grace: int = DEFAULT
                    "reflog": sum(1 for r in roots if r.kind == "reflog"),
                    "signature": signatures, "recent": recent_roots,
                    "pin": len(live_pins)}
-    return GcPlan(store=objects.url, now=now, grace=grace, expire_reflog=expire_reflog,
+    return GcPlan(store=stores.url, now=now, grace=grace, expire_reflog=expire_reflog,
                   roots=root_counts, reflog={"entries": reflog_entries, "expiring": expiring},
                   pins=pins, objects=total, live=live, held_by_grace=held,
                   reclaimable=dict(reclaimable, by_kind={k: v for k, v in by_kind.items() if v["objects"]}),
-                  notes=tuple(notes), marked=seen, candidates=candidates, tracking=tracking,
+                  notes=tuple(notes), marked=seen, candidates=candidates, sizes=sizes, tracking=tracking,
                   root_list=tuple(roots))
 

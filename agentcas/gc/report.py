@@ -13,7 +13,8 @@ only when asked for (`gc --report FILE`), never by a plain gc.
 
 from __future__ import annotations
 
-from agentcas.cas.store import ObjectStore
+from agentcas.cas.backends import Stores
+from agentcas.cas.digest import Digest
 from agentcas.errors import IntegrityError, UsageError
 from agentcas.gc.plan import GcPlan
 from agentcas.gc.roots import MarkWalker, state_roots
@@ -39,21 +40,27 @@ def _prefix_pinned(history: rollout.History, state, names: set) -> dict | None:
     return doc
 
 
-def build_report(objects: ObjectStore, plan: GcPlan, result: dict | None = None) -> dict:
+def build_report(stores: Stores, plan: GcPlan, result: dict | None = None) -> dict:
     """The report as a JSON-able dict (see docs/GC.md, "Report")."""
     rows = []
     owners: dict[bytes, int] = {}
-    with objects.reader() as txn:
+    with stores.meta.reader() as txn, stores.objects.reading() as objects:
         states = threads.list_threads(txn)
         names = {name for name, _ in states}
-        history = rollout.History(txn)
+        history = rollout.History(objects)
+        # Stored sizes: from the memory map of an embedded store, from one listing of a shared one.
+        listed = {info.key: info.size for info in stores.blobs.list()} if stores.shared else None
+
+        def stored_size(raw: bytes) -> int:
+            return listed.get(raw, 0) if listed is not None else len(objects.raw(Digest(raw)))
+
         for index, (name, state) in enumerate(states):
-            walker = MarkWalker(txn, set())
+            walker = MarkWalker(objects, set())
             count = size = 0
             for root in state_roots("thread", name, name, state):
                 for digest, _, _ in walker.root(root):
                     count += 1
-                    size += len(txn.get("objects", digest.raw))
+                    size += stored_size(digest.raw)
                     owner = owners.get(digest.raw)
                     owners[digest.raw] = index if owner is None or owner == index else SHARED
             rows.append({"thread": name, "checkpoint": None if state.checkpoint is None else state.checkpoint.hex(),
@@ -62,7 +69,7 @@ def build_report(objects: ObjectStore, plan: GcPlan, result: dict | None = None)
                          "pins_prefix": _prefix_pinned(history, state, names)})
         threaded_objects = threaded_bytes = 0
         for raw, owner in owners.items():
-            size = len(txn.get("objects", raw))
+            size = stored_size(raw)
             threaded_objects += 1
             threaded_bytes += size
             if owner != SHARED:

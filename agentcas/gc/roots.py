@@ -10,9 +10,9 @@ Roots, by kind:
              checkpoint(32) || signature id(32)).
   recent     an object written less than --grace ago, with its closure (found by the
              plan's scan of `objects`, see plan.py).
-Write pins (rows of `pins`: {what, pid, started_at}) name no object; they stop the
-sweep altogether while a write is in progress (see sweep.py). A pin whose pid is dead
-is dropped.
+Leases (cas/leases.py: writers in progress) name no object; no sweep batch runs
+while one is live (see sweep.py). A dead lease (expired, or of a dead local pid) is
+dropped.
 
 Mark: one `MarkWalker` (lineage/closure.Walker) shares a single `seen` set of raw
 32-byte digests across all roots, so each object is visited once however many threads
@@ -34,7 +34,9 @@ from agentcas.cas import encoding, framing
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import EMPTY_POSITION, ChunkList, HistoryPosition, Segment
 from agentcas.cas.sealed import unseal
-from agentcas.cas.store import Txn, load_object
+from agentcas.cas.leases import LeaseRow, pid_alive, read_leases
+from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.source import ObjectSource, load_object
 from agentcas.errors import IntegrityError
 from agentcas.lineage.closure import MissingObject, Walker
 from agentcas.refs import threads
@@ -68,47 +70,12 @@ class Root:
         return f"{what} {self.name}"
 
 
-@dataclass(frozen=True)
-class Pin:
-    """A write in progress (a row of `pins`)."""
-
-    key: bytes
-    what: str
-    pid: int
-    started_at: int
-    live: bool
-
-    def to_doc(self) -> dict:
-        return {"what": self.what, "pid": self.pid, "started_at": self.started_at, "live": self.live}
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (signal 0 probes without signalling)."""
-    if pid <= 0:
-        return False
+def read_pins(txn: Txn) -> list[LeaseRow]:
+    """Every lease row; a damaged row aborts gc (we cannot tell whether its writer is alive)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def read_pins(txn: Txn) -> list[Pin]:
-    """Every pin row; a damaged row aborts gc (we cannot tell whether its writer is alive)."""
-    pins = []
-    for key, value in txn.scan("pins"):
-        key = bytes(key)
-        try:
-            doc = encoding.decode(unseal("pins", key, value))
-            pid, started, what = int(doc["pid"]), int(doc["started_at"]), str(doc["what"])
-        except IntegrityError as exc:
-            raise GcAborted(f"{exc}; gc deleted nothing (run 'agentcas fsck')") from None
-        except (KeyError, TypeError, ValueError):
-            raise GcAborted(f"pin {key.hex()} is malformed; gc deleted nothing") from None
-        pins.append(Pin(key, what, pid, started, pid_alive(pid)))
-    return pins
+        return read_leases(txn)
+    except IntegrityError as exc:
+        raise GcAborted(f"{exc}; gc deleted nothing (run 'agentcas fsck')") from None
 
 
 def state_roots(kind: str, name: str, thread: str, state: ThreadState | None) -> list[Root]:
@@ -180,8 +147,8 @@ class MarkWalker(Walker):
     re-validates every object in full). A malformed one still stops gc (GcAborted).
     """
 
-    def __init__(self, txn: Txn, seen: set | None = None):
-        super().__init__(txn, seen, verify=True, follow_parents=True)
+    def __init__(self, objects: ObjectSource, seen: set | None = None):
+        super().__init__(objects, seen, verify=True, follow_parents=True)
 
     def tree(self, digest: Digest, referrer: Digest | None = None) -> Iterator[tuple]:
         seen, stack = self.seen, [(digest, referrer)]
@@ -222,7 +189,7 @@ class MarkWalker(Walker):
         if digest.raw in self.seen:
             return
         self.seen.add(digest.raw)
-        if self.txn.get("objects", digest.raw) is None:
+        if not self.objects.has(digest):
             raise MissingObject(digest, kind, referrer)
         yield digest, kind, referrer
 
@@ -264,14 +231,14 @@ def mark_root(walker: MarkWalker, root: Root) -> int:
     return count
 
 
-def mark_signatures(txn: Txn, seen: set) -> int:
+def mark_signatures(txn: Txn, objects: ObjectSource, seen: set) -> int:
     """Mark signature objects whose checkpoint is marked; the number newly marked."""
     count = 0
     for key, _ in txn.scan("signatures"):
         if len(key) < SIGNATURE_KEY_SIZE:
             continue
         checkpoint, signature = bytes(key[:32]), bytes(key[32:64])
-        if checkpoint in seen and signature not in seen and txn.get("objects", signature) is not None:
+        if checkpoint in seen and signature not in seen and objects.has(Digest(signature)):
             seen.add(signature)
             count += 1
     return count
@@ -284,14 +251,14 @@ def young_closure(walker: MarkWalker, digest: Digest, kind: int) -> Iterator[tup
     elif kind == framing.KIND_TREE:
         yield from walker.tree(digest)
     elif kind == framing.KIND_SEGMENT:
-        data = load_object(walker.txn, digest, kind)
+        data = load_object(walker.objects, digest, kind)
         if data is not None:
             yield from walker.history(Segment.decode(data).end(digest))
     elif kind == framing.KIND_CHUNKLIST:
         if digest.raw in walker.seen:
             return
         walker.seen.add(digest.raw)
-        data = load_object(walker.txn, digest, kind)
+        data = load_object(walker.objects, digest, kind)
         if data is None:
             return
         yield digest, kind, None

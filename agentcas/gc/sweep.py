@@ -1,25 +1,23 @@
 """Execute a gc plan: expire reflog entries, delete garbage in small transactions, settle.
 
-Safety with concurrent writers (even at --grace 0s) rests on one protocol:
-- Every writer that spans several transactions (commit, rollout append, import,
-  push receiving) writes a `pins` row {what, pid, started_at} in its own transaction
-  BEFORE it reads or writes any object, and removes it in its final transaction, the
-  one that moves the ref (cas/writer.WritePin).
-- Every sweep transaction first re-reads `pins`. Rows whose pid is dead are dropped.
-  If any live pin remains, the transaction deletes nothing and gc waits (up to
-  `wait` seconds, then it stops and reports itself incomplete). A write in progress
-  may reuse ANY stored object (content addressing deduplicates against what is
-  stored), so no object is safe to delete while one runs.
-- Then it compares every ref with the value it was marked from; for each thread that
+Safety with concurrent writers (even at --grace 0s) rests on the lease protocol of
+cas/leases.py; each sweep batch:
+- begins with a metadata transaction (`begin_sweep`) that locks the fence row, drops
+  dead leases and, if no live lease remains, marks the batch active for SWEEP_WINDOW.
+  A live lease means a write is in progress, which may reuse ANY stored object
+  (content addressing deduplicates against what is stored): the batch deletes
+  nothing and gc waits (up to `wait` seconds, then it stops and reports itself
+  incomplete). While the batch is active no writer can take a lease, so no writer
+  is between its object checks and its ref move;
+- then compares every ref with the value it was marked from; for each thread that
   moved (or appeared) since, it marks the closure of its new state and of all its
-  reflog entries, in this same transaction, before deleting anything.
-- Then it deletes the batch's candidates that are still unmarked, still stored, and
-  still older than the grace cutoff.
-LMDB serialises write transactions, so each sweep transaction sees a store with no
-write in flight and every finished write already on its refs: it deletes only what
-no ref, kept reflog entry, recent object or future landing of a current writer can
-reach. Single-transaction moves (branch, fork, revert) land between sweep
-transactions and are caught by the ref comparison.
+  reflog entries, before deleting anything;
+- then deletes the batch's candidates that are still unmarked, still stored, and
+  still older than the grace cutoff (re-read from their headers), first the
+  signature rows of deleted checkpoints, then the objects, and only while the
+  batch's window lasts; and ends by clearing the fence.
+So a batch deletes only what no ref, kept reflog entry, recent object or future
+landing of a current writer can reach, on every backend alike.
 
 Killed at any point: each batch is its own transaction and deletes only unreachable
 objects, level by level (plan.SWEEP_LEVELS), so nothing reachable is lost and a rerun
@@ -35,7 +33,10 @@ from dataclasses import dataclass
 
 from agentcas.cas import encoding, framing
 from agentcas.cas.sealed import seal
-from agentcas.cas.store import ObjectStore, Txn
+from agentcas.cas.backends import Stores
+from agentcas.cas.leases import SWEEP_WINDOW, begin_sweep, end_sweep
+from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.source import ObjectSource
 from agentcas.errors import IntegrityError
 from agentcas.gc.pages import PageReleaser
 from agentcas.gc.plan import KEY_SIZE, SWEEP_LEVELS, GcPlan
@@ -56,6 +57,7 @@ class _Batch:
     remarked: int = 0
     dropped_pins: int = 0
     busy: tuple = ()
+    expired: bool = False
 
 
 def expire_reflog(txn: Txn, cutoff: float) -> int:
@@ -75,7 +77,7 @@ def expire_reflog(txn: Txn, cutoff: float) -> int:
     return len(doomed)
 
 
-def remark_moved_threads(txn: Txn, plan: GcPlan) -> int:
+def remark_moved_threads(txn: Txn, objects: ObjectSource, plan: GcPlan) -> int:
     """Mark the closures of threads that moved since `plan` was made; objects newly marked.
 
     Every ref move bumps a sealed generation counter (refs/threads.bump_generation), so
@@ -88,7 +90,7 @@ def remark_moved_threads(txn: Txn, plan: GcPlan) -> int:
     current = {bytes(k[len(threads.PREFIX):]).decode("utf-8"): bytes(v)
                for k, v in txn.scan("refs", threads.PREFIX)}
     moved = [name for name, value in current.items() if known.get(name) != value]
-    walker = MarkWalker(txn, plan.marked)
+    walker = MarkWalker(objects, plan.marked)
     count = 0
     for name in moved:
         try:
@@ -103,57 +105,76 @@ def remark_moved_threads(txn: Txn, plan: GcPlan) -> int:
     return count
 
 
-def sweep_batch(txn: Txn, plan: GcPlan, keys: bytes, level: int,
-                pages: PageReleaser | None = None) -> _Batch:
-    """One sweep transaction over packed candidate keys (see the module docstring)."""
+WINDOW_MARGIN = 5.0
+
+
+def sweep_batch(stores: Stores, plan: GcPlan, keys: bytes, level: int,
+                pages: PageReleaser | None = None, sizes=None) -> _Batch:
+    """One fenced sweep batch over packed candidate keys (see the module docstring)."""
     result = _Batch()
-    live = []
-    for pin in read_pins(txn):
-        if pin.live:
-            live.append(pin)
-        else:
-            txn.delete("pins", pin.key)
-            result.dropped_pins += 1
+    began = time.time()
+    live, result.dropped_pins = stores.meta.write(lambda txn: begin_sweep(txn, time.time()))
     if live:
         result.busy = tuple(live)
         return result
-    result.remarked = remark_moved_threads(txn, plan)
-    if SWEEP_LEVELS[level][0] == framing.KIND_CHECKPOINT:
-        result.remarked += mark_signatures(txn, plan.marked)
+    try:
+        with stores.meta.reader() as txn, stores.objects.reading() as objects:
+            result.remarked = remark_moved_threads(txn, objects, plan)
+            if SWEEP_LEVELS[level][0] == framing.KIND_CHECKPOINT:
+                result.remarked += mark_signatures(txn, objects, plan.marked)
+            doomed, freed = _doomed(objects, plan, keys, pages, sizes)
+        if time.time() > began + SWEEP_WINDOW - WINDOW_MARGIN:
+            result.busy = ()  # out of time: delete nothing in this batch; the caller retries it
+            result.expired = True
+            return result
+        if doomed and SWEEP_LEVELS[level][0] == framing.KIND_CHECKPOINT:
+            stores.meta.write(lambda txn: _delete_signature_rows(txn, doomed))
+        result.deleted = stores.blobs.delete_many(doomed)
+        result.freed = freed
+    finally:
+        stores.meta.write(end_sweep)
+    return result
+
+
+def _doomed(objects: ObjectSource, plan: GcPlan, keys: bytes, pages, sizes=None) -> tuple[list[bytes], int]:
+    """The batch's candidates still unmarked, still stored and still old; (keys, bytes)."""
+    doomed, freed = [], 0
     marked = plan.marked
-    for start in range(0, len(keys), KEY_SIZE):
+    for index, start in enumerate(range(0, len(keys), KEY_SIZE)):
         raw = keys[start:start + KEY_SIZE]
         if raw in marked:
             continue
         if pages is not None:
             pages.tick()
-        value = txn.get("objects", raw)
-        if value is None:
+        header = objects.blobs.header(raw)
+        if header is None:
             continue
         try:
-            kind, _, _, written_at = framing.read_header(value)
+            _, _, size, written_at = framing.read_header(header)
         except IntegrityError as exc:
             raise GcAborted(f"object {raw.hex()} is corrupt ({exc}); gc stopped "
                             "(run 'agentcas fsck')") from None
         if plan.is_young(written_at):
             continue
-        if kind == framing.KIND_CHECKPOINT:
-            for sig_key, _ in list(txn.scan("signatures", raw)):
-                txn.delete("signatures", sig_key)
-        txn.delete("objects", raw)
-        result.deleted += 1
-        result.freed += len(value)
-    return result
+        doomed.append(bytes(raw))
+        freed += sizes[index] if sizes is not None else size
+    return doomed, freed
 
 
-def settle(objects: ObjectStore, doc: dict) -> None:
+def _delete_signature_rows(txn: Txn, checkpoints: list[bytes]) -> None:
+    for raw in checkpoints:
+        for sig_key, _ in list(txn.scan("signatures", raw)):
+            txn.delete("signatures", sig_key)
+
+
+def settle(stores: Stores, doc: dict) -> None:
     """Two small write transactions so the next write can reuse the pages just freed."""
     for step in (1, 2):
         payload = encoding.encode(dict(doc, settle=step))
-        objects.write(lambda txn: txn.put("meta", LAST_GC_KEY, seal("meta", LAST_GC_KEY, payload)))
+        stores.meta.write(lambda txn: txn.put("meta", LAST_GC_KEY, seal("meta", LAST_GC_KEY, payload)))
 
 
-def execute(objects: ObjectStore, plan: GcPlan, wait: float = DEFAULT_WAIT,
+def execute(stores: Stores, plan: GcPlan, wait: float = DEFAULT_WAIT,
             batch: int = BATCH_DELETES, progress=None) -> dict:
     """Carry out `plan`; returns what was deleted and whether the sweep completed.
 
@@ -162,27 +183,29 @@ def execute(objects: ObjectStore, plan: GcPlan, wait: float = DEFAULT_WAIT,
     def start_txn(txn: Txn):
         gone = 0
         for pin in read_pins(txn):
-            if not pin.live:
-                txn.delete("pins", pin.key)
+            if not pin.live():
+                txn.delete("leases", pin.key)
                 gone += 1
         return expire_reflog(txn, plan.reflog_cutoff), gone
 
-    expired, dropped = objects.write(start_txn)
+    expired, dropped = stores.meta.write(start_txn)
     deleted = freed = remarked = batches = 0
     blocked: tuple = ()
     waited_since = None
     complete = True
     total = sum(len(keys) for keys in plan.candidates) // KEY_SIZE
     done = 0
-    pages = PageReleaser(objects)
+    pages = PageReleaser(stores)
     for level, keys in enumerate(plan.candidates):
         step = batch * KEY_SIZE
         start = 0
         while start < len(keys) and complete:
             chunk = bytes(keys[start:start + step])
-            outcome = objects.write(lambda txn: sweep_batch(txn, plan, chunk, level, pages))
+            first = start // KEY_SIZE
+            outcome = sweep_batch(stores, plan, chunk, level, pages,
+                                  plan.sizes[level][first:first + len(chunk) // KEY_SIZE])
             dropped += outcome.dropped_pins
-            if outcome.busy:
+            if outcome.busy or outcome.expired:
                 now = time.monotonic()
                 waited_since = waited_since or now
                 if now - waited_since >= wait:
@@ -202,5 +225,5 @@ def execute(objects: ObjectStore, plan: GcPlan, wait: float = DEFAULT_WAIT,
     result = {"deleted": {"objects": deleted, "bytes": freed}, "reflog_expired": expired,
               "pins_dropped": dropped, "remarked": remarked, "batches": batches,
               "complete": complete, "blocked_by": [p.to_doc() for p in blocked]}
-    settle(objects, {"at": int(plan.now), "deleted": deleted, "bytes": freed, "complete": complete})
+    settle(stores, {"at": int(plan.now), "deleted": deleted, "bytes": freed, "complete": complete})
     return result

@@ -14,25 +14,25 @@ from __future__ import annotations
 
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import Checkpoint
-from agentcas.cas.store import Txn
+from agentcas.cas.source import ObjectSource
 from agentcas.lineage.rollout import skip_index
 from agentcas.refs.revisions import load_checkpoint
 
 
-def index_for_child(txn: Txn, parent: Digest | None) -> tuple[int, Digest | None]:
+def index_for_child(objects: ObjectSource, parent: Digest | None) -> tuple[int, Digest | None]:
     """(generation, skip) for a new checkpoint whose first parent is `parent`."""
     if parent is None:
         return 0, None
-    first = load_checkpoint(txn, parent)
+    first = load_checkpoint(objects, parent)
     if first.parents and first.generation == 0:
         return 0, None  # the parent's chain is not indexed, so neither is the child
     generation = first.generation + 1
     if generation < 2:
         return generation, None
-    return generation, ancestor_at(txn, parent, first, skip_index(generation))
+    return generation, ancestor_at(objects, parent, first, skip_index(generation))
 
 
-def ancestor_at(txn: Txn, digest: Digest, checkpoint: Checkpoint, generation: int) -> Digest | None:
+def ancestor_at(objects: ObjectSource, digest: Digest, checkpoint: Checkpoint, generation: int) -> Digest | None:
     """The first-parent ancestor of `digest` at `generation` (None if the chain is not indexed)."""
     node_id, node = digest, checkpoint
     while node.generation > generation:
@@ -42,18 +42,18 @@ def ancestor_at(txn: Txn, digest: Digest, checkpoint: Checkpoint, generation: in
             node_id = node.parents[0]
         else:
             return None
-        node = load_checkpoint(txn, node_id)
+        node = load_checkpoint(objects, node_id)
     return node_id if node.generation == generation else None
 
 
-def newest_at_or_before(txn: Txn, tip: Digest | None, seq: int) -> Digest | None:
+def newest_at_or_before(objects: ObjectSource, tip: Digest | None, seq: int) -> Digest | None:
     """The newest checkpoint on `tip`'s first-parent chain whose history has <= seq records."""
     node_id = tip
     while node_id is not None:
-        node = load_checkpoint(txn, node_id)
+        node = load_checkpoint(objects, node_id)
         if node.history.seq <= seq:
             return node_id
-        if node.skip is not None and load_checkpoint(txn, node.skip).history.seq > seq:
+        if node.skip is not None and load_checkpoint(objects, node.skip).history.seq > seq:
             node_id = node.skip
         else:
             node_id = node.parents[0] if node.parents else None

@@ -15,7 +15,7 @@ from typing import Iterator
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import Checkpoint, ChunkList, HistoryPosition, Segment, Tree
-from agentcas.cas.store import Txn, load_object
+from agentcas.cas.source import ObjectSource, load_object
 from agentcas.errors import IntegrityError
 
 
@@ -31,18 +31,18 @@ class MissingObject(IntegrityError):
 class Walker:
     """Streams reachable objects, each once; `seen` may be shared across many roots."""
 
-    def __init__(self, txn: Txn, seen: set | None = None, verify: bool = True,
+    def __init__(self, objects: ObjectSource, seen: set | None = None, verify: bool = True,
                  follow_parents: bool = True):
-        self.txn = txn
+        self.objects = objects
         self.seen = set() if seen is None else seen
         self.verify = verify
         self.follow_parents = follow_parents
 
     def _data(self, digest: Digest, kind: int, referrer: Digest | None) -> bytes:
         if self.verify:
-            data = load_object(self.txn, digest, kind)
+            data = load_object(self.objects, digest, kind)
         else:
-            value = self.txn.get("objects", digest.raw)
+            value = self.objects.raw(digest)
             data = None if value is None else framing.unframe(value)[1]
         if data is None:
             raise MissingObject(digest, kind, referrer)
@@ -55,7 +55,7 @@ class Walker:
         self.seen.add(digest.raw)
         if self.verify:
             self._data(digest, kind, referrer)
-        elif self.txn.get("objects", digest.raw) is None:
+        elif not self.objects.has(digest):
             raise MissingObject(digest, kind, referrer)
         yield digest, kind, referrer
 

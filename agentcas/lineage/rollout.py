@@ -26,7 +26,7 @@ import blake3
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest, chain_prefix, hash_blob
 from agentcas.cas.objects import EMPTY_POSITION, ChunkRef, HistoryPosition, Segment
-from agentcas.cas.store import Txn, load_object, save_object, verify_object
+from agentcas.cas.source import ObjectSource, load_object, verify_object
 from agentcas.errors import AgentcasError, IntegrityError, UsageError
 
 MAX_SEGMENT_BYTES = 1024 * 1024
@@ -145,17 +145,17 @@ def skip_index(n: int) -> int:
 
 
 class History:
-    """Reads over the segment chain of one store transaction, with a small cache."""
+    """Reads over the segment chain through one object source, with a small cache."""
 
-    def __init__(self, txn: Txn):
-        self.txn = txn
+    def __init__(self, objects: ObjectSource):
+        self.objects = objects
         self._segments: dict[bytes, Segment] = {}
 
     def segment(self, digest: Digest) -> Segment:
         cached = self._segments.get(digest.raw)
         if cached is not None:
             return cached
-        data = load_object(self.txn, digest, framing.KIND_SEGMENT)
+        data = load_object(self.objects, digest, framing.KIND_SEGMENT)
         if data is None:
             raise MissingHistory(f"rollout segment {digest.hex()} is missing from the store")
         segment = Segment.decode(data)
@@ -166,15 +166,7 @@ class History:
 
     def ancestor_at_index(self, digest: Digest, index: int) -> Digest:
         """The segment with `index` on the chain back from `digest` (O(log n))."""
-        node_id, node = digest, self.segment(digest)
-        while node.index > index:
-            skip_at = skip_index(node.index)
-            if node.skip is not None and skip_at >= index:
-                node_id = node.skip
-            else:
-                node_id = node.base.segment
-            node = self.segment(node_id)
-        return node_id
+        return _ancestor_at_index(self.segment, digest, index)
 
     def locate(self, head: HistoryPosition, seq: int) -> tuple[Digest, Segment, HistoryPosition]:
         """The segment holding record `seq` of the history ending at `head`, and its cut.
@@ -207,15 +199,19 @@ class History:
         decompress and verify in worker threads (zstd and BLAKE3 release the GIL).
         """
         want = cut.offset - node.base.offset
-        values, have = [], 0
+        refs, have = [], 0
         for ref in node.chunks:
             if have >= want:
                 break
-            value = self.txn.get("objects", ref.id.raw)
-            if value is None:
-                raise MissingHistory(f"rollout chunk {ref.id.hex()} is missing from the store")
-            values.append((ref.id, value))
+            refs.append(ref.id)
             have += ref.size
+        stored = self.objects.blobs.get_many([digest.raw for digest in refs])
+        values = []
+        for digest in refs:
+            value = stored.get(digest.raw)
+            if value is None:
+                raise MissingHistory(f"rollout chunk {digest.hex()} is missing from the store")
+            values.append((digest, value))
         return want, values
 
     def position(self, head: HistoryPosition, seq: int) -> HistoryPosition:
@@ -254,7 +250,7 @@ class History:
         if len(chain) <= 2:
             yield from self._slice(chain, map(decode_segment, stored), start, stop)
             return
-        # Fetch in this thread (the transaction's), decode a few segments ahead in workers.
+        # Fetch in this thread, decode a few segments ahead in workers.
         from concurrent.futures import ThreadPoolExecutor  # lazy: short reads need no workers
         with ThreadPoolExecutor(READ_WORKERS) as pool:
             window: list = []
@@ -325,30 +321,53 @@ def decode_segment(stored) -> bytes:
     return b"".join(parts)[:want]
 
 
-def link_segments(txn: Txn, head: HistoryPosition, prepared: list[PreparedSegment]) -> HistoryPosition:
-    """Turn prepared segments into objects continuing from `head`; return the new head.
+def link_segments(objects: ObjectSource, head: HistoryPosition,
+                  prepared: list[PreparedSegment]) -> tuple[HistoryPosition, dict[bytes, bytes]]:
+    """Turn prepared segments into objects continuing from `head`.
 
-    Runs inside the final write transaction, so seq numbers and prefix digests are
-    computed against the head as it is at that moment.
+    Returns the new head and the framed segment objects {raw id: value} to store. The
+    caller stores them, then moves the ref from the state whose head it passed here by
+    compare-and-swap (and links again on the new head if it lost the race), so seq
+    numbers and prefix digests always continue the head the ref really had.
     """
-    history = History(txn)
+    history = History(objects)
+    chunk_ids = {ref.id.raw for item in prepared for ref in item.chunks}
+    missing = objects.missing(chunk_ids)
+    if missing:
+        raise MissingHistory(f"rollout chunk {next(iter(missing)).hex()} vanished before the append "
+                             "landed (concurrent gc?); nothing was changed, retry")
+    new_objects: dict[bytes, bytes] = {}
+    pending: dict[bytes, Segment] = {}
+
+    def segment_of(digest: Digest) -> Segment:
+        return pending[digest.raw] if digest.raw in pending else history.segment(digest)
+
     for item in prepared:
-        for ref in item.chunks:
-            if txn.get("objects", ref.id.raw) is None:
-                raise MissingHistory(f"rollout chunk {ref.id.hex()} vanished before the append "
-                                     "landed (concurrent gc?); nothing was changed, retry")
-        index = 0 if head.segment is None else history.segment(head.segment).index + 1
+        index = 0 if head.segment is None else segment_of(head.segment).index + 1
         skip = None
         if index >= 2:
-            skip = history.ancestor_at_index(head.segment, skip_index(index))
+            skip = _ancestor_at_index(segment_of, head.segment, skip_index(index))
         digest = head.digest
         for record_hash in item.record_hashes:
             digest = chain_prefix(digest, record_hash)
         segment = Segment(head, index, skip, len(item.record_hashes), item.length, digest, item.chunks)
         segment_id = segment.digest_id()
-        save_object(txn, segment_id, framing.frame(framing.KIND_SEGMENT, segment.encode()))
+        new_objects[segment_id.raw] = framing.frame(framing.KIND_SEGMENT, segment.encode())
+        pending[segment_id.raw] = segment
         head = segment.end(segment_id)
-    return head
+    return head, new_objects
+
+
+def _ancestor_at_index(segment_of, digest: Digest, index: int) -> Digest:
+    """The segment with `index` on the chain back from `digest` (O(log n) loads)."""
+    node_id, node = digest, segment_of(digest)
+    while node.index > index:
+        if node.skip is not None and skip_index(node.index) >= index:
+            node_id = node.skip
+        else:
+            node_id = node.base.segment
+        node = segment_of(node_id)
+    return node_id
 
 
 class RolloutMismatch(AgentcasError):

@@ -15,7 +15,8 @@ import re
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import Checkpoint
-from agentcas.cas.store import Txn, load_object, object_kind
+from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.source import ObjectSource, load_object
 from agentcas.errors import IntegrityError, NotFound, UsageError
 from agentcas.refs.threads import read_reflog, read_thread
 
@@ -33,14 +34,14 @@ class AmbiguousRevision(UsageError):
     pass
 
 
-def load_checkpoint(txn: Txn, digest: Digest) -> Checkpoint:
-    data = load_object(txn, digest, framing.KIND_CHECKPOINT)
+def load_checkpoint(objects: ObjectSource, digest: Digest) -> Checkpoint:
+    data = load_object(objects, digest, framing.KIND_CHECKPOINT)
     if data is None:
         raise UnknownRevision(f"checkpoint {digest.hex()} is not in this store")
     return Checkpoint.decode(data)
 
 
-def resolve(txn: Txn, rev: str) -> Digest:
+def resolve(txn: Txn, objects: ObjectSource, rev: str) -> Digest:
     """The checkpoint id that `rev` names; UnknownRevision / AmbiguousRevision otherwise."""
     if not isinstance(rev, str) or not rev or len(rev) > 1024:
         raise UsageError("empty or oversized revision")
@@ -57,16 +58,16 @@ def resolve(txn: Txn, rev: str) -> Digest:
         token = match.group(1)
         steps += 1 if token in ("^", "~") else int(token[1:])
         base = base[: match.start()]
-    digest = _resolve_base(txn, base, rev)
+    digest = _resolve_base(txn, objects, base, rev)
     for _ in range(steps):
-        checkpoint = load_checkpoint(txn, digest)
+        checkpoint = load_checkpoint(objects, digest)
         if not checkpoint.parents:
             raise UnknownRevision(f"revision {rev!r} goes past the first checkpoint")
         digest = checkpoint.parents[0]
     return digest
 
 
-def _resolve_base(txn: Txn, base: str, rev: str) -> Digest:
+def _resolve_base(txn: Txn, objects: ObjectSource, base: str, rev: str) -> Digest:
     match = _REFLOG.match(base)
     if match:
         name, number = match.group(1), int(match.group(2))
@@ -86,20 +87,20 @@ def _resolve_base(txn: Txn, base: str, rev: str) -> Digest:
             raise UnknownRevision(f"thread {base!r} has no checkpoint yet")
         return state.checkpoint
     if _HEX.match(base.lower()):  # ids are written in lowercase; git accepts either case
-        return _resolve_prefix(txn, base.lower(), rev)
+        return _resolve_prefix(objects, base.lower(), rev)
     raise UnknownRevision(f"unknown revision {rev!r}")
 
 
-def _resolve_prefix(txn: Txn, prefix: str, rev: str) -> Digest:
+def _resolve_prefix(objects: ObjectSource, prefix: str, rev: str) -> Digest:
     start = bytes.fromhex(prefix[: len(prefix) // 2 * 2])
     matches = []
-    for key, _ in txn.scan("objects", start):
+    for key in objects.keys_from(start):
         if not key.hex().startswith(prefix):
             if len(prefix) % 2 == 0 or not key.hex().startswith(prefix[:-1]):
                 break
             continue
         digest = Digest(bytes(key))
-        if object_kind(txn, digest) == framing.KIND_CHECKPOINT:
+        if objects.kind(digest) == framing.KIND_CHECKPOINT:
             matches.append(digest)
             if len(matches) > 1:
                 raise AmbiguousRevision(f"revision {rev!r} is ambiguous: it prefixes several checkpoints")
@@ -108,7 +109,7 @@ def _resolve_prefix(txn: Txn, prefix: str, rev: str) -> Digest:
     return matches[0]
 
 
-def is_ancestor(txn: Txn, ancestor: Digest, tip: Digest | None, strict: bool = False) -> bool:
+def is_ancestor(objects: ObjectSource, ancestor: Digest, tip: Digest | None, strict: bool = False) -> bool:
     """True if `ancestor` is `tip` or reachable from it through parents (depth first).
 
     A checkpoint missing from the store ends its branch, or with `strict` raises
@@ -122,7 +123,7 @@ def is_ancestor(txn: Txn, ancestor: Digest, tip: Digest | None, strict: bool = F
         if digest.raw in seen:
             continue
         seen.add(digest.raw)
-        data = load_object(txn, digest, framing.KIND_CHECKPOINT)
+        data = load_object(objects, digest, framing.KIND_CHECKPOINT)
         if data is None:
             if strict:
                 raise IntegrityError(f"checkpoint {digest.hex()} is missing from the store")

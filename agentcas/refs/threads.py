@@ -1,9 +1,11 @@
 """Thread refs: `threads/NAME` -> (checkpoint, history head, fork origin), with a reflog.
 
 A thread's state names its newest checkpoint and the head of its rollout history.
-Every change goes through `set_if_equals` inside one write transaction of the store,
-which LMDB serialises across processes, so compare-and-swap is a read, a compare and
-a write. Each move appends a reflog entry (old and new state, action, message, time);
+Every change goes through `set_if_equals` inside one metadata transaction: it locks
+the ref row, compares the state it holds with the expected one, and moves it with
+the store's `compare_and_set` (PostgreSQL: `UPDATE ... WHERE value = old`, the row
+count decides; LMDB: writers are serialised), so of two racing moves exactly one
+wins. Each move appends a reflog entry (old and new state, action, message, time);
 entries are numbered upward per thread and listed newest first, so THREAD@{0} is the
 current state and THREAD@{1} the one before the last move.
 """
@@ -18,7 +20,7 @@ from agentcas.cas import encoding
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import EMPTY_POSITION, HistoryPosition, InvalidObject
 from agentcas.cas.sealed import seal, unseal
-from agentcas.cas.store import Txn
+from agentcas.cas.metastore.base import MetaTxn as Txn
 from agentcas.errors import IntegrityError
 from agentcas.refs.names import check_thread_name
 
@@ -119,17 +121,19 @@ def set_if_equals(txn: Txn, name: str, old, new: ThreadState | None, action: str
     share it). Returns False, changing nothing, when the thread is not at `old`.
     """
     check_thread_name(name)
-    current = read_thread(txn, name)
+    key = _key(name)
+    raw = txn.get("refs", key, for_update=True)
+    current = None if raw is None else _decode_state(key, raw)
     if current != old:
         return False
-    key = _key(name)
+    value = None if new is None else seal("refs", key, encoding.encode(new.to_doc()))
+    if not txn.compare_and_set("refs", key, None if raw is None else bytes(raw), value):
+        return False
     bump_generation(txn)
     if new is None:
-        txn.delete("refs", key)
         for log_key, _ in list(txn.scan("reflog", key + b"\0")):
             txn.delete("reflog", log_key)
         return True
-    txn.put("refs", key, seal("refs", key, encoding.encode(new.to_doc())))
     _append_reflog(txn, name, old, new, action, message)
     return True
 
@@ -139,6 +143,7 @@ GENERATION_KEY = b"ref_generation"
 
 def bump_generation(txn: Txn) -> None:
     """Count ref moves, so gc can tell whether any ref moved since it marked."""
+    txn.get("meta", GENERATION_KEY, for_update=True)  # serialise the increment
     payload = struct.pack(">Q", ref_generation(txn) + 1)
     txn.put("meta", GENERATION_KEY, seal("meta", GENERATION_KEY, payload))
 

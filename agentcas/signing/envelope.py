@@ -21,7 +21,8 @@ from agentcas.cas import encoding, framing
 from agentcas.cas.digest import Digest, hash_object
 from agentcas.cas.objects import FORMAT_VERSION, InvalidObject
 from agentcas.cas.sealed import seal, unseal
-from agentcas.cas.store import Txn, load_object, save_object
+from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.source import ObjectSource, load_object
 from agentcas.errors import IntegrityError
 from agentcas.signing.keys import BadKey, PublicKey, SigningKey, key_id
 
@@ -219,11 +220,13 @@ def _row_key(checkpoint: Digest, envelope_id: Digest) -> bytes:
     return checkpoint.raw + envelope_id.raw
 
 
-def save_envelope(txn: Txn, envelope: Envelope) -> Digest:
-    """Store the envelope object and its index row; returns the envelope id."""
-    data = envelope.encode()
-    digest = envelope.digest()
-    save_object(txn, digest, framing.frame(framing.KIND_SIGNATURE, data))
+def envelope_object(envelope: Envelope) -> tuple[Digest, bytes]:
+    """(envelope id, framed object) to store before its index row."""
+    return envelope.digest(), framing.frame(framing.KIND_SIGNATURE, envelope.encode())
+
+
+def save_index_row(txn: Txn, envelope: Envelope, digest: Digest) -> Digest:
+    """Record the stored envelope object `digest` under its checkpoint; returns the id."""
     key = _row_key(envelope.statement.checkpoint, digest)
     doc = {"key_id": envelope.statement.key_id, "signed_at": envelope.statement.signed_at,
            "namespace": envelope.statement.namespace}
@@ -231,14 +234,14 @@ def save_envelope(txn: Txn, envelope: Envelope) -> Digest:
     return digest
 
 
-def envelopes_for(txn: Txn, checkpoint: Digest) -> list[tuple[Digest, Envelope]]:
+def envelopes_for(txn: Txn, objects: ObjectSource, checkpoint: Digest) -> list[tuple[Digest, Envelope]]:
     """Every stored envelope over `checkpoint` (verified objects), in id order."""
     out = []
     for key, value in txn.scan("signatures", checkpoint.raw):
         key = bytes(key)
         unseal("signatures", key, value)
         digest = Digest(key[32:])
-        data = load_object(txn, digest, framing.KIND_SIGNATURE)
+        data = load_object(objects, digest, framing.KIND_SIGNATURE)
         if data is None:
             raise IntegrityError(f"signature object {digest.hex()} is missing from the store")
         out.append((digest, Envelope.decode(data)))

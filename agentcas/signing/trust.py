@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from agentcas.cas import encoding
 from agentcas.cas.sealed import seal, unseal
-from agentcas.cas.store import Txn
+from agentcas.cas.metastore.base import MetaTxn as Txn
 from agentcas.errors import ConflictError, IntegrityError, NotFound
 from agentcas.signing.envelope import NAMESPACE_CHECKPOINT, check_namespace, utc_now
 from agentcas.signing.keys import BadKey, PublicKey, check_key_name

@@ -26,7 +26,7 @@ import blake3
 from agentcas.cas import framing
 from agentcas.cas.digest import DigestMismatch, Digest
 from agentcas.cas.objects import ChunkList, Tree, TreeEntry
-from agentcas.cas.store import ObjectStore, load_object, verify_object
+from agentcas.cas.source import ObjectSource, load_object, verify_object
 from agentcas.errors import AgentcasError, ConflictError, IntegrityError
 
 WORKERS = 2
@@ -102,7 +102,7 @@ def write_verified(txn, path: str, entry: TreeEntry, target: str) -> None:
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb", buffering=0) as out:
         for chunk_id, size in chunks:
-            value = txn.get("objects", chunk_id.raw)
+            value = txn.raw(chunk_id)
             if value is None:
                 raise MissingObject(f"chunk {chunk_id.hex()} of {path} is missing from the store")
             try:
@@ -122,12 +122,12 @@ def write_verified(txn, path: str, entry: TreeEntry, target: str) -> None:
     os.chmod(target, entry.mode)
 
 
-def restore_tree(store: ObjectStore, tree_id: Digest, dest: str, progress=None) -> int:
+def restore_tree(objects: ObjectSource, tree_id: Digest, dest: str, progress=None) -> int:
     """Create `dest` holding exactly the tree; return the number of files written."""
     dest = os.path.abspath(dest)
     if os.path.lexists(dest):
         raise ConflictError(f"destination already exists: {dest}")
-    with store.reader() as txn:
+    with objects.reading() as txn:
         entries = list(list_files(txn, tree_id))
     parent = os.path.dirname(dest)
     temp = os.path.join(parent, f".{os.path.basename(dest)}.agentcas-{os.urandom(6).hex()}")
@@ -141,7 +141,7 @@ def restore_tree(store: ObjectStore, tree_id: Digest, dest: str, progress=None) 
         # One zero-copy read transaction per worker: chunk bytes go from the store's
         # memory map through the hash checks straight into the file.
         try:
-            with store.reader(buffers=True) as txn:
+            with objects.reading(buffers=True) as txn:
                 for path, entry in batch:
                     if failed.is_set():
                         return

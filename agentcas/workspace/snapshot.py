@@ -45,6 +45,7 @@ from agentcas.cas.digest import EMPTY, Digest, hash_blob
 from agentcas.cas.names import BadName, check_name, check_unique
 from agentcas.cas.objects import MODE_EXEC, MODE_FILE, ChunkList, ChunkRef, Tree, TreeEntry
 from agentcas.cas.sealed import seal, unseal
+from agentcas.cas.source import ObjectSource
 from agentcas.cas.store import ObjectStore
 from agentcas.cas.writer import BatchWriter
 from agentcas.errors import AgentcasError, IntegrityError
@@ -110,9 +111,13 @@ def _signature(st: os.stat_result) -> tuple:
 
 
 class Snapshotter:
-    def __init__(self, store: ObjectStore, root: str, allow_secrets=(), progress=None,
-                 skip_dirs=(), skip_files=(), pin=None):
-        self.store = store
+    def __init__(self, objects: ObjectSource, local: ObjectStore, root: str, allow_secrets=(),
+                 progress=None, skip_dirs=(), skip_files=(), lease=None):
+        # `local` is this machine's environment: its stat cache, and in its `objects`
+        # table what is known to be stored (the store itself, or the local cache of a
+        # shared store); the commit re-checks `needed` against the real store.
+        self.objects = objects
+        self.local = local
         self.root = os.path.realpath(root)
         self.allow_secrets = tuple(allow_secrets)
         self.progress = progress
@@ -124,7 +129,7 @@ class Snapshotter:
         # so a concurrent gc that removed an old object we deduplicated against is caught.
         self.needed: set[bytes] = set()
         self.allowed_secrets: set[str] = set()
-        self.writer = BatchWriter(store, pin=pin)
+        self.writer = BatchWriter(objects, lease=lease)
         self._ignores: dict[str, object] = {}  # directory rel path -> its .agentcasignore spec
         self._started_ns = time.time_ns()
         self._buffers = threading.local()  # one read buffer per worker thread
@@ -351,7 +356,7 @@ class Snapshotter:
         files = [item for children in dirs.values() for _, item in children if item != "dir"]
         self.stats.files = len(files)
         self.stats.bytes = sum(item.st.st_size for item in files)
-        with self.store.reader() as txn:
+        with self.local.reader() as txn:
             for item in files:
                 item.entry = self._from_cache(txn, item)
         todo = [item for item in files if item.entry is None]
@@ -372,7 +377,7 @@ class Snapshotter:
             def put_rows(txn):
                 for key, value in rows:
                     txn.put("statcache", key, value)
-            self.store.write(put_rows)
+            self.local.write(put_rows)
         self.stats.new_objects = self.writer.written_objects
         self.stats.new_bytes = self.writer.written_bytes
         return root
@@ -502,7 +507,7 @@ class Snapshotter:
     def _hash_and_frame(self, pieces) -> list:
         """(id, size, framed value or None when already stored) per piece (on a worker)."""
         out = []
-        with self.store.reader() as txn:
+        with self.local.reader() as txn:
             for piece in pieces:
                 digest = hash_blob(piece)
                 stored = txn.get("objects", digest.raw) is not None
@@ -565,12 +570,12 @@ def _mode(st: os.stat_result) -> int:
     return MODE_EXEC if st.st_mode & 0o100 else MODE_FILE
 
 
-def snapshot(store: ObjectStore, root: str, allow_secrets=(), progress=None, skip_dirs=(),
-             skip_files=(), pin=None):
+def snapshot(objects: ObjectSource, local: ObjectStore, root: str, allow_secrets=(), progress=None,
+             skip_dirs=(), skip_files=(), lease=None):
     """Store the directory `root`; return (root tree id, SnapshotStats, ids it needs).
 
     `skip_dirs` / `skip_files` (e.g. the store itself, a rollout file stored as history)
     are left out of the tree.
     """
-    snap = Snapshotter(store, root, allow_secrets, progress, skip_dirs, skip_files, pin)
+    snap = Snapshotter(objects, local, root, allow_secrets, progress, skip_dirs, skip_files, lease)
     return snap.run(), snap.stats, snap.needed

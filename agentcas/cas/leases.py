@@ -1,0 +1,245 @@
+"""Leases: writers in progress as gc roots, judged the same way on every backend.
+
+A writer that stores objects and then moves a ref (commit, rollout append, import,
+push receiving, ...) holds a lease for its whole duration: a row of the metadata
+table `leases` {what, host, pid, started_at, expires_at}. It refreshes the row as it
+goes (every LEASE_SECONDS/3) and deletes it in the transaction that moves its ref.
+
+The protocol that makes gc safe without one transaction spanning objects and refs:
+- gc deletes objects only inside a *sweep batch*. A batch begins with a metadata
+  transaction that locks the `meta` row SWEEP_KEY, finds no live lease, and writes
+  SWEEP_KEY = {until}. It deletes nothing after `until`, and ends by clearing it.
+- A writer acquires its lease in a transaction that locks the same row; while a
+  batch is active it waits. So a batch never overlaps a live lease's life.
+- The writer's final transaction (the ref move) checks that its lease row still
+  exists and has not expired. A writer paused past its expiry (gc may then have
+  deleted what it meant to reuse) fails cleanly instead of publishing a ref to
+  deleted objects; nothing it wrote is visible.
+A lease is live while unexpired, except that a lease of a process on this host
+whose pid is gone is dead at once (a killed writer does not hold up gc until
+expiry). Clocks of cooperating hosts must agree to within CLOCK_MARGIN.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from agentcas.cas import encoding
+from agentcas.cas.metastore.base import MetadataStore, MetaTxn
+from agentcas.cas.sealed import seal, unseal
+from agentcas.errors import AgentcasError, ConflictError, IntegrityError
+
+LEASE_SECONDS = float(os.environ.get("AGENTCAS_LEASE_SECONDS", "120"))
+SWEEP_WINDOW = 60.0
+CLOCK_MARGIN = 5.0
+ACQUIRE_WAIT = SWEEP_WINDOW + 2 * CLOCK_MARGIN
+SWEEP_KEY = b"gc/sweep"
+
+
+def this_host() -> str:
+    return os.uname().nodename
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (signal 0 probes without signalling)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class LeaseExpired(ConflictError):
+    """A writer's lease ran out before its ref move: gc may have run; nothing landed."""
+
+
+class LeaseBusy(AgentcasError):
+    """A gc sweep batch stayed active longer than a writer would wait for it."""
+
+
+@dataclass(frozen=True)
+class LeaseRow:
+    """A lease as stored: who holds it and until when."""
+
+    key: bytes
+    what: str
+    host: str
+    pid: int
+    started_at: float
+    expires_at: float
+
+    def live(self, now: float | None = None, host: str | None = None) -> bool:
+        now = time.time() if now is None else now
+        if self.expires_at + CLOCK_MARGIN < now:
+            return False
+        if self.host == (host or this_host()) and not pid_alive(self.pid):
+            return False
+        return True
+
+    def to_doc(self) -> dict:
+        return {"what": self.what, "host": self.host, "pid": self.pid,
+                "started_at": int(self.started_at), "expires_at": int(self.expires_at),
+                "live": self.live()}
+
+    def encode(self) -> bytes:
+        return seal("leases", self.key, encoding.encode(
+            {"what": self.what, "host": self.host, "pid": self.pid,
+             "started_at": int(self.started_at * 1000), "expires_at": int(self.expires_at * 1000)}))
+
+    @classmethod
+    def decode(cls, key: bytes, value) -> "LeaseRow":
+        doc = encoding.decode(unseal("leases", key, value))
+        try:
+            return cls(bytes(key), str(doc["what"]), str(doc["host"]), int(doc["pid"]),
+                       doc["started_at"] / 1000, doc["expires_at"] / 1000)
+        except (KeyError, TypeError, ValueError):
+            raise IntegrityError(f"lease {bytes(key).hex()} is malformed") from None
+
+
+def read_leases(txn: MetaTxn) -> list[LeaseRow]:
+    """Every lease row (a damaged one raises IntegrityError: gc must then stop)."""
+    return [LeaseRow.decode(bytes(key), value) for key, value in txn.scan("leases")]
+
+
+# --- the sweep fence (gc/sweep.py begins and ends batches with these) --------------------------
+
+_IDLE = {"until": 0, "host": "", "pid": 0}
+
+
+def _sweep_row(until_ms: int) -> bytes:
+    return seal("meta", SWEEP_KEY, encoding.encode(dict(_IDLE, until=until_ms)))
+
+
+def sweep_active(txn: MetaTxn, now: float, lock: bool = False) -> bool:
+    """Whether a sweep batch is running; with `lock`, hold the fence row until commit.
+
+    The row always exists once a lease was taken (an idle value, not a deletion), so
+    that lease takers and batch starters really lock the same row: on PostgreSQL a
+    `SELECT ... FOR UPDATE` of an absent row locks nothing.
+    """
+    if lock:
+        txn.put_new("meta", SWEEP_KEY, _sweep_row(0))
+    value = txn.get("meta", SWEEP_KEY, for_update=lock)
+    if value is None:
+        return False
+    until = encoding.decode(unseal("meta", SWEEP_KEY, value))["until"] / 1000
+    return until + CLOCK_MARGIN >= now
+
+
+def begin_sweep(txn: MetaTxn, now: float) -> tuple[list[LeaseRow], int]:
+    """Start a sweep batch unless a live lease exists: (live leases, dead rows dropped).
+
+    An empty list means the batch has begun: delete only until now + SWEEP_WINDOW.
+    """
+    sweep_active(txn, now, lock=True)
+    live, dropped = [], 0
+    for row in read_leases(txn):
+        if row.live(now):
+            live.append(row)
+        else:
+            txn.delete("leases", row.key)
+            dropped += 1
+    if not live:
+        txn.put("meta", SWEEP_KEY, _sweep_row(int((now + SWEEP_WINDOW) * 1000)))
+    return live, dropped
+
+
+def end_sweep(txn: MetaTxn) -> None:
+    txn.put("meta", SWEEP_KEY, _sweep_row(0))
+
+
+# --- the writer's side -----------------------------------------------------------------------
+
+class Lease:
+    """A writer's lease; a context manager that releases it if the writer did not."""
+
+    def __init__(self, meta: MetadataStore, what: str):
+        self.meta = meta
+        self.what = what
+        self.key = os.urandom(16)
+        self.row: LeaseRow | None = None
+        self.released = False
+
+    def _row(self, now: float) -> LeaseRow:
+        started = self.row.started_at if self.row else now
+        return LeaseRow(self.key, self.what, this_host(), os.getpid(), started, now + LEASE_SECONDS)
+
+    def acquire(self) -> "Lease":
+        """Take the lease, waiting out a sweep batch that is active now.
+
+        The row is written at once, even while waiting: gc starts no further batch
+        while it exists, so a writer waits for at most the batch in progress.
+        """
+        deadline = time.monotonic() + ACQUIRE_WAIT
+
+        def take(txn: MetaTxn):
+            now = time.time()
+            active = sweep_active(txn, now, lock=True)
+            row = self._row(now)
+            txn.put("leases", self.key, row.encode())
+            return active, row
+
+        while True:
+            active, self.row = self.meta.write(take)
+            if not active:
+                return self
+            if time.monotonic() > deadline:
+                self.__exit__(None, None, None)
+                raise LeaseBusy("a gc sweep is in progress and did not finish in time; "
+                                "nothing was changed, retry")
+            time.sleep(0.01)
+
+    def refresh(self, force: bool = False) -> None:
+        """Extend the lease if a third of it has passed (or `force`); LeaseExpired if lost."""
+        now = time.time()
+        if self.row is None or (not force and now < self.row.expires_at - LEASE_SECONDS * 2 / 3):
+            return
+
+        def extend(txn: MetaTxn):
+            self.check(txn)
+            row = self._row(time.time())
+            txn.put("leases", self.key, row.encode())
+            return row
+
+        self.row = self.meta.write(extend)
+
+    def check(self, txn: MetaTxn) -> None:
+        """Raise LeaseExpired unless this lease is still held and unexpired (in `txn`)."""
+        value = txn.get("leases", self.key, for_update=True)
+        row = None if value is None else LeaseRow.decode(self.key, value)
+        if row is None or row.expires_at < time.time():
+            raise LeaseExpired(f"this {self.what} took longer than its lease ({LEASE_SECONDS:.0f} s) "
+                               "and a gc may have run meanwhile; nothing was changed, retry")
+
+    def release(self, txn: MetaTxn) -> None:
+        """Remove the lease inside the writer's final transaction."""
+        txn.delete("leases", self.key)
+        self.released = True
+
+    def __enter__(self) -> "Lease":
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        if self.row is None or (self.released and exc[0] is None):
+            return False
+        try:
+            self.meta.write(lambda txn: txn.delete("leases", self.key))
+        except Exception:  # noqa: BLE001 - a stale lease is harmless: it expires, or its pid dies
+            pass
+        return False
+
+
+def land(meta: MetadataStore, lease: Lease, fn):
+    """Run the final transaction `fn(txn)` of a leased writer: check, move, release."""
+    def final(txn: MetaTxn):
+        lease.check(txn)
+        result = fn(txn)
+        lease.release(txn)
+        return result
+    return meta.write(final)

@@ -1,0 +1,81 @@
+"""Thread moves: commit, append, branch, fork, revert, delete, all of one shape.
+
+A move never needs one transaction spanning objects and refs:
+1. Under a lease (cas/leases.py), read the thread's state from a metadata snapshot
+   and plan the move against it: the new state, the new objects it needs (segments,
+   the checkpoint), and the existing objects it relies on.
+2. Store the new objects (idempotent, create-if-absent), then check that every
+   object relied on is still stored (a batched existence question).
+3. One metadata transaction: the lease still holds, the thread is still at the state
+   read in 1 (compare-and-swap), move it with its reflog row, release the lease.
+A race lost in 3 re-plans from 1, so a move defined against the head (an append, a
+commit without --expect) lands on whatever the head became, while a move that named
+what it expected (--expect, a rollout file's stored prefix, "must not exist") raises
+a conflict from its plan. Objects stored by a lost attempt are unreferenced; gc
+collects them after the grace period.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from agentcas.cas.backends import Stores
+from agentcas.cas.leases import Lease
+from agentcas.errors import ConflictError, IntegrityError
+from agentcas.refs import threads
+from agentcas.refs.threads import ThreadState
+
+MAX_ATTEMPTS = 32
+
+
+class VanishedObject(IntegrityError):
+    """An object a move relied on was deleted before it landed (a concurrent gc)."""
+
+
+@dataclass
+class Move:
+    """What a move will do to one thread, planned against its state."""
+
+    new: ThreadState | None
+    action: str
+    message: str = ""
+    objects: dict = field(default_factory=dict)   # {raw id: framed value} to store first
+    needed: set = field(default_factory=set)      # raw ids of stored objects it relies on
+    result: object = None
+
+
+def read_state(stores: Stores, thread: str) -> ThreadState | None:
+    with stores.meta.reader() as txn:
+        return threads.read_thread(txn, thread)
+
+
+def move_thread(stores: Stores, lease: Lease, thread: str,
+                plan: Callable[[ThreadState | None], Move | None]) -> tuple[ThreadState | None, Move | None]:
+    """Plan against the current state, store, check, compare-and-swap; re-plan on a lost race.
+
+    `plan` returns None when there is nothing to do (no ref move), or raises to refuse.
+    Returns (the state the move started from, the move landed or None).
+    """
+    for _ in range(MAX_ATTEMPTS):
+        state = read_state(stores, thread)
+        move = plan(state)
+        if move is None:
+            return state, None
+        stores.objects.put_many(move.objects)
+        missing = stores.objects.missing(move.needed)
+        if missing:
+            raise VanishedObject(f"object {sorted(missing)[0].hex()} vanished before the {move.action} "
+                                 "landed (concurrent gc?); nothing was changed, retry")
+
+        def final(txn, state=state, move=move):
+            lease.check(txn)
+            if not threads.set_if_equals(txn, thread, state, move.new, move.action, move.message):
+                return False
+            lease.release(txn)
+            return True
+
+        if stores.meta.write(final):
+            return state, move
+    raise ConflictError(f"thread {thread!r} kept moving under {MAX_ATTEMPTS} attempts; "
+                        "nothing was changed, retry")
