@@ -14,7 +14,7 @@ import os
 import platform
 import re
 
-from agentcas import __version__
+from agentcas import __version__, testing_hooks
 from agentcas.cas import encoding, framing
 from agentcas.cas.digest import Digest
 from agentcas.cas.lmdb_store import StoreUnavailable, open_lmdb
@@ -260,6 +260,7 @@ class Store:
                 pin.release(txn)
                 return digest, cp, appended
 
+            testing_hooks.reached("commit.before_land")
             digest, cp, appended = self.objects.write(land)
         return {"checkpoint": digest.hex(), "tree": tree.hex(), "thread": thread,
                 "parents": [p.hex() for p in cp.parents], "history": cp.history.to_doc(),

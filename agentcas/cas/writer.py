@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 
+from agentcas import testing_hooks
 from agentcas.cas import encoding
 from agentcas.cas.digest import Digest
 from agentcas.cas.sealed import seal
@@ -59,6 +60,7 @@ class BatchWriter:
             pin.written = True
         self.written_objects += count
         self.written_bytes += size
+        testing_hooks.reached("writer.after_batch")
 
 
 def put_objects(store: ObjectStore, batch: dict, pin: "WritePin | None" = None) -> tuple[int, int]:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import blake3
 
+from agentcas import testing_hooks
 from agentcas.cas import encoding, framing
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import Checkpoint, ChunkList, HistoryPosition, InvalidObject, Segment, Tree
@@ -489,6 +490,7 @@ def import_bundle(objects: ObjectStore, path: str, as_thread: str | None = None,
             planned = _plan_ref(before, checked, view_history, thread)
         keep = [v.envelope for v in checked.verdicts if v.status in (env.VALID, env.UNTRUSTED)]
         with WritePin(objects, f"import {thread}") as pin:
+            testing_hooks.reached("import.before_write")
             written_objects, written_bytes = _write_pipelined(objects, iter_records(handle, checked.parsed))
 
             def land(txn: Txn):
@@ -512,6 +514,7 @@ def import_bundle(objects: ObjectStore, path: str, as_thread: str | None = None,
                 txn.put("imports", key, seal("imports", key, encoding.encode(doc)))
                 pin.release(txn)
 
+            testing_hooks.reached("import.before_land")
             objects.write(land)
     return dict(checked.to_json(), bundle=os.path.abspath(path), imported_as=thread,
                 moved=planned is not None, new_objects=written_objects, new_bytes=written_bytes)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from agentcas import testing_hooks
 from agentcas.cas import encoding, framing
 from agentcas.cas.sealed import seal
 from agentcas.cas.store import ObjectStore, Txn
@@ -180,6 +181,7 @@ def execute(objects: ObjectStore, plan: GcPlan, wait: float = DEFAULT_WAIT,
         start = 0
         while start < len(keys) and complete:
             chunk = bytes(keys[start:start + step])
+            testing_hooks.reached("gc.sweep.before_batch")
             outcome = objects.write(lambda txn: sweep_batch(txn, plan, chunk, level, pages))
             dropped += outcome.dropped_pins
             if outcome.busy:
