@@ -19,7 +19,7 @@ import time
 import pytest
 
 from conftest import tree_bytes
-from test_bundle import Craft, good_craft, snapshot
+from test_bundle import Craft, good_craft, receiver, snapshot  # noqa: F401 - receiver is a fixture
 from agentcas import Store, testing_hooks
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest, hash_blob, hash_object
@@ -37,7 +37,6 @@ def once(action):
         if not calls:
             calls.append(True)
             action()
-    callback.calls = calls
     return callback
 
 
@@ -127,14 +126,6 @@ def test_bundle_with_its_last_chunk_flipped_is_refused_before_anything_is_writte
     assert "hash mismatch" in str(info.value) and info.value.exit_code == 4
     assert writes == [], "the bundle reached the write phase before its last chunk was checked"
     assert snapshot(receiver) == before
-
-
-@pytest.fixture
-def receiver(tmp_path, store) -> Store:
-    from test_bundle import ALICE
-    (tmp_path / "alice.pub").write_text(ALICE.public.to_line("alice"))
-    store.trust_add("alice", str(tmp_path / "alice.pub"))
-    return store
 
 
 # --- 4. import re-verifies the head history --------------------------------------------------------
