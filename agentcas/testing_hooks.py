@@ -21,7 +21,7 @@ This module imports nothing from agentcas, so every layer may call it.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 _callbacks: dict[str, list[Callable[[], None]]] = {}
 
