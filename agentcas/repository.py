@@ -14,7 +14,7 @@ import os
 import platform
 import re
 
-from agentcas import __version__
+from agentcas import __version__, testing_hooks
 from agentcas.cas import encoding, framing
 from agentcas.cas.backends import Stores, embedded_stores, is_shared_url, memory_stores, shared_stores
 from agentcas.cas.digest import Digest
@@ -295,6 +295,7 @@ class Store:
                             "commit", reason, new_objects, set() if same_tree else set(needed),
                             (digest, cp, appended))
 
+            testing_hooks.reached("commit.before_land")
             _, move = move_thread(self.stores, lease, thread, plan)
         digest, cp, appended = move.result
         return {"checkpoint": digest.hex(), "tree": tree.hex(), "thread": thread,

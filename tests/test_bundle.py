@@ -14,7 +14,7 @@ import pytest
 import zstandard
 
 from conftest import store_rows, tree_bytes, views
-from agentcas import Store
+from agentcas import Store, testing_hooks
 from agentcas.cas import encoding, framing
 from agentcas.cas.digest import EMPTY, Digest, hash_blob, hash_object
 from agentcas.cas.objects import EMPTY_POSITION, Checkpoint
@@ -132,12 +132,17 @@ def receiver(tmp_path, store) -> Store:
 
 
 def refused(store: Store, data: bytes, tmp_path, fragment: str, **options) -> str:
-    """Import `data`; assert exit-4 refusal mentioning `fragment` and that nothing changed."""
+    """Import `data`; assert exit-4 refusal mentioning `fragment`, raised before the write
+    phase began (nothing written before everything is verified), and that nothing changed."""
+    assert fragment, "name the refusal expected: any exit-4 error would match an empty fragment"
     path = tmp_path / f"case-{os.urandom(4).hex()}.bundle"
     path.write_bytes(data)
     before = snapshot(store)
-    with pytest.raises(IntegrityError) as info:
-        store.import_bundle(str(path), "main", **options)
+    writes = []
+    with testing_hooks.on("import.before_write", lambda: writes.append(True)):
+        with pytest.raises(IntegrityError) as info:
+            store.import_bundle(str(path), "main", **options)
+    assert writes == [], f"refused only while writing, not before: {info.value}"
     assert info.value.exit_code == 4
     assert fragment.lower() in str(info.value).lower(), str(info.value)
     assert snapshot(store) == before
@@ -384,11 +389,22 @@ def test_zstd_frames_that_lie_are_refused(make, receiver, tmp_path):
 # --- layout defects -------------------------------------------------------------------------------
 
 def test_truncation_at_every_section_is_refused(receiver, tmp_path):
+    """A bundle cut anywhere is refused as truncated, naming the section the cut falls in."""
     data = good_craft().bytes()
-    cuts = [0, 5, 17, 21, 40, len(data) // 2, len(data) - 200, len(data) - 60, len(data) - 41, len(data) - 20,
-            len(data) - 1]
-    for cut in cuts:
-        refused(receiver, data[:cut], tmp_path, "")
+    manifest_end = len(bf.MAGIC) + 4 + int.from_bytes(data[16:20], "big")
+    objects_end = manifest_end + encoding.decode(data[20:manifest_end])["objects"]["bytes"]
+    trailer_start = len(data) - bf.TRAILER.size
+    assert 40 < manifest_end < objects_end < trailer_start - 8
+    short = "shorter than the object bytes its manifest declares"
+    cuts = {0: "inside the header", 5: "inside the header", 17: "inside the header",
+            21: "inside the manifest", 40: "inside the manifest", manifest_end - 1: "inside the manifest",
+            manifest_end + 1: short, (manifest_end + objects_end) // 2: short, objects_end - 1: short,
+            objects_end + 2: "inside the signature section", trailer_start - 1: "inside the signature section",
+            trailer_start + 1: "inside the trailer", len(data) - 41: "inside the trailer",
+            len(data) - 20: "inside the trailer", len(data) - 1: "inside the trailer"}
+    for cut, fragment in cuts.items():
+        message = refused(receiver, data[:cut], tmp_path, fragment)
+        assert message.startswith("bundle is truncated"), (cut, message)
 
 
 def test_trailing_bytes_are_refused(receiver, tmp_path):
@@ -405,7 +421,7 @@ def test_checksum_and_magic_and_lengths(receiver, tmp_path):
     craft = good_craft()
     craft.bytes()
     craft.manifest["objects"]["bytes"] += 1
-    refused(receiver, craft.bytes(fix=False), tmp_path, "")
+    refused(receiver, craft.bytes(fix=False), tmp_path, "the manifest declares")
     craft = good_craft()
     craft.envelopes = craft.envelopes * (bf.MAX_SIGNATURES + 1)
     refused(receiver, craft.bytes(), tmp_path, "at most")

@@ -8,6 +8,7 @@ the writer's lease (cas/leases.py), so a long commit keeps gc from sweeping.
 
 from __future__ import annotations
 
+from agentcas import testing_hooks
 from agentcas.cas.digest import Digest
 from agentcas.cas.leases import Lease
 from agentcas.cas.source import ObjectSource
@@ -51,3 +52,4 @@ class BatchWriter:
         count, size = self.objects.put_many(batch)
         self.written_objects += count
         self.written_bytes += size
+        testing_hooks.reached("writer.after_batch")

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import blake3
 
+from agentcas import testing_hooks
 from agentcas.cas import encoding, framing
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import Checkpoint, ChunkList, HistoryPosition, InvalidObject, Segment, Tree
@@ -495,6 +496,7 @@ def import_bundle(stores: Stores, path: str, as_thread: str | None = None,
         planned = _plan_ref(before, checked, view_history, thread)
         keep = [v.envelope for v in checked.verdicts if v.status in (env.VALID, env.UNTRUSTED)]
         with Lease(stores.meta, f"import {thread}") as lease:
+            testing_hooks.reached("import.before_write")
             written_objects, written_bytes = _write_pipelined(stores.objects, iter_records(handle, checked.parsed),
                                                               lease)
             signatures = [(item, *env.envelope_object(item)) for item in keep]
@@ -524,6 +526,7 @@ def import_bundle(stores: Stores, path: str, as_thread: str | None = None,
                 txn.put("imports", key, seal("imports", key, encoding.encode(doc)))
                 lease.release(txn)
 
+            testing_hooks.reached("import.before_land")
             stores.meta.write(land)
     return dict(checked.to_json(), bundle=os.path.abspath(path), imported_as=thread,
                 moved=planned is not None, new_objects=written_objects, new_bytes=written_bytes)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from agentcas import testing_hooks
 from agentcas.cas import encoding, framing
 from agentcas.cas.sealed import seal
 from agentcas.cas.backends import Stores
@@ -201,6 +202,7 @@ def execute(stores: Stores, plan: GcPlan, wait: float = DEFAULT_WAIT,
         start = 0
         while start < len(keys) and complete:
             chunk = bytes(keys[start:start + step])
+            testing_hooks.reached("gc.sweep.before_batch")
             first = start // KEY_SIZE
             outcome = sweep_batch(stores, plan, chunk, level, pages,
                                   plan.sizes[level][first:first + len(chunk) // KEY_SIZE])

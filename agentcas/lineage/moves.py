@@ -65,8 +65,9 @@ def move_thread(stores: Stores, lease: Lease, thread: str,
         stores.objects.put_many(move.objects)
         missing = stores.objects.missing(move.needed)
         if missing:
+            nothing = "nothing was committed" if move.action == "commit" else "nothing was changed"
             raise VanishedObject(f"object {sorted(missing)[0].hex()} vanished before the {move.action} "
-                                 "landed (concurrent gc?); nothing was changed, retry")
+                                 f"landed (concurrent gc?); {nothing}, retry")
 
         def final(txn, state=state, move=move):
             lease.check(txn)

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import blake3
 
+from agentcas import testing_hooks
 from agentcas.cas import framing
 from agentcas.cas.digest import DigestMismatch, Digest
 from agentcas.cas.objects import ChunkList, Tree, TreeEntry
@@ -173,6 +174,7 @@ def restore_tree(objects: ObjectSource, tree_id: Digest, dest: str, progress=Non
                     progress(done, total)
             for future in futures:
                 future.result()
+        testing_hooks.reached("checkout.before_rename")
         if os.path.lexists(dest):
             raise ConflictError(f"destination appeared while checking out: {dest}")
         os.rename(temp, dest)

@@ -1,0 +1,116 @@
+"""Re-run the proofs of docs/RELIABILITY.md: remove each safety mechanism, watch its test fail.
+
+    .venv/bin/python tests/mechanism_mutations.py            # every mutation
+    .venv/bin/python tests/mechanism_mutations.py 1 7 S3     # some of them
+
+Each mutation replaces exact text at a mechanism's site, runs the tests that guard it,
+and restores the file (also on Ctrl-C). CAUGHT means a guarding test failed, as it
+must; MISSED means the tests passed without the mechanism; MOVED means the site's
+text is no longer in that file (after a refactor: update the mutation, then re-run).
+Not collected by pytest (the name does not start with test_); it runs the suite itself.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+M = "tests/test_mechanisms.py::"
+
+# name: (file, [original text], [mutated text], tests that must fail)
+MUTATIONS = {
+    "1": ("agentcas/cas/writer.py", ["        if pin is not None:\n            pin.put(txn)\n"], ["        pass\n"],
+          [M + "test_commit_pin_is_live_after_its_first_batch_and_holds_gc_off"]),
+    "1-concurrent": ("agentcas/cas/writer.py", ["        if pin is not None:\n            pin.put(txn)\n"], ["        pass\n"],
+                     ["tests/test_gc_concurrency.py::test_concurrent_writers_and_gc_at_zero_grace"]),
+    "2": ("agentcas/workspace/restore.py", ["    if hasher is not None and Digest(hasher.digest()) != entry.id:"],
+          ["    if False:"], [M + "test_checkout_refuses_a_chunk_list_of_other_bytes_with_the_same_sizes"]),
+    "3": ("agentcas/exchange/bundle_format.py",
+          ["        read_record_value(framed, kind, Digest(raw))\n        index.kinds[raw] = kind"],
+          ["        if kind != framing.KIND_CHUNK:\n            read_record_value(framed, kind, Digest(raw))\n"
+           "        index.kinds[raw] = kind"],
+          [M + "test_bundle_with_its_last_chunk_flipped_is_refused_before_anything_is_written"]),
+    "4": ("agentcas/exchange/bundle.py", ["        history.verify(head_cp.history)\n"], ["        pass\n"],
+          [M + "test_import_reverifies_a_rehashed_segment_whose_digest_or_count_lies[digest]",
+           M + "test_import_reverifies_a_rehashed_segment_whose_digest_or_count_lies[count]"]),
+    "5": ("agentcas/gc/sweep.py", ["previous is not None and previous[0] == name and previous[2] < cutoff"],
+          ["previous is not None and previous[2] < cutoff"],
+          [M + "test_expire_reflog_now_keeps_each_threads_newest_entry"]),
+    "6": ("agentcas/repository.py", ["                for raw in needed:\n                    if txn.get(\"objects\", raw) is None:"],
+          ["                for raw in needed:\n                    if False:"],
+          [M + "test_commit_reusing_only_old_garbage_fails_cleanly_when_gc_runs_before_it_lands"]),
+    "7": ("agentcas/repository.py", ["                if expect is not None and current != expected:"], ["                if False:"],
+          [M + "test_commit_expect_is_rechecked_when_the_thread_moves_during_the_snapshot"]),
+    "8": ("agentcas/repository.py", ["                    if history != based_on:"], ["                    if False:"],
+          [M + "test_commit_rollout_is_rechecked_when_the_history_moves_during_the_commit"]),
+    "9": ("agentcas/exchange/bundle.py", ["                if state != before:"], ["                if False:"],
+          [M + "test_import_is_a_conflict_when_the_thread_moves_while_it_writes"]),
+    "10": ("agentcas/workspace/restore.py",
+           ["        if os.path.lexists(dest):\n            raise ConflictError(f\"destination appeared"],
+           ["        if False:\n            raise ConflictError(f\"destination appeared"],
+           [M + "test_checkout_never_replaces_a_dest_created_while_it_ran"]),
+    "11": ("agentcas/gc/sweep.py", ["        if plan.is_young(written_at):\n            continue\n"], [""],
+           [M + "test_sweep_keeps_an_object_stored_again_after_planning"]),
+    "12": ("agentcas/lineage/rollout.py", ["        if len(raw) > MAX_RECORD_BYTES:"], ["        if False:"],
+           [M + "test_a_record_longer_than_the_limit_is_refused_by_its_line_number"]),
+    # The three sharpened tests.
+    "S1": ("agentcas/exchange/bundle_format.py",
+           ["    if manifest.object_bytes > size - objects_start:\n        raise BundleCorrupt(\"bundle is truncated "
+            "(shorter than the object bytes its manifest declares)\")\n"], [""],
+           ["tests/test_bundle.py::test_truncation_at_every_section_is_refused"]),
+    "S2": ("agentcas/exchange/bundle_format.py",
+           ["        read_record_value(framed, kind, Digest(raw))\n        index.kinds[raw] = kind"],
+           ["        read_record_value(framed, framing.read_header(framed)[0], Digest(raw))\n"
+            "        index.kinds[raw] = kind"],
+           ["tests/test_bundle.py::test_object_defects_are_refused[kind-mismatch]"],
+           # and the closure's own kind check, so the kind is checked only while writing:
+           ("agentcas/exchange/bundle.py", ["    if have != kind:\n"], ["    if False:\n"])),
+    "S3": ("agentcas/lineage/rollout.py", ["if node.skip is not None and skip_at >= index:"],
+           ["if node.skip is not None and skip_at > index:"],
+           ["tests/test_rollout.py::test_appends_load_log_n_segments"]),
+}
+
+
+def _edit(path: str, olds, news) -> tuple[str, str] | None:
+    """(original, mutated) text of `path`, or None if a site is not there exactly once."""
+    with open(os.path.join(ROOT, path)) as handle:
+        original = handle.read()
+    mutated = original
+    for old, new in zip(olds, news):
+        if mutated.count(old) != 1:
+            return None
+        mutated = mutated.replace(old, new)
+    return original, mutated
+
+
+def run(name: str) -> str:
+    path, olds, news, tests, *more = MUTATIONS[name]
+    edits = [(path, olds, news)] + [tuple(extra) for extra in more]
+    planned = []
+    for file, o, n in edits:
+        texts = _edit(file, o, n)
+        if texts is None:
+            return f"{name}: MOVED (site not found in {file})"
+        planned.append((file, *texts))
+    try:
+        for file, _, mutated in planned:
+            with open(os.path.join(ROOT, file), "w") as handle:
+                handle.write(mutated)
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+                              cwd=ROOT, capture_output=True, text=True)
+    finally:
+        for file, original, _ in planned:
+            with open(os.path.join(ROOT, file), "w") as handle:
+                handle.write(original)
+    failed = [line for line in proc.stdout.splitlines() if line.startswith("FAILED")]
+    verdict = "CAUGHT" if proc.returncode != 0 else "MISSED"
+    return f"{name}: {verdict}" + "".join(f"\n    {line}" for line in failed)
+
+
+if __name__ == "__main__":
+    names = sys.argv[1:] or list(MUTATIONS)
+    results = [run(name) for name in names]
+    print("\n".join(results))
+    sys.exit(0 if all(": CAUGHT" in r for r in results) else 1)

@@ -1,0 +1,342 @@
+"""Twelve safety mechanisms that must stay caught (issue 15): one test per mechanism.
+
+A mutation audit found that each of these could be deleted with every other test still
+passing. Each test below fails when its mechanism is removed (each was checked by
+removing it once; see docs/RELIABILITY.md, "Mechanisms that must stay caught").
+
+Tests drive the public `Store` API or the real CLI. Where a command must be paused
+mid-way (a thread moved during a snapshot, gc between a snapshot and its landing, DEST
+created mid-checkout) they act at a named point of `agentcas.testing_hooks`. Where a
+store must hold something no command writes (a tree that lies about its file), one
+helper, `plant`, writes raw objects, so that one place moves when the storage does.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from conftest import tree_bytes
+from test_bundle import Craft, good_craft, receiver, snapshot  # noqa: F401 - receiver is a fixture
+from agentcas import Store, testing_hooks
+from agentcas.cas import framing
+from agentcas.cas.digest import Digest, hash_blob, hash_object
+from agentcas.cas.objects import Checkpoint, ChunkList, ChunkRef, Segment, Tree, TreeEntry
+from agentcas.errors import AgentcasError, ConflictError, IntegrityError
+
+CREATED = "2026-12-01T09:00:00.000000Z"
+
+
+def once(action):
+    """A hook callback that runs `action` the first time only (the action may reach the point again)."""
+    calls = []
+
+    def callback():
+        if not calls:
+            calls.append(True)
+            action()
+    return callback
+
+
+def plant(store: Store, kind: int, data: bytes) -> Digest:
+    """Store one object as it is, bypassing every writer's checks (for objects no command writes)."""
+    digest = hash_blob(data) if kind == framing.KIND_CHUNK else hash_object(framing.KIND_NAMES[kind], data)
+    framed = framing.frame(kind, data)
+    store.objects.write(lambda txn: txn.put_new("objects", digest.raw, framed))
+    return digest
+
+
+def write_files(root, files: dict) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (root / name).write_bytes(data)
+
+
+def records(count: int, tag: str) -> bytes:
+    return b"".join(b'{"tag": "%s", "i": %d}\n' % (tag.encode(), i) for i in range(count))
+
+
+# --- 1. the lazy write pin ----------------------------------------------------------------------
+
+def test_commit_pin_is_live_after_its_first_batch_and_holds_gc_off(store, tmp_path):
+    """Issue 15 item 1 (cas/writer.py): a lazy WritePin's row lands with the first batch,
+    so gc --grace 0s during a commit deletes none of the commit's objects."""
+    ws = tmp_path / "ws"
+    write_files(ws, {"a.bin": os.urandom(3000), "b.txt": b"pinned while committing\n"})
+    seen = {}
+
+    def gc_mid_commit():
+        plan = store.gc_plan(grace=0, expire_reflog=0).to_json()
+        seen["pins"] = [p for p in plan["pins"] if p["live"]]
+        seen["result"] = store.gc(grace=0, expire_reflog=0, wait=0)["result"]
+
+    with testing_hooks.on("writer.after_batch", once(gc_mid_commit)):
+        done = store.commit(str(ws), "under gc")
+    assert [p["what"] for p in seen["pins"]] == ["commit main"]
+    assert seen["result"]["deleted"]["objects"] == 0 and not seen["result"]["complete"]
+    assert store.gc_plan(grace=0).to_json()["pins"] == []  # released when the commit landed
+    assert store.fsck()["ok"]
+    store.checkout(done["checkpoint"], str(tmp_path / "out"))
+    assert tree_bytes(tmp_path / "out") == tree_bytes(ws)
+
+
+# --- 2. checkout's whole-file check -------------------------------------------------------------
+
+def test_checkout_refuses_a_chunk_list_of_other_bytes_with_the_same_sizes(store, store_dir, tmp_path, run):
+    """Issue 15 item 2 (workspace/restore.py): every chunk is valid, but together they are
+    not the file the tree names; checkout exits 4 and creates nothing."""
+    ws = tmp_path / "ws"
+    write_files(ws, {"a.txt": b"A" * 100, "b.txt": b"B" * 100})
+    store.commit(str(ws), "two one-chunk files")
+    chunk_list = ChunkList((ChunkRef(hash_blob(b"A" * 100), 100), ChunkRef(hash_blob(b"B" * 100), 100)))
+    list_id = plant(store, framing.KIND_CHUNKLIST, chunk_list.encode())
+    claimed = hash_blob(b"B" * 100 + b"A" * 100)  # other bytes, same sizes
+    tree = Tree.of([TreeEntry("f.txt", "file", claimed, 0o644, 200, list_id)])
+    tree_id = plant(store, framing.KIND_TREE, tree.encode())
+    cp = Checkpoint(tree_id, (), "lying", "crafted", "test", CREATED, {})
+    plant(store, framing.KIND_CHECKPOINT, cp.encode())
+    store.create_thread("lying", cp.digest().hex())
+    dest = tmp_path / "out" / "dest"
+    result = run("checkout", "lying", dest, store=store_dir)
+    assert result.code == 4, result
+    assert result.err.startswith("agentcas: error:") and "f.txt" in result.err
+    assert not dest.exists() and os.listdir(tmp_path / "out") == []
+
+
+# --- 3. bundle pass 1 checks every chunk's hash ---------------------------------------------------
+
+def test_bundle_with_its_last_chunk_flipped_is_refused_before_anything_is_written(receiver, tmp_path):
+    """Issue 15 item 3 (exchange/bundle_format.py): pass 1 checks chunk hashes, so a bad
+    last chunk is found before pass 2 writes a single batch."""
+    craft = good_craft()
+    last = craft.find(framing.KIND_CHUNK)[-1]
+    craft.records.remove(last)
+    framed = bytearray(last[2])
+    framed[-1] ^= 0x01  # an uncompressed body: one byte of the chunk itself
+    craft.records.append([last[0], last[1], bytes(framed)])  # the very last record of the file
+    path = tmp_path / "flipped.bundle"
+    path.write_bytes(craft.bytes())
+    before = snapshot(receiver)
+    writes = []
+    with testing_hooks.on("import.before_write", lambda: writes.append(True)):
+        with pytest.raises(IntegrityError) as info:
+            receiver.import_bundle(str(path))
+    assert "hash mismatch" in str(info.value) and info.value.exit_code == 4
+    assert writes == [], "the bundle reached the write phase before its last chunk was checked"
+    assert snapshot(receiver) == before
+
+
+# --- 4. import re-verifies the head history --------------------------------------------------------
+
+def _lying_history_bundle(tmp_path, change: dict) -> bytes:
+    """An exported bundle whose one segment is re-hashed with `change` (digest or count lying),
+    its checkpoint and manifest rebuilt to match, unsigned."""
+    src, _ = Store.init(str(tmp_path / "src"))
+    ws = tmp_path / "src-ws"
+    write_files(ws, {"task.json": b'{"step": 1}\n'})
+    rollout_file = tmp_path / "r.jsonl"
+    rollout_file.write_bytes(records(5, "real"))
+    src.commit(str(ws), "one", rollout_file=str(rollout_file))
+    src.export_bundle("main", str(tmp_path / "real.bundle"))
+    craft = Craft.explode(str(tmp_path / "real.bundle"))
+    (seg_record,) = craft.find(framing.KIND_SEGMENT)
+    (cp_record,) = craft.find(framing.KIND_CHECKPOINT)
+    seg = Segment.decode(framing.unframe(seg_record[2])[1])
+    doc = {f: getattr(seg, f) for f in ("base", "index", "skip", "count", "length", "digest", "chunks")}
+    lying = Segment(**dict(doc, **change))
+    lying_id = lying.digest_id()
+    seg_record[1], seg_record[2] = lying_id.raw, framing.frame(framing.KIND_SEGMENT, lying.encode())
+    cp = Checkpoint.decode(framing.unframe(cp_record[2])[1])
+    rebuilt = Checkpoint(cp.tree, cp.parents, cp.thread, cp.reason, cp.author, cp.created_at, cp.runtime,
+                         lying.end(lying_id), cp.format, cp.generation, cp.skip)
+    cp_id = rebuilt.digest()
+    cp_record[1], cp_record[2] = cp_id.raw, framing.frame(framing.KIND_CHECKPOINT, rebuilt.encode())
+    craft.manifest.update(checkpoint=cp_id.hex(), checkpoints=[cp_id.hex()], history=rebuilt.history.to_doc())
+    craft.envelopes = []
+    return craft.bytes()
+
+
+@pytest.mark.parametrize("lie", ["digest", "count"])
+def test_import_reverifies_a_rehashed_segment_whose_digest_or_count_lies(lie, store, tmp_path):
+    """Issue 15 item 4 (exchange/bundle.py): the head history is recomputed from the
+    bundle's bytes, so a consistent-looking rebuilt segment and checkpoint are refused."""
+    change = {"digest": Digest(bytes(32))} if lie == "digest" else {"count": 4}
+    path = tmp_path / "lying.bundle"
+    path.write_bytes(_lying_history_bundle(tmp_path, change))
+    before = snapshot(store)
+    with pytest.raises(IntegrityError) as info:
+        store.import_bundle(str(path), allow_unsigned=True)
+    assert info.value.exit_code == 4 and "history" in str(info.value), str(info.value)
+    assert snapshot(store) == before
+
+
+# --- 5. reflog expiry keeps every thread's newest entry -----------------------------------------------
+
+def test_expire_reflog_now_keeps_each_threads_newest_entry(run, store_dir, tmp_path):
+    """Issue 15 item 5 (gc/sweep.py): expiring the reflog never touches another thread's
+    newest entry; with two threads, each THREAD@{0} still exists."""
+    ws = tmp_path / "ws"
+    for thread in ("alpha", "beta"):
+        for step in range(2):
+            write_files(ws, {"step.txt": f"{thread} {step}\n".encode()})
+            assert run("commit", ws, "-m", f"{thread} {step}", "--thread", thread, store=store_dir).code == 0
+    heads = {t: run("--json", "show", t, store=store_dir).json()["checkpoint"] for t in ("alpha", "beta")}
+    result = run("--json", "gc", "--grace", "0s", "--expire-reflog", "now", store=store_dir)
+    assert result.code == 0, result
+    assert result.json()["result"]["reflog_expired"] == 2
+    for thread in ("alpha", "beta"):
+        reflog = run("--json", "reflog", thread, store=store_dir)
+        assert reflog.code == 0 and len(reflog.json()["entries"]) == 1, reflog
+        shown = run("--json", "show", f"{thread}@{{0}}", store=store_dir)
+        assert shown.code == 0, shown
+        assert shown.json()["checkpoint"] == heads[thread]
+
+
+# --- 6. commit re-checks that every object it needs is still there ---------------------------------
+
+def test_commit_reusing_only_old_garbage_fails_cleanly_when_gc_runs_before_it_lands(store, tmp_path):
+    """Issue 15 item 6 (lineage/moves.py): before the ref moves, a commit checks that every
+    object it relies on is still stored. Here its lease is lost (as a writer paused past its
+    expiry loses it), so gc at grace 0 deletes the old objects it reuses; the re-check fails
+    the commit cleanly (without it, the lease check would raise a conflict instead)."""
+    ws = tmp_path / "ws"
+    write_files(ws, {"x.txt": b"reused from a deleted thread\n"})
+    store.commit(str(ws), "soon garbage", thread="tmp")
+    store.delete_thread("tmp")  # its chunk and tree are now unreferenced
+    gc_results = []
+
+    def lose_lease_then_gc():
+        store.meta.write(lambda txn: [txn.delete("leases", key) for key, _ in list(txn.scan("leases"))])
+        gc_results.append(store.gc(grace=0, expire_reflog=0)["result"])
+
+    with testing_hooks.on("commit.before_land", once(lose_lease_then_gc)):
+        with pytest.raises(IntegrityError) as info:
+            store.commit(str(ws), "reuses garbage")
+    assert "vanished" in str(info.value) and "nothing was committed" in str(info.value)
+    assert gc_results[0]["deleted"]["objects"] >= 2  # the reused chunk and tree really went
+    assert store.threads() == []  # the ref never moved
+    assert store.fsck()["ok"]
+    store.commit(str(ws), "retry")
+    store.checkout("main", str(tmp_path / "out"))
+    assert tree_bytes(tmp_path / "out") == tree_bytes(ws)
+
+
+# --- 7. commit --expect is re-checked when landing ------------------------------------------------
+
+def test_commit_expect_is_rechecked_when_the_thread_moves_during_the_snapshot(store, tmp_path):
+    """Issue 15 item 7 (repository.py): `commit --expect` compares again in the final
+    transaction; a thread moved during the snapshot is a conflict (exit 3)."""
+    ws, other = tmp_path / "ws", tmp_path / "other"
+    write_files(ws, {"a.txt": b"one\n"})
+    first = store.commit(str(ws), "one")["checkpoint"]
+    write_files(other, {"a.txt": b"someone else\n"})
+    moved = {}
+    write_files(ws, {"a.txt": b"two\n"})
+    meanwhile = once(lambda: moved.update(store.commit(str(other), "meanwhile")))
+    with testing_hooks.on("commit.before_land", meanwhile):
+        with pytest.raises(ConflictError) as info:
+            store.commit(str(ws), "two", expect=first)
+    assert info.value.exit_code == 3 and "nothing was committed" in str(info.value)
+    assert store.thread("main").checkpoint.hex() == moved["checkpoint"]
+    assert [e["reason"] for e in store.log("main")] == ["meanwhile", "one"]
+
+
+# --- 8. commit --rollout is re-checked when landing -----------------------------------------------
+
+def test_commit_rollout_is_rechecked_when_the_history_moves_during_the_commit(store, tmp_path):
+    """Issue 15 item 8 (repository.py): the rollout tail was read against one history; if the
+    thread's history moved meanwhile, the commit is a conflict and nothing lands."""
+    ws = tmp_path / "ws"
+    write_files(ws, {"a.txt": b"one\n"})
+    rollout_file = tmp_path / "r.jsonl"
+    rollout_file.write_bytes(records(2, "file"))
+    store.commit(str(ws), "one", rollout_file=str(rollout_file))
+    with open(rollout_file, "ab") as out:
+        out.write(b'{"tag": "file", "i": 2}\n')
+    meanwhile = once(lambda: store.rollout_append("main", b'{"tag": "elsewhere"}\n'))
+    with testing_hooks.on("commit.before_land", meanwhile):
+        with pytest.raises(ConflictError) as info:
+            store.commit(str(ws), "two", rollout_file=str(rollout_file))
+    assert info.value.exit_code == 3 and "history moved" in str(info.value)
+    assert b"".join(store.rollout_read("main")) == records(2, "file") + b'{"tag": "elsewhere"}\n'
+    assert [e["reason"] for e in store.log("main")] == ["one"]
+
+
+# --- 9. import re-checks the thread when landing ----------------------------------------------------
+
+def test_import_is_a_conflict_when_the_thread_moves_while_it_writes(store, tmp_path):
+    """Issue 15 item 9 (exchange/bundle.py): the final transaction compares the thread with
+    what import planned from; a commit landing meanwhile is never overwritten."""
+    src, _ = Store.init(str(tmp_path / "src"))
+    write_files(tmp_path / "src-ws", {"a.txt": b"from the bundle\n"})
+    src.commit(str(tmp_path / "src-ws"), "exported")
+    src.export_bundle("main", str(tmp_path / "b.bundle"))
+    write_files(tmp_path / "ws", {"a.txt": b"local work\n"})
+    local = {}
+    meanwhile = once(lambda: local.update(store.commit(str(tmp_path / "ws"), "local")))
+    with testing_hooks.on("import.before_land", meanwhile):
+        with pytest.raises(ConflictError) as info:
+            store.import_bundle(str(tmp_path / "b.bundle"), allow_unsigned=True)
+    assert info.value.exit_code == 3 and "moved" in str(info.value)
+    assert store.thread("main").checkpoint.hex() == local["checkpoint"]
+    assert [e["reason"] for e in store.log("main")] == ["local"]
+
+
+# --- 10. checkout re-checks DEST before the final rename ----------------------------------------
+
+def test_checkout_never_replaces_a_dest_created_while_it_ran(store, tmp_path):
+    """Issue 15 item 10 (workspace/restore.py): DEST is checked again just before the
+    temporary directory is renamed; an (empty) DEST made meanwhile is a conflict, kept as it is."""
+    ws = tmp_path / "ws"
+    write_files(ws, {"a.txt": b"checkout me\n"})
+    store.commit(str(ws), "one")
+    parent = tmp_path / "out"
+    parent.mkdir()
+    dest = parent / "dest"
+    with testing_hooks.on("checkout.before_rename", once(lambda: dest.mkdir())):
+        with pytest.raises(ConflictError) as info:
+            store.checkout("main", str(dest))
+    assert info.value.exit_code == 3
+    assert dest.is_dir() and os.listdir(dest) == []  # untouched, not replaced by the checkout
+    assert os.listdir(parent) == ["dest"]  # and the temporary directory is gone
+
+
+# --- 11. the sweep re-checks grace ---------------------------------------------------------------
+
+def test_sweep_keeps_an_object_stored_again_after_planning(store, tmp_path):
+    """Issue 15 item 11 (gc/sweep.py): each sweep transaction re-reads an object's write
+    time; one deleted and stored again after the plan was made is young, so it is kept."""
+    ws = tmp_path / "ws"
+    write_files(ws, {"x.txt": b"stored, deleted, stored again\n"})
+    store.commit(str(ws), "garbage soon", thread="tmp")
+    written = int(time.time())  # every object of that commit was written at or before this second
+    store.delete_thread("tmp")
+
+    def restore_meanwhile():
+        store.gc(grace=0, expire_reflog=0)  # another gc deletes them
+        while int(time.time()) <= written:  # so the objects stored again are stamped later
+            time.sleep(0.02)
+        store.commit(str(ws), "again", thread="tmp2")  # the same chunk and tree, stored again
+        store.delete_thread("tmp2")
+
+    with testing_hooks.on("gc.sweep.before_batch", once(restore_meanwhile)):
+        # Planned with the clock half a second after the first write: old then, young after.
+        result = store.gc(grace=0, expire_reflog=0, now=written + 0.5)["result"]
+    assert result["deleted"]["objects"] == 0, result
+    assert store.commit(str(ws), "still there")["new_objects"] == 0  # chunk and tree were kept
+
+
+# --- 12. the rollout record size limit --------------------------------------------------------------
+
+def test_a_record_longer_than_the_limit_is_refused_by_its_line_number():
+    """Issue 15 item 12 (lineage/rollout.py): a line over 64 MiB is refused, naming its
+    line, before anything is parsed or stored."""
+    store = Store.memory()
+    limit = 64 * 1024 * 1024  # MAX_RECORD_BYTES, as README/FORMAT state it
+    huge = b'{"blob": "' + b"x" * limit + b'"}\n'
+    with pytest.raises(AgentcasError) as info:
+        store.rollout_append("main", records(2, "ok") + huge)
+    assert "line 3" in str(info.value) and "longer than" in str(info.value)
+    assert store.threads() == []
