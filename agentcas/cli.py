@@ -534,10 +534,12 @@ def remote_group():
 @remote_group.command("add")
 @click.argument("name")
 @click.argument("url")
+@click.option("--refs", "refs", metavar="DSN",
+              help="For an s3:// remote: its refs database, postgresql://USER@HOST:PORT/DB (no password).")
 @pass_ctx
-def remote_add(ctx, name, url):
-    """Record the store at URL (a path or file:// URL) as remote NAME."""
-    result = ctx.store().remote_add(name, url)
+def remote_add(ctx, name, url, refs):
+    """Record the store at URL (a path, file:// URL or s3://BUCKET/PREFIX) as remote NAME."""
+    result = ctx.store().remote_add(name, url, refs)
     ctx.emit(result, f"Added remote {result['name']} -> {result['url']}")
 
 

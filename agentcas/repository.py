@@ -631,13 +631,18 @@ class Store:
         return bundle.import_bundle(self.stores, path, as_thread, allow_unsigned, allow_rollback, progress)
 
     # remotes
-    def remote_add(self, name: str, url: str) -> dict:
-        """Record another agentcas store as remote `name`; it must exist and not be this store."""
+    def remote_add(self, name: str, url: str, refs: str | None = None) -> dict:
+        """Record another agentcas store as remote `name`; it must exist and not be this store.
+
+        `url` is a path, file:// URL or s3://BUCKET/PREFIX; an s3:// remote needs `refs`
+        (postgresql://..., without a password).
+        """
         from agentcas.exchange import remote as remote_table
         remote_table.check_remote_name(name)
         url = remote_table.normalise_url(url)
-        self._open_remote_store(remote_table.Remote(name, url))
-        added = self.meta.write(lambda txn: remote_table.add_remote(txn, name, url))
+        refs = remote_table.check_refs_dsn(refs, url)
+        self._open_remote_store(remote_table.Remote(name, url, refs))
+        added = self.meta.write(lambda txn: remote_table.add_remote(txn, name, url, refs))
         return added.to_doc()
 
     def remotes(self) -> list[dict]:
@@ -651,6 +656,13 @@ class Store:
         return dict(removed.to_doc(), removed=True)
 
     def _open_remote_store(self, remote) -> "Store":
+        if remote.shared:
+            if self.url == remote.url:
+                raise UsageError(f"remote {remote.name!r} ({remote.url}) is this store itself")
+            try:
+                return Store.open(remote.url, refs=remote.refs)
+            except StoreUnavailable as exc:
+                raise StoreUnavailable(f"remote {remote.name!r}: {exc}") from None
         path = remote.path
         if self.path is not None and os.path.realpath(path) == os.path.realpath(self.path):
             raise UsageError(f"remote {remote.name!r} ({remote.url}) is this store itself")

@@ -66,7 +66,10 @@ def test_remote_add_errors_change_nothing(tmp_path, stores):
     check_error(run_cli("remote", "add", "other", other, store=local), 3, "already exists")
     check_error(run_cli("remote", "add", "x", tmp_path / "missing", store=local), 1, "no store at")
     check_error(run_cli("remote", "add", "x", tmp_path / "empty", store=local), 1, "not an agentcas store")
-    check_error(run_cli("remote", "add", "x", "s3://bucket/p", store=local), 2, "unsupported remote URL")
+    check_error(run_cli("remote", "add", "x", "http://host/p", store=local), 2, "unsupported remote URL")
+    check_error(run_cli("remote", "add", "x", "s3://bucket/p", store=local), 2, "needs its refs database")
+    check_error(run_cli("remote", "add", "x", "s3://bucket/p", "--refs", "postgresql://u:pw@h/db", store=local), 2,
+                "must not hold a password")
     check_error(run_cli("remote", "add", "a/b", other, store=local), 2, "invalid remote name")
     check_error(run_cli("remote", "add", "me", local, store=local), 2, "this store itself")
     check_error(run_cli("remote", "remove", "nope", store=local), 1, "no remote named 'nope'")

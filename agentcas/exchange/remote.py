@@ -19,7 +19,8 @@ from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.metastore.base import MetaTxn as Txn
 from agentcas.errors import ConflictError, IntegrityError, NotFound, UsageError
 
-SCHEMES = ("file",)
+SCHEMES = ("file", "s3")
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 
@@ -36,14 +37,22 @@ class UnknownRemote(NotFound):
 class Remote:
     name: str
     url: str
+    refs: str | None = None  # a shared (s3://) remote's refs database
 
     @property
     def path(self) -> str:
         """The local path of a file:// remote."""
         return url_path(self.url)
 
+    @property
+    def shared(self) -> bool:
+        return self.url.startswith("s3://")
+
     def to_doc(self) -> dict:
-        return {"name": self.name, "url": self.url}
+        doc = {"name": self.name, "url": self.url}
+        if self.refs:
+            doc["refs"] = self.refs
+        return doc
 
 
 def check_remote_name(name: str) -> str:
@@ -62,6 +71,8 @@ def normalise_url(url: str, cwd: str | None = None) -> str:
         path = url
     else:
         scheme = match.group(1).lower()
+        if scheme == "s3":
+            return normalise_s3_url(url)
         if scheme not in SCHEMES:
             raise BadRemote(f"unsupported remote URL scheme {scheme!r} in {url!r} "
                             f"(supported: a path or {', '.join(s + '://' for s in SCHEMES)})")
@@ -77,6 +88,34 @@ def normalise_url(url: str, cwd: str | None = None) -> str:
     return "file://" + urllib.parse.quote(path)
 
 
+def normalise_s3_url(url: str) -> str:
+    """`s3://BUCKET/PREFIX` with a valid bucket name and no credentials, query or fragment."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" in parts.netloc or parts.query or parts.fragment or not _BUCKET.fullmatch(parts.netloc):
+        raise BadRemote(f"invalid s3:// URL {url!r}: use s3://BUCKET/PREFIX (credentials come from the "
+                        "AWS environment, never from the URL)")
+    prefix = parts.path.strip("/")
+    return f"s3://{parts.netloc}/{prefix}" if prefix else f"s3://{parts.netloc}"
+
+
+def check_refs_dsn(dsn: str | None, url: str) -> str | None:
+    """A shared remote's refs database URL, without a password (libpq's PGPASSWORD or
+    ~/.pgpass supply it), so no credential is ever written into the store."""
+    if not url.startswith("s3://"):
+        if dsn:
+            raise BadRemote("--refs is only for an s3:// remote")
+        return None
+    if not dsn:
+        raise BadRemote("an s3:// remote needs its refs database: --refs postgresql://USER@HOST:PORT/DB")
+    parts = urllib.parse.urlsplit(dsn)
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise BadRemote(f"--refs must be a postgresql:// URL, not {parts.scheme or dsn!r}")
+    if parts.password is not None or "password" in parts.query.lower():
+        raise BadRemote("--refs must not hold a password (use PGPASSWORD or ~/.pgpass): it would be "
+                        "stored in this store's remotes table")
+    return dsn
+
+
 def url_path(url: str) -> str:
     """The filesystem path of a normalised file:// URL."""
     return urllib.parse.unquote(urllib.parse.urlsplit(url).path)
@@ -88,17 +127,20 @@ def _key(name: str) -> bytes:
 
 def _decode(key: bytes, value) -> Remote:
     doc = encoding.decode(unseal("remotes", key, value))
-    if not isinstance(doc, dict) or not isinstance(doc.get("url"), str):
+    if not isinstance(doc, dict) or not isinstance(doc.get("url"), str) \
+            or not isinstance(doc.get("refs", ""), str):
         raise IntegrityError(f"remotes entry {key.decode('utf-8', 'replace')!r} is malformed")
-    return Remote(key.decode("utf-8"), doc["url"])
+    return Remote(key.decode("utf-8"), doc["url"], doc.get("refs"))
 
 
-def add_remote(txn: Txn, name: str, url: str) -> Remote:
+def add_remote(txn: Txn, name: str, url: str, refs: str | None = None) -> Remote:
     """Record remote `name` -> `url` (already normalised); ConflictError if the name exists."""
     key = _key(check_remote_name(name))
-    if not txn.put_new("remotes", key, seal("remotes", key, encoding.encode({"url": url}))):
+    remote = Remote(name, url, refs)
+    doc = {"url": url} if refs is None else {"refs": refs, "url": url}
+    if not txn.put_new("remotes", key, seal("remotes", key, encoding.encode(doc))):
         raise ConflictError(f"remote {name!r} already exists (remove it first)")
-    return Remote(name, url)
+    return remote
 
 
 def read_remote(txn: Txn, name: str) -> Remote:
