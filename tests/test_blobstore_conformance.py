@@ -163,16 +163,16 @@ def test_big_values_round_trip(blobs):
 
 
 def test_racing_threads_have_exactly_one_winner(blobs):
-    for round_ in range(3):
+    for round_ in range(2):
         k = key(100 + round_)
-        wins, barrier = [], threading.Barrier(12)
+        wins, barrier = [], threading.Barrier(8)
 
         def put(i):
             mine = value(b"writer %d" % i)
             barrier.wait()
             if blobs.put_if_absent(k, mine):
                 wins.append(mine)
-        threads = [threading.Thread(target=put, args=(i,)) for i in range(12)]
+        threads = [threading.Thread(target=put, args=(i,)) for i in range(8)]
         for thread in threads:
             thread.start()
         for thread in threads:

@@ -211,9 +211,20 @@ class CachedBlobStore(BlobStore):
         return self.remote.has_many(keys)
 
     def put_many(self, items: Mapping[bytes, bytes]) -> tuple[int, int]:
-        result = self.remote.put_many(items)
-        self._store(items)  # written now or already there: the remote has each of them
-        return result
+        written = self.put_many_written(items)
+        return len(written), sum(len(items[k]) for k in written)
+
+    def put_many_written(self, items: Mapping[bytes, bytes]) -> set[bytes]:
+        """put_many, answering which keys were written now."""
+        items = {bytes(k): v for k, v in items.items()}
+        if hasattr(self.remote, "put_many_written"):
+            written = self.remote.put_many_written(items)
+        else:
+            written = {k for k, v in items.items() if self.remote.put_if_absent(k, v)}
+        # Only what was written now: a key already there may hold other bytes (another
+        # framing of the same object), and the cache must agree with the remote.
+        self._store({k: items[k] for k in written})
+        return written
 
     def delete_many(self, keys: Iterable[bytes]) -> int:
         keys = [bytes(k) for k in keys]

@@ -34,15 +34,19 @@ class MemoryBlobStore(BlobStore):
         return {bytes(k) for k in keys if bytes(k) in objects}
 
     def put_many(self, items: Mapping[bytes, bytes]) -> tuple[int, int]:
-        written = written_bytes = 0
+        written = self.put_many_written(items)
+        return len(written), sum(len(items[k]) for k in written)
+
+    def put_many_written(self, items: Mapping[bytes, bytes]) -> set[bytes]:
+        """put_many, answering which keys were written now."""
+        written = set()
         with self._lock:
             for key, value in items.items():
                 key = bytes(key)
                 if key not in self._objects:
                     self._objects[key] = bytes(value)
-                    written += 1
-                    written_bytes += len(value)
-        return written, written_bytes
+                    written.add(key)
+        return written
 
     def delete_many(self, keys: Iterable[bytes]) -> int:
         with self._lock:

@@ -318,12 +318,17 @@ class S3BlobStore(BlobStore):
             raise self._refused(exc, f"to write {name}") from None
 
     def put_many(self, items: Mapping[bytes, bytes]) -> tuple[int, int]:
+        written = self.put_many_written(items)
+        return len(written), sum(len(items[k]) for k in written)
+
+    def put_many_written(self, items: Mapping[bytes, bytes]) -> set[bytes]:
+        """put_many, answering which keys were written now (the cache keeps exactly those)."""
         pairs = [(bytes(k), v) for k, v in items.items()]
         if len(pairs) == 1:
             written = [self._put(*pairs[0])]
         else:
             written = list(self._pool.map(lambda pair: self._put(*pair), pairs))
-        return sum(written), sum(len(v) for (_, v), new in zip(pairs, written) if new)
+        return {k for (k, _), new in zip(pairs, written) if new}
 
     def _delete_batch(self, keys: list[bytes]) -> None:
         request = {"Objects": [{"Key": self._name(k)} for k in keys], "Quiet": True}
