@@ -349,7 +349,8 @@ class PostgresMetadataStore(MetadataStore):
             try:
                 conn = self._acquire()
                 self.statements += 1
-                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                # The snapshot is taken by a transaction's first query, not by BEGIN: take it now.
+                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1")
                 break
             except _RETRYABLE as exc:
                 if conn is not None:
