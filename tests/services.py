@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -98,12 +99,16 @@ class _Server:
         self.log = self.root / "server.log"
 
     def _spawn(self, argv: list[str], user: pwd.struct_passwd | None = None) -> None:
+        # PR_SET_PDEATHSIG fires when the starting *thread* ends: only the main thread lives
+        # as long as the session (a fault test may restart a server from a timer thread).
+        tie = not self.daemon and threading.current_thread() is threading.main_thread()
+
         def before_exec():
             if user is not None:
                 os.setgroups([])
                 os.setgid(user.pw_gid)
                 os.setuid(user.pw_uid)
-            if not self.daemon:
+            if tie:
                 _die_with_parent()  # after setuid: a credential change clears it
         log = open(self.log, "ab")
         try:
@@ -308,11 +313,22 @@ class SeaweedServer(_Server):
                 f"-admin.port={p['admin']}", f"-admin.port.grpc={p['admin.grpc']}",
                 f"-s3.config={self.root / 's3.json'}", "-s3.port.iceberg=0", "-s3.port.lance=0",
                 "-webdav=false", "-admin.ui=false", "-master.telemetry=false",
-                "-master.volumeSizeLimitMB=64", f"-s3.localSocket={self.root / 's3.sock'}",
+                "-master.volumeSizeLimitMB=64", "-master.resumeState=false",
+                "-volume.preStopSeconds=0", f"-s3.localSocket={self.root / 's3.sock'}",
                 f"-filer.localSocket={self.root / 'filer.sock'}"]
         self._spawn(argv)
-        self._wait_ready(lambda: self.client().create_bucket(Bucket=S3_BUCKET)
-                         if S3_BUCKET not in self._buckets() else None)
+        self._wait_ready(self._probe)
+
+    def _probe(self) -> None:
+        """Ready means a write and a read go through (after a restart the S3 port answers
+        before the volume server has re-registered with the master, and writes hang)."""
+        client = self.client()
+        if S3_BUCKET not in self._buckets():
+            client.create_bucket(Bucket=S3_BUCKET)
+        name = f".ready/{uuid.uuid4().hex}"
+        client.put_object(Bucket=S3_BUCKET, Key=name, Body=b"ready")
+        assert client.get_object(Bucket=S3_BUCKET, Key=name)["Body"].read() == b"ready"
+        client.delete_object(Bucket=S3_BUCKET, Key=name)
 
     def _buckets(self) -> set[str]:
         return {b["Name"] for b in self.client().list_buckets().get("Buckets", [])}
@@ -323,7 +339,7 @@ class SeaweedServer(_Server):
         return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=S3_ACCESS_KEY,
                             aws_secret_access_key=S3_SECRET_KEY, region_name=S3_REGION,
                             config=Config(retries={"total_max_attempts": 1}, connect_timeout=2,
-                                          read_timeout=5, s3={"addressing_style": "path"}))
+                                          read_timeout=2, s3={"addressing_style": "path"}))
 
     def url(self, prefix: str | None = None, bucket: str = S3_BUCKET) -> str:
         """A fresh store URL (a new prefix in the test bucket unless given)."""

@@ -73,6 +73,7 @@ class CachedBlobStore(BlobStore):
         self.max_bytes = max_bytes if max_bytes is not None else int(
             os.environ.get("AGENTCAS_CACHE_BYTES", str(DEFAULT_MAX_BYTES)))
         self.hits = self.misses = 0
+        self.clock = time.time  # read times (a test may set its own clock)
         self.env = _open_env(self.cache_dir, max(1 << 30, 2 * self.max_bytes + (64 << 20)))
         with self.env.begin(write=True) as txn:
             self._dbs = {name: self.env.open_db(name.encode(), txn=txn)
@@ -83,7 +84,7 @@ class CachedBlobStore(BlobStore):
     def _cached(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
         """{key: value} of the cached keys, stamping those not read for a minute."""
         found, stale = {}, []
-        now = int(time.time())
+        now = int(self.clock())
         with self.env.begin() as txn:
             for key in keys:
                 got = txn.get(key, db=self._dbs["objects"])
@@ -121,7 +122,7 @@ class CachedBlobStore(BlobStore):
         items = {bytes(k): v for k, v in items.items() if len(v) <= self.max_bytes}
         if not items:
             return
-        now = int(time.time())
+        now = int(self.clock())
 
         def put(txn):
             total = self._total(txn)

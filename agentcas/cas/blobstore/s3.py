@@ -39,7 +39,7 @@ POOL_SIZE = int(os.environ.get("AGENTCAS_S3_CONNECTIONS", "16"))
 HEAD_MAX = 32           # up to this many keys: parallel HEADs; more: listing
 LIST_PAGE = 1000        # ListObjectsV2 and DeleteObjects maximum
 CONNECT_SECONDS = 3
-READ_SECONDS = float(os.environ.get("AGENTCAS_S3_READ_TIMEOUT", "10"))
+READ_SECONDS = 10.0      # per request, $AGENTCAS_S3_READ_TIMEOUT
 _RETRY_STATUS = {500, 502, 503, 504, 409}  # 409: a conditional write racing another
 _RETRY_CODES = {"SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout", "Throttling",
                 "ThrottlingException", "RequestTimeTooSkewed", "OperationAborted", "ConditionalRequestConflict"}
@@ -80,7 +80,8 @@ class S3BlobStore(BlobStore):
         self._requests_lock = threading.Lock()
         config = botocore.config.Config(
             max_pool_connections=POOL_SIZE, retries={"total_max_attempts": 1},
-            connect_timeout=CONNECT_SECONDS, read_timeout=READ_SECONDS,
+            connect_timeout=CONNECT_SECONDS,
+            read_timeout=float(os.environ.get("AGENTCAS_S3_READ_TIMEOUT", READ_SECONDS)),
             request_checksum_calculation="when_required", response_checksum_validation="when_required",
             s3={"addressing_style": "path"} if self.endpoint else {})
         try:

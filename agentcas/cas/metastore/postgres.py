@@ -24,7 +24,7 @@ caller sees the new value instead of the old one).
 
 Connections: a small per-process pool (one connection per concurrent transaction,
 kept idle for reuse, at most POOL_SIZE idle); after a fork the child opens its own.
-`statements` counts the statements sent (benchmarks, request budgets).
+`statements` and `connections` count what was sent (benchmarks, request budgets).
 """
 
 from __future__ import annotations
@@ -191,6 +191,7 @@ class PostgresMetadataStore(MetadataStore):
         self.url = f"postgresql://{quote(str(user), safe='') + '@' if user else ''}" \
                    f"{quote(host, safe='') if host.startswith('/') else host}:{port}/{dbname}"
         self.statements = 0
+        self.connections = 0
         self._idle: list[psycopg.Connection] = []
         self._pool_lock = threading.Lock()
         self._pid = os.getpid()
@@ -211,7 +212,7 @@ class PostgresMetadataStore(MetadataStore):
         return self._scrub(lines[-1] if lines else type(exc).__name__)
 
     def _connect(self) -> psycopg.Connection:
-        self.statements += 1
+        self.connections += 1
         return psycopg.connect(self._dsn, autocommit=True, connect_timeout=CONNECT_SECONDS,
                                application_name="agentcas")
 
