@@ -244,8 +244,16 @@ class PostgresServer(_Server):
                 "-k", str(self.root), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
                 "-c", "full_page_writes=off", "-c", "max_connections=300", "-c", "shared_buffers=32MB",
                 "-c", "logging_collector=off"]
-        self._spawn(argv, self.user)
-        self._wait_ready(self._probe)
+        for attempt in range(5):
+            self._spawn(argv, self.user)
+            try:
+                self._wait_ready(self._probe)
+                return
+            except ServiceError:
+                # After a SIGKILL the old backends may still hold the shared memory for a moment.
+                if attempt == 4 or self.running:
+                    raise
+                time.sleep(0.5)
 
     def _probe(self) -> None:
         import psycopg
