@@ -206,8 +206,10 @@ class PostgresServer(_Server):
     name = "postgres"
     stop_signal = signal.SIGINT  # fast shutdown: roll back clients, exit cleanly
 
-    def __init__(self, root: str | None = None, port: int | None = None, daemon: bool = False):
+    def __init__(self, root: str | None = None, port: int | None = None, daemon: bool = False,
+                 options: tuple[str, ...] = ()):
         super().__init__(root, daemon)
+        self.options = options  # more `-c name=value` settings (a benchmark logs statements)
         self.bindir = postgres_bindir()
         self.port = port or free_ports(1)[0]
         self.data = self.root / "data"
@@ -244,6 +246,8 @@ class PostgresServer(_Server):
                 "-k", str(self.root), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
                 "-c", "full_page_writes=off", "-c", "max_connections=300", "-c", "shared_buffers=32MB",
                 "-c", "logging_collector=off"]
+        for option in self.options:
+            argv += ["-c", option]
         for attempt in range(5):
             self._spawn(argv, self.user)
             try:
@@ -276,6 +280,11 @@ class PostgresServer(_Server):
     def env(self) -> dict[str, str]:
         return {"PGPASSWORD": PG_PASSWORD}
 
+    def logged_statements(self) -> int:
+        """Statements logged so far (start the server with options=("log_statement=all",))."""
+        import re
+        return len(re.findall(r"LOG:  (?:statement|execute [^:]*):", self.log.read_text(errors="replace")))
+
 
 # --- SeaweedFS ---------------------------------------------------------------------------
 
@@ -292,7 +301,7 @@ class SeaweedServer(_Server):
 
     name = "seaweedfs"
     PORTS = ("master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc",
-             "admin", "admin.grpc")
+             "admin", "admin.grpc", "metrics")
 
     def __init__(self, root: str | None = None, ports: dict | None = None, daemon: bool = False):
         super().__init__(root, daemon)
@@ -323,7 +332,7 @@ class SeaweedServer(_Server):
                 "-webdav=false", "-admin.ui=false", "-master.telemetry=false",
                 "-master.volumeSizeLimitMB=64", "-master.resumeState=false",
                 "-volume.preStopSeconds=0", f"-s3.localSocket={self.root / 's3.sock'}",
-                f"-filer.localSocket={self.root / 'filer.sock'}"]
+                f"-filer.localSocket={self.root / 'filer.sock'}", f"-metricsPort={p['metrics']}"]
         self._spawn(argv)
         self._wait_ready(self._probe)
 
@@ -337,6 +346,18 @@ class SeaweedServer(_Server):
         client.put_object(Bucket=S3_BUCKET, Key=name, Body=b"ready")
         assert client.get_object(Bucket=S3_BUCKET, Key=name)["Body"].read() == b"ready"
         client.delete_object(Bucket=S3_BUCKET, Key=name)
+
+    def request_counts(self, bucket: str = S3_BUCKET) -> dict[str, int]:
+        """{request type: count} the gateway served for `bucket` (its Prometheus metrics)."""
+        import re
+        import urllib.request
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.ports['metrics']}/metrics", timeout=5).read().decode()
+        counts = {}
+        for match in re.finditer(r'^SeaweedFS_s3_request_seconds_count\{bucket="([^"]*)",type="([^"]*)"\} (\d+)',
+                                 text, re.M):
+            if match.group(1) == bucket:
+                counts[match.group(2)] = int(match.group(3))
+        return counts
 
     def _buckets(self) -> set[str]:
         return {b["Name"] for b in self.client().list_buckets().get("Buckets", [])}
