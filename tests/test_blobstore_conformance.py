@@ -120,6 +120,7 @@ def test_has_many_answers_exactly_small_and_large_batches(blobs, count):
     assert blobs.has_many(asked) == set(stored)
     assert blobs.has_many(iter(stored[:3])) == set(stored[:3])
     assert blobs.has_many([key(i) for i in range(1, count, 2)]) == set()
+    assert [info.key for info in blobs.list()] == stored  # past one listing page, in key order
 
 
 def test_delete_removes_and_ignores_absent_keys(blobs):

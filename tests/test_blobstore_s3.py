@@ -211,3 +211,17 @@ def test_5xx_answers_are_retried(s3_server, s3_url, monkeypatch):
             store.get(key(1))
     finally:
         proxy.shutdown()
+
+
+def test_a_long_listing_is_complete_in_order_and_may_stop_early(s3_url):
+    store = S3BlobStore(s3_url)
+    keys = sorted(os.urandom(32) for _ in range(2300))  # every first hex digit: the ranges in parallel
+    store.put_many({k: value(k) for k in keys})
+    store.requests.clear()
+    infos = list(store.list())
+    assert [info.key for info in infos] == keys and all(info.size == len(value(k)) for info, k in zip(infos, keys))
+    assert store.requests["ListObjectsV2"] >= 16
+    listing = store.list()
+    assert [next(listing).key for _ in range(1500)] == keys[:1500]
+    listing.close()  # the readers ahead stop; nothing hangs
+    assert sum(1 for _ in store.list()) == len(keys)

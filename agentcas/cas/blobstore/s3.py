@@ -13,6 +13,8 @@ each segment paged with `StartAfter` jumping straight to its next unanswered key
 dense batch costs a page per 1,000 keys and a sparse one no more than a request per key.
 get/put/delete of many keys run on a bounded thread pool over a connection pool of the
 same size (botocore `max_pool_connections`); deletes go 1,000 keys per DeleteObjects.
+A listing past one page runs as 16 ranges (the id's first hex digit) in parallel, each
+buffering a few pages ahead of the reader, and is yielded in id order.
 
 Endpoint, region and credentials come from the standard AWS environment
 (AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...) through
@@ -26,6 +28,7 @@ requests are retried with exponential backoff for at most $AGENTCAS_RETRY_SECOND
 from __future__ import annotations
 
 import os
+import queue
 import random
 import threading
 import time
@@ -38,6 +41,7 @@ from agentcas.cas.blobstore.base import KEY_SIZE, BlobInfo, BlobStore, BlobUnava
 POOL_SIZE = int(os.environ.get("AGENTCAS_S3_CONNECTIONS", "16"))
 HEAD_MAX = 32           # up to this many keys: parallel HEADs; more: listing
 LIST_PAGE = 1000        # ListObjectsV2 and DeleteObjects maximum
+LIST_AHEAD = 8          # pages each listing range may read ahead of its reader
 CONNECT_SECONDS = 3
 READ_SECONDS = 10.0      # per request, $AGENTCAS_S3_READ_TIMEOUT
 _RETRY_STATUS = {500, 502, 503, 504, 409}  # 409: a conditional write racing another
@@ -353,25 +357,83 @@ class S3BlobStore(BlobStore):
         list(self._pool.map(self._delete_batch, batches))
         return len(present)
 
-    def list(self) -> Iterator[BlobInfo]:
-        token = None
-        while True:
-            options = {"ContinuationToken": token} if token else {}
+    def _list_page(self, prefix: str, token: str | None = None, start_after: str | None = None) -> dict:
+        options = {"ContinuationToken": token} if token else ({"StartAfter": start_after} if start_after else {})
+        try:
+            return self._call(lambda: self._client.list_objects_v2(Bucket=self.bucket, Prefix=prefix,
+                                                                   MaxKeys=LIST_PAGE, **options))
+        except self._exceptions.ClientError as exc:
+            raise self._refused(exc, f"to list {prefix}") from None
 
-            def attempt(options=options):
-                return self._client.list_objects_v2(Bucket=self.bucket, Prefix=self._objects_prefix,
-                                                    MaxKeys=LIST_PAGE, **options)
-            try:
-                page = self._call(attempt)
-            except self._exceptions.ClientError as exc:
-                raise self._refused(exc, f"to list {self._objects_prefix}") from None
-            for item in page.get("Contents", []):
-                key = self._key(item["Key"])
-                if key is not None:
-                    yield BlobInfo(key, int(item["Size"]), item["LastModified"].timestamp(), None)
-            token = page.get("NextContinuationToken")
-            if not page.get("IsTruncated") or not token:
-                return
+    def _infos(self, page: dict) -> list[BlobInfo]:
+        out = []
+        for item in page.get("Contents", []):
+            key = self._key(item["Key"])
+            if key is not None:
+                out.append(BlobInfo(key, int(item["Size"]), item["LastModified"].timestamp(), None))
+        return out
+
+    def list(self) -> Iterator[BlobInfo]:
+        """Every object in id order. One page answers a small store; a larger one is listed
+        as 16 ranges (by the id's first hex digit) in parallel, each range buffering at
+        most LIST_AHEAD pages ahead of the reader, so memory stays bounded."""
+        first = self._list_page(self._objects_prefix)
+        yield from self._infos(first)
+        if not first.get("IsTruncated"):
+            return
+        last = first["Contents"][-1]["Key"]
+        reached = last[len(self._objects_prefix):][:1]  # the first page covered ids up to `last`
+        stop = threading.Event()
+        queues = []
+        threads = []
+        for digit in "0123456789abcdef":
+            if digit < reached:
+                continue
+            pages: queue.Queue = queue.Queue(maxsize=LIST_AHEAD)
+            queues.append(pages)
+            threads.append(threading.Thread(target=self._list_range, daemon=True, name="agentcas-s3-list",
+                                            args=(self._objects_prefix + digit, last if digit == reached else None,
+                                                  pages, stop)))
+        for thread in threads:
+            thread.start()
+        try:
+            for pages in queues:
+                while True:
+                    item = pages.get()
+                    if item is None:
+                        break
+                    if isinstance(item, BaseException):
+                        raise item
+                    yield from item
+        finally:
+            stop.set()
+            for pages in queues:  # unblock producers waiting on a full queue
+                while not pages.empty():
+                    pages.get_nowait()
+
+    def _list_range(self, prefix: str, start_after: str | None, pages: "queue.Queue", stop) -> None:
+        """Producer: the pages of one key range onto `pages`, then None (or the error)."""
+        token = None
+
+        def put(item) -> bool:
+            while not stop.is_set():
+                try:
+                    pages.put(item, timeout=0.2)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+        try:
+            while not stop.is_set():
+                page = self._list_page(prefix, token, start_after)
+                if not put(self._infos(page)):
+                    return
+                token = page.get("NextContinuationToken")
+                if not page.get("IsTruncated") or not token:
+                    break
+            put(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the reader
+            put(exc)
 
     def used_bytes(self) -> int:
         """The stored bytes, from a full listing (one request per 1,000 objects)."""
