@@ -220,7 +220,7 @@ def test_a_long_listing_is_complete_in_order_and_may_stop_early(s3_url):
     store.requests.clear()
     infos = list(store.list())
     assert [info.key for info in infos] == keys and all(info.size == len(value(k)) for info, k in zip(infos, keys))
-    assert store.requests["ListObjectsV2"] >= 16
+    assert store.requests["ListObjectsV2"] > 2  # one page, then the remaining ranges
     listing = store.list()
     assert [next(listing).key for _ in range(1500)] == keys[:1500]
     listing.close()  # the readers ahead stop; nothing hangs
