@@ -47,7 +47,7 @@ def _move(txn, worker: int, lock: bool) -> bool:
     new = struct.pack(">Q", struct.unpack(">Q", current)[0] + 1)
     if not txn.compare_and_set("refs", b"threads/bench", current, new):
         return False
-    txn.put_new("reflog", b"threads/bench\x00" + new, b"%d" % worker)
+    txn.put("reflog", b"threads/bench\x00" + new, b"%d" % worker)
     return True
 
 
@@ -226,7 +226,7 @@ def main(argv=None) -> int:
                 got, per_attempt = cas_throughput(pg, workers=8, moves=150 if args.quick else 500, lock=lock)
                 rows += got
             more = ["each move: BEGIN, SELECT [FOR UPDATE], UPDATE ... WHERE value = old (the row count decides), "
-                    "INSERT reflog row, COMMIT: one transaction, 5 round trips"]
+                    "INSERT reflog row, COMMIT: one transaction; BEGIN goes with the SELECT and the INSERT with the COMMIT (3 round trips)"]
             print(table("Ref CAS throughput (PostgreSQL metadata store, localhost)",
                         ["run", "moves", "lost CAS attempts", "wall", "moves/s", "moves lost"], rows, more + notes))
         if "gc" in parts:

@@ -16,7 +16,10 @@ against a row a concurrent transaction changed, so the row count decides the rac
 A serialization failure, a deadlock or a dropped connection re-runs the whole `fn`
 on a fresh connection, with exponential backoff, for at most $AGENTCAS_RETRY_SECONDS
 (20 s); then MetadataUnavailable names the server (host:port/db, never a password).
-`reader()` is a REPEATABLE READ READ ONLY transaction: one snapshot.
+`reader()` is a REPEATABLE READ READ ONLY transaction: one snapshot, taken at once.
+Statements whose result is not read (BEGIN, `put`) are held back and pipelined with the
+next statement or the COMMIT, so a ref move (SELECT, UPDATE, reflog put) costs three
+round trips.
 
 A dropped connection during COMMIT leaves it unknown whether the transaction
 committed; `fn` is then run again, so a ref move may find its own earlier success (the
@@ -90,14 +93,39 @@ def _check_table(table: str) -> str:
 
 
 class _PgTxn(MetaTxn):
-    def __init__(self, store: "PostgresMetadataStore", conn: psycopg.Connection, writable: bool):
+    """Statements whose result nobody reads (BEGIN, put) wait and go out in one pipeline
+    with the next statement or the COMMIT: a ref move is three round trips, not five."""
+
+    def __init__(self, store: "PostgresMetadataStore", conn: psycopg.Connection, writable: bool,
+                 begin: str | None = None):
         self._store = store
         self._conn = conn
         self._writable = writable
+        self._pending: list[tuple[str, tuple]] = [(begin, ())] if begin else []
+        self.begun = begin is None
 
     def _run(self, sql: str, params: tuple = ()):
         self._store.statements += 1
-        return self._conn.execute(sql, params, binary=True)
+        if not self._pending:
+            return self._conn.execute(sql, params, binary=True)
+        with self._conn.pipeline():
+            for pending_sql, pending_params in self._pending:
+                self._conn.execute(pending_sql, pending_params, binary=True)
+            cursor = self._conn.execute(sql, params, binary=True)
+        self._pending.clear()
+        self.begun = True
+        return cursor
+
+    def _defer(self, sql: str, params: tuple) -> None:
+        self._store.statements += 1
+        self._pending.append((sql, params))
+
+    def commit(self) -> None:
+        """COMMIT with whatever is still waiting (nothing at all if nothing was sent)."""
+        if not self.begun and all(sql.startswith("BEGIN") for sql, _ in self._pending):
+            self._pending.clear()
+            return
+        self._run("COMMIT")
 
     def _writing(self) -> None:
         if not self._writable:
@@ -137,7 +165,7 @@ class _PgTxn(MetaTxn):
 
     def put(self, table, key, value):
         self._writing()
-        self._run("INSERT INTO agentcas_kv (tbl, key, value) VALUES (%s, %s, %s) "
+        self._defer("INSERT INTO agentcas_kv (tbl, key, value) VALUES (%s, %s, %s) "
                   "ON CONFLICT (tbl, key) DO UPDATE SET value = EXCLUDED.value",
                   (_check_table(table), bytes(key), bytes(value)))
 
@@ -266,15 +294,13 @@ class PostgresMetadataStore(MetadataStore):
             conn = None
             try:
                 conn = self._acquire()
-                self.statements += 1
-                conn.execute(f"BEGIN ISOLATION LEVEL {isolation}")
+                txn = _PgTxn(self, conn, writable=True, begin=f"BEGIN ISOLATION LEVEL {isolation}")
                 try:
-                    result = attempt(_PgTxn(self, conn, writable=True))
+                    result = attempt(txn)
+                    txn.commit()
                 except BaseException:
                     self._rollback(conn)
                     raise
-                self.statements += 1
-                conn.execute("COMMIT")
                 self._release(conn)
                 return result
             except _RETRYABLE as exc:
@@ -291,7 +317,7 @@ class PostgresMetadataStore(MetadataStore):
 
     def _rollback(self, conn: psycopg.Connection) -> None:
         try:
-            if not conn.closed:
+            if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 self.statements += 1
                 conn.execute("ROLLBACK")
         except Exception:  # noqa: BLE001 - the connection is going away anyway
