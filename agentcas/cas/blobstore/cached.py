@@ -38,7 +38,9 @@ TOUCH_SECONDS = 60
 _U64 = struct.Struct(">Q")
 _TOTAL = b"bytes"
 
-_ENVS: dict[str, lmdb.Environment] = {}  # LMDB allows one environment per file per process
+# LMDB allows one environment per file per process, and an inherited one is unusable
+# after fork: keyed by (path, pid), a forked child opens its own.
+_ENVS: dict[tuple[str, int], lmdb.Environment] = {}
 _ENVS_LOCK = threading.Lock()
 
 
@@ -53,13 +55,13 @@ def default_cache_dir(url: str) -> str:
 
 def _open_env(path: str, map_size: int) -> lmdb.Environment:
     with _ENVS_LOCK:
-        env = _ENVS.get(path)
+        env = _ENVS.get((path, os.getpid()))
         if env is None:
             os.makedirs(path, exist_ok=True)
             env = lmdb.open(path, map_size=map_size, max_dbs=4, sync=False, metasync=False,
                             readahead=False, max_readers=256)
             env.reader_check()
-            _ENVS[path] = env
+            _ENVS[(path, os.getpid())] = env
         return env
 
 
