@@ -4,14 +4,15 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench clean services services-stop
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
+	bash scripts/install-services.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]' --config-settings editable_mode=compat
+	$(BIN)/pip install --quiet -e '.[test,s3,postgres]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 demo: setup
@@ -25,6 +26,13 @@ bench: setup
 	  { apt-get update -qq && apt-get install -y -qq restic borgbackup b3sum; }
 	$(BIN)/pip install --quiet -e '.[bench]' --config-settings editable_mode=compat
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+# Real PostgreSQL and SeaweedFS (S3) on free localhost ports, for trying a shared store by hand.
+services: setup
+	@$(BIN)/python tests/services.py start
+
+services-stop:
+	@$(BIN)/python tests/services.py stop
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -127,3 +127,38 @@ def views(store):
     """`with views(store) as view:` -> View over store.meta.reader() and store.source."""
     with store.meta.reader() as txn, store.source.reading() as objects:
         yield View(txn, objects)
+
+
+# -- issue 11: real PostgreSQL and SeaweedFS (S3) servers, one of each per pytest process --------
+# Started on first use, stopped at session end (also when tests fail); a server that cannot
+# start makes the test error, never skip. Their variables (PGPASSWORD, AWS_*) go into
+# os.environ so the stores and any `agentcas` subprocess find them as a user's shell would.
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    from services import PostgresServer
+    server = PostgresServer()
+    os.environ.update(server.env())
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    from services import SeaweedServer
+    server = SeaweedServer()
+    os.environ.update(server.env())
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def postgres_url(postgres_server) -> str:
+    """A new empty database on the session's PostgreSQL (no schema yet)."""
+    return postgres_server.create_database()
+
+
+@pytest.fixture
+def s3_url(s3_server) -> str:
+    """A new empty prefix in the session's SeaweedFS test bucket."""
+    return s3_server.url()

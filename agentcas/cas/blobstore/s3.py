@@ -1,0 +1,444 @@
+"""The S3 blob store (boto3): one immutable S3 object per agentcas object.
+
+Layout: `s3://BUCKET/PREFIX` keeps object `ID` (raw 32 bytes) at `PREFIX/objects/<64 hex>`,
+its framed value as the body; lexicographic key order is id order. Writes are
+create-if-absent (`PUT` with `If-None-Match: *`; 412 means it was already there), so
+the first write of a key wins and a key's bytes never change. A gateway that answers
+501 to the condition (or `AGENTCAS_S3_CONDITIONAL_PUT=0`) gets HEAD-then-PUT instead:
+racing writers then may both write, harmless because both write the same bytes.
+
+Existence is batched: a few keys are HEADed in parallel; many keys are answered from
+ListObjectsV2 over their key range, the sorted keys split into one segment per worker,
+each segment paged with `StartAfter` jumping straight to its next unanswered key, so a
+dense batch costs a page per 1,000 keys and a sparse one no more than a request per key.
+get/put/delete of many keys run on a bounded thread pool over a connection pool of the
+same size (botocore `max_pool_connections`); deletes go 1,000 keys per DeleteObjects.
+A listing past one page runs as 16 ranges (the id's first hex digit) in parallel, each
+buffering a few pages ahead of the reader, and is yielded in id order.
+
+Endpoint, region and credentials come from the standard AWS environment
+(AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...) through
+boto3, and are never printed, logged or stored: errors name the endpoint and bucket
+only (any credential text in a message is masked). Unreachable, timed-out or 5xx
+requests are retried with exponential backoff for at most $AGENTCAS_RETRY_SECONDS
+(20 s), then BlobUnavailable("S3 at ENDPOINT (bucket B) ...").
+`requests` counts the HTTP requests sent, by operation (benchmarks, request budgets).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import random
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterable, Iterator, Mapping, Sequence
+
+from agentcas.cas.blobstore.base import KEY_SIZE, BlobInfo, BlobStore, BlobUnavailable
+
+POOL_SIZE = int(os.environ.get("AGENTCAS_S3_CONNECTIONS", "16"))
+HEAD_MAX = 32           # up to this many keys: parallel HEADs; more: listing
+LIST_PAGE = 1000        # ListObjectsV2 and DeleteObjects maximum
+LIST_AHEAD = 8          # pages each listing range may read ahead of its reader
+CONNECT_SECONDS = 3
+READ_SECONDS = 10.0      # per request, $AGENTCAS_S3_READ_TIMEOUT
+_RETRY_STATUS = {500, 502, 503, 504, 409}  # 409: a conditional write racing another
+_RETRY_CODES = {"SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout", "Throttling",
+                "ThrottlingException", "RequestTimeTooSkewed", "OperationAborted", "ConditionalRequestConflict"}
+_MISSING_CODES = {"404", "NoSuchKey", "NotFound"}
+
+
+def retry_seconds() -> float:
+    """How long a failing request is retried before the service is called unavailable."""
+    return float(os.environ.get("AGENTCAS_RETRY_SECONDS", "20"))
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """(bucket, prefix) of `s3://BUCKET/PREFIX` (the prefix without slashes at its ends)."""
+    if not url.startswith("s3://"):
+        raise ValueError("an S3 blob store URL starts with s3://")
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    if not bucket:
+        raise ValueError("an S3 store URL names a bucket: s3://BUCKET/PREFIX")
+    return bucket, prefix.strip("/")
+
+
+class S3BlobStore(BlobStore):
+    """Immutable framed objects in one bucket under one prefix, at `s3://BUCKET/PREFIX`."""
+
+    def __init__(self, url: str, create: bool = False):
+        import boto3
+        import botocore.config
+        import botocore.exceptions
+        self._exceptions = botocore.exceptions
+        self.bucket, self.prefix = parse_url(url)
+        self.url = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+        self._objects_prefix = f"{self.prefix}/objects/" if self.prefix else "objects/"
+        self.endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+        self.region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        self.name = f"S3 at {self.endpoint or 'the default AWS endpoint'} (bucket {self.bucket})"
+        self.conditional_put = os.environ.get("AGENTCAS_S3_CONDITIONAL_PUT", "1") != "0"
+        self.requests: Counter = Counter()
+        self._requests_lock = threading.Lock()
+        config = botocore.config.Config(
+            max_pool_connections=POOL_SIZE, retries={"total_max_attempts": 1},
+            connect_timeout=CONNECT_SECONDS,
+            read_timeout=float(os.environ.get("AGENTCAS_S3_READ_TIMEOUT", READ_SECONDS)),
+            request_checksum_calculation="when_required", response_checksum_validation="when_required",
+            s3={"addressing_style": "path"} if self.endpoint else {})
+        try:
+            session = boto3.session.Session()
+            self._client = session.client("s3", endpoint_url=self.endpoint, region_name=self.region, config=config)
+        except self._exceptions.BotoCoreError as exc:
+            raise BlobUnavailable(f"{self.name}: {self._reason(exc)}") from None
+        self._client.meta.events.register("before-send.s3", self._count_request)
+        self._pool = ThreadPoolExecutor(max_workers=POOL_SIZE, thread_name_prefix="agentcas-s3")
+        self._open_bucket(create)
+
+    # -- requests, retries, errors ----------------------------------------------------------
+
+    def _count_request(self, request=None, event_name: str = "", **_):
+        with self._requests_lock:
+            self.requests[event_name.rsplit(".", 1)[-1]] += 1
+
+    def request_count(self) -> int:
+        with self._requests_lock:
+            return sum(self.requests.values())
+
+    def _reason(self, exc: BaseException) -> str:
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        for name in ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN"):
+            secret = os.environ.get(name)
+            if secret:
+                text = text.replace(secret, "***")
+        return text
+
+    @staticmethod
+    def _status(exc) -> tuple[int | None, str]:
+        response = getattr(exc, "response", None) or {}
+        return (response.get("ResponseMetadata", {}).get("HTTPStatusCode"),
+                str(response.get("Error", {}).get("Code", "")))
+
+    def _retryable(self, exc: BaseException) -> bool:
+        if isinstance(exc, self._exceptions.ClientError):
+            status, code = self._status(exc)
+            return status in _RETRY_STATUS or code in _RETRY_CODES
+        return isinstance(exc, (self._exceptions.HTTPClientError, self._exceptions.ConnectionError,
+                                self._exceptions.IncompleteReadError,
+                                getattr(self._exceptions, "ResponseStreamingError", OSError), OSError))
+
+    def _call(self, attempt):
+        """attempt() retried with backoff while it fails for a retryable reason."""
+        began = time.monotonic()
+        deadline = began + retry_seconds()
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                return attempt()
+            except Exception as exc:  # noqa: BLE001 - classified below
+                if not self._retryable(exc):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise BlobUnavailable(f"{self.name} unavailable after {tries} tries in "
+                                          f"{time.monotonic() - began:.0f}s: {self._reason(exc)}") from None
+                delay = min(2.0, 0.05 * 2 ** (tries - 1)) * (0.5 + random.random())
+                time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
+
+    def _refused(self, exc: BaseException, what: str) -> BlobUnavailable:
+        status, code = self._status(exc)
+        return BlobUnavailable(f"{self.name} refused {what}: {code or status} ({self._reason(exc)})")
+
+    def _missing(self, exc: BaseException) -> bool:
+        if not isinstance(exc, self._exceptions.ClientError):
+            return False
+        status, code = self._status(exc)
+        if code == "NoSuchBucket":
+            raise BlobUnavailable(f"{self.name}: the bucket does not exist") from None
+        return status == 404 or code in _MISSING_CODES
+
+    # -- bucket --------------------------------------------------------------------------
+
+    def _open_bucket(self, create: bool) -> None:
+        try:
+            self._call(lambda: self._client.head_bucket(Bucket=self.bucket))
+            return
+        except self._exceptions.ClientError as exc:
+            status, code = self._status(exc)
+            if status != 404 and code not in ("NoSuchBucket", "404", "NotFound"):
+                raise self._refused(exc, f"access to bucket {self.bucket}") from None
+        if not create:
+            raise BlobUnavailable(f"{self.name}: the bucket does not exist (run `agentcas init` with this URL)")
+        options = {}
+        if self.region != "us-east-1":
+            options["CreateBucketConfiguration"] = {"LocationConstraint": self.region}
+        try:
+            self._call(lambda: self._client.create_bucket(Bucket=self.bucket, **options))
+        except self._exceptions.ClientError as exc:
+            if self._status(exc)[1] not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                raise self._refused(exc, f"to create bucket {self.bucket}") from None
+
+    # -- keys ----------------------------------------------------------------------------
+
+    def _name(self, key: bytes) -> str:
+        key = bytes(key)
+        if len(key) != KEY_SIZE:
+            raise ValueError(f"a blob key is {KEY_SIZE} bytes, not {len(key)}")
+        return self._objects_prefix + key.hex()
+
+    def _key(self, name: str) -> bytes | None:
+        """The raw key of a listed name, or None for anything that is not an object."""
+        hexid = name[len(self._objects_prefix):]
+        if len(hexid) != 2 * KEY_SIZE or not name.startswith(self._objects_prefix):
+            return None
+        try:
+            return bytes.fromhex(hexid)
+        except ValueError:
+            return None
+
+    # -- BlobStore -----------------------------------------------------------------------
+
+    def get(self, key):
+        name = self._name(key)
+
+        def attempt():
+            try:
+                return self._client.get_object(Bucket=self.bucket, Key=name)["Body"].read()
+            except self._exceptions.ClientError as exc:
+                if self._missing(exc):
+                    return None
+                raise
+        try:
+            return self._call(attempt)
+        except self._exceptions.ClientError as exc:
+            raise self._refused(exc, f"to read {name}") from None
+
+    def get_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        keys = list(dict.fromkeys(bytes(k) for k in keys))
+        if len(keys) <= 1:
+            return super().get_many(keys)
+        return {k: v for k, v in zip(keys, self._pool.map(self.get, keys)) if v is not None}
+
+    def header(self, key):
+        from agentcas.cas import framing
+        name = self._name(key)
+
+        def attempt():
+            try:
+                response = self._client.get_object(Bucket=self.bucket, Key=name,
+                                                   Range=f"bytes=0-{framing.HEADER_SIZE - 1}")
+                return response["Body"].read()[:framing.HEADER_SIZE]
+            except self._exceptions.ClientError as exc:
+                if self._missing(exc):
+                    return None
+                raise
+        try:
+            return self._call(attempt)
+        except self._exceptions.ClientError as exc:
+            raise self._refused(exc, f"to read {name}") from None
+
+    def _head(self, key: bytes) -> bool:
+        name = self._name(key)
+
+        def attempt():
+            try:
+                self._client.head_object(Bucket=self.bucket, Key=name)
+                return True
+            except self._exceptions.ClientError as exc:
+                if self._missing(exc):
+                    return False
+                raise
+        try:
+            return self._call(attempt)
+        except self._exceptions.ClientError as exc:
+            raise self._refused(exc, f"to check {name}") from None
+
+    def has_many(self, keys: Iterable[bytes]) -> set[bytes]:
+        keys = sorted(set(bytes(k) for k in keys))
+        if not keys:
+            return set()
+        if len(keys) <= HEAD_MAX:
+            return {k for k, present in zip(keys, self._pool.map(self._head, keys)) if present}
+        per = max(HEAD_MAX, -(-len(keys) // POOL_SIZE))
+        segments = [keys[i:i + per] for i in range(0, len(keys), per)]
+        present: set[bytes] = set()
+        for found in self._pool.map(self._listed, segments):
+            present |= found
+        return present
+
+    def _listed(self, keys: list[bytes]) -> set[bytes]:
+        """Which of the sorted `keys` exist, from listing pages that start at each unanswered key."""
+        present: set[bytes] = set()
+        i = 0
+        last_name = ""
+        while i < len(keys):
+            # A strict prefix of the key's name sorts just before it: StartAfter it lists the key.
+            start_after = max(self._name(keys[i])[:-1], last_name)
+
+            def attempt(start_after=start_after):
+                return self._client.list_objects_v2(Bucket=self.bucket, Prefix=self._objects_prefix,
+                                                    StartAfter=start_after, MaxKeys=LIST_PAGE)
+            try:
+                page = self._call(attempt)
+            except self._exceptions.ClientError as exc:
+                raise self._refused(exc, f"to list {self._objects_prefix}") from None
+            names = [item["Key"] for item in page.get("Contents", [])]
+            listed = {self._key(name) for name in names}
+            if not names:
+                return present
+            last_name = names[-1]
+            last = self._key(last_name) or b"\xff" * KEY_SIZE
+            while i < len(keys) and keys[i] <= last:
+                if keys[i] in listed:
+                    present.add(keys[i])
+                i += 1
+            if not page.get("IsTruncated"):
+                return present
+        return present
+
+    def _put(self, key: bytes, value: bytes) -> bool:
+        name = self._name(key)
+        if not self.conditional_put and self._head(key):
+            return False
+
+        def attempt():
+            options = {"IfNoneMatch": "*"} if self.conditional_put else {}
+            try:
+                self._client.put_object(Bucket=self.bucket, Key=name, Body=value, **options)
+                return True
+            except self._exceptions.ClientError as exc:
+                status, code = self._status(exc)
+                if status == 412 or code == "PreconditionFailed":
+                    return False
+                raise
+        try:
+            return self._call(attempt)
+        except self._exceptions.ClientError as exc:
+            status, code = self._status(exc)
+            if self.conditional_put and (status == 501 or code == "NotImplemented"):
+                self.conditional_put = False  # the gateway does not do If-None-Match
+                return self._put(key, value)
+            raise self._refused(exc, f"to write {name}") from None
+
+    def put_many(self, items: Mapping[bytes, bytes]) -> tuple[int, int]:
+        written = self.put_many_written(items)
+        return len(written), sum(len(items[k]) for k in written)
+
+    def put_many_written(self, items: Mapping[bytes, bytes]) -> set[bytes]:
+        """put_many, answering which keys were written now (the cache keeps exactly those)."""
+        pairs = [(bytes(k), v) for k, v in items.items()]
+        if len(pairs) == 1:
+            written = [self._put(*pairs[0])]
+        else:
+            written = list(self._pool.map(lambda pair: self._put(*pair), pairs))
+        return {k for (k, _), new in zip(pairs, written) if new}
+
+    def _delete_batch(self, keys: list[bytes]) -> None:
+        request = {"Objects": [{"Key": self._name(k)} for k in keys], "Quiet": True}
+
+        def attempt():
+            errors = self._client.delete_objects(Bucket=self.bucket, Delete=request).get("Errors", [])
+            failed = [e for e in errors if e.get("Code") not in ("NoSuchKey",)]
+            if failed:
+                raise self._exceptions.ClientError(
+                    {"Error": {"Code": failed[0].get("Code", "InternalError"), "Message": failed[0].get("Message", "")},
+                     "ResponseMetadata": {"HTTPStatusCode": 500}}, "DeleteObjects")
+        try:
+            self._call(attempt)
+        except self._exceptions.ClientError as exc:
+            raise self._refused(exc, f"to delete objects under {self._objects_prefix}") from None
+
+    def delete_many(self, keys: Iterable[bytes]) -> int:
+        # DeleteObjects reports absent keys as deleted too: count what existed first.
+        present = sorted(self.has_many(keys))
+        batches = [present[i:i + LIST_PAGE] for i in range(0, len(present), LIST_PAGE)]
+        list(self._pool.map(self._delete_batch, batches))
+        return len(present)
+
+    def _list_page(self, prefix: str, token: str | None = None, start_after: str | None = None) -> dict:
+        options = {"ContinuationToken": token} if token else ({"StartAfter": start_after} if start_after else {})
+        try:
+            return self._call(lambda: self._client.list_objects_v2(Bucket=self.bucket, Prefix=prefix,
+                                                                   MaxKeys=LIST_PAGE, **options))
+        except self._exceptions.ClientError as exc:
+            raise self._refused(exc, f"to list {prefix}") from None
+
+    def _infos(self, page: dict) -> list[BlobInfo]:
+        out = []
+        for item in page.get("Contents", []):
+            key = self._key(item["Key"])
+            if key is not None:
+                out.append(BlobInfo(key, int(item["Size"]), item["LastModified"].timestamp(), None))
+        return out
+
+    def list(self) -> Iterator[BlobInfo]:
+        """Every object in id order. One page answers a small store; a larger one is listed
+        as 16 ranges (by the id's first hex digit) in parallel, each range buffering at
+        most LIST_AHEAD pages ahead of the reader, so memory stays bounded."""
+        first = self._list_page(self._objects_prefix)
+        yield from self._infos(first)
+        if not first.get("IsTruncated"):
+            return
+        last = first["Contents"][-1]["Key"]
+        reached = last[len(self._objects_prefix):][:1]  # the first page covered ids up to `last`
+        stop = threading.Event()
+        queues = []
+        threads = []
+        for digit in "0123456789abcdef":
+            if digit < reached:
+                continue
+            pages: queue.Queue = queue.Queue(maxsize=LIST_AHEAD)
+            queues.append(pages)
+            threads.append(threading.Thread(target=self._list_range, daemon=True, name="agentcas-s3-list",
+                                            args=(self._objects_prefix + digit, last if digit == reached else None,
+                                                  pages, stop)))
+        for thread in threads:
+            thread.start()
+        try:
+            for pages in queues:
+                while True:
+                    item = pages.get()
+                    if item is None:
+                        break
+                    if isinstance(item, BaseException):
+                        raise item
+                    yield from item
+        finally:
+            stop.set()
+            for pages in queues:  # unblock producers waiting on a full queue
+                while not pages.empty():
+                    pages.get_nowait()
+
+    def _list_range(self, prefix: str, start_after: str | None, pages: "queue.Queue", stop) -> None:
+        """Producer: the pages of one key range onto `pages`, then None (or the error)."""
+        token = None
+
+        def put(item) -> bool:
+            while not stop.is_set():
+                try:
+                    pages.put(item, timeout=0.2)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+        try:
+            while not stop.is_set():
+                page = self._list_page(prefix, token, start_after)
+                if not put(self._infos(page)):
+                    return
+                token = page.get("NextContinuationToken")
+                if not page.get("IsTruncated") or not token:
+                    break
+            put(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the reader
+            put(exc)
+
+    def used_bytes(self) -> int:
+        """The stored bytes, from a full listing (one request per 1,000 objects)."""
+        return sum(info.size for info in self.list())
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._client.close()

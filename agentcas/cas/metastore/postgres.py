@@ -1,0 +1,411 @@
+"""The PostgreSQL metadata store (psycopg 3): every table is rows of one SQL table.
+
+    agentcas_kv(tbl text, key bytea, value bytea, PRIMARY KEY (tbl, key))
+
+bytea compares bytewise (memcmp, then length), so `ORDER BY key` is the byte order
+every backend's `scan` promises; a scan pages through the primary key 1,000 rows at a
+time (keyset: `key > last`), so a long scan holds no cursor and may interleave with
+writes of the same transaction. The schema is versioned (`agentcas_schema_version`,
+migrations below, applied by `create=True` under an advisory lock); a database of a
+newer version is refused.
+
+`write(fn)` is one READ COMMITTED transaction. A ref move is `compare_and_set`:
+`UPDATE ... WHERE value = old` (INSERT ... ON CONFLICT DO NOTHING when old is None,
+DELETE ... WHERE value = old when new is None); PostgreSQL re-checks the WHERE clause
+against a row a concurrent transaction changed, so the row count decides the race.
+A serialization failure, a deadlock or a dropped connection re-runs the whole `fn`
+on a fresh connection, with exponential backoff, for at most $AGENTCAS_RETRY_SECONDS
+(20 s); then MetadataUnavailable names the server (host:port/db, never a password).
+`reader()` is a REPEATABLE READ READ ONLY transaction: one snapshot, taken at once.
+Statements whose result is not read (BEGIN, `put`) are held back and pipelined with the
+next statement or the COMMIT, so a ref move (SELECT, UPDATE, reflog put) costs three
+round trips.
+
+A dropped connection during COMMIT leaves it unknown whether the transaction
+committed; `fn` is then run again, so a ref move may find its own earlier success (the
+caller sees the new value instead of the old one).
+
+Connections: a small per-process pool (one connection per concurrent transaction,
+kept idle for reuse, at most POOL_SIZE idle); after a fork the child opens its own.
+`statements` and `connections` count what was sent (benchmarks, request budgets).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from contextlib import contextmanager
+from urllib.parse import quote
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict
+
+from agentcas.cas.metastore.base import TABLES, MetadataStore, MetadataUnavailable, MetaTxn
+
+SCHEMA_VERSION = 1
+MIGRATIONS = {
+    1: ["CREATE TABLE agentcas_kv (tbl text NOT NULL, key bytea NOT NULL, value bytea NOT NULL,"
+        " PRIMARY KEY (tbl, key))"],
+}
+_MIGRATION_LOCK = 0x61676E74636173  # pg_advisory_xact_lock key: "agntcas"
+SCAN_PAGE = 1000
+POOL_SIZE = 8
+CONNECT_SECONDS = 5
+
+
+def retry_seconds() -> float:
+    """How long a failing operation is retried before the service is called unavailable."""
+    return float(os.environ.get("AGENTCAS_RETRY_SECONDS", "20"))
+
+
+class SchemaMissing(MetadataUnavailable):
+    """The database has no agentcas schema (or an older one): `agentcas init` creates it."""
+
+
+class SchemaTooNew(MetadataUnavailable):
+    """The database was migrated by a newer agentcas: refuse rather than corrupt it."""
+
+
+_RETRYABLE = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, psycopg.OperationalError,
+              psycopg.InterfaceError)
+# Connection errors no retry can fix.
+_FINAL_MARKERS = ("authentication failed", "does not exist", "no password supplied", "permission denied",
+                  "no pg_hba.conf entry", "role ")
+
+_ABANDONED: list = []  # connections inherited over fork: never closed (that would end the parent's session)
+
+
+def _prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key starting with `prefix` (None: no bound)."""
+    trimmed = prefix.rstrip(b"\xff")
+    if not trimmed:
+        return None
+    return trimmed[:-1] + bytes([trimmed[-1] + 1])
+
+
+def _check_table(table: str) -> str:
+    if table not in TABLES:
+        raise KeyError(f"no metadata table {table!r}")
+    return table
+
+
+class _PgTxn(MetaTxn):
+    """Statements whose result nobody reads (BEGIN, put) wait and go out in one pipeline
+    with the next statement or the COMMIT: a ref move is three round trips, not five."""
+
+    def __init__(self, store: "PostgresMetadataStore", conn: psycopg.Connection, writable: bool,
+                 begin: str | None = None):
+        self._store = store
+        self._conn = conn
+        self._writable = writable
+        self._pending: list[tuple[str, tuple]] = [(begin, ())] if begin else []
+        self.begun = begin is None
+
+    def _run(self, sql: str, params: tuple = ()):
+        self._store.statements += 1
+        if not self._pending:
+            return self._conn.execute(sql, params, binary=True)
+        with self._conn.pipeline():
+            for pending_sql, pending_params in self._pending:
+                self._conn.execute(pending_sql, pending_params, binary=True)
+            cursor = self._conn.execute(sql, params, binary=True)
+        self._pending.clear()
+        self.begun = True
+        return cursor
+
+    def _defer(self, sql: str, params: tuple) -> None:
+        self._store.statements += 1
+        self._pending.append((sql, params))
+
+    def commit(self) -> None:
+        """COMMIT with whatever is still waiting (nothing at all if nothing was sent)."""
+        if not self.begun and all(sql.startswith("BEGIN") for sql, _ in self._pending):
+            self._pending.clear()
+            return
+        self._run("COMMIT")
+
+    def _writing(self) -> None:
+        if not self._writable:
+            raise PermissionError("a metadata reader cannot write")
+
+    def get(self, table, key, for_update=False):
+        lock = " FOR UPDATE" if for_update and self._writable else ""
+        row = self._run(f"SELECT value FROM agentcas_kv WHERE tbl = %s AND key = %s{lock}",
+                        (_check_table(table), bytes(key))).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def scan(self, table, prefix=b"", start=None, reverse=False):
+        _check_table(table)
+        prefix = bytes(prefix)
+        end = _prefix_end(prefix)
+        where, params = ["tbl = %s", "key >= %s"], [table, prefix]
+        if end is not None:
+            where.append("key < %s")
+            params.append(end)
+        if start is not None:
+            where.append("key <= %s" if reverse else "key >= %s")
+            params.append(bytes(start))
+        order = "DESC" if reverse else "ASC"
+        after = None
+        while True:
+            page_where, page_params = list(where), list(params)
+            if after is not None:
+                page_where.append("key < %s" if reverse else "key > %s")
+                page_params.append(after)
+            rows = self._run(f"SELECT key, value FROM agentcas_kv WHERE {' AND '.join(page_where)} "
+                             f"ORDER BY key {order} LIMIT {SCAN_PAGE}", tuple(page_params)).fetchall()
+            for key, value in rows:
+                yield bytes(key), bytes(value)
+            if len(rows) < SCAN_PAGE:
+                return
+            after = bytes(rows[-1][0])
+
+    def put(self, table, key, value):
+        self._writing()
+        self._defer("INSERT INTO agentcas_kv (tbl, key, value) VALUES (%s, %s, %s) "
+                  "ON CONFLICT (tbl, key) DO UPDATE SET value = EXCLUDED.value",
+                  (_check_table(table), bytes(key), bytes(value)))
+
+    def put_new(self, table, key, value):
+        self._writing()
+        return self._run("INSERT INTO agentcas_kv (tbl, key, value) VALUES (%s, %s, %s) "
+                         "ON CONFLICT (tbl, key) DO NOTHING",
+                         (_check_table(table), bytes(key), bytes(value))).rowcount == 1
+
+    def delete(self, table, key):
+        self._writing()
+        return self._run("DELETE FROM agentcas_kv WHERE tbl = %s AND key = %s",
+                         (_check_table(table), bytes(key))).rowcount == 1
+
+    def compare_and_set(self, table, key, old, new):
+        self._writing()
+        table, key = _check_table(table), bytes(key)
+        if old is None and new is None:
+            return self.get(table, key, for_update=True) is None
+        if old is None:
+            return self.put_new(table, key, new)
+        if new is None:
+            sql, params = "DELETE FROM agentcas_kv WHERE tbl = %s AND key = %s AND value = %s", (table, key, bytes(old))
+        else:
+            sql = "UPDATE agentcas_kv SET value = %s WHERE tbl = %s AND key = %s AND value = %s"
+            params = (bytes(new), table, key, bytes(old))
+        return self._run(sql, params).rowcount == 1
+
+    def count(self, table):
+        return self._run("SELECT count(*) FROM agentcas_kv WHERE tbl = %s", (_check_table(table),)).fetchone()[0]
+
+
+class PostgresMetadataStore(MetadataStore):
+    """Metadata tables in one PostgreSQL database, at `postgresql://USER@HOST:PORT/DB`."""
+
+    def __init__(self, dsn: str, create: bool = False):
+        if not dsn.startswith(("postgresql://", "postgres://")):
+            raise ValueError("a PostgreSQL metadata store URL starts with postgresql://")
+        try:
+            params = conninfo_to_dict(dsn)
+        except psycopg.ProgrammingError:
+            raise MetadataUnavailable("not a valid PostgreSQL URL (postgresql://USER@HOST:PORT/DB)") from None
+        self._dsn = dsn
+        self._secrets = [s for s in (params.get("password"), os.environ.get("PGPASSWORD")) if s]
+        host = str(params.get("host") or os.environ.get("PGHOST") or "localhost")
+        port = str(params.get("port") or os.environ.get("PGPORT") or "5432")
+        dbname = str(params.get("dbname") or os.environ.get("PGDATABASE") or params.get("user") or "")
+        user = params.get("user")
+        self.name = f"PostgreSQL at {host}:{port}/{dbname}"
+        # The URL without a password: safe to print, store or put in a report.
+        self.url = f"postgresql://{quote(str(user), safe='') + '@' if user else ''}" \
+                   f"{quote(host, safe='') if host.startswith('/') else host}:{port}/{dbname}"
+        self.statements = 0
+        self.connections = 0
+        self._idle: list[psycopg.Connection] = []
+        self._pool_lock = threading.Lock()
+        self._pid = os.getpid()
+        if create:
+            self._migrate()
+        else:
+            self._check_schema()
+
+    # -- connections -------------------------------------------------------------------------
+
+    def _scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _reason(self, exc: BaseException) -> str:
+        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+        return self._scrub(lines[-1] if lines else type(exc).__name__)
+
+    def _connect(self) -> psycopg.Connection:
+        self.connections += 1
+        return psycopg.connect(self._dsn, autocommit=True, connect_timeout=CONNECT_SECONDS,
+                               application_name="agentcas")
+
+    def _acquire(self) -> psycopg.Connection:
+        with self._pool_lock:
+            if os.getpid() != self._pid:
+                _ABANDONED.extend(self._idle)
+                self._idle, self._pid = [], os.getpid()
+            while self._idle:
+                conn = self._idle.pop()
+                if not conn.closed:
+                    return conn
+        return self._connect()
+
+    def _release(self, conn: psycopg.Connection, broken: bool = False) -> None:
+        if os.getpid() != self._pid:
+            _ABANDONED.append(conn)
+            return
+        if broken or conn.closed or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - already broken
+                pass
+            return
+        with self._pool_lock:
+            if len(self._idle) < POOL_SIZE:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def _final(self, exc: BaseException) -> bool:
+        """A connection error that retrying cannot fix (bad password, missing database)."""
+        if not isinstance(exc, psycopg.OperationalError) or isinstance(exc, psycopg.errors.AdminShutdown):
+            return False
+        text = str(exc).lower()
+        return any(marker in text for marker in _FINAL_MARKERS)
+
+    def _unavailable(self, exc: BaseException, tries: int, began: float) -> MetadataUnavailable:
+        if self._final(exc):
+            return MetadataUnavailable(f"{self.name}: {self._reason(exc)}")
+        return MetadataUnavailable(f"{self.name} unavailable after {tries} tries in "
+                                   f"{time.monotonic() - began:.0f}s: {self._reason(exc)}")
+
+    def _run_retrying(self, attempt, isolation: str):
+        """attempt(txn) in one transaction at `isolation`, retried on the retryable errors."""
+        began = time.monotonic()
+        deadline = began + retry_seconds()
+        tries = 0
+        while True:
+            tries += 1
+            conn = None
+            try:
+                conn = self._acquire()
+                txn = _PgTxn(self, conn, writable=True, begin=f"BEGIN ISOLATION LEVEL {isolation}")
+                try:
+                    result = attempt(txn)
+                    txn.commit()
+                except BaseException:
+                    self._rollback(conn)
+                    raise
+                self._release(conn)
+                return result
+            except _RETRYABLE as exc:
+                if conn is not None:
+                    self._release(conn, broken=True)
+                if self._final(exc) or time.monotonic() >= deadline:
+                    raise self._unavailable(exc, tries, began) from None
+                self._backoff(tries, deadline)
+
+    @staticmethod
+    def _backoff(tries: int, deadline: float) -> None:
+        delay = min(2.0, 0.05 * 2 ** (tries - 1)) * (0.5 + random.random())
+        time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
+
+    def _rollback(self, conn: psycopg.Connection) -> None:
+        try:
+            if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                self.statements += 1
+                conn.execute("ROLLBACK")
+        except Exception:  # noqa: BLE001 - the connection is going away anyway
+            pass
+
+    # -- schema -----------------------------------------------------------------------------
+
+    def _schema_version(self, txn: _PgTxn) -> int | None:
+        exists = txn._run("SELECT to_regclass('agentcas_schema_version') IS NOT NULL").fetchone()[0]
+        if not exists:
+            return None
+        row = txn._run("SELECT max(version) FROM agentcas_schema_version").fetchone()
+        return row[0] if row and row[0] is not None else 0
+
+    def _migrate(self) -> None:
+        def migrate(txn: _PgTxn) -> None:
+            txn._run("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            version = self._schema_version(txn)
+            if version is None:
+                txn._run("CREATE TABLE agentcas_schema_version (version integer NOT NULL)")
+                version = 0
+            self._refuse_newer(version)
+            for step in range(version + 1, SCHEMA_VERSION + 1):
+                for sql in MIGRATIONS[step]:
+                    txn._run(sql)
+            if version < SCHEMA_VERSION:
+                txn._run("DELETE FROM agentcas_schema_version")
+                txn._run("INSERT INTO agentcas_schema_version (version) VALUES (%s)", (SCHEMA_VERSION,))
+        self._run_retrying(migrate, "READ COMMITTED")
+
+    def _check_schema(self) -> None:
+        with self.reader() as txn:
+            version = self._schema_version(txn)
+        if version is None or version == 0:
+            raise SchemaMissing(f"{self.name} has no agentcas schema (run `agentcas init` with this URL)")
+        self._refuse_newer(version)
+        if version < SCHEMA_VERSION:
+            raise SchemaMissing(f"{self.name} has agentcas schema version {version}, this agentcas uses "
+                                f"{SCHEMA_VERSION}: run `agentcas init` with this URL to migrate it")
+
+    def _refuse_newer(self, version: int) -> None:
+        if version > SCHEMA_VERSION:
+            raise SchemaTooNew(f"{self.name} has agentcas schema version {version}, newer than this "
+                               f"agentcas understands ({SCHEMA_VERSION}): upgrade agentcas")
+
+    # -- MetadataStore ------------------------------------------------------------------------
+
+    @contextmanager
+    def reader(self):
+        began = time.monotonic()
+        deadline = began + retry_seconds()
+        tries = 0
+        while True:
+            tries += 1
+            conn = None
+            try:
+                conn = self._acquire()
+                self.statements += 1
+                # The snapshot is taken by a transaction's first query, not by BEGIN: take it now.
+                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1")
+                break
+            except _RETRYABLE as exc:
+                if conn is not None:
+                    self._release(conn, broken=True)
+                if self._final(exc) or time.monotonic() >= deadline:
+                    raise self._unavailable(exc, tries, began) from None
+                self._backoff(tries, deadline)
+        broken = False
+        try:
+            yield _PgTxn(self, conn, writable=False)
+        except _RETRYABLE as exc:
+            broken = True
+            raise self._unavailable(exc, tries, began) from None
+        finally:
+            self._rollback(conn)
+            self._release(conn, broken=broken)
+
+    def write(self, fn):
+        return self._run_retrying(fn, "READ COMMITTED")
+
+    def close(self) -> None:
+        with self._pool_lock:
+            idle, self._idle = self._idle, []
+        if os.getpid() != self._pid:
+            _ABANDONED.extend(idle)
+            return
+        for conn in idle:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001
+                pass

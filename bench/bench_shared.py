@@ -1,0 +1,254 @@
+"""The shared store on localhost servers: refs in PostgreSQL, objects in S3 (SeaweedFS).
+
+1. Ref CAS throughput: 8 processes moving one ref through the PostgreSQL metadata store
+   directly (each move: read, compare-and-set, a reflog row, one transaction), all
+   started together; moves/s in all, CAS attempts lost to the race, and a check that
+   no move was lost (the counter and the reflog rows equal the moves made).
+2. The blob-store side of gc on S3: N objects written, then listed (streamed: peak
+   Python memory by tracemalloc, at N/10 and N to show it does not grow), their
+   existence checked in one batch, and half of them deleted; requests counted by the
+   gateway (its Prometheus metrics), not by the client.
+3. Through the CLI, once `agentcas --store s3://... --refs postgresql://...` exists:
+   first commit of 1 GiB in 1,000 files (--quick: 64 MiB in 100) beside `restic backup`
+   to a restic repository on the same SeaweedFS, then an unchanged recommit: objects
+   uploaded and requests to each service (gateway metrics; PostgreSQL statements from
+   its log, log_statement=all). Skipped with a note while the CLI lacks `--refs`.
+
+    python bench/bench_shared.py            # full
+    python bench/bench_shared.py --quick    # smaller
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import time
+import tracemalloc
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+
+from harness import AGENTCAS, env_for, fmt_bytes, fmt_time, load_note, machine_note, table, work_dir  # noqa: E402
+from services import PostgresServer, SeaweedServer  # noqa: E402
+
+from agentcas.cas import framing  # noqa: E402
+
+
+# --- 1. ref CAS throughput -----------------------------------------------------------------
+
+def _move(txn, worker: int, lock: bool) -> bool:
+    current = txn.get("refs", b"threads/bench", for_update=lock)
+    new = struct.pack(">Q", struct.unpack(">Q", current)[0] + 1)
+    if not txn.compare_and_set("refs", b"threads/bench", current, new):
+        return False
+    txn.put("reflog", b"threads/bench\x00" + new, b"%d" % worker)
+    return True
+
+
+def _cas_worker(url: str, env: dict, worker: int, moves: int, lock: bool, ready, go, queue) -> None:
+    os.environ.update(env)
+    from agentcas.cas.metastore.postgres import PostgresMetadataStore
+    store = PostgresMetadataStore(url)
+    store.write(lambda txn: txn.get("refs", b"threads/bench"))  # connected before the start
+    ready.put(worker)
+    go.wait()
+    done = lost = 0
+    started = time.perf_counter()
+    while done < moves:
+        if store.write(lambda txn: _move(txn, worker, lock)):
+            done += 1
+        else:
+            lost += 1
+    queue.put((worker, done, lost, time.perf_counter() - started, store.statements))
+    store.close()
+
+
+def cas_throughput(pg: PostgresServer, workers: int, moves: int, lock: bool) -> tuple[list, list]:
+    from agentcas.cas.metastore.postgres import PostgresMetadataStore
+    url = pg.create_database()
+    store = PostgresMetadataStore(url, create=True)
+    store.write(lambda txn: txn.put("refs", b"threads/bench", struct.pack(">Q", 0)))
+    ctx = multiprocessing.get_context("spawn")
+    ready, queue, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_cas_worker, args=(url, pg.env(), w, moves, lock, ready, go, queue))
+             for w in range(workers)]
+    for proc in procs:
+        proc.start()
+    for _ in procs:
+        ready.get(timeout=120)
+    started = time.perf_counter()
+    go.set()
+    results = [queue.get(timeout=600) for _ in procs]
+    wall = time.perf_counter() - started
+    for proc in procs:
+        proc.join()
+    total = sum(r[1] for r in results)
+    lost = sum(r[2] for r in results)
+    with store.reader() as txn:
+        counter = struct.unpack(">Q", txn.get("refs", b"threads/bench"))[0]
+        logged = txn.count("reflog")
+    store.close()
+    ok = counter == total == logged == workers * moves
+    how = "SELECT ... FOR UPDATE, then CAS" if lock else "plain read, then CAS (optimistic)"
+    rows = [[f"{workers} processes x {moves} moves, one ref: {how}", f"{total:,}", f"{lost:,}", fmt_time(wall),
+             f"{total / wall:,.0f}", f"{'none' if ok else 'LOST'} (counter {counter:,}, reflog rows {logged:,})"]]
+    return rows, sum(r[4] for r in results) / max(1, total + lost)
+
+
+# --- 2. the blob-store side of gc --------------------------------------------------------------
+
+def _listing(blobs) -> tuple[int, float, int]:
+    tracemalloc.start()
+    started = time.perf_counter()
+    count = sum(1 for _ in blobs.list())
+    seconds = time.perf_counter() - started
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return count, seconds, peak
+
+
+def blob_gc_side(s3: SeaweedServer, objects: int) -> tuple[list, list]:
+    from agentcas.cas.blobstore.s3 import S3BlobStore
+    rows = []
+    for n in (objects // 10, objects):
+        url = s3.url(f"gc-{n}-{os.getpid()}")
+        blobs = S3BlobStore(url, create=True)
+        keys = [struct.pack(">Q", i) + os.urandom(24) for i in range(n)]
+        started = time.perf_counter()
+        for i in range(0, n, 2000):
+            blobs.put_many({k: framing.frame(framing.KIND_CHUNK, k * 4) for k in keys[i:i + 2000]})
+        put_seconds = time.perf_counter() - started
+        before = sum(s3.request_counts().values())
+        count, list_seconds, peak = _listing(blobs)
+        after_list = sum(s3.request_counts().values())
+        started = time.perf_counter()
+        present = blobs.has_many(keys)
+        has_seconds = time.perf_counter() - started
+        after_has = sum(s3.request_counts().values())
+        started = time.perf_counter()
+        deleted = blobs.delete_many(keys[::2])
+        delete_seconds = time.perf_counter() - started
+        after_delete = sum(s3.request_counts().values())
+        assert count == n and len(present) == n and deleted == len(keys[::2])
+        rows.append([f"{n:,} objects", fmt_time(put_seconds), f"{fmt_time(list_seconds)} / {after_list - before:,}",
+                     fmt_bytes(peak), f"{fmt_time(has_seconds)} / {after_has - after_list:,}",
+                     f"{fmt_time(delete_seconds)} / {after_delete - after_has:,}"])
+        blobs.close()
+    notes = ["columns: wall time / requests the gateway served; delete_many checks existence first "
+             "(a listing) so it can count what it deleted, then DeleteObjects 1,000 keys a request",
+             "peak memory: Python allocations while streaming the listing (tracemalloc), without the keys "
+             "the benchmark itself holds"]
+    return rows, notes
+
+
+# --- 3. commits through the CLI --------------------------------------------------------------
+
+def cli_has_shared_store() -> bool:
+    proc = subprocess.run([AGENTCAS, "--help"], capture_output=True, text=True)
+    return "--refs" in proc.stdout
+
+
+def make_files(root: str, files: int, total: int) -> None:
+    os.makedirs(root)
+    each = total // files
+    for i in range(files):
+        with open(os.path.join(root, f"f{i:04d}.bin"), "wb") as handle:
+            handle.write(os.urandom(each))
+
+
+def cli_commits(work: str, s3: SeaweedServer, pg: PostgresServer, files: int, total: int) -> tuple[list, list]:
+    env = env_for(work)
+    env.update(s3.env())
+    env.update(pg.env())
+    env["AGENTCAS_CACHE_DIR"] = os.path.join(work, "cache")
+    data = os.path.join(work, "data")
+    make_files(data, files, total)
+    store, refs = s3.url("agentcas-bench"), pg.create_database()
+    shared = [AGENTCAS, "--store", store, "--refs", refs]
+    subprocess.run(shared + ["init"], env=env, check=True, capture_output=True)
+
+    def timed(cmd) -> tuple[float, int, int]:
+        s3_before, pg_before = sum(s3.request_counts().values()), pg.logged_statements()
+        started = time.perf_counter()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        seconds = time.perf_counter() - started
+        if proc.returncode:
+            raise RuntimeError(f"{' '.join(cmd[:1] + cmd[5:])} exited {proc.returncode}: {proc.stderr[-400:]}")
+        time.sleep(0.5)  # the server log is written asynchronously
+        return seconds, sum(s3.request_counts().values()) - s3_before, pg.logged_statements() - pg_before
+
+    first = timed(shared + ["commit", data, "-m", "first"])
+    puts_before = s3.request_counts().get("PUT", 0)
+    again = timed(shared + ["commit", data, "-m", "unchanged"])
+    uploaded = s3.request_counts().get("PUT", 0) - puts_before
+    rows = [[f"agentcas first commit ({files:,} files, {fmt_bytes(total)})", fmt_time(first[0]),
+             f"{first[1]:,}", f"{first[2]:,}", "-"],
+            ["agentcas unchanged recommit", fmt_time(again[0]), f"{again[1]:,}", f"{again[2]:,}",
+             f"{uploaded} PUTs"]]
+    if shutil.which("restic"):
+        restic_env = dict(env, AWS_ACCESS_KEY_ID=s3.env()["AWS_ACCESS_KEY_ID"],
+                          AWS_SECRET_ACCESS_KEY=s3.env()["AWS_SECRET_ACCESS_KEY"])
+        repo = f"s3:{s3.endpoint}/agentcas-test/restic-bench"
+        subprocess.run(["restic", "-r", repo, "init", "-q"], env=restic_env, check=True, capture_output=True)
+        before = sum(s3.request_counts().values())
+        started = time.perf_counter()
+        subprocess.run(["restic", "-r", repo, "backup", "-q", data], env=restic_env, check=True, capture_output=True)
+        restic_seconds = time.perf_counter() - started
+        rows.append(["restic backup (same data, same SeaweedFS)", fmt_time(restic_seconds),
+                     f"{sum(s3.request_counts().values()) - before:,}", "-", "-"])
+        rows.append(["ratio restic / agentcas (first commit)", f"{restic_seconds / first[0]:.2f}", "", "", ""])
+    else:
+        rows.append(["restic backup", "restic not installed (make bench installs it)", "", "", ""])
+    return rows, []
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes")
+    parser.add_argument("--only", choices=("cas", "gc", "commit"), action="append", default=[])
+    args = parser.parse_args(argv)
+    parts = args.only or ["cas", "gc", "commit"]
+    notes = [machine_note(), load_note()]
+    pg = PostgresServer(options=("log_statement=all",)) if "commit" in parts else PostgresServer()
+    s3 = SeaweedServer()
+    os.environ.update(pg.env())
+    os.environ.update(s3.env())
+    try:
+        if "cas" in parts:
+            rows = []
+            for lock in (False, True):
+                got, per_attempt = cas_throughput(pg, workers=8, moves=150 if args.quick else 500, lock=lock)
+                rows += got
+            more = ["each move: BEGIN, SELECT [FOR UPDATE], UPDATE ... WHERE value = old (the row count decides), "
+                    "INSERT reflog row, COMMIT: one transaction; BEGIN goes with the SELECT and the INSERT with the COMMIT (3 round trips)"]
+            print(table("Ref CAS throughput (PostgreSQL metadata store, localhost)",
+                        ["run", "moves", "lost CAS attempts", "wall", "moves/s", "moves lost"], rows, more + notes))
+        if "gc" in parts:
+            rows, more = blob_gc_side(s3, 10_000 if args.quick else 100_000)
+            print(table("Blob-store side of gc on S3 (SeaweedFS, localhost)",
+                        ["store", "write", "list (time / requests)", "list peak memory", "has_many",
+                         "delete half"], rows, more + notes))
+        if "commit" in parts:
+            if not cli_has_shared_store():
+                print(table("Shared-store commits", ["run"], [["skipped: this agentcas has no --refs option yet"]]))
+            else:
+                with work_dir("shared") as work:
+                    files, total = (100, 64 << 20) if args.quick else (1000, 1 << 30)
+                    rows, more = cli_commits(work, s3, pg, files, total)
+                print(table("Shared store: first commit and unchanged recommit (localhost servers)",
+                            ["run", "wall", "S3 requests", "PostgreSQL statements", "objects uploaded"],
+                            rows, more + notes))
+    finally:
+        s3.close()
+        pg.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""The S3 blob store on a real SeaweedFS: URLs, buckets, batching, credentials and faults.
+
+Fault tests run their own gateway (stopping it disturbs no other test) with a short
+retry bound ($AGENTCAS_RETRY_SECONDS), and check the one-line error that names the service.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import os
+import threading
+import time
+import uuid
+
+import pytest
+
+from agentcas.cas import framing
+from agentcas.cas.blobstore.base import BlobUnavailable
+from agentcas.cas.blobstore.s3 import HEAD_MAX, S3BlobStore, parse_url
+from services import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedServer
+
+
+def key(n: int) -> bytes:
+    return n.to_bytes(4, "big") + bytes(28)
+
+
+def value(data: bytes) -> bytes:
+    return framing.frame(framing.KIND_CHUNK, data, written_at=1_780_000_000)
+
+
+@pytest.fixture
+def own_gateway(monkeypatch):
+    """A SeaweedFS of this test's own, the store's environment pointing at it."""
+    server = SeaweedServer()
+    for name, val in server.env().items():
+        monkeypatch.setenv(name, val)
+    monkeypatch.setenv("AGENTCAS_RETRY_SECONDS", "3")
+    yield server
+    server.close()
+
+
+def test_parse_url():
+    assert parse_url("s3://bucket/a/b/") == ("bucket", "a/b")
+    assert parse_url("s3://bucket") == ("bucket", "")
+    with pytest.raises(ValueError):
+        parse_url("s3:///prefix")
+    with pytest.raises(ValueError):
+        parse_url("http://bucket/prefix")
+
+
+def test_keys_live_under_the_prefix_as_hex_ids(s3_server, s3_url):
+    store = S3BlobStore(s3_url)
+    store.put_if_absent(key(7), value(b"seven"))
+    bucket, prefix = parse_url(s3_url)
+    listed = s3_server.client().list_objects_v2(Bucket=bucket, Prefix=prefix + "/")["Contents"]
+    assert [item["Key"] for item in listed] == [f"{prefix}/objects/{key(7).hex()}"]
+    with pytest.raises(ValueError):
+        store.get(b"short")
+
+
+def test_a_missing_bucket_is_refused_unless_created(s3_server):
+    bucket = "agentcas-" + uuid.uuid4().hex[:10]
+    with pytest.raises(BlobUnavailable, match=f"bucket {bucket}.*does not exist.*agentcas init"):
+        S3BlobStore(f"s3://{bucket}/p")
+    store = S3BlobStore(f"s3://{bucket}/p", create=True)
+    assert store.put_if_absent(key(1), value(b"x"))
+    assert S3BlobStore(f"s3://{bucket}/p").get(key(1)) == value(b"x")
+    S3BlobStore(f"s3://{bucket}/p", create=True)  # again: the bucket is there
+
+
+def test_wrong_credentials_name_the_service_never_the_secret(s3_server, s3_url, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-" + S3_SECRET_KEY)
+    started = time.monotonic()
+    with pytest.raises(BlobUnavailable) as raised:
+        S3BlobStore(s3_url)
+    message = str(raised.value)
+    assert message.startswith(f"S3 at {s3_server.endpoint} (bucket ")
+    assert "refused" in message and "\n" not in message
+    assert S3_SECRET_KEY not in message and S3_ACCESS_KEY not in message
+    assert time.monotonic() - started < 3  # a refusal is final: no retries
+
+
+def test_existence_checks_are_batched(s3_url):
+    store = S3BlobStore(s3_url)
+    stored = [key(i) for i in range(0, 400)]
+    store.put_many({k: value(k) for k in stored})
+    store.requests.clear()
+    asked = stored + [key(i) for i in range(1000, 1100)]
+    assert store.has_many(asked) == set(stored)
+    assert store.requests["HeadObject"] == 0
+    assert 1 <= store.requests["ListObjectsV2"] <= 16  # one segment per worker at most
+    store.requests.clear()
+    assert store.has_many(stored[:HEAD_MAX]) == set(stored[:HEAD_MAX])
+    assert store.requests == {"HeadObject": HEAD_MAX}
+
+
+def test_header_is_one_ranged_read(s3_url):
+    store = S3BlobStore(s3_url)
+    big = value(os.urandom(1 << 20))
+    store.put_if_absent(key(1), big)
+    store.requests.clear()
+    assert store.header(key(1)) == big[:framing.HEADER_SIZE]
+    assert store.requests == {"GetObject": 1}
+
+
+def test_a_stopped_gateway_is_retried_then_named(own_gateway):
+    store = S3BlobStore(own_gateway.url(), create=True)
+    store.put_if_absent(key(1), value(b"one"))
+    own_gateway.stop()
+    for operation in (lambda: store.get(key(1)), lambda: store.put_if_absent(key(2), value(b"two")),
+                      lambda: list(store.list())):
+        started = time.monotonic()
+        with pytest.raises(BlobUnavailable) as raised:
+            operation()
+        elapsed = time.monotonic() - started
+        message = str(raised.value)
+        assert message.startswith(f"S3 at {own_gateway.endpoint} (bucket agentcas-test) unavailable after ")
+        assert "\n" not in message and S3_SECRET_KEY not in message
+        assert 2.5 <= elapsed < 10  # retried for the bound (3 s), then gave up
+    own_gateway.start()
+    assert store.get(key(1)) == value(b"one")  # the same store works again
+    assert store.put_if_absent(key(2), value(b"two"))
+
+
+def test_a_gateway_restarted_during_the_retries_is_not_an_error(own_gateway, monkeypatch):
+    monkeypatch.setenv("AGENTCAS_RETRY_SECONDS", "20")
+    store = S3BlobStore(own_gateway.url(), create=True)
+    store.put_if_absent(key(1), value(b"one"))
+    own_gateway.stop()
+    threading.Timer(1.0, own_gateway.start).start()
+    assert store.get(key(1)) == value(b"one")
+    more = {key(2): value(b"two"), key(3): value(b"three")}
+    store.put_many(more)  # (a write whose answer was lost is retried and then counts as present)
+    assert store.get_many(list(more)) == more
+
+
+def test_a_hung_gateway_times_out_then_is_named(own_gateway, monkeypatch):
+    monkeypatch.setenv("AGENTCAS_S3_READ_TIMEOUT", "1")
+    store = S3BlobStore(own_gateway.url(), create=True)
+    store.put_if_absent(key(1), value(b"one"))
+    own_gateway.pause()
+    try:
+        started = time.monotonic()
+        with pytest.raises(BlobUnavailable, match="unavailable after"):
+            store.get(key(1))
+        assert time.monotonic() - started < 12
+    finally:
+        own_gateway.resume()
+    assert store.get(key(1)) == value(b"one")
+
+
+class _FlakyProxy(http.server.BaseHTTPRequestHandler):
+    """Forwards to the gateway byte for byte (the signature covers Host, kept as sent),
+    but answers 503 to the first `failures` requests."""
+
+    protocol_version = "HTTP/1.1"
+    failures = 0
+    upstream: tuple = ()
+    served: list = []
+
+    def _handle(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        cls = type(self)
+        cls.served.append(self.command)
+        if cls.failures > 0:
+            cls.failures -= 1
+            payload = b"<Error><Code>ServiceUnavailable</Code><Message>try again</Message></Error>"
+            self.send_response(503)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+            return
+        conn = http.client.HTTPConnection(*cls.upstream, timeout=10)
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "expect")}
+        conn.request(self.command, self.path, body=body, headers=headers)
+        response = conn.getresponse()
+        payload = response.read()
+        self.send_response(response.status)
+        for name, val in response.getheaders():
+            if name.lower() not in ("transfer-encoding", "connection", "content-length"):
+                self.send_header(name, val)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(payload)
+        conn.close()
+
+    do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _handle
+
+    def log_message(self, *args):
+        pass
+
+
+def test_5xx_answers_are_retried(s3_server, s3_url, monkeypatch):
+    _FlakyProxy.upstream = ("127.0.0.1", s3_server.ports["s3"])
+    _FlakyProxy.served = []
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FlakyProxy)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{proxy.server_address[1]}")
+        store = S3BlobStore(s3_url)
+        _FlakyProxy.failures = 3
+        assert store.put_if_absent(key(1), value(b"one"))
+        assert _FlakyProxy.served[-4:] == ["PUT"] * 4  # three 503s, then the write
+        _FlakyProxy.failures = 2
+        assert store.get(key(1)) == value(b"one")
+        monkeypatch.setenv("AGENTCAS_RETRY_SECONDS", "1")
+        _FlakyProxy.failures = 10 ** 6
+        with pytest.raises(BlobUnavailable, match=r"unavailable after \d+ tries.*ServiceUnavailable|503"):
+            store.get(key(1))
+    finally:
+        proxy.shutdown()
+
+
+def test_a_long_listing_is_complete_in_order_and_may_stop_early(s3_url):
+    store = S3BlobStore(s3_url)
+    keys = sorted(os.urandom(32) for _ in range(2300))  # every first hex digit: the ranges in parallel
+    store.put_many({k: value(k) for k in keys})
+    store.requests.clear()
+    infos = list(store.list())
+    assert [info.key for info in infos] == keys and all(info.size == len(value(k)) for info, k in zip(infos, keys))
+    assert store.requests["ListObjectsV2"] > 2  # one page, then the remaining ranges
+    listing = store.list()
+    assert [next(listing).key for _ in range(1500)] == keys[:1500]
+    listing.close()  # the readers ahead stop; nothing hangs
+    assert sum(1 for _ in store.list()) == len(keys)

@@ -1,0 +1,121 @@
+"""The PostgreSQL metadata store on a real server: schema versions, secrets, connections, faults.
+
+Fault tests run their own server (stopping it disturbs no other test) with a short
+retry bound ($AGENTCAS_RETRY_SECONDS), and check the one-line error naming the service.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+
+from agentcas.cas.metastore.base import MetadataUnavailable
+from agentcas.cas.metastore.postgres import SCHEMA_VERSION, PostgresMetadataStore, SchemaMissing, SchemaTooNew
+from services import PG_PASSWORD, PostgresServer
+
+
+@pytest.fixture
+def own_postgres(monkeypatch):
+    """A PostgreSQL of this test's own."""
+    server = PostgresServer()
+    for name, val in server.env().items():
+        monkeypatch.setenv(name, val)
+    monkeypatch.setenv("AGENTCAS_RETRY_SECONDS", "3")
+    yield server
+    server.close()
+
+
+def test_the_schema_is_created_by_init_and_versioned(postgres_url):
+    with pytest.raises(SchemaMissing, match=r"PostgreSQL at 127\.0\.0\.1:\d+/\w+ has no agentcas schema.*init"):
+        PostgresMetadataStore(postgres_url)
+    store = PostgresMetadataStore(postgres_url, create=True)
+    store.write(lambda txn: txn.put("refs", b"t", b"1"))
+    again = PostgresMetadataStore(postgres_url, create=True)  # idempotent, keeps the rows
+    with PostgresMetadataStore(postgres_url).reader() as txn:
+        assert txn.get("refs", b"t") == b"1"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        assert conn.execute("SELECT version FROM agentcas_schema_version").fetchall() == [(SCHEMA_VERSION,)]
+        conn.execute("UPDATE agentcas_schema_version SET version = 99")
+    for create in (False, True):
+        with pytest.raises(SchemaTooNew, match="version 99, newer than this agentcas understands.*upgrade"):
+            PostgresMetadataStore(postgres_url, create=create)
+    store.close()
+    again.close()
+
+
+def test_the_url_and_errors_never_carry_the_password(postgres_server, postgres_url, monkeypatch):
+    host_part = postgres_url.split("@", 1)[1]
+    with_password = f"postgresql://agentcas:{PG_PASSWORD}@{host_part}"
+    monkeypatch.delenv("PGPASSWORD")
+    store = PostgresMetadataStore(with_password, create=True)
+    assert PG_PASSWORD not in store.url and store.url == postgres_url
+    wrong = "not-the-password-x1"
+    started = time.monotonic()
+    with pytest.raises(MetadataUnavailable) as raised:
+        PostgresMetadataStore(f"postgresql://agentcas:{wrong}@{host_part}")
+    message = str(raised.value)
+    assert message.startswith(f"PostgreSQL at 127.0.0.1:{postgres_server.port}/")
+    assert "authentication failed" in message and wrong not in message and "\n" not in message
+    assert time.monotonic() - started < 3  # a refusal is final: no retries
+    store.close()
+
+
+def test_connections_are_reused(postgres_url):
+    store = PostgresMetadataStore(postgres_url, create=True)
+    for i in range(30):
+        store.write(lambda txn: txn.put("refs", b"t", b"%d" % i))
+        with store.reader() as txn:
+            assert txn.get("refs", b"t") == b"%d" % i
+    assert store.connections == 1
+    store.close()
+
+
+def test_a_stopped_server_is_retried_then_named(own_postgres):
+    url = own_postgres.create_database()
+    store = PostgresMetadataStore(url, create=True)
+    store.write(lambda txn: txn.put("refs", b"t", b"1"))
+    own_postgres.stop()
+    for operation in (lambda: store.write(lambda txn: txn.put("refs", b"t", b"2")),
+                      lambda: store.reader().__enter__(), lambda: PostgresMetadataStore(url)):
+        started = time.monotonic()
+        with pytest.raises(MetadataUnavailable) as raised:
+            operation()
+        elapsed = time.monotonic() - started
+        message = str(raised.value)
+        assert message.startswith(f"PostgreSQL at 127.0.0.1:{own_postgres.port}/") and "unavailable after" in message
+        assert "\n" not in message and PG_PASSWORD not in message
+        assert 2.5 <= elapsed < 10
+    own_postgres.start()
+    with store.reader() as txn:  # the same store: its dead pooled connections are replaced
+        assert txn.get("refs", b"t") == b"1"
+    store.write(lambda txn: txn.put("refs", b"t", b"3"))
+    store.close()
+
+
+def test_a_server_killed_inside_a_write_reruns_the_whole_write(own_postgres, monkeypatch):
+    monkeypatch.setenv("AGENTCAS_RETRY_SECONDS", "30")
+    store = PostgresMetadataStore(own_postgres.create_database(), create=True)
+    store.write(lambda txn: txn.put("refs", b"t", b"old"))
+    runs = []
+
+    def move(txn):
+        runs.append(1)
+        assert txn.compare_and_set("refs", b"t", b"old", b"new")
+        txn.put("reflog", b"entry", b"old -> new")
+        if len(runs) == 1:
+            own_postgres.kill()  # SIGKILL mid-transaction: nothing of it is committed
+            threading.Timer(0.5, own_postgres.start).start()
+            txn.get("refs", b"t")  # the connection is gone: the whole fn runs again
+        return "moved"
+    assert store.write(move) == "moved" and len(runs) == 2
+    with store.reader() as txn:
+        assert txn.get("refs", b"t") == b"new" and txn.get("reflog", b"entry") == b"old -> new"
+    store.close()
+
+
+def test_the_url_must_be_postgresql():
+    with pytest.raises(ValueError):
+        PostgresMetadataStore("mysql://x@y/z")
