@@ -260,7 +260,7 @@ class Store:
             # A rollout file inside the workspace is stored once, as history, not as a file too.
             skip_files = [rollout_file] if rollout_file else []
             tree, stats, needed = snapshot(self.source, self.stores.local, workspace, allow_secrets,
-                                           progress, skip, skip_files, lease)
+                                           progress, skip, skip_files, lease, self.stores.known)
             tail = None
             if rollout_file is not None:
                 from agentcas.lineage.tail import prepare_tail

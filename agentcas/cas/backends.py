@@ -6,10 +6,11 @@
                                      shared: objects in S3, metadata in PostgreSQL, and a
                                      bounded LMDB cache per machine ($AGENTCAS_CACHE_DIR)
 
-`local` is this machine's table environment: the stat cache lives there, and its
-`objects` table holds what is known to be stored (for an embedded store, the store
-itself; for a shared store, the cache). Backends are imported only when their URL
-is used, so an embedded store never loads boto3 or psycopg.
+`local` is this machine's table environment (its stat cache lives there), and for a
+shared store `known(keys)` says which objects this machine knows to be stored without
+asking a server: the local cache answers (a commit then re-checks what it relies on against the bucket before its
+ref moves). Backends are imported only when their URL is used, so an embedded store
+never loads boto3 or psycopg.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ class Stores:
 
     def __post_init__(self):
         self.objects = ObjectSource(self.blobs)
+
+    @property
+    def known(self):
+        """`known(keys)`: the keys this machine knows to be stored without asking a server
+        (a shared store's local cache), or None for an embedded store (ask it: it is local)."""
+        return getattr(self.blobs, "cached_keys", None)
 
     @property
     def shared(self) -> bool:
@@ -69,13 +76,17 @@ def shared_stores(store_url: str, refs_url: str | None, create: bool = False) ->
                          "(or $AGENTCAS_REFS)")
     if not refs_url.startswith(("postgresql://", "postgres://")):
         raise UsageError(f"--refs must be a postgresql:// URL, not {refs_url.split(':', 1)[0]}:")
+    import hashlib
+
     from agentcas.cas.blobstore.cached import CachedBlobStore, default_cache_dir
     from agentcas.cas.blobstore.s3 import S3BlobStore
     from agentcas.cas.lmdb_store import open_lmdb
     from agentcas.cas.metastore.postgres import PostgresMetadataStore
-    remote = S3BlobStore(store_url, create=create)
     meta = PostgresMetadataStore(refs_url, create=create)
-    cache_dir = os.environ.get("AGENTCAS_CACHE_DIR") or default_cache_dir(store_url)
-    local = open_lmdb(cache_dir, create=True)
-    blobs = CachedBlobStore(remote, local)
+    remote = S3BlobStore(store_url, create=create)
+    cache_dir = default_cache_dir(store_url)
+    blobs = CachedBlobStore(remote, cache_dir)
+    # The stat cache, per store (a cache directory may be shared by several stores).
+    local = open_lmdb(os.path.join(cache_dir, "local-" + hashlib.sha256(store_url.encode()).hexdigest()[:12]),
+                      create=True, map_size=1 << 30)
     return Stores(blobs, meta, local, store_url, None, None)

@@ -20,9 +20,14 @@ BATCH_OBJECTS = 4096
 class BatchWriter:
     """Collects framed objects and writes them in a few large batches."""
 
-    def __init__(self, objects: ObjectSource, batch_bytes: int = BATCH_BYTES, lease: Lease | None = None):
+    def __init__(self, objects: ObjectSource, batch_bytes: int = BATCH_BYTES, lease: Lease | None = None,
+                 known=None):
+        # `known(keys)`: objects this machine knows are stored (a shared store's local cache),
+        # skipped without asking the server; only for writers that re-check everything they
+        # rely on before their ref moves (a commit's `needed`).
         self.objects = objects
         self.lease = lease
+        self.known = known
         self.batch_bytes = batch_bytes
         self._pending: dict[bytes, bytes] = {}
         self._pending_bytes = 0
@@ -41,7 +46,9 @@ class BatchWriter:
         if not self._pending:
             return
         batch = self._pending
-        present = self.objects.blobs.has_many(batch.keys())
+        present = self.known(batch.keys()) if self.known is not None else set()
+        if len(present) < len(batch):
+            present |= self.objects.blobs.has_many([raw for raw in batch if raw not in present])
         batch = {raw: framed for raw, framed in batch.items() if raw not in present}
         self._pending = {}
         self._pending_bytes = 0

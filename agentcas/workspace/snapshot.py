@@ -112,12 +112,13 @@ def _signature(st: os.stat_result) -> tuple:
 
 class Snapshotter:
     def __init__(self, objects: ObjectSource, local: ObjectStore, root: str, allow_secrets=(),
-                 progress=None, skip_dirs=(), skip_files=(), lease=None):
-        # `local` is this machine's environment: its stat cache, and in its `objects`
-        # table what is known to be stored (the store itself, or the local cache of a
-        # shared store); the commit re-checks `needed` against the real store.
+                 progress=None, skip_dirs=(), skip_files=(), lease=None, known=None):
+        # `local` is this machine's environment (its stat cache); `known(keys)` the objects
+        # this machine knows are stored (the store itself, or a shared store's local
+        # cache): the commit re-checks `needed` against the real store before landing.
         self.objects = objects
         self.local = local
+        self.known = known or objects.blobs.has_many  # an embedded store answers itself
         self.root = os.path.realpath(root)
         self.allow_secrets = tuple(allow_secrets)
         self.progress = progress
@@ -129,7 +130,7 @@ class Snapshotter:
         # so a concurrent gc that removed an old object we deduplicated against is caught.
         self.needed: set[bytes] = set()
         self.allowed_secrets: set[str] = set()
-        self.writer = BatchWriter(objects, lease=lease)
+        self.writer = BatchWriter(objects, lease=lease, known=known)
         self._ignores: dict[str, object] = {}  # directory rel path -> its .agentcasignore spec
         self._started_ns = time.time_ns()
         self._buffers = threading.local()  # one read buffer per worker thread
@@ -229,9 +230,6 @@ class Snapshotter:
             return None
         entry = TreeEntry.from_doc(dict(doc["entry"], name=item.path.rsplit("/", 1)[-1]))
         if entry.mode != _mode(item.st):
-            return None
-        stored = entry.chunks if entry.chunks is not None else entry.id
-        if entry.size and txn.get("objects", stored.raw) is None:
             return None
         return entry
 
@@ -359,6 +357,13 @@ class Snapshotter:
         with self.local.reader() as txn:
             for item in files:
                 item.entry = self._from_cache(txn, item)
+        # A cached entry counts only while its objects are known to be stored.
+        stored = {item.rel: (item.entry.chunks or item.entry.id).raw
+                  for item in files if item.entry is not None and item.entry.size}
+        present = self.known(set(stored.values())) if stored else set()
+        for item in files:
+            if item.rel in stored and stored[item.rel] not in present:
+                item.entry = None
         todo = [item for item in files if item.entry is None]
         for item in files:
             if item.entry is not None and item.entry.size:
@@ -506,14 +511,11 @@ class Snapshotter:
 
     def _hash_and_frame(self, pieces) -> list:
         """(id, size, framed value or None when already stored) per piece (on a worker)."""
-        out = []
-        with self.local.reader() as txn:
-            for piece in pieces:
-                digest = hash_blob(piece)
-                stored = txn.get("objects", digest.raw) is not None
-                out.append((digest, len(piece), None if stored else
-                            framing.frame(framing.KIND_CHUNK, piece, level=framing.FILE_ZSTD_LEVEL)))
-        return out
+        digests = [hash_blob(piece) for piece in pieces]
+        present = self.known({digest.raw for digest in digests}) if digests else set()
+        return [(digest, len(piece), None if digest.raw in present else
+                 framing.frame(framing.KIND_CHUNK, piece, level=framing.FILE_ZSTD_LEVEL))
+                for digest, piece in zip(digests, pieces)]
 
     def _build_trees(self, dirs: dict[str, list]) -> Digest:
         ids: dict[str, Digest] = {}
@@ -571,11 +573,11 @@ def _mode(st: os.stat_result) -> int:
 
 
 def snapshot(objects: ObjectSource, local: ObjectStore, root: str, allow_secrets=(), progress=None,
-             skip_dirs=(), skip_files=(), lease=None):
+             skip_dirs=(), skip_files=(), lease=None, known=None):
     """Store the directory `root`; return (root tree id, SnapshotStats, ids it needs).
 
     `skip_dirs` / `skip_files` (e.g. the store itself, a rollout file stored as history)
     are left out of the tree.
     """
-    snap = Snapshotter(objects, local, root, allow_secrets, progress, skip_dirs, skip_files, lease)
+    snap = Snapshotter(objects, local, root, allow_secrets, progress, skip_dirs, skip_files, lease, known)
     return snap.run(), snap.stats, snap.needed
