@@ -13,12 +13,13 @@ import getpass
 import os
 import platform
 import re
+from dataclasses import dataclass
 
 from agentcas import __version__
 from agentcas.cas import encoding, framing
 from agentcas.cas.digest import Digest
 from agentcas.cas.lmdb_store import StoreUnavailable, open_lmdb
-from agentcas.cas.objects import (EMPTY_POSITION, FORMAT_VERSION, Checkpoint, HistoryPosition,
+from agentcas.cas.objects import (EMPTY_POSITION, FORMAT_VERSION, Checkpoint, HistoryPosition, Tree,
                                   check_reason)
 from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.store import MemoryObjectStore, ObjectStore, Txn, save_object
@@ -682,6 +683,72 @@ class Store:
                 "old_seq": None if result.old is None else result.old.history.seq,
                 "new_seq": result.new.history.seq, "objects_total": result.objects_total,
                 "up_to_date": result.up_to_date, "forced": result.forced}
+
+    # -- issue 9: harness sessions: raw lines and checkpoints without a workspace ----------------
+    def ingest_append(self, appends: list["SessionAppend"], author: str | None = None) -> list[dict]:
+        """Append raw log lines to several threads with a checkpoint at each mark, in one transaction.
+
+        Each SessionAppend's lines are stored byte for byte (no JSON check); each mark
+        (records after the append's start, reason) becomes a checkpoint with an empty
+        tree at that position, chained on the thread's checkpoints. The thread must still
+        be at `based_on` (None: must not exist), else ConflictError and nothing lands.
+        """
+        for item in appends:
+            check_thread_name(item.thread)
+            for _, reason in item.marks:
+                check_reason(reason)
+        who, created_at, runtime = author or default_author(), utc_now(), runtime_description()
+        empty_tree = Tree.of([])
+        empty_tree_id = empty_tree.digest()
+        with WritePin(self.objects, "ingest", lazy=True) as pin:
+            writer = BatchWriter(self.objects, pin=pin)
+            prepared = [rollout.prepare(item.data, writer.add, raw_lines=True) if item.data else []
+                        for item in appends]
+            writer.flush()
+
+            def land(txn: Txn):
+                results = []
+                for item, segments in zip(appends, prepared):
+                    state = threads.read_thread(txn, item.thread)
+                    if (None if state is None else state.history) != item.based_on:
+                        raise ConflictError(f"thread {item.thread!r} moved while its session file was "
+                                            "read; nothing was ingested, retry")
+                    base = EMPTY_POSITION if state is None else state.history
+                    head, positions = rollout.link_segments_at(txn, base, segments,
+                                                               [m for m, _ in item.marks])
+                    current = None if state is None else state.checkpoint
+                    made = []
+                    if positions:
+                        save_object(txn, empty_tree_id, framing.frame(framing.KIND_TREE, empty_tree.encode()))
+                    for position, (_, reason) in zip(positions, item.marks):
+                        generation, skip = checkpoints.index_for_child(txn, current)
+                        cp = Checkpoint(empty_tree_id, (current,) if current else (), item.thread, reason,
+                                        who, created_at, runtime, position, generation=generation, skip=skip)
+                        current = cp.digest()
+                        save_object(txn, current, framing.frame(framing.KIND_CHECKPOINT, cp.encode()))
+                        made.append(current.hex())
+                    if state is None or head != base or made:
+                        origin = item.forked_from if state is None else state.forked_from
+                        threads.set_if_equals(txn, item.thread, state, ThreadState(current, head, origin),
+                                              "ingest", f"ingest {head.seq - base.seq} records, "
+                                                        f"{len(made)} checkpoints")
+                    results.append({"thread": item.thread, "appended": head.seq - base.seq,
+                                    "first_seq": base.seq, "checkpoints": made, "history": head.to_doc()})
+                pin.release(txn)
+                return results
+
+            return self.objects.write(land)
+
+
+@dataclass(frozen=True)
+class SessionAppend:
+    """One thread's part of `Store.ingest_append`: new complete lines and where to checkpoint."""
+
+    thread: str
+    data: bytes
+    marks: tuple[tuple[int, str], ...] = ()
+    based_on: HistoryPosition | None = None
+    forked_from: ForkOrigin | None = None
 
 
 def _is_name(text: str) -> bool:

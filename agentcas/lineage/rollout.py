@@ -19,7 +19,7 @@ of that segment in *this* history (its successor's base) is known.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import blake3
 
@@ -77,6 +77,21 @@ def split_records(data: bytes, first_line: int = 1) -> list[tuple[int, int]]:
     return records
 
 
+def split_lines(data: bytes) -> list[tuple[int, int]]:
+    """(start, end) of each newline-terminated line, unvalidated (ingest of harness logs).
+
+    A harness log is stored byte for byte, so a damaged line (not JSON, not UTF-8) is
+    kept as one record; readers of the rollout decide what to skip.
+    """
+    records, start, size = [], 0, len(data)
+    while start < size:
+        end = data.find(b"\n", start)
+        end = size if end < 0 else end + 1
+        records.append((start, end))
+        start = end
+    return records
+
+
 def normalise(data: bytes) -> bytes:
     """Records end with a newline: add one to a final unterminated line."""
     return data if not data or data.endswith(b"\n") else data + b"\n"
@@ -91,12 +106,14 @@ class PreparedSegment:
     chunks: tuple[ChunkRef, ...]
     length: int
     record_hashes: list[bytes]
+    record_sizes: list[int] = field(default_factory=list)
 
 
-def prepare(data: bytes, add_object, first_line: int = 1) -> list[PreparedSegment]:
+def prepare(data: bytes, add_object, first_line: int = 1, raw_lines: bool = False) -> list[PreparedSegment]:
     """Validate, group and chunk new records; `add_object(digest, framed)` stores chunks.
 
     `first_line` numbers the first line of `data` in error messages (a file's tail).
+    With `raw_lines`, every newline-terminated line is a record as it is (harness ingest).
     """
     # Lazy: only appends chunk (pyfastcdc) and pack on threads (concurrent.futures, logging),
     # ~10 ms of imports that log, show and checkout do not need.
@@ -104,7 +121,7 @@ def prepare(data: bytes, add_object, first_line: int = 1) -> list[PreparedSegmen
 
     from agentcas.cas import chunking
     data = normalise(data)
-    records = split_records(data, first_line)
+    records = split_lines(data) if raw_lines else split_records(data, first_line)
     groups: list[list[tuple[int, int]]] = []
     for record in records:
         if groups and record[1] - groups[-1][0][0] <= MAX_SEGMENT_BYTES:
@@ -123,7 +140,7 @@ def prepare(data: bytes, add_object, first_line: int = 1) -> list[PreparedSegmen
                                                   level=framing.ROLLOUT_ZSTD_LEVEL)))
             refs.append(ChunkRef(digest, len(piece)))
         hashes = [blake3.blake3(view[s:e]).digest() for s, e in group]
-        return PreparedSegment(tuple(refs), end - start, hashes), objects
+        return PreparedSegment(tuple(refs), end - start, hashes, [e - s for s, e in group]), objects
 
     prepared = []
     # zstd and BLAKE3 release the GIL: a large append packs its segments on two threads.
@@ -331,7 +348,23 @@ def link_segments(txn: Txn, head: HistoryPosition, prepared: list[PreparedSegmen
     Runs inside the final write transaction, so seq numbers and prefix digests are
     computed against the head as it is at that moment.
     """
+    return link_segments_at(txn, head, prepared, ())[0]
+
+
+def link_segments_at(txn: Txn, head: HistoryPosition, prepared: list[PreparedSegment],
+                     marks) -> tuple[HistoryPosition, list[HistoryPosition]]:
+    """`link_segments`, also returning the position after each of `marks` new records.
+
+    `marks` are counts of appended records, ascending, each in 1..appended (the
+    prefix digest and offset of each are computed from the prepared record hashes).
+    """
+    marks = list(marks)
+    positions: list[HistoryPosition] = []
     history = History(txn)
+    start_seq = head.seq
+    while marks and marks[0] == 0:
+        positions.append(head)
+        marks.pop(0)
     for item in prepared:
         for ref in item.chunks:
             if txn.get("objects", ref.id.raw) is None:
@@ -347,8 +380,27 @@ def link_segments(txn: Txn, head: HistoryPosition, prepared: list[PreparedSegmen
         segment = Segment(head, index, skip, len(item.record_hashes), item.length, digest, item.chunks)
         segment_id = segment.digest_id()
         save_object(txn, segment_id, framing.frame(framing.KIND_SEGMENT, segment.encode()))
+        if marks and marks[0] <= head.seq - start_seq + segment.count:
+            positions += _positions_in(segment_id, head, item, start_seq, marks)
         head = segment.end(segment_id)
-    return head
+    if marks:
+        raise UsageError(f"mark {marks[0] + start_seq} is beyond the appended records")
+    return head, positions
+
+
+def _positions_in(segment_id: Digest, base: HistoryPosition, item: PreparedSegment, start_seq: int,
+                  marks: list[int]) -> list[HistoryPosition]:
+    """Positions inside one new segment for the marks it holds (consumed from `marks`)."""
+    out = []
+    digest, offset, seq = base.digest, base.offset, base.seq
+    for record_hash, size in zip(item.record_hashes, item.record_sizes):
+        digest = chain_prefix(digest, record_hash)
+        offset += size
+        seq += 1
+        while marks and marks[0] == seq - start_seq:
+            out.append(HistoryPosition(segment_id, seq, offset, digest))
+            marks.pop(0)
+    return out
 
 
 class RolloutMismatch(AgentcasError):
