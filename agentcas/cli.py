@@ -322,18 +322,18 @@ def ingest(ctx, harness, paths, thread, watch):
     run = ingest_module.Ingest(ctx.store(), harness, paths, thread)
 
     def show(reports):
-        if ctx.as_json:
-            return
         for r in reports:
-            if r.status == "ingested":
+            if r.status == "refused":   # on stderr, with --json too: the document has it as well
+                click.echo(f"agentcas: error: refused: {r.error}", err=True)
+            elif ctx.as_json:
+                continue
+            elif r.status == "ingested":
                 click.echo(f"{r.thread}: +{r.appended} records (seq {r.first_seq}..{r.seq}), "
                            f"{len(r.checkpoints)} checkpoints"
                            + (f", damaged lines {', '.join(map(str, r.skipped_lines[:20]))} kept and skipped "
                               "by replay" if r.skipped_lines else "")
                            + (f", {r.partial_bytes} bytes of a partial line wait" if r.partial_bytes else "")
                            + f"  [{r.path}]")
-            elif r.status == "refused":
-                click.echo(f"agentcas: error: refused: {r.error}", err=True)
             elif not watch:
                 click.echo(f"{r.thread or '-'}: {r.status}"
                            + (f" ({r.partial_bytes} bytes of a partial line)" if r.partial_bytes else "")

@@ -249,7 +249,17 @@ class Ingest:
                 continue
             if item is not None:
                 pending.append(item)
-        self._land(pending)
+        # A fork whose parent lands in this same run is linked after it, so its copy is measured.
+        forks = [p for p in pending if self.harness == CODEX and p.append.forked_from is not None
+                 and p.append.forked_from.thread not in threads]
+        self._land([p for p in pending if p not in forks])
+        if forks:
+            from dataclasses import replace
+            for item in forks:
+                parent = item.append.forked_from.thread
+                item.append = replace(item.append, forked_from=ForkOrigin(parent, None,
+                                                                          self._copied(parent, item.append.data)))
+            self._land(forks)
         self.state.save()
         return reports
 
@@ -278,7 +288,13 @@ class Ingest:
                                      f"already ingested into {thread}: it was truncated or rewritten; "
                                      "not ingested")
             if seq:
-                self._check_prefix(session.path, handle, thread, based_on)
+                entry = self.state.entries.get(key)
+                grew = entry is not None and entry["thread"] == thread and entry["ino"] == st.st_ino \
+                    and st.st_size > entry["size"] and entry["bytes"] == stored
+                if grew:
+                    self._check_prefix(session.path, handle, thread, based_on)
+                else:
+                    self._check_whole_prefix(session.path, handle, thread, based_on)
             handle.seek(stored)
             tail = handle.read()
         cut = tail.rfind(b"\n") + 1
@@ -313,7 +329,9 @@ class Ingest:
             return None
         origin = None
         if row is None and identity.parent is not None and identity.parent != thread:
-            origin = ForkOrigin(identity.parent, None, self._copied(identity.parent, new))
+            copied = self._copied(identity.parent, new) \
+                if self.harness == CODEX and identity.parent in threads else 0
+            origin = ForkOrigin(identity.parent, None, copied)
         append = SessionAppend(thread, new, tuple(marks), based_on, origin)
         return _Pending(report, key, st, append, turn_seq or 0)
 
@@ -332,6 +350,36 @@ class Ingest:
             handle.seek(based_on.offset - len(last))
             same = handle.read(len(last)) == last
         if not same:
+            raise SessionRefused(f"{path} differs from what was already ingested into {thread} (it was "
+                                 "rewritten or edited, not appended to); not ingested")
+
+    def _check_whole_prefix(self, path, handle, thread, based_on) -> None:
+        """Refuse a file whose first `based_on.offset` bytes do not hash to the stored history.
+
+        Used when the file did not simply grow since the last run (new inode, same size with
+        a new mtime, no state): an edit anywhere in the stored part is found.
+        """
+        from agentcas.cas.digest import chain_prefix
+        from agentcas.cas.objects import EMPTY_POSITION
+        import blake3
+        handle.seek(0)
+        digest, seq, remaining, carry = EMPTY_POSITION.digest, 0, based_on.offset, b""
+        while remaining > 0:
+            piece = handle.read(min(remaining, 8 * 1024 * 1024))
+            if not piece:
+                break
+            remaining -= len(piece)
+            data = carry + piece
+            start = 0
+            while True:
+                end = data.find(b"\n", start)
+                if end < 0:
+                    break
+                digest = chain_prefix(digest, blake3.blake3(data[start:end + 1]).digest())
+                seq += 1
+                start = end + 1
+            carry = data[start:]
+        if carry or seq != based_on.seq or digest != based_on.digest:
             raise SessionRefused(f"{path} differs from what was already ingested into {thread} (it was "
                                  "rewritten or edited, not appended to); not ingested")
 
