@@ -307,7 +307,7 @@ class Ingest:
         count = 0
         for line, raw in iter_lines(new, seq + 1):
             count += 1
-            record = parse_line(raw)
+            record = parse_line(raw, fast=True)
             if record is None:
                 skipped.append(line)
             reason = tracker.feed(raw, record) if record is not None and tracker.interesting(raw) else None

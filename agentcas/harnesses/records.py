@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+import orjson
+
 CODEX = "codex"
 CLAUDE = "claude"
 FORMATS = (CODEX, CLAUDE)
@@ -25,8 +27,19 @@ def _reject_constant(name):
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
-def parse_line(raw: bytes) -> dict | None:
-    """The JSON object on one line, or None if the line is damaged or not an object."""
+def parse_line(raw: bytes, fast: bool = False) -> dict | None:
+    """The JSON object on one line, or None if the line is damaged or not an object.
+
+    Replay uses the standard library (exact values: integers of any size). `fast` (ingest,
+    which only classifies lines and reads turn ids) tries orjson first, ~10x faster; what
+    orjson refuses gets the standard library's answer, so both agree on what is damaged.
+    """
+    if fast:
+        try:
+            value = orjson.loads(raw)
+            return value if isinstance(value, dict) else None
+        except orjson.JSONDecodeError:
+            pass
     try:
         value = _DECODER.decode(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):

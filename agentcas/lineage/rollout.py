@@ -109,11 +109,13 @@ class PreparedSegment:
     record_sizes: list[int] = field(default_factory=list)
 
 
-def prepare(data: bytes, add_object, first_line: int = 1, raw_lines: bool = False) -> list[PreparedSegment]:
+def prepare(data: bytes, add_object, first_line: int = 1, raw_lines: bool = False,
+            level: int = framing.ROLLOUT_ZSTD_LEVEL) -> list[PreparedSegment]:
     """Validate, group and chunk new records; `add_object(digest, framed)` stores chunks.
 
     `first_line` numbers the first line of `data` in error messages (a file's tail).
     With `raw_lines`, every newline-terminated line is a record as it is (harness ingest).
+    `level` is the zstd level of new chunks (ids hash the raw bytes, so it is free).
     """
     # Lazy: only appends chunk (pyfastcdc) and pack on threads (concurrent.futures, logging),
     # ~10 ms of imports that log, show and checkout do not need.
@@ -133,12 +135,13 @@ def prepare(data: bytes, add_object, first_line: int = 1, raw_lines: bool = Fals
     def pack(group):
         start, end = group[0][0], group[-1][1]
         refs, objects = [], []
-        for piece in chunking.cut(view[start:end], chunking.ROLLOUT_AVG_SIZE,
-                                  chunking.ROLLOUT_MIN_SIZE, chunking.ROLLOUT_MAX_SIZE):
-            digest = hash_blob(piece)
-            objects.append((digest, framing.frame(framing.KIND_CHUNK, piece,
-                                                  level=framing.ROLLOUT_ZSTD_LEVEL)))
-            refs.append(ChunkRef(digest, len(piece)))
+        regions = _stamp_regions(data, group) if raw_lines else [(start, end)]
+        for region_start, region_end in regions:
+            for piece in chunking.cut(view[region_start:region_end], chunking.ROLLOUT_AVG_SIZE,
+                                      chunking.ROLLOUT_MIN_SIZE, chunking.ROLLOUT_MAX_SIZE):
+                digest = hash_blob(piece)
+                objects.append((digest, framing.frame(framing.KIND_CHUNK, piece, level=level)))
+                refs.append(ChunkRef(digest, len(piece)))
         hashes = [blake3.blake3(view[s:e]).digest() for s, e in group]
         return PreparedSegment(tuple(refs), end - start, hashes, [e - s for s, e in group]), objects
 
@@ -150,6 +153,34 @@ def prepare(data: bytes, add_object, first_line: int = 1, raw_lines: bool = Fals
                 add_object(digest, framed)
             prepared.append(segment)
     return prepared
+
+
+STAMP_SPLIT_BYTES = 32 * 1024
+_STAMP = b'{"timestamp":"'
+
+
+def _stamp_regions(data: bytes, group: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Byte ranges to chunk separately so that a long log line's body dedupes across files.
+
+    A harness that copies records into another log (a Codex fork re-persists its parent's
+    items) gives each copy a new `{"timestamp":"..."` prefix. A line of STAMP_SPLIT_BYTES
+    or more that starts so is cut after its timestamp value: the body after it is chunked
+    on its own, so the copy's body chunks equal the source's. Shorter lines are chunked
+    together as usual (one chunk per small body would cost more than the copy).
+    """
+    regions, region_start = [], group[0][0]
+    for start, end in group:
+        if end - start < STAMP_SPLIT_BYTES or not data.startswith(_STAMP, start):
+            continue
+        quote = data.find(b'"', start + len(_STAMP), start + 96)
+        if quote < 0:
+            continue
+        regions.append((region_start, quote + 1))
+        regions.append((quote + 1, end))
+        region_start = end
+    if region_start < group[-1][1]:
+        regions.append((region_start, group[-1][1]))
+    return regions
 
 
 def skip_index(n: int) -> int:
@@ -374,33 +405,22 @@ def link_segments_at(txn: Txn, head: HistoryPosition, prepared: list[PreparedSeg
         skip = None
         if index >= 2:
             skip = history.ancestor_at_index(head.segment, skip_index(index))
-        digest = head.digest
-        for record_hash in item.record_hashes:
+        digest, seq, offset, inside = head.digest, head.seq, head.offset, []
+        for number, record_hash in enumerate(item.record_hashes):
             digest = chain_prefix(digest, record_hash)
+            if marks and marks[0] == seq + number + 1 - start_seq:
+                offset = head.offset + sum(item.record_sizes[:number + 1])
+                while marks and marks[0] == seq + number + 1 - start_seq:
+                    inside.append((seq + number + 1, offset, digest))
+                    marks.pop(0)
         segment = Segment(head, index, skip, len(item.record_hashes), item.length, digest, item.chunks)
         segment_id = segment.digest_id()
         save_object(txn, segment_id, framing.frame(framing.KIND_SEGMENT, segment.encode()))
-        if marks and marks[0] <= head.seq - start_seq + segment.count:
-            positions += _positions_in(segment_id, head, item, start_seq, marks)
+        positions += [HistoryPosition(segment_id, s, o, d) for s, o, d in inside]
         head = segment.end(segment_id)
     if marks:
         raise UsageError(f"mark {marks[0] + start_seq} is beyond the appended records")
     return head, positions
-
-
-def _positions_in(segment_id: Digest, base: HistoryPosition, item: PreparedSegment, start_seq: int,
-                  marks: list[int]) -> list[HistoryPosition]:
-    """Positions inside one new segment for the marks it holds (consumed from `marks`)."""
-    out = []
-    digest, offset, seq = base.digest, base.offset, base.seq
-    for record_hash, size in zip(item.record_hashes, item.record_sizes):
-        digest = chain_prefix(digest, record_hash)
-        offset += size
-        seq += 1
-        while marks and marks[0] == seq - start_seq:
-            out.append(HistoryPosition(segment_id, seq, offset, digest))
-            marks.pop(0)
-    return out
 
 
 class RolloutMismatch(AgentcasError):
