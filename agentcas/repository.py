@@ -695,10 +695,8 @@ class Store:
         tree at that position, chained on the thread's checkpoints. The thread must still
         be at `based_on` (None: must not exist), else ConflictError and nothing lands.
         """
-        for item in appends:
+        for item in appends:   # reasons are checked by Checkpoint itself, in the transaction
             check_thread_name(item.thread)
-            for _, reason in item.marks:
-                check_reason(reason)
         who, created_at, runtime = author or default_author(), utc_now(), runtime_description()
         empty_tree = Tree.of([])
         empty_tree_id = empty_tree.digest()

@@ -310,7 +310,7 @@ class Ingest:
             record = parse_line(raw, fast=True)
             if record is None:
                 skipped.append(line)
-            reason = tracker.feed(raw, record) if record is not None and tracker.interesting(raw) else None
+            reason = tracker.feed(raw, record) if record is not None else None
             if reason:
                 marks.append((count, reason))
                 turn_seq = seq + count - (1 if self.harness == CLAUDE else 0)
