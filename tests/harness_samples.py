@@ -208,7 +208,7 @@ class ClaudeSession:
                        "content": [block], "stop_reason": None, "stop_sequence": None,
                        "usage": {"input_tokens": 10, "output_tokens": 5}}
             uids.append(self.node("assistant", parent, message=message, requestId=f"req_{message_id}", **fields))
-            parent = uids[-1] if not fields.get("isSidechain") else uids[-1]
+            parent = uids[-1]
         return uids
 
     def say(self, text: str, **kw) -> list[str]:

@@ -32,7 +32,7 @@ def _is_node(record) -> bool:
     return record is not None and record.get("type") in NODE_TYPES and isinstance(record.get("uuid"), str)
 
 
-def _walk(start, by_uuid, limit_seen=None):
+def _walk(start, by_uuid):
     """Records from `start` along parentUuid to a root (stops on a cycle)."""
     seen = set()
     current = start
@@ -98,7 +98,7 @@ def messages_view(visible: list[dict]) -> list[dict]:
             if out and out[-1]["role"] == "assistant" and message_id is not None and message_id == last_id:
                 out[-1]["content"] = _blocks(out[-1]["content"]) + _blocks(content)
             else:
-                out.append({"role": "assistant", "content": content if isinstance(content, list) else content})
+                out.append({"role": "assistant", "content": content})
             last_id = message_id
         else:
             if out and out[-1]["role"] == "user":

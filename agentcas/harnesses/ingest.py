@@ -223,6 +223,8 @@ class Ingest:
         reports = [FileReport(path, status="refused", error=f"no such file or directory: {path}")
                    for path in missing]
         pending: list[_Pending] = []
+        forks: list[_Pending] = []
+        pending_bytes = 0
         threads = None
         for session in files:
             report = FileReport(session.path)
@@ -247,12 +249,18 @@ class Ingest:
             except OSError as exc:
                 report.status, report.error = "refused", f"cannot read {session.path}: {exc.strerror}"
                 continue
-            if item is not None:
-                pending.append(item)
-        # A fork whose parent lands in this same run is linked after it, so its copy is measured.
-        forks = [p for p in pending if self.harness == CODEX and p.append.forked_from is not None
-                 and p.append.forked_from.thread not in threads]
-        self._land([p for p in pending if p not in forks])
+            if item is None:
+                continue
+            if self.harness == CODEX and item.append.forked_from is not None \
+                    and item.append.forked_from.thread not in threads:
+                forks.append(item)   # its parent may land in this run: link it after, measuring the copy
+                continue
+            pending.append(item)
+            pending_bytes += len(item.append.data)
+            if pending_bytes >= BATCH_BYTES or len(pending) >= BATCH_FILES:
+                self._land(pending)   # land as we go: memory holds one batch of new lines
+                pending, pending_bytes = [], 0
+        self._land(pending)
         if forks:
             from dataclasses import replace
             for item in forks:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from agentcas.errors import AgentcasError, UsageError
 from agentcas.harnesses.claude_replay import replay_claude
 from agentcas.harnesses.codex_replay import replay_codex
-from agentcas.harnesses.records import CLAUDE, CODEX, detect_format, iter_lines, parse_line, preview
+from agentcas.harnesses.records import CODEX, detect_format, iter_lines, parse_line, preview
 
 BLOCK_RECORDS = 256
 DETECT_RECORDS = 16
