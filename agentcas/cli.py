@@ -376,9 +376,10 @@ def replay(ctx, rev, at, fmt):
     from agentcas.harnesses import replay as replay_module
     doc, records = replay_module.replay_records(ctx.store(), rev, at, fmt)
     if ctx.as_json:
-        ctx.emit(doc)
+        # ASCII escapes: a log's text may hold lone surrogates that stdout cannot encode.
+        click.echo(json.dumps(doc, indent=2, ensure_ascii=True, sort_keys=True))
     else:
-        click.echo(replay_module.render_text(doc, records))
+        click.echo(replay_module.render_text(doc, records).encode("utf-8", "replace").decode("utf-8"))
 
 
 # --- commands of later layers register below ------------------------------------------------

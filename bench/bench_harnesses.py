@@ -10,7 +10,8 @@
 
 Sessions are built by tests/harness_samples.py (the shapes of docs/HARNESSES.md), with
 tool outputs sliced from a pool of pseudo-random words (text-like, compressible, not
-repeated across files). `--quick` uses 200 files / 100 MB and 20 MB / 4 MB sessions.
+repeated across files). `--quick` uses 200 files / 100 MB and 20 MB / 4 MB sessions;
+`--parts=replay,fork,ingest` runs only some parts.
 """
 
 from __future__ import annotations
@@ -209,11 +210,16 @@ def main(argv) -> int:
     count, total = (200, 100 * MB) if quick else (2000, 1000 * MB)
     big, small = (20 * MB, 4 * MB) if quick else (100 * MB, 10 * MB)
     print(f"## Harness sessions (issue 9){' — quick sizes' if quick else ''}\n\n{h.machine_note()}\n")
+    parts = next((a.split("=", 1)[1].split(",") for a in argv if a.startswith("--parts=")),
+                 ["replay", "fork", "ingest"])
     with h.work_dir("harnesses") as work:
         env = h.env_for(work)
-        bench_replay(work, env, big, small)
-        bench_fork(work, env, 20 * MB if not quick else 5 * MB)
-        bench_ingest(work, env, count, total)
+        if "replay" in parts:
+            bench_replay(work, env, big, small)
+        if "fork" in parts:
+            bench_fork(work, env, 20 * MB if not quick else 5 * MB)
+        if "ingest" in parts:
+            bench_ingest(work, env, count, total)
     return 0
 
 

@@ -142,16 +142,28 @@ class CodexSession:
         message = "" if remote else f"{SUMMARY_PREFIX}\n{summary}"
         payload: dict = {"message": message}
         if history:
+            recent = self.recent_prompts()
             if remote:
-                payload["replacement_history"] = [text_item("user", p) for p in self.prompts] + [
+                payload["replacement_history"] = [text_item("user", p) for p in recent] + [
                     {"type": "compaction", "encrypted_content": "ENCRYPTED"}]
             else:
-                payload["replacement_history"] = [text_item("user", p) for p in self.prompts] + [
+                payload["replacement_history"] = [text_item("user", p) for p in recent] + [
                     text_item("user", message)]
         line = self.record("compacted", payload)
         self.event("context_compacted")
         self.complete(turn_id)
         return line
+
+    def recent_prompts(self, budget: int = 80_000) -> list[str]:
+        """The newest prompts within ~20k tokens (4 bytes each), as `build_compacted_history` keeps."""
+        out, left = [], budget
+        for prompt in reversed(self.prompts):
+            size = len(prompt.encode())
+            if size > left:
+                break
+            out.append(prompt)
+            left -= size
+        return list(reversed(out))
 
     def rollback(self, turns: int = 1) -> int:
         return self.event("thread_rolled_back", num_turns=turns)

@@ -68,7 +68,17 @@ def test_ingest_is_byte_exact_with_a_checkpoint_per_turn(run, store_dir, tmp_pat
     assert run("fsck", store=store_dir).code == 0
     assert run("gc", "--grace", "0s", store=store_dir).code == 0
     assert cat(run, store_dir, THREAD) == path.read_bytes()
-    assert run("export", THREAD, "-o", tmp_path / "b.bundle", store=store_dir).code == 0
+    assert run("keygen", "alice", "--out", tmp_path / "keys", store=store_dir).code == 0
+    signed = run("export", THREAD, "-o", tmp_path / "b.bundle", "--sign", tmp_path / "keys" / "alice.key",
+                 store=store_dir)
+    assert signed.code == 0, signed
+    other = tmp_path / "other"
+    assert run("init", other).code == 0
+    assert run("trust", "add", "alice", tmp_path / "keys" / "alice.pub", store=other).code == 0
+    assert run("import", tmp_path / "b.bundle", store=other).code == 0
+    assert cat(run, other, THREAD) == path.read_bytes()
+    assert run("--json", "replay", THREAD, store=other).json() == run("--json", "replay", THREAD,
+                                                                       store=store_dir).json()
 
 
 def test_second_run_appends_only_new_complete_lines_and_a_partial_line_waits(run, store_dir, tmp_path):

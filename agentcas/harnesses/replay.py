@@ -14,6 +14,7 @@ from agentcas.harnesses.codex_replay import replay_codex
 from agentcas.harnesses.records import CODEX, detect_format, iter_lines, parse_line, preview
 
 BLOCK_RECORDS = 256
+HEAD_RECORDS = 16
 DETECT_RECORDS = 16
 
 
@@ -37,18 +38,20 @@ class StoredRecords:
     def __getitem__(self, index: int):
         if not 0 <= index < self.at:
             raise IndexError(index)
-        number = index // BLOCK_RECORDS
+        # A small first block: the thread id is on line 1, and a long session's head is not needed.
+        number = -1 if index < HEAD_RECORDS else (index - HEAD_RECORDS) // BLOCK_RECORDS
+        base = 0 if number < 0 else HEAD_RECORDS + number * BLOCK_RECORDS
         block = self._blocks.get(number)
         if block is None:
-            start = number * BLOCK_RECORDS
-            stop = min(self.at, start + BLOCK_RECORDS)
+            start = base
+            stop = min(self.at, HEAD_RECORDS if number < 0 else start + BLOCK_RECORDS)
             data = b"".join(self.store.rollout_read(self.rev, start, stop))
             block = [(line, parse_line(raw)) for line, raw in iter_lines(data, start + 1)]
             self.loaded_records += len(block)
             if len(self._blocks) > 4096:
                 self._blocks.clear()
             self._blocks[number] = block
-        return block[index - number * BLOCK_RECORDS]
+        return block[index - base]
 
 
 def history_length(store, rev: str) -> int:
