@@ -258,8 +258,11 @@ class Ingest:
             pending.append(item)
             pending_bytes += len(item.append.data)
             if pending_bytes >= BATCH_BYTES or len(pending) >= BATCH_FILES:
-                self._land(pending)   # land as we go: memory holds one batch of new lines
+                # Land as we go, in the background: the next files are read and classified
+                # (Python) while this batch is compressed and written (zstd, BLAKE3, LMDB).
+                self._land_in_background(pending)
                 pending, pending_bytes = [], 0
+        self._land_in_background(None)
         self._land(pending)
         if forks:
             from dataclasses import replace
@@ -439,6 +442,18 @@ class Ingest:
         return count
 
     # -- landing -----------------------------------------------------------------------------
+    def _land_in_background(self, batch: list[_Pending] | None) -> None:
+        """Wait for the batch landing now; then start landing `batch` (None: just wait)."""
+        inflight = getattr(self, "_inflight", None)
+        if inflight is not None:
+            self._inflight = None
+            inflight[1].result()   # re-raises what the landing raised
+            inflight[0].shutdown()
+        if batch:
+            from concurrent.futures import ThreadPoolExecutor
+            pool = ThreadPoolExecutor(1)
+            self._inflight = (pool, pool.submit(self._land, batch))
+
     def _land(self, pending: list[_Pending]) -> None:
         batch, size = [], 0
         for item in pending:
