@@ -294,6 +294,7 @@ def test_sigkill_during_ingest_leaves_whole_lines_and_a_rerun_finishes(store_dir
         except Exception:  # noqa: BLE001 - the thread may not exist yet
             data = b""
         assert path.read_bytes().startswith(data) and (not data or data.endswith(b"\n"))
+        assert store.fsck()["ok"]
     r = subprocess.run([AGENTCAS, "--store", str(store_dir), "ingest", "codex", str(path)], capture_output=True)
     assert r.returncode == 0, r.stderr
     store = Store.open(str(store_dir))

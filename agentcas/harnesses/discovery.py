@@ -48,7 +48,7 @@ def find_sessions(harness: str, paths) -> tuple[list[SessionFile], list[str]]:
             missing.append(path)
             continue
         for candidate in candidates:
-            real = os.path.realpath(candidate)
+            real = os.path.abspath(candidate)   # not realpath: one lstat per component, per file
             if real in seen:
                 continue
             seen.add(real)

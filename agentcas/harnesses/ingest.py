@@ -234,7 +234,7 @@ class Ingest:
             except OSError as exc:
                 report.status, report.error = "refused", f"cannot stat {session.path}: {exc.strerror}"
                 continue
-            key = os.path.realpath(session.path)
+            key = os.path.abspath(session.path)
             if self.state.unchanged(key, st):
                 entry = self.state.entries[key]
                 report.thread, report.seq, report.first_seq = entry["thread"], entry["seq"], entry["seq"]
