@@ -213,10 +213,10 @@ class Ingest:
         if thread is not None:
             check_thread_name(thread)
         self.state = IngestState(os.path.join(store.path, STATE_FILE) if store.path else None)
+        self._inflight = None   # (executor, future) of the batch landing in the background
 
     def run(self) -> list[FileReport]:
         """One pass over the paths: every file's report (refused ones carry their error)."""
-        from agentcas.repository import SessionAppend  # noqa: F401 - lazy, as the CLI is
         files, missing = discovery.find_sessions(self.harness, self.paths)
         if self.thread is not None and len(files) > 1:
             raise UsageError(f"--thread names one session, but {len(files)} files were found")
@@ -444,7 +444,7 @@ class Ingest:
     # -- landing -----------------------------------------------------------------------------
     def _land_in_background(self, batch: list[_Pending] | None) -> None:
         """Wait for the batch landing now; then start landing `batch` (None: just wait)."""
-        inflight = getattr(self, "_inflight", None)
+        inflight = self._inflight
         if inflight is not None:
             self._inflight = None
             inflight[1].result()   # re-raises what the landing raised
