@@ -54,10 +54,17 @@ def build_session(thread_id: str, size: int, pool: TextPool, compaction_from_end
     """A Codex session of about `size` bytes; a manual compaction `compaction_from_end` before its end."""
     s = CodexSession(thread_id, forked_from=forked_from)
     compacted = compaction_from_end is None
-    n = 0
-    while sum(map(len, s.lines)) < size:
+    n, done, counted = 0, 0, 0
+
+    def written() -> int:   # running total: summing every line each turn is quadratic
+        nonlocal done, counted
+        done += sum(map(len, s.lines[counted:]))
+        counted = len(s.lines)
+        return done
+
+    while written() < size:
         n += 1
-        if not compacted and sum(map(len, s.lines)) >= size - compaction_from_end:
+        if not compacted and written() >= size - compaction_from_end:
             s.compact(pool.take(2000))
             compacted = True
         turn = s.start(prompt=f"step {n}: " + pool.take(200))
