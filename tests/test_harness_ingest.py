@@ -333,6 +333,35 @@ def test_ingest_racing_a_writer_that_writes_partial_lines(store, tmp_path):
     assert b"".join(store.rollout_read(THREAD)) == path.read_bytes()
 
 
+def test_claude_file_without_a_session_id_is_refused_and_nothing_written(run, store_dir, tmp_path):
+    path = tmp_path / "notes.jsonl"
+    path.write_bytes(b'{"type":"summary","summary":"x","leafUuid":"u"}\n{"hello":1}\n')
+    r = run("ingest", "claude", path, store=store_dir)
+    assert r.code == 1 and str(path) in r.err and "not a claude session" in r.err
+    assert run("--json", "branch", store=store_dir).json()["threads"] == []
+
+
+def test_watch_exits_zero_on_sigint(store_dir, tmp_path):
+    s = CodexSession()
+    s.turn("one")
+    codex_file(tmp_path, s)
+    proc = subprocess.Popen([AGENTCAS, "--store", str(store_dir), "--json", "ingest", "codex",
+                             str(tmp_path / "sessions"), "--watch"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if b"".join(Store.open(str(store_dir)).rollout_read(THREAD)) == s.data():
+                break
+        except Exception:  # noqa: BLE001 - not ingested yet
+            pass
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    import json
+    assert json.loads(out)["watch"]["appended"] == len(s.lines)
+
+
 def test_watch_follows_new_lines_and_sigterm_exits_zero_with_everything_committed(store_dir, tmp_path):
     s = CodexSession()
     s.turn("one")
