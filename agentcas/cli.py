@@ -304,13 +304,87 @@ def rollout_cat(ctx, thread, start, stop):
     """Print records FROM <= seq < TO of THREAD's history (or a checkpoint's), exactly as appended."""
     pieces = ctx.store().rollout_read(thread, start, stop)
     if ctx.as_json:
-        records = [json.loads(line) for piece in pieces for line in piece.splitlines()]
+        from agentcas.harnesses.records import parse_line  # ingested logs keep damaged lines: null here
+        records = [parse_line(line) for piece in pieces for line in piece.splitlines()]
         ctx.emit({"thread": thread, "from": start, "records": records})
         return
     out = sys.stdout.buffer
     for piece in pieces:
         out.write(piece)
     out.flush()
+
+
+# --- harness sessions (issue 9) ---------------------------------------------------------------
+@cli.command()
+@click.argument("harness", type=click.Choice(["codex", "claude"]))
+@click.argument("paths", nargs=-1, required=True, metavar="PATH...")
+@click.option("--thread", metavar="NAME", help="Thread name for the session (one file only).")
+@click.option("--watch", is_flag=True, help="Follow the paths until SIGINT/SIGTERM (exit 0, all committed).")
+@pass_ctx
+def ingest(ctx, harness, paths, thread, watch):
+    """Ingest Codex or Claude Code session files (or directories) byte for byte, a checkpoint per turn."""
+    from agentcas.harnesses import ingest as ingest_module
+    run = ingest_module.Ingest(ctx.store(), harness, paths, thread)
+
+    def show(reports):
+        for r in reports:
+            if r.status == "refused":   # on stderr, with --json too: the document has it as well
+                click.echo(f"agentcas: error: refused: {r.error}", err=True)
+            elif ctx.as_json:
+                continue
+            elif r.status == "ingested":
+                click.echo(f"{r.thread}: +{r.appended} records (seq {r.first_seq}..{r.seq}), "
+                           f"{len(r.checkpoints)} checkpoints"
+                           + (f", damaged lines {', '.join(map(str, r.skipped_lines[:20]))} kept and skipped "
+                              "by replay" if r.skipped_lines else "")
+                           + (f", {r.partial_bytes} bytes of a partial line wait" if r.partial_bytes else "")
+                           + f"  [{r.path}]")
+            elif not watch:
+                click.echo(f"{r.thread or '-'}: {r.status}"
+                           + (f" ({r.partial_bytes} bytes of a partial line)" if r.partial_bytes else "")
+                           + f"  [{r.path}]")
+
+    if watch:
+        import signal
+        stopped = []
+        for number in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(number, lambda *_: stopped.append(True))
+        totals = {"passes": 0, "appended": 0, "checkpoints": 0}
+
+        def on_run(reports):
+            totals["passes"] += 1
+            totals["appended"] += sum(r.appended for r in reports)
+            totals["checkpoints"] += sum(len(r.checkpoints) for r in reports)
+            show(reports)
+
+        reports = ingest_module.watch(run, lambda: bool(stopped), on_run)
+        doc = dict(ingest_module.summary(reports), watch=totals)
+        ctx.emit(doc, f"stopped after {totals['passes']} passes: {totals['appended']} records, "
+                      f"{totals['checkpoints']} checkpoints ingested")
+        return
+    reports = run.run()
+    show(reports)
+    doc = ingest_module.summary(reports)
+    ctx.emit(doc)
+    if doc["refused"]:
+        raise ingest_module.SessionRefused(f"{len(doc['refused'])} file(s) refused: "
+                                           + ", ".join(doc["refused"][:5]))
+
+
+@cli.command()
+@click.argument("rev")
+@click.option("--at", "at", type=click.IntRange(min=0), metavar="SEQ", help="Replay the first SEQ records.")
+@click.option("--format", "fmt", type=click.Choice(["codex", "claude"]), help="The log format (default: detected).")
+@pass_ctx
+def replay(ctx, rev, at, fmt):
+    """What the model saw at record SEQ of REV, rebuilt by the harness's own resume rules (never executes)."""
+    from agentcas.harnesses import replay as replay_module
+    doc, records = replay_module.replay_records(ctx.store(), rev, at, fmt)
+    if ctx.as_json:
+        # ASCII escapes: a log's text may hold lone surrogates that stdout cannot encode.
+        click.echo(json.dumps(doc, indent=2, ensure_ascii=True, sort_keys=True))
+    else:
+        click.echo(replay_module.render_text(doc, records).encode("utf-8", "replace").decode("utf-8"))
 
 
 # --- commands of later layers register below ------------------------------------------------

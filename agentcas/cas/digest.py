@@ -58,6 +58,9 @@ class Digest:
         return f"Digest({self.short()}…)"
 
 
+_PREFIX_HASHER = blake3.blake3(derive_key_context=PREFIX_CHAIN_CONTEXT)
+
+
 def hash_blob(data) -> Digest:
     """The id of raw bytes: plain BLAKE3, equal to `b3sum`."""
     return Digest(blake3.blake3(data, max_threads=1).digest())
@@ -70,9 +73,9 @@ def hash_object(kind: str, body: bytes) -> Digest:
 
 def chain_prefix(previous: Digest, record_hash: bytes) -> Digest:
     """One step of the history-prefix chain: H_ctx(previous || BLAKE3(record))."""
-    return Digest(
-        blake3.blake3(previous.raw + record_hash, derive_key_context=PREFIX_CHAIN_CONTEXT).digest()
-    )
+    hasher = _PREFIX_HASHER.copy()  # the derived context key is computed once, not per record
+    hasher.update(previous.raw + record_hash)
+    return Digest(hasher.digest())
 
 
 class DigestMismatch(IntegrityError):

@@ -58,8 +58,10 @@ def check_reason(reason: str) -> str:
     size = len(reason.encode("utf-8", "surrogatepass"))
     if size > MAX_REASON_BYTES:
         raise UsageError(f"reason is {size} UTF-8 bytes; at most {MAX_REASON_BYTES} allowed")
-    if any(0xD800 <= ord(c) <= 0xDFFF for c in reason):
-        raise UsageError("reason is not valid Unicode text")
+    try:
+        reason.encode("utf-8")  # strict UTF-8 fails exactly on surrogates (C speed, not a char loop)
+    except UnicodeEncodeError:
+        raise UsageError("reason is not valid Unicode text") from None
     return reason
 
 

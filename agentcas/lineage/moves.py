@@ -51,11 +51,14 @@ def read_state(stores: Stores, thread: str) -> ThreadState | None:
 
 
 def move_thread(stores: Stores, lease: Lease, thread: str,
-                plan: Callable[[ThreadState | None], Move | None]) -> tuple[ThreadState | None, Move | None]:
+                plan: Callable[[ThreadState | None], Move | None],
+                keep_lease: bool = False) -> tuple[ThreadState | None, Move | None]:
     """Plan against the current state, store, check, compare-and-swap; re-plan on a lost race.
 
     `plan` returns None when there is nothing to do (no ref move), or raises to refuse.
-    Returns (the state the move started from, the move landed or None).
+    The lease is released with the move unless `keep_lease` (a writer moving several
+    threads under one lease releases it when done). Returns (the state the move started
+    from, the move landed or None).
     """
     for _ in range(MAX_ATTEMPTS):
         state = read_state(stores, thread)
@@ -73,7 +76,8 @@ def move_thread(stores: Stores, lease: Lease, thread: str,
             lease.check(txn)
             if not threads.set_if_equals(txn, thread, state, move.new, move.action, move.message):
                 return False
-            lease.release(txn)
+            if not keep_lease:
+                lease.release(txn)
             return True
 
         if stores.meta.write(final):

@@ -19,7 +19,7 @@ of that segment in *this* history (its successor's base) is known.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import blake3
 
@@ -77,6 +77,21 @@ def split_records(data: bytes, first_line: int = 1) -> list[tuple[int, int]]:
     return records
 
 
+def split_lines(data: bytes) -> list[tuple[int, int]]:
+    """(start, end) of each newline-terminated line, unvalidated (ingest of harness logs).
+
+    A harness log is stored byte for byte, so a damaged line (not JSON, not UTF-8) is
+    kept as one record; readers of the rollout decide what to skip.
+    """
+    records, start, size = [], 0, len(data)
+    while start < size:
+        end = data.find(b"\n", start)
+        end = size if end < 0 else end + 1
+        records.append((start, end))
+        start = end
+    return records
+
+
 def normalise(data: bytes) -> bytes:
     """Records end with a newline: add one to a final unterminated line."""
     return data if not data or data.endswith(b"\n") else data + b"\n"
@@ -91,12 +106,16 @@ class PreparedSegment:
     chunks: tuple[ChunkRef, ...]
     length: int
     record_hashes: list[bytes]
+    record_sizes: list[int] = field(default_factory=list)
 
 
-def prepare(data: bytes, add_object, first_line: int = 1) -> list[PreparedSegment]:
+def prepare(data: bytes, add_object, first_line: int = 1, raw_lines: bool = False,
+            level: int = framing.ROLLOUT_ZSTD_LEVEL) -> list[PreparedSegment]:
     """Validate, group and chunk new records; `add_object(digest, framed)` stores chunks.
 
     `first_line` numbers the first line of `data` in error messages (a file's tail).
+    With `raw_lines`, every newline-terminated line is a record as it is (harness ingest).
+    `level` is the zstd level of new chunks (ids hash the raw bytes, so it is free).
     """
     # Lazy: only appends chunk (pyfastcdc) and pack on threads (concurrent.futures, logging),
     # ~10 ms of imports that log, show and checkout do not need.
@@ -104,7 +123,7 @@ def prepare(data: bytes, add_object, first_line: int = 1) -> list[PreparedSegmen
 
     from agentcas.cas import chunking
     data = normalise(data)
-    records = split_records(data, first_line)
+    records = split_lines(data) if raw_lines else split_records(data, first_line)
     groups: list[list[tuple[int, int]]] = []
     for record in records:
         if groups and record[1] - groups[-1][0][0] <= MAX_SEGMENT_BYTES:
@@ -116,14 +135,15 @@ def prepare(data: bytes, add_object, first_line: int = 1) -> list[PreparedSegmen
     def pack(group):
         start, end = group[0][0], group[-1][1]
         refs, objects = [], []
-        for piece in chunking.cut(view[start:end], chunking.ROLLOUT_AVG_SIZE,
-                                  chunking.ROLLOUT_MIN_SIZE, chunking.ROLLOUT_MAX_SIZE):
-            digest = hash_blob(piece)
-            objects.append((digest, framing.frame(framing.KIND_CHUNK, piece,
-                                                  level=framing.ROLLOUT_ZSTD_LEVEL)))
-            refs.append(ChunkRef(digest, len(piece)))
+        regions = _stamp_regions(data, group) if raw_lines else [(start, end)]
+        for region_start, region_end in regions:
+            for piece in chunking.cut(view[region_start:region_end], chunking.ROLLOUT_AVG_SIZE,
+                                      chunking.ROLLOUT_MIN_SIZE, chunking.ROLLOUT_MAX_SIZE):
+                digest = hash_blob(piece)
+                objects.append((digest, framing.frame(framing.KIND_CHUNK, piece, level=level)))
+                refs.append(ChunkRef(digest, len(piece)))
         hashes = [blake3.blake3(view[s:e]).digest() for s, e in group]
-        return PreparedSegment(tuple(refs), end - start, hashes), objects
+        return PreparedSegment(tuple(refs), end - start, hashes, [e - s for s, e in group]), objects
 
     prepared = []
     # zstd and BLAKE3 release the GIL: a large append packs its segments on two threads.
@@ -133,6 +153,34 @@ def prepare(data: bytes, add_object, first_line: int = 1) -> list[PreparedSegmen
                 add_object(digest, framed)
             prepared.append(segment)
     return prepared
+
+
+STAMP_SPLIT_BYTES = 32 * 1024
+_STAMP = b'{"timestamp":"'
+
+
+def _stamp_regions(data: bytes, group: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Byte ranges to chunk separately so that a long log line's body dedupes across files.
+
+    A harness that copies records into another log (a Codex fork re-persists its parent's
+    items) gives each copy a new `{"timestamp":"..."` prefix. A line of STAMP_SPLIT_BYTES
+    or more that starts so is cut after its timestamp value: the body after it is chunked
+    on its own, so the copy's body chunks equal the source's. Shorter lines are chunked
+    together as usual (one chunk per small body would cost more than the copy).
+    """
+    regions, region_start = [], group[0][0]
+    for start, end in group:
+        if end - start < STAMP_SPLIT_BYTES or not data.startswith(_STAMP, start):
+            continue
+        quote = data.find(b'"', start + len(_STAMP), start + 96)
+        if quote < 0:
+            continue
+        regions.append((region_start, quote + 1))
+        regions.append((quote + 1, end))
+        region_start = end
+    if region_start < group[-1][1]:
+        regions.append((region_start, group[-1][1]))
+    return regions
 
 
 def skip_index(n: int) -> int:
@@ -330,6 +378,18 @@ def link_segments(objects: ObjectSource, head: HistoryPosition,
     compare-and-swap (and links again on the new head if it lost the race), so seq
     numbers and prefix digests always continue the head the ref really had.
     """
+    head, new_objects, _ = link_segments_at(objects, head, prepared, ())
+    return head, new_objects
+
+
+def link_segments_at(objects: ObjectSource, head: HistoryPosition, prepared: list[PreparedSegment],
+                     marks) -> tuple[HistoryPosition, dict[bytes, bytes], list[HistoryPosition]]:
+    """`link_segments`, also returning the position after each of `marks` new records.
+
+    `marks` are counts of appended records, ascending, each in 0..appended (the
+    prefix digest and offset of each are computed from the prepared record hashes).
+    Returns (new head, segment objects to store, positions at the marks).
+    """
     history = History(objects)
     chunk_ids = {ref.id.raw for item in prepared for ref in item.chunks}
     missing = objects.missing(chunk_ids)
@@ -342,20 +402,34 @@ def link_segments(objects: ObjectSource, head: HistoryPosition,
     def segment_of(digest: Digest) -> Segment:
         return pending[digest.raw] if digest.raw in pending else history.segment(digest)
 
+    marks = list(marks)
+    positions: list[HistoryPosition] = []
+    start_seq = head.seq
+    while marks and marks[0] == 0:
+        positions.append(head)
+        marks.pop(0)
     for item in prepared:
         index = 0 if head.segment is None else segment_of(head.segment).index + 1
         skip = None
         if index >= 2:
             skip = _ancestor_at_index(segment_of, head.segment, skip_index(index))
-        digest = head.digest
-        for record_hash in item.record_hashes:
+        digest, seq, inside = head.digest, head.seq, []
+        for number, record_hash in enumerate(item.record_hashes):
             digest = chain_prefix(digest, record_hash)
+            if marks and marks[0] == seq + number + 1 - start_seq:
+                offset = head.offset + sum(item.record_sizes[:number + 1])
+                while marks and marks[0] == seq + number + 1 - start_seq:
+                    inside.append((seq + number + 1, offset, digest))
+                    marks.pop(0)
         segment = Segment(head, index, skip, len(item.record_hashes), item.length, digest, item.chunks)
         segment_id = segment.digest_id()
         new_objects[segment_id.raw] = framing.frame(framing.KIND_SEGMENT, segment.encode())
         pending[segment_id.raw] = segment
+        positions += [HistoryPosition(segment_id, s, o, d) for s, o, d in inside]
         head = segment.end(segment_id)
-    return head, new_objects
+    if marks:
+        raise UsageError(f"mark {marks[0] + start_seq} is beyond the appended records")
+    return head, new_objects, positions
 
 
 def _ancestor_at_index(segment_of, digest: Digest, index: int) -> Digest:

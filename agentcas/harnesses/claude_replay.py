@@ -1,0 +1,193 @@
+"""What a Claude Code model saw at record N: the SDK's chain rules over transcript records.
+
+A pure reducer over (1-based line, record dict | None); it reads, never executes. It
+follows anthropics/claude-agent-sdk-python `_internal/sessions.py` @005d7596
+(`_parse_transcript_entries`, `_build_conversation_chain`, `_is_visible_message`):
+
+1. Chain nodes are records of type user/assistant/progress/system/attachment with a
+   string `uuid` (damaged lines are skipped); a uuid seen twice keeps its last record.
+2. Terminals are nodes no record names as `parentUuid`; each walks back to its nearest
+   user/assistant node: the candidate leaves.
+3. The leaf is the candidate that is not `isSidechain`/`teamName`/`isMeta` with the
+   highest file position (so an edited or retried prompt, which re-uses the old
+   prompt's parent and comes later, wins); if there is none, any candidate.
+4. The chain walks `parentUuid` from the leaf to a root. `logicalParentUuid` is never
+   followed, so after a compaction the chain starts at the `compact_boundary`.
+5. Visible messages are chain user/assistant records that are not `isMeta`,
+   `isSidechain` or `teamName` (`isCompactSummary` records are kept).
+
+Beyond the SDK (agentcas conventions, docs/HARNESSES.md): `abandoned` lists non-sidechain
+nodes on branches not chosen (not the chain, not the history before a compaction, which
+is reached through `logicalParentUuid`); `sidechains` lists each inline subagent tree
+(root without a sidechain parent, its newest terminal user/assistant leaf, the path);
+`messages` is the Messages-API view of the visible records.
+"""
+
+from __future__ import annotations
+
+NODE_TYPES = frozenset({"user", "assistant", "progress", "system", "attachment"})
+
+
+def _is_node(record) -> bool:
+    return record is not None and record.get("type") in NODE_TYPES and isinstance(record.get("uuid"), str)
+
+
+def _walk(start, by_uuid):
+    """Records from `start` along parentUuid to a root (stops on a cycle)."""
+    seen = set()
+    current = start
+    while current is not None:
+        uid = current["uuid"]
+        if uid in seen:
+            break
+        seen.add(uid)
+        yield current
+        parent = current.get("parentUuid")
+        current = by_uuid.get(parent) if isinstance(parent, str) and parent else None
+
+
+def build_chain(entries: list[dict]) -> list[dict]:
+    """`_build_conversation_chain`: the records from the chosen leaf's root to the leaf."""
+    if not entries:
+        return []
+    by_uuid = {e["uuid"]: e for e in entries}
+    position = {e["uuid"]: i for i, e in enumerate(entries)}
+    parents = {e.get("parentUuid") for e in entries if e.get("parentUuid")}
+    leaves = []
+    for terminal in (e for e in entries if e["uuid"] not in parents):
+        for node in _walk(terminal, by_uuid):
+            if node.get("type") in ("user", "assistant"):
+                leaves.append(node)
+                break
+    if not leaves:
+        return []
+    main = [leaf for leaf in leaves
+            if not leaf.get("isSidechain") and not leaf.get("teamName") and not leaf.get("isMeta")]
+    candidates = main or leaves
+    best = candidates[0]
+    for leaf in candidates[1:]:
+        if position.get(leaf["uuid"], -1) > position.get(best["uuid"], -1):
+            best = leaf
+    chain = list(_walk(best, by_uuid))
+    chain.reverse()
+    return chain
+
+
+def is_visible(entry: dict) -> bool:
+    """`_is_visible_message`."""
+    if entry.get("type") not in ("user", "assistant"):
+        return False
+    return not (entry.get("isMeta") or entry.get("isSidechain") or entry.get("teamName"))
+
+
+def _blocks(content) -> list:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return list(content) if isinstance(content, list) else []
+
+
+def messages_view(visible: list[dict]) -> list[dict]:
+    """Messages-API view: one message.id's assistant records merged, consecutive users merged."""
+    out: list[dict] = []
+    last_id = None
+    for entry in visible:
+        message = entry.get("message") if isinstance(entry.get("message"), dict) else {}
+        content = message.get("content")
+        if entry["type"] == "assistant":
+            message_id = message.get("id")
+            if out and out[-1]["role"] == "assistant" and message_id is not None and message_id == last_id:
+                out[-1]["content"] = _blocks(out[-1]["content"]) + _blocks(content)
+            else:
+                out.append({"role": "assistant", "content": content})
+            last_id = message_id
+        else:
+            if out and out[-1]["role"] == "user":
+                out[-1]["content"] = _blocks(out[-1]["content"]) + _blocks(content)
+            else:
+                out.append({"role": "user", "content": content})
+            last_id = None
+    return out
+
+
+def _before_compaction(chain: list[dict], by_uuid: dict) -> set:
+    """Uuids of the history a compaction replaced: from each boundary's logical parent back."""
+    out: set = set()
+    todo = [e.get("logicalParentUuid") for e in chain if _is_boundary(e)]
+    while todo:
+        start = by_uuid.get(todo.pop())
+        if start is None:
+            continue
+        for node in _walk(start, by_uuid):
+            if node["uuid"] in out:
+                break
+            out.add(node["uuid"])
+            if _is_boundary(node):
+                todo.append(node.get("logicalParentUuid"))
+    return out
+
+
+def _is_boundary(entry: dict) -> bool:
+    return entry.get("type") == "system" and entry.get("subtype") == "compact_boundary"
+
+
+def _sidechains(entries: list[dict]) -> list[dict]:
+    side = [e for e in entries if e.get("isSidechain")]
+    by_uuid = {e["uuid"]: e for e in side}
+    position = {e["uuid"]: i for i, e in enumerate(entries)}
+    children: dict = {}
+    for e in side:
+        children.setdefault(e.get("parentUuid"), []).append(e["uuid"])
+    out, seen_roots = [], set()
+    for e in side:
+        parent = e.get("parentUuid")
+        if (parent in by_uuid) or e["uuid"] in seen_roots:
+            continue
+        seen_roots.add(e["uuid"])
+        tree, stack = [], [e["uuid"]]
+        while stack:
+            uid = stack.pop()
+            if uid in tree:
+                continue
+            tree.append(uid)
+            stack.extend(children.get(uid, []))
+        terminals = [u for u in tree if not children.get(u) and by_uuid[u].get("type") in ("user", "assistant")]
+        leaf = max(terminals, key=lambda u: position[u]) if terminals else e["uuid"]
+        path = [n["uuid"] for n in _walk(by_uuid[leaf], by_uuid)]
+        path.reverse()
+        out.append({"root": e["uuid"], "leaf": leaf, "uuids": path})
+    return out
+
+
+def replay_claude(records) -> dict:
+    """The replay document (`replay --json`, format claude) of `records` (all of them)."""
+    at = len(records)
+    entries = []
+    session_id = None
+    for index in range(at):
+        _, record = records[index]
+        if record is None:
+            continue
+        if session_id is None and isinstance(record.get("sessionId"), str):
+            session_id = record["sessionId"]
+        if _is_node(record):
+            entries.append(record)
+    chain = build_chain(entries)
+    by_uuid = {e["uuid"]: e for e in entries}
+    in_chain = {e["uuid"] for e in chain}
+    replaced = _before_compaction(chain, by_uuid)
+    visible = [e for e in chain if is_visible(e)]
+    abandoned, listed = [], set()
+    for e in entries:
+        uid = e["uuid"]
+        if uid in in_chain or uid in replaced or uid in listed or e.get("isSidechain"):
+            continue
+        listed.add(uid)
+        abandoned.append(uid)
+    boundary = next((e for e in reversed(chain) if _is_boundary(e)), None)
+    compaction = None if boundary is None else {"boundary": boundary["uuid"],
+                                                "logical_parent": boundary.get("logicalParentUuid")}
+    return {"format": "claude", "session_id": session_id, "at": at,
+            "leaf": chain[-1]["uuid"] if chain else None, "chain": [e["uuid"] for e in chain],
+            "visible": [e["uuid"] for e in visible], "abandoned": abandoned,
+            "sidechains": _sidechains(entries), "compaction": compaction,
+            "messages": messages_view(visible)}

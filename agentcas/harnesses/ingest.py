@@ -1,0 +1,513 @@
+"""Incremental, byte-exact ingest of harness session files into threads.
+
+A thread's rollout is its file's complete lines, stored as they are (a damaged line is
+kept, so `rollout cat` equals the file, and reported; replay skips it). Each run, per file:
+
+1. `stat`. If size, mtime and inode equal what the last run recorded (the sealed
+   `ingest-state` file in the store directory), the file is unchanged: nothing else.
+2. Otherwise the thread (named from the content, discovery.py) must hold a prefix of
+   the file: the file is not shorter than the stored bytes, and the stored first and
+   last records equal the file's bytes there. A file that fails this was rewritten or
+   truncated: it is refused by name and the other files go on (exit 1 at the end).
+3. The bytes after the stored prefix, up to the last newline, are new lines (a partial
+   last line waits for the next run). A checkpoint is placed after every turn boundary
+   record (Codex `task_complete`/`turn_aborted`; Claude: a new real user prompt closes
+   the turn before it) and one at the end of what was read, each with a bounded reason.
+4. New lines and checkpoints of many files land through `Store.ingest_append` in a few
+   transactions (all or nothing each); then the state file is rewritten (it is only a
+   cache: the threads are the truth, so a lost state file costs a re-check, not data).
+
+SIGKILL at any point leaves whole lines only (the transaction either landed or not).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+from agentcas.cas.sealed import seal, unseal
+from agentcas.errors import AgentcasError, ConflictError, IntegrityError, NotFound, UsageError
+from agentcas.harnesses import discovery
+from agentcas.harnesses.records import CLAUDE, CODEX, FORMATS, iter_lines, parse_line, preview
+from agentcas.refs.names import check_thread_name
+from agentcas.refs.threads import ForkOrigin
+
+STATE_FILE = "ingest-state"
+BATCH_BYTES = 64 * 1024 * 1024
+BATCH_FILES = 512
+CONTEXT_BYTES = 4 * 1024 * 1024     # re-read of an open turn, for its prompt in the reason
+REASON_WORDS = 80
+
+
+class SessionRefused(AgentcasError):
+    """A session file that cannot be ingested (rewritten, truncated, no id)."""
+
+
+@dataclass
+class FileReport:
+    """What one run did with one file."""
+
+    path: str
+    thread: str | None = None
+    status: str = "unchanged"        # ingested | unchanged | waiting | refused
+    appended: int = 0
+    first_seq: int = 0
+    seq: int = 0
+    checkpoints: list = field(default_factory=list)
+    skipped_lines: list = field(default_factory=list)
+    partial_bytes: int = 0
+    error: str | None = None
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "thread": self.thread, "status": self.status, "appended": self.appended,
+                "first_seq": self.first_seq, "seq": self.seq, "checkpoints": self.checkpoints,
+                "skipped_lines": self.skipped_lines, "partial_bytes": self.partial_bytes, "error": self.error}
+
+
+# --- turn boundaries --------------------------------------------------------------------------
+
+class CodexTurns:
+    """Turn boundaries of a Codex rollout: `task_complete` / `turn_aborted` records."""
+
+    KEYS = (b"task_started", b"turn_started", b"user_message", b"task_complete", b"turn_complete",
+            b"turn_aborted")
+
+    def __init__(self):
+        self.turn = None
+        self.prompts: dict = {}
+
+    def feed(self, raw: bytes, record: dict | None) -> str | None:
+        """The reason of a checkpoint after this record, if it closes a turn."""
+        if record is None or record.get("type") != "event_msg" or not isinstance(record.get("payload"), dict):
+            return None
+        event = record["payload"]
+        kind = event.get("type")
+        turn_id = event.get("turn_id") if isinstance(event.get("turn_id"), str) else None
+        if kind in ("task_started", "turn_started"):
+            self.turn = turn_id
+        elif kind == "user_message" and isinstance(event.get("message"), str):
+            self.prompts.setdefault(self.turn, event["message"])
+        elif kind in ("task_complete", "turn_complete", "turn_aborted"):
+            prompt = self.prompts.pop(turn_id, None) or self.prompts.pop(self.turn, None)
+            what = "aborted" if kind == "turn_aborted" else "complete"
+            name = preview(turn_id or "?", 80)
+            return f"codex turn {name} {what}" + (f": {preview(prompt, REASON_WORDS)}" if prompt else "")
+        return None
+
+    @staticmethod
+    def interesting(raw: bytes) -> bool:
+        return b"event_msg" in raw and any(key in raw for key in CodexTurns.KEYS)
+
+
+class ClaudeTurns:
+    """Turn boundaries of a Claude transcript: each new real user prompt closes the turn before it."""
+
+    def __init__(self):
+        self.prompt = None   # the prompt of the open turn
+        self.count = 0
+
+    def feed(self, raw: bytes, record: dict | None) -> str | None:
+        text = real_prompt(record)
+        if text is None:
+            return None
+        closed, self.prompt = self.prompt, text
+        self.count += 1
+        if self.count == 1 and closed is None:
+            return None   # the first prompt closes nothing
+        return ("claude turn closed by a new prompt" + (f": {preview(closed, REASON_WORDS)}" if closed else ""))
+
+    @staticmethod
+    def interesting(raw: bytes) -> bool:
+        return b'"user"' in raw
+
+
+def real_prompt(record) -> str | None:
+    """The text of a real Claude user prompt (not meta, sidechain, tool result, summary), else None."""
+    if record is None or record.get("type") != "user" or not isinstance(record.get("uuid"), str):
+        return None
+    if record.get("isMeta") or record.get("isSidechain") or record.get("isCompactSummary") \
+            or record.get("isVisibleInTranscriptOnly") or record.get("teamName"):
+        return None
+    message = record.get("message") if isinstance(record.get("message"), dict) else {}
+    content = message.get("content")
+    if isinstance(content, str):
+        text = content
+    elif isinstance(content, list):
+        if any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content):
+            return None
+        text = " ".join(b.get("text", "") for b in content
+                        if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str))
+    else:
+        return None
+    stripped = text.lstrip()
+    if not stripped or stripped.startswith(("<local-command-stdout>", "<local-command-caveat>")):
+        return None
+    return text
+
+
+def turn_tracker(harness: str):
+    return CodexTurns() if harness == CODEX else ClaudeTurns()
+
+
+# --- the state file ---------------------------------------------------------------------------
+
+class IngestState:
+    """Per-file ingest state (size, mtime, inode, bytes ingested, thread, head digest): a cache."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self.entries: dict = {}
+        self.dirty = False
+        if path and os.path.exists(path):
+            try:
+                with open(path, "rb") as handle:
+                    self.entries = json.loads(unseal(STATE_FILE, b"v1", handle.read()))
+            except (OSError, ValueError, IntegrityError):
+                self.entries = {}   # a damaged cache is rebuilt from the threads
+
+    def unchanged(self, key: str, st: os.stat_result) -> bool:
+        entry = self.entries.get(key)
+        return entry is not None and (entry["size"], entry["mtime_ns"], entry["ino"]) == \
+            (st.st_size, st.st_mtime_ns, st.st_ino)
+
+    def record(self, key: str, st: os.stat_result, thread: str, history: dict, turn_seq: int) -> None:
+        self.entries[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino,
+                             "thread": thread, "bytes": history["offset"], "seq": history["seq"],
+                             "digest": history["digest"], "turn_seq": turn_seq}
+        self.dirty = True
+
+    def save(self) -> None:
+        if not self.path or not self.dirty:
+            return
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        payload = json.dumps(self.entries, sort_keys=True, separators=(",", ":")).encode()
+        with open(tmp, "wb") as handle:
+            handle.write(seal(STATE_FILE, b"v1", payload))
+        os.replace(tmp, self.path)
+        self.dirty = False
+
+
+# --- one run -----------------------------------------------------------------------------------
+
+@dataclass
+class _Pending:
+    report: FileReport
+    key: str
+    st: os.stat_result
+    append: object           # SessionAppend
+    turn_seq: int
+
+
+class Ingest:
+    """Ingest runs over a set of paths (one run, or many with --watch) into one store."""
+
+    def __init__(self, store, harness: str, paths, thread: str | None = None):
+        if harness not in FORMATS:
+            raise UsageError(f"unknown harness {harness!r}: use codex or claude")
+        self.store = store
+        self.harness = harness
+        self.paths = list(paths)
+        self.thread = thread
+        if thread is not None:
+            check_thread_name(thread)
+        self.state = IngestState(os.path.join(store.path, STATE_FILE) if store.path else None)
+        self._inflight = None   # (executor, future) of the batch landing in the background
+
+    def run(self) -> list[FileReport]:
+        """One pass over the paths: every file's report (refused ones carry their error)."""
+        files, missing = discovery.find_sessions(self.harness, self.paths)
+        if self.thread is not None and len(files) > 1:
+            raise UsageError(f"--thread names one session, but {len(files)} files were found")
+        reports = [FileReport(path, status="refused", error=f"no such file or directory: {path}")
+                   for path in missing]
+        pending: list[_Pending] = []
+        forks: list[_Pending] = []
+        pending_bytes = 0
+        threads = None
+        for session in files:
+            report = FileReport(session.path)
+            reports.append(report)
+            try:
+                st = os.stat(session.path)
+            except OSError as exc:
+                report.status, report.error = "refused", f"cannot stat {session.path}: {exc.strerror}"
+                continue
+            key = os.path.abspath(session.path)
+            if self.state.unchanged(key, st):
+                entry = self.state.entries[key]
+                report.thread, report.seq, report.first_seq = entry["thread"], entry["seq"], entry["seq"]
+                continue
+            if threads is None:
+                threads = {row["thread"]: row for row in self.store.threads()}
+            try:
+                item = self._prepare(session, st, key, report, threads)
+            except (SessionRefused, IntegrityError, NotFound, UsageError) as exc:
+                report.status, report.error = "refused", str(exc)
+                continue
+            except OSError as exc:
+                report.status, report.error = "refused", f"cannot read {session.path}: {exc.strerror}"
+                continue
+            if item is None:
+                continue
+            if self.harness == CODEX and item.append.forked_from is not None \
+                    and item.append.forked_from.thread not in threads:
+                forks.append(item)   # its parent may land in this run: link it after, measuring the copy
+                continue
+            pending.append(item)
+            pending_bytes += len(item.append.data)
+            if pending_bytes >= BATCH_BYTES or len(pending) >= BATCH_FILES:
+                # Land as we go, in the background: the next files are read and classified
+                # (Python) while this batch is compressed and written (zstd, BLAKE3, LMDB).
+                self._land_in_background(pending)
+                pending, pending_bytes = [], 0
+        self._land_in_background(None)
+        self._land(pending)
+        if forks:
+            from dataclasses import replace
+            for item in forks:
+                parent = item.append.forked_from.thread
+                item.append = replace(item.append, forked_from=ForkOrigin(parent, None,
+                                                                          self._copied(parent, item.append.data)))
+            self._land(forks)
+        self.state.save()
+        return reports
+
+    # -- per file ----------------------------------------------------------------------------
+    def _prepare(self, session, st, key, report: FileReport, threads: dict) -> _Pending | None:
+        from agentcas.cas.objects import HistoryPosition
+        from agentcas.repository import SessionAppend
+        with open(session.path, "rb") as handle:
+            identity = self._identity(session)
+            if identity is None:
+                if b"\n" not in handle.read(discovery.HEAD_BYTES):
+                    report.status, report.partial_bytes = "waiting", st.st_size
+                    return None
+                what = "session_meta with a payload.id" if self.harness == CODEX else "record with a sessionId"
+                raise SessionRefused(f"{session.path}: no {what} in its first lines: not a {self.harness} "
+                                     "session (use --thread NAME to name it anyway)")
+            thread = identity.thread
+            check_thread_name(thread)
+            report.thread = thread
+            row = threads.get(thread)
+            based_on = None if row is None else HistoryPosition.from_doc(row["history"])
+            stored = 0 if based_on is None else based_on.offset
+            seq = 0 if based_on is None else based_on.seq
+            if st.st_size < stored:
+                raise SessionRefused(f"{session.path} is shorter ({st.st_size} bytes) than the {stored} bytes "
+                                     f"already ingested into {thread}: it was truncated or rewritten; "
+                                     "not ingested")
+            if seq:
+                entry = self.state.entries.get(key)
+                grew = entry is not None and entry["thread"] == thread and entry["ino"] == st.st_ino \
+                    and st.st_size > entry["size"] and entry["bytes"] == stored
+                if grew:
+                    self._check_prefix(session.path, handle, thread, based_on)
+                else:
+                    self._check_whole_prefix(session.path, handle, thread, based_on)
+            handle.seek(stored)
+            tail = handle.read()
+        cut = tail.rfind(b"\n") + 1
+        new, report.partial_bytes = tail[:cut], len(tail) - cut
+        report.first_seq = report.seq = seq
+        entry = self.state.entries.get(key, {})
+        turn_seq = entry.get("turn_seq", 0) if entry.get("thread") == thread else None
+        tracker, turn_seq = self._context(thread, row, turn_seq)
+        marks, skipped, line = [], [], seq + 1
+        count = 0
+        for line, raw in iter_lines(new, seq + 1):
+            count += 1
+            record = parse_line(raw, fast=True)
+            if record is None:
+                skipped.append(line)
+            reason = tracker.feed(raw, record) if record is not None else None
+            if reason:
+                marks.append((count, reason))
+                turn_seq = seq + count - (1 if self.harness == CLAUDE else 0)
+        report.skipped_lines = skipped
+        if count and (not marks or marks[-1][0] != count):
+            name = preview(os.path.basename(session.path), 160)
+            marks.append((count, f"ingest of {name}: {seq + count} lines read"))
+        elif not count and row is not None and seq and (row["checkpoint"] is None
+                                                        or self._checkpoint_seq(row) != seq):
+            name = preview(os.path.basename(session.path), 160)
+            marks.append((0, f"ingest of {name}: {seq} lines read"))
+        if not count and not marks:
+            report.status = "waiting" if report.partial_bytes else "unchanged"
+            if row is not None:
+                self.state.record(key, st, thread, row["history"], turn_seq or 0)
+            return None
+        origin = None
+        if row is None and identity.parent is not None and identity.parent != thread:
+            copied = self._copied(identity.parent, new) \
+                if self.harness == CODEX and identity.parent in threads else 0
+            origin = ForkOrigin(identity.parent, None, copied)
+        append = SessionAppend(thread, new, tuple(marks), based_on, origin)
+        return _Pending(report, key, st, append, turn_seq or 0)
+
+    def _identity(self, session):
+        if self.thread is not None:
+            return discovery.SessionIdentity(self.thread)
+        return discovery.identify_file(self.harness, session)
+
+    def _check_prefix(self, path, handle, thread, based_on) -> None:
+        """Refuse a file whose stored first and last records differ from its bytes there."""
+        first = b"".join(self.store.rollout_read(thread, 0, 1))
+        handle.seek(0)
+        same = handle.read(len(first)) == first
+        if same and based_on.seq > 1:
+            last = b"".join(self.store.rollout_read(thread, based_on.seq - 1, based_on.seq))
+            handle.seek(based_on.offset - len(last))
+            same = handle.read(len(last)) == last
+        if not same:
+            raise SessionRefused(f"{path} differs from what was already ingested into {thread} (it was "
+                                 "rewritten or edited, not appended to); not ingested")
+
+    def _check_whole_prefix(self, path, handle, thread, based_on) -> None:
+        """Refuse a file whose first `based_on.offset` bytes do not hash to the stored history.
+
+        Used when the file did not simply grow since the last run (new inode, same size with
+        a new mtime, no state): an edit anywhere in the stored part is found.
+        """
+        from agentcas.cas.digest import chain_prefix
+        from agentcas.cas.objects import EMPTY_POSITION
+        import blake3
+        handle.seek(0)
+        digest, seq, remaining, carry = EMPTY_POSITION.digest, 0, based_on.offset, b""
+        while remaining > 0:
+            piece = handle.read(min(remaining, 8 * 1024 * 1024))
+            if not piece:
+                break
+            remaining -= len(piece)
+            data = carry + piece
+            start = 0
+            while True:
+                end = data.find(b"\n", start)
+                if end < 0:
+                    break
+                digest = chain_prefix(digest, blake3.blake3(data[start:end + 1]).digest())
+                seq += 1
+                start = end + 1
+            carry = data[start:]
+        if carry or seq != based_on.seq or digest != based_on.digest:
+            raise SessionRefused(f"{path} differs from what was already ingested into {thread} (it was "
+                                 "rewritten or edited, not appended to); not ingested")
+
+    def _checkpoint_seq(self, row) -> int | None:
+        try:
+            return self.store.show(row["checkpoint"])["history"]["seq"]
+        except AgentcasError:
+            return None
+
+    def _context(self, thread: str, row, turn_seq):
+        """A turn tracker primed with the stored records of the open turn (for its prompt)."""
+        tracker = turn_tracker(self.harness)
+        if row is None or not row["history"]["seq"]:
+            return tracker, 0
+        head_seq = row["history"]["seq"]
+        if turn_seq is None:
+            cp_seq = self._checkpoint_seq(row) if row["checkpoint"] else None
+            turn_seq = max(0, (cp_seq or 0) - 1)
+        start = max(0, min(turn_seq, head_seq))
+        data, size = [], 0
+        for piece in self.store.rollout_read(thread, start, head_seq):
+            data.append(piece)
+            size += len(piece)
+            if size >= CONTEXT_BYTES:
+                break
+        if start > 0 and isinstance(tracker, ClaudeTurns):
+            tracker.count = 1   # the thread's first prompt is behind the open turn
+        for _, raw in iter_lines(b"".join(data)):
+            if tracker.interesting(raw):
+                tracker.feed(raw, parse_line(raw))
+        return tracker, start
+
+    def _copied(self, parent: str, new: bytes) -> int:
+        """How many of the parent's records a Codex fork copied (same record, new timestamp)."""
+        try:
+            parent_records = self.store.thread(parent).history.seq
+        except AgentcasError:
+            return 0
+        lines = list(iter_lines(new))[1:]  # after the fork's own session_meta
+        if not lines or not parent_records:
+            return 0
+        pieces = b"".join(self.store.rollout_read(parent, 0, min(parent_records, len(lines))))
+        count = 0
+        for (_, mine), (_, theirs) in zip(lines, iter_lines(pieces)):
+            a, b = parse_line(mine), parse_line(theirs)
+            if a is None or b is None or a.get("type") != b.get("type") or a.get("payload") != b.get("payload"):
+                break
+            count += 1
+        return count
+
+    # -- landing -----------------------------------------------------------------------------
+    def _land_in_background(self, batch: list[_Pending] | None) -> None:
+        """Wait for the batch landing now; then start landing `batch` (None: just wait)."""
+        inflight = self._inflight
+        if inflight is not None:
+            self._inflight = None
+            inflight[1].result()   # re-raises what the landing raised
+            inflight[0].shutdown()
+        if batch:
+            from concurrent.futures import ThreadPoolExecutor
+            pool = ThreadPoolExecutor(1)
+            self._inflight = (pool, pool.submit(self._land, batch))
+
+    def _land(self, pending: list[_Pending]) -> None:
+        batch, size = [], 0
+        for item in pending:
+            batch.append(item)
+            size += len(item.append.data)
+            if size >= BATCH_BYTES or len(batch) >= BATCH_FILES:
+                self._land_batch(batch)
+                batch, size = [], 0
+        if batch:
+            self._land_batch(batch)
+
+    def _land_batch(self, batch: list[_Pending]) -> None:
+        try:
+            results = self.store.ingest_append([item.append for item in batch])
+        except ConflictError:
+            if len(batch) == 1:
+                item = batch[0]
+                item.report.status, item.report.error = "refused", (
+                    f"{item.report.path}: thread {item.append.thread} moved while it was read; run ingest again")
+                return
+            for item in batch:   # land the others; name the one that lost its race
+                self._land_batch([item])
+            return
+        for item, result in zip(batch, results):
+            report = item.report
+            report.status = "ingested"
+            report.appended = result["appended"]
+            report.first_seq = result["first_seq"]
+            report.seq = result["history"]["seq"]
+            report.checkpoints = result["checkpoints"]
+            self.state.record(item.key, item.st, item.append.thread, result["history"], item.turn_seq)
+
+
+def summary(reports: list[FileReport]) -> dict:
+    """The JSON document of an ingest run."""
+    counts: dict = {}
+    for report in reports:
+        counts[report.status] = counts.get(report.status, 0) + 1
+    return {"files": [r.to_json() for r in reports], "counts": counts,
+            "appended": sum(r.appended for r in reports),
+            "checkpoints": sum(len(r.checkpoints) for r in reports),
+            "refused": [r.path for r in reports if r.status == "refused"]}
+
+
+def watch(ingest: Ingest, stop, on_run, interval: float = 0.25) -> list[FileReport]:
+    """Run passes until `stop()` is true; `on_run(reports)` after each; the last pass's reports."""
+    reports = ingest.run()
+    on_run(reports)
+    while not stop():
+        deadline = time.monotonic() + interval
+        while time.monotonic() < deadline and not stop():
+            time.sleep(0.02)
+        if stop():
+            break
+        reports = ingest.run()
+        on_run(reports)
+    return reports

@@ -1,0 +1,168 @@
+"""Replay of a stored thread or checkpoint: the reducers over records read lazily from the store.
+
+`StoredRecords` is a sequence of (1-based line, record | None) over the first `at` records
+of a history, loaded in blocks by `Store.rollout_read` only when an index is asked for.
+The Codex reducer scans backwards from the end and stops at the newest surviving
+compaction, so replay at the head of a long session reads its tail, not the whole file.
+"""
+
+from __future__ import annotations
+
+from agentcas.errors import AgentcasError, UsageError
+from agentcas.harnesses.claude_replay import replay_claude
+from agentcas.harnesses.codex_replay import replay_codex
+from agentcas.harnesses.records import CODEX, detect_format, iter_lines, parse_line, preview
+
+BLOCK_RECORDS = 256
+HEAD_RECORDS = 16
+DETECT_RECORDS = 16
+
+
+class UnknownFormat(AgentcasError):
+    """A history that is neither a Codex rollout nor a Claude transcript."""
+
+
+class StoredRecords:
+    """The first `at` records of `rev`'s history as (line, record | None), loaded on demand."""
+
+    def __init__(self, store, rev: str, at: int):
+        self.store = store
+        self.rev = rev
+        self.at = at
+        self._blocks: dict[int, list] = {}
+        self.loaded_records = 0
+
+    def __len__(self) -> int:
+        return self.at
+
+    def __getitem__(self, index: int):
+        if not 0 <= index < self.at:
+            raise IndexError(index)
+        # A small first block: the thread id is on line 1, and a long session's head is not needed.
+        number = -1 if index < HEAD_RECORDS else (index - HEAD_RECORDS) // BLOCK_RECORDS
+        base = 0 if number < 0 else HEAD_RECORDS + number * BLOCK_RECORDS
+        block = self._blocks.get(number)
+        if block is None:
+            start = base
+            stop = min(self.at, HEAD_RECORDS if number < 0 else start + BLOCK_RECORDS)
+            data = b"".join(self.store.rollout_read(self.rev, start, stop))
+            block = [(line, parse_line(raw)) for line, raw in iter_lines(data, start + 1)]
+            self.loaded_records += len(block)
+            if len(self._blocks) > 4096:
+                self._blocks.clear()
+            self._blocks[number] = block
+        return block[index - base]
+
+
+def history_length(store, rev: str) -> int:
+    """How many records `rev` names: a thread's head, else the checkpoint's prefix."""
+    from agentcas.refs.names import check_thread_name
+    try:
+        check_thread_name(rev)
+        return store.thread(rev).history.seq
+    except AgentcasError:
+        pass
+    _, checkpoint = store.checkpoint(rev)
+    return checkpoint.history.seq
+
+
+def replay(store, rev: str, at: int | None = None, fmt: str | None = None) -> dict:
+    """The replay document of `rev` at record `at` (default: its position)."""
+    return replay_records(store, rev, at, fmt)[0]
+
+
+def replay_records(store, rev: str, at: int | None = None, fmt: str | None = None):
+    """(replay document, the StoredRecords it read) of `rev` at record `at`."""
+    length = history_length(store, rev)
+    if at is None:
+        at = length
+    if at < 0 or at > length:
+        raise UsageError(f"--at {at} is beyond the end of {rev!r} ({length} records)")
+    records = StoredRecords(store, rev, at)
+    if fmt is None:
+        fmt = detect_format(records[i] for i in range(min(at, DETECT_RECORDS)))
+        if fmt is None:
+            raise UnknownFormat(f"{rev!r} is neither a Codex rollout nor a Claude Code transcript "
+                                f"(first {min(at, DETECT_RECORDS)} records); name one with --format codex|claude")
+    return (replay_codex(records) if fmt == CODEX else replay_claude(records)), records
+
+
+# --- text transcripts --------------------------------------------------------------------------
+
+def _item_text(item: dict) -> tuple[str, str]:
+    kind = item.get("type")
+    if kind == "message":
+        texts = [p.get("text", "") for p in item.get("content") or [] if isinstance(p, dict)]
+        return str(item.get("role")), " ".join(t for t in texts if isinstance(t, str))
+    if kind == "reasoning":
+        summary = [p.get("text", "") for p in item.get("summary") or [] if isinstance(p, dict)]
+        return "reasoning", " ".join(t for t in summary if isinstance(t, str))
+    if kind in ("function_call", "custom_tool_call"):
+        return "call", f"{item.get('name')} {item.get('arguments', item.get('input', ''))}"
+    if kind in ("function_call_output", "custom_tool_call_output"):
+        return "output", item.get("output")
+    return str(kind), item
+
+
+def render_text(doc: dict, records=None, limit: int = 100) -> str:
+    """A readable transcript with file line numbers and bounded previews (never executes)."""
+    if doc["format"] == CODEX:
+        lines = [f"codex thread {doc['thread_id']} at record {doc['at']}: {len(doc['items'])} items"]
+        if doc["compaction_line"]:
+            lines.append(f"  (history from the compaction at line {doc['compaction_line']})")
+        for item, line in zip(doc["items"], doc["item_lines"]):
+            role, text = _item_text(item)
+            lines.append(f"{line:>7}  {role:<10} {preview(text, limit)}")
+        context = doc["turn_context"]
+        if isinstance(context, dict):
+            lines.append(f"turn context (line {doc['turn_context_line']}): model {context.get('model')}, "
+                         f"approval {context.get('approval_policy')}, cwd {context.get('cwd')}")
+        else:
+            lines.append("turn context: none (the next turn re-injects the full context)")
+        if doc["rolled_back_turns"]:
+            lines.append("rolled back turns: " + ", ".join(doc["rolled_back_turns"]))
+        if doc["interrupted_turn"]:
+            lines.append(f"unfinished turn {doc['interrupted_turn']}: kept as it is (a dangling call is "
+                         "answered \"aborted\" only at prompt time)")
+        if doc["skipped_lines"]:
+            lines.append("skipped damaged lines: " + ", ".join(map(str, doc["skipped_lines"][:50])))
+        return "\n".join(lines)
+    lines = [f"claude session {doc['session_id']} at record {doc['at']}: leaf {doc['leaf']}, "
+             f"{len(doc['chain'])} records in the chain, {len(doc['visible'])} visible"]
+    if doc["compaction"]:
+        lines.append(f"  (chain starts at compaction boundary {doc['compaction']['boundary']}; "
+                     f"logical parent {doc['compaction']['logical_parent']})")
+    by_uuid = {}
+    if records is not None:
+        for index in range(len(records)):
+            line, record = records[index]
+            if record is not None and isinstance(record.get("uuid"), str):
+                by_uuid[record["uuid"]] = (line, record)
+    for uid in doc["visible"]:
+        line, record = by_uuid.get(uid, (0, {}))
+        message = record.get("message") if isinstance(record.get("message"), dict) else {}
+        content = message.get("content")
+        role = record.get("type", "?")
+        if isinstance(content, list):
+            parts = []
+            for block in content:
+                if not isinstance(block, dict):
+                    continue
+                kind = block.get("type")
+                if kind == "text":
+                    parts.append(block.get("text", ""))
+                elif kind == "tool_use":
+                    parts.append(f"[tool_use {block.get('name')} {preview(block.get('input'), 60)}]")
+                elif kind == "tool_result":
+                    parts.append(f"[tool_result {preview(block.get('content'), 60)}]")
+                elif kind == "thinking":
+                    parts.append("[thinking]")
+                else:
+                    parts.append(f"[{kind}]")
+            content = " ".join(str(p) for p in parts)
+        lines.append(f"{line:>7}  {role:<10} {preview(content, limit)}")
+    if doc["abandoned"]:
+        lines.append(f"abandoned: {len(doc['abandoned'])} records on branches not chosen")
+    for side in doc["sidechains"]:
+        lines.append(f"sidechain {side['root']} -> {side['leaf']} ({len(side['uuids'])} records)")
+    return "\n".join(lines)

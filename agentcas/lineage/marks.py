@@ -1,0 +1,110 @@
+"""Appending raw lines with checkpoints at marks: how harness sessions land (issue 9).
+
+A harness log (Codex, Claude Code) is stored byte for byte as the thread's rollout, and
+each turn boundary becomes a checkpoint whose tree is empty (a session has no
+workspace) and whose HistoryPosition is the prefix up to and including the boundary
+record. The positions are computed from the prepared record hashes while the segments
+are linked (rollout.link_segments_at), so a whole file's new lines and all its
+checkpoints are one move of the thread (lineage/moves.py): planned against the state
+read, re-planned if that state was stale, a conflict if the thread is no longer where
+the ingest state said it was (`based_on`).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from agentcas.cas import framing
+from agentcas.cas.backends import Stores
+from agentcas.cas.digest import Digest
+from agentcas.cas.leases import Lease
+from agentcas.cas.objects import EMPTY_POSITION, Checkpoint, HistoryPosition, Tree
+from agentcas.cas.source import ObjectSource
+from agentcas.cas.writer import BatchWriter
+from agentcas.errors import ConflictError
+from agentcas.lineage import checkpoints, rollout
+from agentcas.lineage.moves import Move, move_thread
+from agentcas.refs.threads import ForkOrigin, ThreadState
+
+EMPTY_TREE = Tree.of([])
+
+
+def prepare_raw(datas: list[bytes], writer: BatchWriter, level: int) -> list[list]:
+    """Prepared segments of each data's complete lines (stored raw), chunks into `writer`."""
+    lock = threading.Lock()
+
+    def add(digest, framed):
+        with lock:
+            writer.add(digest, framed)
+
+    def prepare(data):
+        return rollout.prepare(data, add, raw_lines=True, level=level) if data else []
+
+    # zstd and BLAKE3 release the GIL: many small session files pack on two threads.
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(2 if len(datas) > 1 else 1) as pool:
+        prepared = list(pool.map(prepare, datas))
+    writer.flush()
+    return prepared
+
+
+def append_with_marks(stores: Stores, lease: Lease, thread: str, segments: list, marks,
+                      based_on: HistoryPosition | None, forked_from: ForkOrigin | None,
+                      who: str, created_at: str, runtime: dict) -> dict:
+    """Land `segments` on `thread` with a checkpoint at each (records, reason) mark."""
+    tree_id = EMPTY_TREE.digest()
+
+    def plan(state: ThreadState | None) -> Move | None:
+        if (None if state is None else state.history) != based_on:
+            raise ConflictError(f"thread {thread!r} moved while its session file was read; "
+                                "nothing was ingested, retry")
+        base = EMPTY_POSITION if state is None else state.history
+        head, new_objects, positions = rollout.link_segments_at(stores.objects, base, segments,
+                                                                [m for m, _ in marks])
+        current = None if state is None else state.checkpoint
+        made, chain = [], []   # chain: (digest, checkpoint) made here, by generation
+        if positions:
+            new_objects[tree_id.raw] = framing.frame(framing.KIND_TREE, EMPTY_TREE.encode())
+        for position, (_, reason) in zip(positions, marks):
+            if not chain:
+                generation, skip = checkpoints.index_for_child(stores.objects, current)
+            else:  # the parent is in `chain`: index without re-reading it from the store
+                generation, skip = _index_in_chain(stores.objects, chain)
+            cp = Checkpoint(tree_id, (current,) if current else (), thread, reason,
+                            who, created_at, runtime, position, generation=generation, skip=skip)
+            current = cp.digest()
+            chain.append((current, cp))
+            new_objects[current.raw] = framing.frame(framing.KIND_CHECKPOINT, cp.encode())
+            made.append(current.hex())
+        result = {"thread": thread, "appended": head.seq - base.seq, "first_seq": base.seq,
+                  "checkpoints": made, "history": head.to_doc()}
+        if state is not None and head == base and not made:
+            return None  # nothing new: no ref move
+        origin = forked_from if state is None else state.forked_from
+        return Move(ThreadState(current, head, origin), "ingest",
+                    f"ingest {head.seq - base.seq} records, {len(made)} checkpoints", new_objects,
+                    result=result)
+
+    state, move = move_thread(stores, lease, thread, plan, keep_lease=True)
+    if move is None:
+        base = EMPTY_POSITION if state is None else state.history
+        return {"thread": thread, "appended": 0, "first_seq": base.seq, "checkpoints": [],
+                "history": base.to_doc()}
+    return move.result
+
+
+def _index_in_chain(objects: ObjectSource, chain: list) -> tuple[int, Digest | None]:
+    """`checkpoints.index_for_child` of chain[-1], where `chain` holds consecutive first
+    parents just made (no store read for them)."""
+    parent = chain[-1][1]
+    if parent.parents and parent.generation == 0:
+        return 0, None   # the parent's chain is not indexed, so neither is the child
+    generation = parent.generation + 1
+    if generation < 2:
+        return generation, None
+    target = rollout.skip_index(generation)
+    first_generation = chain[0][1].generation
+    if target >= first_generation:
+        return generation, chain[target - first_generation][0]
+    oldest_id, oldest = chain[0]
+    return generation, checkpoints.ancestor_at(objects, oldest_id, oldest, target)

@@ -1,0 +1,405 @@
+"""Ingest of harness session files (agentcas/harnesses/ingest.py, discovery.py) through the real CLI and API."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from conftest import AGENTCAS
+from harness_samples import ClaudeSession, CodexSession
+
+from agentcas import Store
+from agentcas.harnesses.ingest import Ingest
+
+CODEX_ID = "0199a0b1-0000-7000-8000-000000000001"
+THREAD = f"codex/{CODEX_ID}"
+
+
+def codex_file(root, session: CodexSession, name: str | None = None, extra: bytes = b""):
+    directory = root / "sessions" / "2026" / "11" / "30"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / (name or f"rollout-2026-11-30T21-30-12-{session.thread_id}.jsonl")
+    path.write_bytes(session.data() + extra)
+    return path
+
+
+def cat(run, store_dir, thread) -> bytes:
+    proc = subprocess.run([AGENTCAS, "--store", str(store_dir), "rollout", "cat", thread], capture_output=True)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def sample_codex() -> CodexSession:
+    s = CodexSession()
+    s.turn("fix the login timeout", "fixed")
+    s.compact()
+    s.turn("deploy to staging")
+    return s
+
+
+def test_ingest_is_byte_exact_with_a_checkpoint_per_turn(run, store_dir, tmp_path):
+    s = sample_codex()
+    path = codex_file(tmp_path, s, name="rollout-2026-11-30T21-30-12-not-the-id.jsonl")
+    r = run("--json", "ingest", "codex", tmp_path / "sessions", store=store_dir)
+    assert r.code == 0, r
+    doc = r.json()
+    assert doc["files"][0]["thread"] == THREAD and doc["files"][0]["appended"] == len(s.lines)
+    data = cat(run, store_dir, THREAD)
+    assert data == path.read_bytes()
+    assert hashlib.blake2b(data).digest() == hashlib.blake2b(path.read_bytes()).digest()
+    log = run("--json", "log", THREAD, store=store_dir).json()["checkpoints"]
+    boundaries = [n for n, line in enumerate(s.lines, 1) if b'"task_complete"' in line]
+    assert sorted(e["history"]["seq"] for e in log) == boundaries      # the last boundary is the end
+    reasons = [e["reason"] for e in reversed(log)]
+    assert reasons[0].startswith("codex turn ") and reasons[0].endswith("fix the login timeout")
+    for e in log:
+        assert 1 <= len(e["reason"]) <= 512
+    # The store's other commands work on ingested threads.
+    first = log[-1]["checkpoint"]
+    assert run("show", first, store=store_dir).code == 0
+    assert run("fork", THREAD, "explore", "--at", str(boundaries[0]), store=store_dir).code == 0
+    assert run("--json", "diff", first, log[0]["checkpoint"], store=store_dir).json()["records"]["added"] > 0
+    assert run("fsck", store=store_dir).code == 0
+    assert run("gc", "--grace", "0s", store=store_dir).code == 0
+    assert cat(run, store_dir, THREAD) == path.read_bytes()
+    assert run("keygen", "alice", "--out", tmp_path / "keys", store=store_dir).code == 0
+    signed = run("export", THREAD, "-o", tmp_path / "b.bundle", "--sign", tmp_path / "keys" / "alice.key",
+                 store=store_dir)
+    assert signed.code == 0, signed
+    other = tmp_path / "other"
+    assert run("init", other).code == 0
+    assert run("trust", "add", "alice", tmp_path / "keys" / "alice.pub", store=other).code == 0
+    assert run("import", tmp_path / "b.bundle", store=other).code == 0
+    assert cat(run, other, THREAD) == path.read_bytes()
+    assert run("--json", "replay", THREAD, store=other).json() == run("--json", "replay", THREAD,
+                                                                       store=store_dir).json()
+
+
+def test_second_run_appends_only_new_complete_lines_and_a_partial_line_waits(run, store_dir, tmp_path):
+    s = CodexSession()
+    s.turn("one")
+    path = codex_file(tmp_path, s)
+    assert run("ingest", "codex", path, store=store_dir).code == 0
+    before = len(s.lines)
+    turn = s.start(prompt="two")
+    s.reply("done")
+    s.complete(turn)
+    partial = b'{"timestamp":"2026-11-30T21:00:00.000Z","type":"event_msg","pay'
+    path.write_bytes(s.data() + partial)
+    r = run("--json", "ingest", "codex", path, store=store_dir)
+    report = r.json()["files"][0]
+    assert report["first_seq"] == before and report["appended"] == len(s.lines) - before
+    assert report["partial_bytes"] == len(partial) and report["status"] == "ingested"
+    assert cat(run, store_dir, THREAD) == s.data()
+    # The partial line completes: only it is appended.
+    with open(path, "ab") as handle:
+        handle.write(b'load":{"type":"token_count","info":null,"rate_limits":null}}\n')
+    report = run("--json", "ingest", "codex", path, store=store_dir).json()["files"][0]
+    assert report["appended"] == 1
+    assert cat(run, store_dir, THREAD) == path.read_bytes()
+
+
+def test_unchanged_file_costs_a_stat(store, tmp_path):
+    """Same size, mtime and inode: the file is not even opened (a same-size in-place edit
+    with its mtime restored is not noticed, where a read would refuse it as rewritten)."""
+    s = sample_codex()
+    path = codex_file(tmp_path, s)
+    assert Ingest(store, "codex", [str(path)]).run()[0].status == "ingested"
+    st = os.stat(path)
+    data = bytearray(path.read_bytes())
+    data[5:9] = b"XXXX"
+    with open(path, "r+b") as handle:
+        handle.write(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    report = Ingest(store, "codex", [str(path)]).run()[0]
+    assert report.status == "unchanged" and report.thread == THREAD
+    os.utime(path)   # now it looks changed: the rewrite is found and refused
+    report = Ingest(store, "codex", [str(path)]).run()[0]
+    assert report.status == "refused" and "rewritten" in report.error
+
+
+def test_truncated_and_rewritten_files_are_refused_by_name_others_go_on(run, store_dir, tmp_path):
+    a = CodexSession("aaaa")
+    a.turn("one")
+    b = CodexSession("bbbb")
+    b.turn("two")
+    c = CodexSession("cccc")
+    c.turn("three")
+    pa, pb, pc = codex_file(tmp_path, a), codex_file(tmp_path, b), codex_file(tmp_path, c)
+    assert run("ingest", "codex", tmp_path / "sessions", store=store_dir).code == 0
+    pa.write_bytes(a.data()[:-30])                                   # truncated
+    pb.write_bytes(b.data().replace(b"two", b"TWO"))                 # rewritten, same size
+    c.turn("four")
+    pc.write_bytes(c.data())                                         # appended
+    r = run("ingest", "codex", tmp_path / "sessions", store=store_dir)
+    assert r.code == 1
+    assert str(pa) in r.err and str(pb) in r.err and "truncated" in r.err and "rewritten" in r.err
+    assert cat(run, store_dir, "codex/cccc") == c.data()
+    assert cat(run, store_dir, "codex/aaaa") == a.data() and cat(run, store_dir, "codex/bbbb") == b.data()
+
+
+def test_damaged_lines_are_kept_in_the_rollout_and_reported(run, store_dir, tmp_path):
+    s = CodexSession()
+    turn = s.start(prompt="one")
+    bad = s.raw(b"\xff\xfe not json at all\n")
+    s.reply("ok")
+    s.complete(turn)
+    path = codex_file(tmp_path, s)
+    r = run("--json", "ingest", "codex", path, store=store_dir)
+    assert r.code == 0 and r.json()["files"][0]["skipped_lines"] == [bad]
+    assert cat(run, store_dir, THREAD) == path.read_bytes()
+    replay = run("--json", "replay", THREAD, store=store_dir).json()
+    assert replay["skipped_lines"] == [bad]
+    assert run("--json", "rollout", "cat", THREAD, store=store_dir).json()["records"][bad - 1] is None
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00\x01\x02\xff" * 1000, b"\x89PNG\r\n\x1a\n\x00\x00binary\n"])
+def test_empty_and_binary_files_write_nothing(run, store_dir, tmp_path, content):
+    path = tmp_path / "rollout-x.jsonl"
+    path.write_bytes(content)
+    r = run("--json", "ingest", "codex", path, store=store_dir)
+    if b"\n" in content:
+        assert r.code == 1 and "not a codex session" in r.err and str(path) in r.err
+    else:
+        assert r.code == 0 and r.json()["files"][0]["status"] == "waiting"
+    assert run("--json", "branch", store=store_dir).json()["threads"] == []
+
+
+def test_non_utf8_lines_huge_lines_and_unknown_types_are_kept(store, tmp_path):
+    s = CodexSession()
+    s.raw(b'{"type":"event_msg","payload":{"type":"user_message","message":"caf\xe9"}}\n')  # latin-1
+    s.record("world_state", {"full": True, "state": {"x": 1}})
+    s.record("response_item", {"type": "brand_new_item", "blob": "x" * (64 * 1024 * 1024 + 1)})
+    path = codex_file(tmp_path, s)
+    report = Ingest(store, "codex", [str(path)]).run()[0]
+    assert report.status == "ingested" and report.skipped_lines == [2]
+    assert b"".join(store.rollout_read(THREAD)) == path.read_bytes()
+    assert store.fsck()["ok"]
+
+
+def test_fork_lineage_and_what_the_copy_costs(run, store_dir, tmp_path):
+    parent = CodexSession("parent-0001")
+    parent.turn("one")
+    parent.turn("two")
+    child = CodexSession("child-0001", forked_from="parent-0001")
+    child.copy_lines(parent, 20)
+    child.turn("three")
+    codex_file(tmp_path, parent)
+    codex_file(tmp_path, child)
+    assert run("ingest", "codex", tmp_path / "sessions", store=store_dir).code == 0
+    tree = run("--json", "lineage", store=store_dir).json()["threads"]
+    assert [t["thread"] for t in tree] == ["codex/parent-0001"]
+    assert tree[0]["children"][0]["thread"] == "codex/child-0001"
+    assert tree[0]["children"][0]["forked_from"]["seq"] == 20
+    replay = run("--json", "replay", "codex/child-0001", store=store_dir).json()
+    assert replay["thread_id"] == "child-0001"
+
+
+def test_fork_ingested_before_its_parent_is_linked_once_the_parent_is_stored(run, store_dir, tmp_path):
+    parent = CodexSession("parent-0002")
+    parent.turn("one")
+    child = CodexSession("child-0002", forked_from="parent-0002")
+    child.copy_lines(parent)
+    assert run("ingest", "codex", codex_file(tmp_path, child), store=store_dir).code == 0
+    assert run("ingest", "codex", codex_file(tmp_path, parent), store=store_dir).code == 0
+    tree = run("--json", "lineage", store=store_dir).json()["threads"]
+    assert [t["thread"] for t in tree] == ["codex/parent-0002"]
+    assert tree[0]["children"][0]["thread"] == "codex/child-0002"
+
+
+def test_claude_sessions_and_subagent_files_in_both_layouts(run, store_dir, tmp_path):
+    project = tmp_path / "projects" / "-repo"
+    project.mkdir(parents=True)
+    main = ClaudeSession("s-1")
+    main.prompt("one")
+    main.say("a")
+    main.sidechain("inline task", "inline answer")
+    main.prompt("two")
+    main.say("b")
+    (project / "s-1.jsonl").write_bytes(main.data())
+    old = ClaudeSession("s-1", agent_id="a111")
+    old.prompt("old layout task", isSidechain=True)
+    (project / "agent-a111.jsonl").write_bytes(old.data())
+    new = ClaudeSession("s-1", agent_id="b222")
+    new.prompt("new layout task", isSidechain=True)
+    (project / "s-1" / "subagents").mkdir(parents=True)
+    (project / "s-1" / "subagents" / "agent-b222.jsonl").write_bytes(new.data())
+    (project / "s-1" / "subagents" / "agent-b222.meta.json").write_text('{"toolUseId": "t"}')
+    r = run("--json", "ingest", "claude", tmp_path / "projects", store=store_dir)
+    assert r.code == 0, r
+    names = sorted(f["thread"] for f in r.json()["files"])
+    assert names == ["claude/s-1", "claude/s-1/agents/a111", "claude/s-1/agents/b222"]
+    tree = run("--json", "lineage", store=store_dir).json()["threads"]
+    assert [t["thread"] for t in tree] == ["claude/s-1"]
+    assert sorted(c["thread"] for c in tree[0]["children"]) == names[1:]
+    replay = run("--json", "replay", "claude/s-1", store=store_dir).json()
+    assert len(replay["sidechains"]) == 1 and replay["messages"][-1]["content"][0]["text"] == "b"
+    log = run("--json", "log", "claude/s-1", store=store_dir).json()["checkpoints"]
+    prompt_two = next(n for n, line in enumerate(main.lines, 1) if b'"two"' in line)
+    assert sorted(e["history"]["seq"] for e in log) == [prompt_two, len(main.lines)]
+    assert "one" in next(e["reason"] for e in log if e["history"]["seq"] == prompt_two)
+
+
+def test_thread_option_names_one_file_only(run, store_dir, tmp_path):
+    a, b = CodexSession("a1"), CodexSession("b1")
+    pa, _ = codex_file(tmp_path, a), codex_file(tmp_path, b)
+    assert run("ingest", "codex", pa, "--thread", "mine", store=store_dir).code == 0
+    assert cat(run, store_dir, "mine") == a.data()
+    r = run("ingest", "codex", tmp_path / "sessions", "--thread", "x", store=store_dir)
+    assert r.code == 2 and "--thread" in r.err
+    assert run("ingest", "codex", tmp_path / "nope", store=store_dir).code == 1
+
+
+def test_replay_of_a_thread_in_neither_format_names_format(run, store_dir):
+    assert run("rollout", "append", "plain", "-", input='{"a": 1}\n{"b": 2}\n', store=store_dir).code == 0
+    r = run("replay", "plain", store=store_dir)
+    assert r.code == 1 and "--format" in r.err and "neither" in r.err
+    assert run("--json", "replay", "plain", "--format", "codex", store=store_dir).json()["items"] == []
+
+
+def test_replay_text_is_a_transcript_with_line_numbers(run, store_dir, tmp_path):
+    s = sample_codex()
+    codex_file(tmp_path, s)
+    run("ingest", "codex", tmp_path / "sessions", store=store_dir)
+    r = run("replay", THREAD, store=store_dir)
+    assert r.code == 0 and "deploy to staging" in r.out and "turn context (line" in r.out
+    first_item_line = next(n for n, line in enumerate(s.lines, 1) if b'"compacted"' in line)
+    assert f"{first_item_line:>7}  user" in r.out
+    assert all(len(line) < 200 for line in r.out.splitlines())
+    at = run("--json", "replay", THREAD, "--at", "5", store=store_dir).json()
+    assert at["at"] == 5
+    assert run("replay", THREAD, "--at", "100000", store=store_dir).code == 2
+
+
+def test_sigkill_during_ingest_leaves_whole_lines_and_a_rerun_finishes(store_dir, tmp_path):
+    s = CodexSession()
+    for n in range(300):
+        s.turn(f"ask {n} " + "x" * 2000, "y" * 3000)
+    path = codex_file(tmp_path, s)
+    for delay in (0.3, 0.6, 1.0):
+        proc = subprocess.Popen([AGENTCAS, "--store", str(store_dir), "ingest", "codex", str(path)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        store = Store.open(str(store_dir))
+        try:
+            data = b"".join(store.rollout_read(THREAD))
+        except Exception:  # noqa: BLE001 - the thread may not exist yet
+            data = b""
+        assert path.read_bytes().startswith(data) and (not data or data.endswith(b"\n"))
+        assert store.fsck()["ok"]
+    r = subprocess.run([AGENTCAS, "--store", str(store_dir), "ingest", "codex", str(path)], capture_output=True)
+    assert r.returncode == 0, r.stderr
+    store = Store.open(str(store_dir))
+    assert b"".join(store.rollout_read(THREAD)) == path.read_bytes()
+    assert store.fsck()["ok"]
+
+
+def test_ingest_racing_a_writer_that_writes_partial_lines(store, tmp_path):
+    s = CodexSession()
+    path = codex_file(tmp_path, s)
+    lines = []
+    for n in range(60):
+        extra = CodexSession(meta=False)
+        extra.turn(f"ask {n}")
+        lines += extra.lines
+    done = threading.Event()
+
+    def writer():
+        with open(path, "ab") as handle:
+            for line in lines:
+                half = len(line) // 2
+                handle.write(line[:half])
+                handle.flush()
+                time.sleep(0.0005)
+                handle.write(line[half:])
+                handle.flush()
+        done.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    while not done.is_set():
+        for report in Ingest(store, "codex", [str(path)]).run():
+            assert report.status != "refused", report.error
+    thread.join()
+    Ingest(store, "codex", [str(path)]).run()
+    assert b"".join(store.rollout_read(THREAD)) == path.read_bytes()
+
+
+def test_claude_file_without_a_session_id_is_refused_and_nothing_written(run, store_dir, tmp_path):
+    path = tmp_path / "notes.jsonl"
+    path.write_bytes(b'{"type":"summary","summary":"x","leafUuid":"u"}\n{"hello":1}\n')
+    r = run("ingest", "claude", path, store=store_dir)
+    assert r.code == 1 and str(path) in r.err and "not a claude session" in r.err
+    assert run("--json", "branch", store=store_dir).json()["threads"] == []
+
+
+def test_watch_exits_zero_on_sigint(store_dir, tmp_path):
+    s = CodexSession()
+    s.turn("one")
+    codex_file(tmp_path, s)
+    proc = subprocess.Popen([AGENTCAS, "--store", str(store_dir), "--json", "ingest", "codex",
+                             str(tmp_path / "sessions"), "--watch"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if b"".join(Store.open(str(store_dir)).rollout_read(THREAD)) == s.data():
+                break
+        except Exception:  # noqa: BLE001 - not ingested yet
+            pass
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    import json
+    assert json.loads(out)["watch"]["appended"] == len(s.lines)
+
+
+def test_watch_follows_new_lines_and_sigterm_exits_zero_with_everything_committed(store_dir, tmp_path):
+    s = CodexSession()
+    s.turn("one")
+    path = codex_file(tmp_path, s)
+    proc = subprocess.Popen([AGENTCAS, "--store", str(store_dir), "ingest", "codex", str(tmp_path / "sessions"),
+                             "--watch"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        def stored_bytes():
+            try:
+                return b"".join(Store.open(str(store_dir)).rollout_read(THREAD))
+            except Exception:  # noqa: BLE001 - not ingested yet
+                return b""
+
+        deadline = time.monotonic() + 30
+        while stored_bytes() != s.data() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stored_bytes() == s.data()
+        s.turn("two")
+        path.write_bytes(s.data())
+        deadline = time.monotonic() + 30
+        while stored_bytes() != s.data() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stored_bytes() == s.data()
+        # A new session file in the watched directory is picked up too.
+        other = CodexSession("other-1")
+        other.turn("x")
+        codex_file(tmp_path, other)
+        s.turn("three")
+        path.write_bytes(s.data())
+        time.sleep(0.5)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    store = Store.open(str(store_dir))
+    assert b"".join(store.rollout_read(THREAD)) == s.data()
+    assert b"".join(store.rollout_read("codex/other-1")) == other.data()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__]))
