@@ -655,6 +655,25 @@ def pull(ctx, remote, thread, force):
         result = ctx.store().pull(remote, thread, force, progress=progress)
     ctx.emit(result, _transfer_text("pull", result, result["objects_received"], result["bytes_received"]))
 
+@cli.command("mcp")
+@click.option("--thread", "globs", multiple=True, metavar="GLOB",
+              help="Serve only threads matching GLOB (repeatable; default: every thread).")
+@click.option("--allow-restore", is_flag=True, help="Let agents run restore_checkpoint and revert_thread.")
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True,
+              help="Most items per page; a larger requested limit is shrunk to this.")
+@click.option("--workspace", type=click.Path(file_okay=False, exists=True), default=".",
+              help="The directory checkpoints are taken from and restores go into (and below).")
+@pass_ctx
+def mcp_server(ctx, globs, allow_restore, limit, workspace):
+    """Serve the checkpoint tools to an agent over MCP on stdin/stdout."""
+    try:
+        from agentcas.mcp.server import serve_stdio
+    except ImportError as exc:
+        raise AgentcasError(f"the MCP server needs the mcp SDK: pip install 'agentcas[mcp]' ({exc})") from None
+    from agentcas.mcp.tools import ToolHost
+    serve_stdio(ToolHost(ctx.store(), tuple(globs), allow_restore, limit, workspace))
+
+
 # --- drill (exchange helper) -----------------------------------------------------------------
 # (drill: commands go here)
 @cli.command()
