@@ -809,8 +809,8 @@ class Store:
     def checkout_effects(self, rev: str) -> dict | None:
         """Open effects recorded after checkpoint `rev` on its thread's current head, or None."""
         digest, cp = self.checkpoint(rev)
-        name = rev if _is_name(rev) else cp.thread
         with self.objects.reader() as txn:
+            name = rev if _is_name(rev) and threads.read_thread(txn, rev) is not None else cp.thread
             state = threads.read_thread(txn, name) if _is_name(name) else None
         if state is None:
             return None
