@@ -101,6 +101,7 @@ def test_paging_until_done_while_another_process_commits(store_dir, workspace, t
     async def body(s):
         seen, cursor, step = [], None, 0
         while True:
+            assert step < 5, "12 checkpoints in pages of 5 must end by the third page"
             page = await ok(s, "list_checkpoints", thread="main", limit=5, **({"cursor": cursor} if cursor else {}))
             assert set(page) == {"thread", "items", "returned_count", "has_more", "next_cursor", "limit_applied"}
             for item in page["items"]:
