@@ -724,12 +724,13 @@ class Store:
                 "seq": appended["first_seq"], "record": record.to_record(), "history": appended["history"]}
 
     def effects(self, rev: str, since: str | None = None, states=None, limit: int | None = None,
-                before: int | None = None) -> dict:
+                before: int | None = None, totals: bool = True) -> dict:
         """The effects in REV's history with their latest states, newest activity first, and totals.
 
         `since`: only effects with a record after the point where since's history and REV's
         part (or since's end). `states`: only effects whose latest state is one of these.
-        `before`: resume a page (the `next_cursor` of the previous one).
+        `before`: resume a page (the `next_cursor` of the previous one). `totals=False` skips
+        the totals (None), which cost O(window) with `since`: a pager needs them once.
         """
         from agentcas.lineage import effects as effect_records
         states = effect_records.check_states(states) if states else None
@@ -744,7 +745,7 @@ class Store:
             with self.objects.reader() as txn:
                 since_seq = _common_prefix(rollout.History(txn), head, since_head)
         return self._effects_page(head, line_name, is_thread, since_seq, states, limit, before,
-                                  rev=rev)
+                                  rev=rev, totals=totals)
 
     def _effects_source(self, rev: str) -> tuple[HistoryPosition, str, bool]:
         """(history, index line name, whether it is a thread's head) that `rev` names."""
@@ -777,14 +778,16 @@ class Store:
         source = HistorySource(position, lambda at, start: self._read_history(at, start, None), common)
         return self._effects_index().sync(line_name, head, source, may_truncate=is_thread)
 
-    def _effects_page(self, head, line_name, is_thread, since_seq, states, limit, before, rev=None) -> dict:
+    def _effects_page(self, head, line_name, is_thread, since_seq, states, limit, before, rev=None,
+                      totals=True) -> dict:
         from agentcas.lineage.effects import NOT_UNDONE_NOTE
         index = self._effects_index()
         line = self._effects_line(head, line_name, is_thread)
         items, more = index.page(line, head.seq, since_seq, states, before,
                                  limit if limit is not None else max(head.seq, 1))
         return {"rev": rev, "history_seq": head.seq, "since_seq": since_seq,
-                "states": list(states) if states else None, "totals": index.totals(line, head.seq, since_seq),
+                "states": list(states) if states else None,
+                "totals": index.totals(line, head.seq, since_seq) if totals else None,
                 "effects": items, "returned_count": len(items), "has_more": more,
                 "next_cursor": items[-1]["state_seq"] if more else None, "note": NOT_UNDONE_NOTE}
 

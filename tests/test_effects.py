@@ -277,3 +277,29 @@ def test_cli_revert_and_checkout_print_open_effects_and_undo_none(run, store_dir
 def test_usage_errors_of_the_api(store):
     with pytest.raises(UsageError):
         store.effects("main", limit=0)
+
+
+def test_window_totals_match_a_full_count_for_every_since(store, workspace):
+    """Totals with --since (computed from running totals and superseded rows) equal a direct count."""
+    import random
+    rng = random.Random(7)
+    marks, ids = [], []
+    for step in range(40):
+        if ids and rng.random() < 0.4:
+            store.effect_add("main", rng.choice(effects.STATES), effect_id=rng.choice(ids))
+        else:
+            ids.append(add(store, "main", state=rng.choice(effects.STATES),
+                           rollback=rng.choice(effects.ROLLBACK_CLASSES), provider=rng.choice([None, "a", "b"]))["id"])
+        if step % 5 == 4:
+            marks.append(store.commit(str(workspace), f"m{step}")["checkpoint"])
+    everything = store.effects("main")["effects"]
+    for mark in marks:
+        doc = store.effects("main", since=mark)
+        window = [e for e in everything if e["state_seq"] >= doc["since_seq"]]
+        assert [e["id"] for e in doc["effects"]] == [e["id"] for e in window]
+        expect = {"effects": len(window), "by_state": {}, "by_rollback": {}, "by_provider": {}}
+        for e in window:
+            for key, value in (("by_state", e["state"]), ("by_rollback", e["rollback"]),
+                               ("by_provider", e["provider"] or "")):
+                expect[key][value] = expect[key].get(value, 0) + 1
+        assert doc["totals"] == expect

@@ -21,8 +21,8 @@ record with seq < S whose next_seq is NULL or >= S.
 
 Pages are newest activity first (by the seq of an effect's latest record) and resume
 from a seq cursor, so the last page costs what the first does: an index range scan,
-never a walk from the head. Totals without --since are O(1) (the running totals row);
-with --since they are an aggregate over the window's rows, O(window).
+never a walk from the head. Totals are running-totals lookups; with --since, two of them
+plus the state changes inside the window of effects declared before it (see totals()).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ CREATE TABLE IF NOT EXISTS states (line INTEGER NOT NULL, seq INTEGER NOT NULL, 
     state TEXT NOT NULL, at TEXT, next_seq INTEGER, PRIMARY KEY (line, seq));
 CREATE INDEX IF NOT EXISTS states_by_id ON states (line, id, seq);
 CREATE INDEX IF NOT EXISTS states_by_state ON states (line, state, seq);
+CREATE INDEX IF NOT EXISTS states_by_next ON states (line, next_seq);
 CREATE INDEX IF NOT EXISTS states_latest ON states (line, state, seq) WHERE next_seq IS NULL;
 CREATE TABLE IF NOT EXISTS totals (line INTEGER NOT NULL, seq INTEGER NOT NULL, doc TEXT NOT NULL,
     PRIMARY KEY (line, seq));
@@ -204,14 +205,26 @@ class EffectsIndex:
         return empty_totals() if row is None else json.loads(row[0])
 
     def totals(self, line: int, upto: int, since: int = 0) -> dict:
-        """Totals of the effects whose latest record (as of upto) is at seq >= since."""
+        """Totals of the effects whose latest record (as of upto) is at seq >= since.
+
+        With W those effects: T(W) = T(upto) - T(since) + T_since(O), where O are the
+        effects declared before `since` and touched in the window, counted in their
+        state as of `since`: exactly the records latest at `since` and superseded inside
+        the window (seq < since <= next_seq < upto), found by the next_seq index. So
+        the cost is the window's state changes of older effects, not its size.
+        """
+        out = self._totals_row(line, upto)
         if since <= 0:
-            return self._totals_row(line, upto)
-        out = empty_totals()
+            return out
+        before = self._totals_row(line, since)
+        out["effects"] -= before["effects"]
+        for key in ("by_state", "by_rollback", "by_provider"):
+            for name, count in before[key].items():
+                _bump(out[key], name, -count)
         rows = self.db.execute(
             "SELECT s.state, e.rollback, e.provider, count(*) FROM states s JOIN effects e "
-            "ON e.line=s.line AND e.id=s.id WHERE s.line=? AND s.seq>=? AND s.seq<? "
-            "AND (s.next_seq IS NULL OR s.next_seq>=?) GROUP BY 1, 2, 3", (line, since, upto, upto))
+            "ON e.line=s.line AND e.id=s.id WHERE s.line=? AND s.next_seq>=? AND s.next_seq<? AND s.seq<? "
+            "GROUP BY 1, 2, 3", (line, since, upto, since))
         for state, rollback, provider, count in rows:
             out["effects"] += count
             _bump(out["by_state"], state, count)

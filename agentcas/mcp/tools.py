@@ -116,6 +116,8 @@ class ToolHost:
     workspace_root: str = field(default_factory=os.getcwd)
     _key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     _trees: OrderedDict = field(default_factory=OrderedDict)
+    _summaries: OrderedDict = field(default_factory=OrderedDict)
+    _diffs: OrderedDict = field(default_factory=OrderedDict)
 
     def __post_init__(self):
         if not 1 <= self.limit <= MAX_HOST_LIMIT:
@@ -390,7 +392,12 @@ class ToolHost:
         new, _ = self._checkpoint(ends["to"])
         n = self._limit(limit)
         before = self.unseal("diff_checkpoint", f"{old}..{new}", cursor)
-        d = self.store.diff(old, new)
+        # Two checkpoints never change: their diff is computed once, kept for the later pages.
+        d = self._diffs.get((old, new))
+        if d is None:
+            d = self._diffs[(old, new)] = self.store.diff(old, new)
+            while len(self._diffs) > 8:
+                self._diffs.popitem(last=False)
         quarter = (MAX_ANSWER_BYTES - _ENVELOPE_RESERVE) // 4  # files previews share half; effects the rest
 
         def file_preview(rows):
@@ -408,10 +415,15 @@ class ToolHost:
         for key in ("added", "removed", "changed"):
             shown = file_preview(d[key])
             files[key] = {"count": len(d[key]), "preview": shown, "truncated": len(shown) < len(d[key])}
-        page = self.store.effects(new, since=old, limit=n, before=before)
+        # Window totals cost O(window): computed once per (from, to), kept for the later pages.
+        totals = self._summaries.get((old, new))
+        page = self.store.effects(new, since=old, limit=n, before=before, totals=totals is None)
+        if totals is None:
+            totals = self._summaries[(old, new)] = page["totals"]
+            while len(self._summaries) > 64:
+                self._summaries.popitem(last=False)
         items = self._bounded_items(page["effects"], quarter * 2)
         more = page["has_more"] or len(items) < len(page["effects"])
-        totals = page["totals"]
         return {"from": old, "to": new, "files": files, "records": d["records"],
                 "effects_page": {"count": totals["effects"], "items": items, "returned_count": len(items),
                                  "has_more": more, "next_cursor": self.seal("diff_checkpoint", f"{old}..{new}",
