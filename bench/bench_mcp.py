@@ -221,6 +221,8 @@ def main(argv: list[str]) -> int:
             ["effects --state pending,unknown"] + spread(open_pages)]
     rows.append(["diff_checkpoint effects pages (window: all but 10 records)"] + spread(diff_pages))
     paged = lists + files_pages + effect_pages + open_pages  # in process; stdio adds the JSON-RPC hop
+    typical = statistics.median(paged) < BUDGET and all(
+        sorted(t)[int(len(t) * 0.99) - 1] < BUDGET for t in (lists, files_pages, effect_pages, open_pages))
     ok = max(paged) < BUDGET and lists[-1] < 2 * lists[0] + 0.002 and effect_pages[-1] < 2 * effect_pages[0] + 0.002
     h.table(f"Every page on one thread with {n:,} checkpoints and {n:,} effects (limit {LIMIT})", header, rows,
             [f"Built in {h.fmt_time(build_time)} (lower-level path, see bench/bench_mcp.py); store "
@@ -228,12 +230,14 @@ def main(argv: list[str]) -> int:
              f"{h.fmt_time(index_build)} ({n:,} effects + {n // 5:,} state records), once; later calls only "
              f"index new records. The first inspect of a tree lists it: {h.fmt_time(cold)} for {FILES:,} files "
              "(then cached per tree id).",
-             f"`effects --since` over that window computes its totals by aggregating the window's rows "
-             f"(O(window)): {h.fmt_time(since_first)} per call; diff_checkpoint pays it on its first page "
-             "only (the totals of two immutable checkpoints are kept for the later pages).",
+             f"`effects --since` over that window: {h.fmt_time(since_first)} per call (totals from two running-"
+             "totals rows plus the window's state changes of older effects); diff_checkpoint computes the diff "
+             "and the window totals on its first page and keeps them for the later pages (two checkpoints "
+             "never change).",
              "The stdio client's first call includes the server's lazy imports (first use of the store layers).",
              f"Every in-process list/inspect/effects page under {BUDGET * 1e3:.0f} ms and the last page within 2x "
-             f"of the first: {h.verdict(ok)}."])
+             f"of the first: {h.verdict(ok)}; p99 of each under {BUDGET * 1e3:.0f} ms: {h.verdict(typical)} "
+             "(on a loaded machine the max is the scheduler's, see the load line)."])
     print(f"Load: {load} at start, {h.load_note()} at end.\n")
     return 0
 
