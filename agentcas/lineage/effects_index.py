@@ -27,8 +27,10 @@ plus the state changes inside the window of effects declared before it (see tota
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
+import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -77,10 +79,20 @@ def _bump(table: dict, key: str, delta: int) -> None:
         table.pop(key, None)
 
 
+def _locked(method):
+    """One SQLite connection is shared by a Store's threads: one call at a time."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with self.lock:
+            return method(self, *args, **kwargs)
+    return call
+
+
 class EffectsIndex:
     """The SQLite effects index of one store (see the module docstring)."""
 
     def __init__(self, path: str | None):
+        self.lock = threading.RLock()
         self.db = sqlite3.connect(path or ":memory:", timeout=60, isolation_level=None,
                                   check_same_thread=False)
         if path:
@@ -102,6 +114,7 @@ class EffectsIndex:
         self.db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
 
     # -- sync ----------------------------------------------------------------------------------
+    @_locked
     def sync(self, name: str, head: HistoryPosition, source: HistorySource, may_truncate: bool = True) -> int:
         """Bring line `name` up to `head`; the line id to query with upto=head.seq.
 
@@ -204,6 +217,7 @@ class EffectsIndex:
                               (line, upto)).fetchone()
         return empty_totals() if row is None else json.loads(row[0])
 
+    @_locked
     def totals(self, line: int, upto: int, since: int = 0) -> dict:
         """Totals of the effects whose latest record (as of upto) is at seq >= since.
 
@@ -232,6 +246,7 @@ class EffectsIndex:
             _bump(out["by_provider"], provider or "", count)
         return out
 
+    @_locked
     def page(self, line: int, upto: int, since: int = 0, states: tuple[str, ...] | None = None,
              before: int | None = None, limit: int = 50) -> tuple[list[dict], bool]:
         """Effects newest activity first, latest record seq < before; (items, more)."""
@@ -260,6 +275,7 @@ class EffectsIndex:
         row = self.db.execute("SELECT position FROM lines WHERE id=?", (line,)).fetchone()
         return json.loads(row[0])["seq"]
 
+    @_locked
     def lookup(self, line: int, upto: int, effect_id: str) -> dict | None:
         """One effect with its latest state as of upto, or None if the prefix never declared it."""
         row = self.db.execute("SELECT first_seq, kind, target, rollback, provider, operation, created_at "
