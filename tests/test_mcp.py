@@ -317,3 +317,25 @@ def test_diff_counts_previews_and_paged_effects(store_dir, workspace, store):
     summary = pages[0]["effect_summary"]
     assert summary["total"] == 7 and summary["open"] == 5 and summary["restore_policy"] == "report_only"
     assert summary["by_state"]["counts"] == {"pending": 3, "done": 2, "unknown": 2}
+
+
+def test_summary_maps_are_capped_and_the_answer_stays_bounded(store_dir, workspace, store):
+    first = store.commit(str(workspace), "base")["checkpoint"]
+    records = [{"type": "agentcas.effect", "id": f"x{i}", "state": "unknown", "kind": "K" * 5000,
+                "target": "T" * 100_000, "rollback": "irreversible", "provider": f"{i:02d}" + "P" * 5000}
+               for i in range(60)]
+    store.rollout_append("main", b"".join(json.dumps(r).encode() + b"\n" for r in records))
+    for i in range(300):
+        (workspace / f"{i:03d}{'n' * 200}").write_text("x")
+    second = store.commit(str(workspace), "after")["checkpoint"]
+
+    async def body(s):
+        diff = await ok(s, "diff_checkpoint", limit=1000, **{"from": first, "to": second})
+        extra = await refused(s, "list_checkpoints", thread="main", sneaky=True)
+        return diff, extra
+    diff, extra = drive(store_dir, workspace, body, "--limit", "1000")
+    providers = diff["effect_summary"]["by_provider"]
+    assert providers["categories"] == 60 and providers["truncated"] and len(providers["counts"]) == 20
+    assert diff["effect_summary"]["total"] == 60 and diff["files"]["added"]["count"] == 300
+    assert diff["effects_page"]["has_more"] and diff["effects_page"]["returned_count"] < 60
+    assert "sneaky" in extra

@@ -46,7 +46,8 @@ MAX_HOST_LIMIT = 1000
 REASON_PREVIEW_CHARS = 160
 PATH_PREVIEW_CHARS = 256
 TEXT_PREVIEW_CHARS = 256     # effect targets, kinds, providers, thread names of items
-SUMMARY_KEYS_CAP = 50        # categories per summary map (by state / rollback / provider)
+SUMMARY_KEYS_CAP = 20        # categories per summary map (by state / rollback / provider)
+SUMMARY_KEY_CHARS = 64
 _HEX_ID = re.compile(r"^[0-9a-f]{8,64}$")
 _ENVELOPE_RESERVE = 6 * 1024  # room for a page's fixed fields beside its items
 RESTORE_NOTE = ("restore changes which checkpoint a thread points at (revert_thread) or writes a "
@@ -95,6 +96,11 @@ _EFFECTS_PAGE = {"type": "object", "properties": dict(_PAGE_FIELDS, items={"type
 
 def _obj(properties: dict, required: list[str]) -> dict:
     return {"type": "object", "properties": properties, "required": required}
+
+
+def _args(properties: dict, required: list[str]) -> dict:
+    """An input schema: unknown arguments are refused, not ignored."""
+    return dict(_obj(properties, required), additionalProperties=False)
 
 
 @dataclass
@@ -148,7 +154,7 @@ class ToolHost:
                      "Snapshot a workspace directory (default: the host's workspace) as a checkpoint of a "
                      "thread. The reason (1..512 characters, at most 1,024 UTF-8 bytes) is stored in full; "
                      "the answer returns only a preview: keep checkpoint_id, never rebuild the reason from it.",
-                     _obj({"reason": {"type": "string", "minLength": 1},
+                     _args({"reason": {"type": "string", "minLength": 1},
                            "workspace": {"type": "string", "description": "A directory inside the host's workspace."},
                            "thread": {"type": "string"}}, ["reason"]),
                      _obj({"checkpoint_id": {"type": "string"}, "thread": {"type": "string"},
@@ -160,7 +166,7 @@ class ToolHost:
                      "A thread's checkpoints newest first (along first parents), a page at a time. Follow "
                      "next_cursor until has_more is false; the cursor resumes exactly after the last item "
                      "even while new checkpoints arrive.",
-                     _obj({"thread": {"type": "string"}, "limit": limit, "cursor": _CURSOR}, ["thread"]),
+                     _args({"thread": {"type": "string"}, "limit": limit, "cursor": _CURSOR}, ["thread"]),
                      _obj(dict(_PAGE_FIELDS, thread={"type": "string"}, limit_applied={"type": "integer"},
                                items={"type": "array", "items": checkpoint_item}),
                           ["thread", "items", "returned_count", "has_more", "next_cursor"])),
@@ -168,7 +174,7 @@ class ToolHost:
                      "One checkpoint: identity, parents, history position, file count and bytes, and a page "
                      "of its files (repeat with files_page.next_cursor until truncated is false). This is the "
                      "frozen checkpoint, not live state.",
-                     _obj({"checkpoint_id": _ID, "cursor": _CURSOR, "limit": limit}, ["checkpoint_id"]),
+                     _args({"checkpoint_id": _ID, "cursor": _CURSOR, "limit": limit}, ["checkpoint_id"]),
                      _obj({"checkpoint_id": {"type": "string"}, "thread": {"type": "string"},
                            "parents": {"type": "array", "items": {"type": "string"}},
                            "reason_preview": {"type": "string"}, "reason_truncated": {"type": "boolean"},
@@ -185,7 +191,7 @@ class ToolHost:
                      "Compare two checkpoints: full added/removed/changed counts of files and history "
                      "records (use the counts, not the capped previews), and the external effects recorded "
                      "in `to`'s history after the two part, a page at a time (follow effects_page.next_cursor).",
-                     _obj({"from": _ID, "to": _ID, "cursor": _CURSOR, "limit": limit}, ["from", "to"]),
+                     _args({"from": _ID, "to": _ID, "cursor": _CURSOR, "limit": limit}, ["from", "to"]),
                      _obj({"from": {"type": "string"}, "to": {"type": "string"}, "files": {"type": "object"},
                            "records": {"type": "object"}, "effects_page": _EFFECTS_PAGE,
                            "effect_summary": {"type": "object"}, "note": {"type": "string"}},
@@ -193,14 +199,14 @@ class ToolHost:
             ToolSpec("fork_checkpoint",
                      "A new thread starting at a checkpoint (sharing its history, copying nothing). The "
                      "source is untouched; external effects are not cloned or undone.",
-                     _obj({"checkpoint_id": _ID, "name": {"type": "string"}}, ["checkpoint_id", "name"]),
+                     _args({"checkpoint_id": _ID, "name": {"type": "string"}}, ["checkpoint_id", "name"]),
                      _obj({"thread": {"type": "string"}, "checkpoint_id": {"type": ["string", "null"]},
                            "history_seq": {"type": "integer"}}, ["thread", "checkpoint_id", "history_seq"])),
             ToolSpec("restore_checkpoint",
                      "Write a checkpoint's files into a new directory. Only when the host allowed restore; "
                      "otherwise the answer gives the host's command. Lists the pending/unknown external "
                      "effects recorded after the checkpoint first: they are not undone.",
-                     _obj({"checkpoint_id": _ID, "dest": {"type": "string", "description": "A directory "
+                     _args({"checkpoint_id": _ID, "dest": {"type": "string", "description": "A directory "
                                                           "that does not exist, inside the host's workspace."}},
                           ["checkpoint_id", "dest"]),
                      restore_out),
@@ -208,7 +214,7 @@ class ToolHost:
                      "Point a thread back at a checkpoint (the old head stays in the reflog). Only when the "
                      "host allowed restore; otherwise the answer gives the host's command. Lists the "
                      "pending/unknown external effects recorded after the checkpoint first: they are not undone.",
-                     _obj({"thread": {"type": "string"}, "checkpoint_id": _ID,
+                     _args({"thread": {"type": "string"}, "checkpoint_id": _ID,
                            "expect": {"type": ["string", "null"], "description": "Revert only if the thread "
                                       "is at this checkpoint id."}}, ["thread", "checkpoint_id"]),
                      restore_out),
@@ -219,7 +225,10 @@ class ToolHost:
         handler = getattr(self, f"tool_{name}", None)
         if handler is None or name not in {s.name for s in self.specs()}:
             raise ToolError(f"unknown tool: {name[:100]!r}")
-        return handler(**arguments)
+        doc = handler(**arguments)
+        if json_size(doc) > MAX_ANSWER_BYTES:  # every page is budgeted below this: a bug, not data
+            raise ToolError(f"{name}: the answer would exceed {MAX_ANSWER_BYTES} bytes; nothing returned")
+        return doc
 
     # -- scope, ids, cursors -------------------------------------------------------------------
     def check_thread(self, thread) -> str:
@@ -381,7 +390,7 @@ class ToolHost:
     @staticmethod
     def _bounded_map(table: dict, cap: int) -> dict:
         keys = sorted(table, key=lambda k: (-table[k], k))
-        shown = {preview(k, TEXT_PREVIEW_CHARS)[0]: table[k] for k in keys[:cap]}
+        shown = {preview(k, SUMMARY_KEY_CHARS)[0]: table[k] for k in keys[:cap]}
         return {"counts": shown, "categories": len(table), "truncated": len(keys) > cap}
 
     def tool_diff_checkpoint(self, cursor=None, limit=None, **ends) -> dict:
@@ -398,7 +407,9 @@ class ToolHost:
             d = self._diffs[(old, new)] = self.store.diff(old, new)
             while len(self._diffs) > 8:
                 self._diffs.popitem(last=False)
-        quarter = (MAX_ANSWER_BYTES - _ENVELOPE_RESERVE) // 4  # files previews share half; effects the rest
+        # The byte budget: file previews 16 KiB (a third each), effect items 24 KiB, the three
+        # summary maps at most 3 x 20 x (64 characters) ~ 16 KiB, fixed fields the reserve.
+        files_budget, effects_budget = 16 * 1024 // 3, 24 * 1024
 
         def file_preview(rows):
             out, used = [], 0
@@ -406,7 +417,7 @@ class ToolHost:
                 path, cut = preview(row["path"], PATH_PREVIEW_CHARS)
                 item = dict({k: v for k, v in row.items() if k != "path"}, path_preview=path, path_truncated=cut)
                 used += json_size(item) + 1
-                if used > quarter * 2 // 3:
+                if used > files_budget:
                     break
                 out.append(item)
             return out
@@ -422,7 +433,7 @@ class ToolHost:
             totals = self._summaries[(old, new)] = page["totals"]
             while len(self._summaries) > 64:
                 self._summaries.popitem(last=False)
-        items = self._bounded_items(page["effects"], quarter * 2)
+        items = self._bounded_items(page["effects"], effects_budget)
         more = page["has_more"] or len(items) < len(page["effects"])
         return {"from": old, "to": new, "files": files, "records": d["records"],
                 "effects_page": {"count": totals["effects"], "items": items, "returned_count": len(items),
