@@ -167,6 +167,8 @@ class EffectsIndex:
         """Index records start <= seq < head.seq (rows below start are already there)."""
         totals = self._totals_row(line, start)
         latest: dict[str, tuple[int, str]] = {}   # id -> (seq, state) of its latest record
+        # Ids not seen in this batch are looked up in the rows below start, if there are any.
+        self._rows_below = self.db.execute("SELECT 1 FROM states WHERE line=? LIMIT 1", (line,)).fetchone()
         effects, states, successors, running = [], [], [], []
         seq = start
         for piece in source.read(head, start):
@@ -191,7 +193,7 @@ class EffectsIndex:
     def _apply(self, line, seq, record, totals, latest, effects, states, successors) -> bool:
         """Add one effect record to the pending rows; False if it is not part of the ledger."""
         previous = latest.get(record.id)
-        if previous is None:
+        if previous is None and self._rows_below:
             row = self.db.execute("SELECT seq, state FROM states WHERE line=? AND id=? "
                                   "ORDER BY seq DESC LIMIT 1", (line, record.id)).fetchone()
             previous = None if row is None else (row[0], row[1])
