@@ -760,8 +760,13 @@ class Store:
     def _effects_index(self):
         """The store's effects index (an SQLite cache beside the data; in memory for memory://)."""
         if getattr(self, "_effects_index_cache", None) is None:
+            import sqlite3
+
             from agentcas.lineage.effects_index import INDEX_FILE, EffectsIndex
-            self._effects_index_cache = EffectsIndex(os.path.join(self.path, INDEX_FILE) if self.path else None)
+            try:
+                self._effects_index_cache = EffectsIndex(os.path.join(self.path, INDEX_FILE) if self.path else None)
+            except sqlite3.Error:  # a read-only store directory: index in memory, for this process
+                self._effects_index_cache = EffectsIndex(None)
         return self._effects_index_cache
 
     def _effects_line(self, head: HistoryPosition, line_name: str, is_thread: bool) -> int:

@@ -303,3 +303,13 @@ def test_window_totals_match_a_full_count_for_every_since(store, workspace):
                                ("by_provider", e["provider"] or "")):
                 expect[key][value] = expect[key].get(value, 0) + 1
         assert doc["totals"] == expect
+
+
+def test_an_index_that_cannot_be_opened_falls_back_to_memory(tmp_path):
+    """The index is a cache: if its file cannot be opened (here a directory stands in its
+    place, as unwritable as a read-only mount, even for root), effects still answer."""
+    store, _ = Store.init(str(tmp_path / "s"))
+    add(store, "main", effect_id="e1")
+    again = Store.open(str(tmp_path / "s"))
+    (tmp_path / "s" / INDEX_FILE).mkdir()
+    assert [e["id"] for e in again.effects("main")["effects"]] == ["e1"]
