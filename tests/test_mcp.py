@@ -259,6 +259,7 @@ def test_errors_are_tool_errors_and_the_server_keeps_serving(store_dir, workspac
             await refused(s, "no_such_tool"),
             await refused(s, "create_checkpoint", reason="x", workspace="/etc"),
             await refused(s, "fork_checkpoint", checkpoint_id=ids[0], name="main"),
+            await refused(s, "fork_checkpoint", checkpoint_id=ids[0], name="evil\x1b[31m\u202e" + "n" * 5000),
         ]
         page = await ok(s, "list_checkpoints", thread="main", limit=1)
         other = await ok(s, "inspect_checkpoint", checkpoint_id=ids[0])
@@ -270,6 +271,8 @@ def test_errors_are_tool_errors_and_the_server_keeps_serving(store_dir, workspac
     assert "thread" in messages[4] and "no thread named 'nope'" in messages[5]
     assert "unknown tool" in messages[6] and "inside the host's workspace" in messages[7]
     assert "already exists" in messages[8]
+    assert "\x1b" not in messages[9] and "\u202e" not in messages[9]  # escaped, and cut
+    assert all(len(m) <= 1020 for m in messages)
     assert page["returned_count"] == 1 and "another list_checkpoints call" in wrong
 
 

@@ -501,9 +501,17 @@ class ToolHost:
                 "note": RESTORE_NOTE}
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
 def bounded_error(exc: Exception) -> str:
-    """One line for a tool error, cut to a bounded length."""
+    """One line for a tool error: control and bidi characters escaped, cut to a bounded length.
+
+    An error may quote a name the caller passed or a path of the workspace; escaping keeps
+    such text from reshaping the line it sits in.
+    """
     text = " ".join(str(exc).split()) or type(exc).__name__
+    text = _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
     return "error: " + preview(text, 1000)[0]
 
 
