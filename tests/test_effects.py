@@ -196,9 +196,12 @@ def test_index_agrees_with_the_history_through_reverts_and_forks(tmp_path_factor
         elif op == "fork" and has_thread(store):
             forks += 1
             store.fork("main", f"f{forks}", at=n % (store.thread("main").history.seq + 1))
-        for rev in (["main"] if has_thread(store) else []) + [f"f{i}" for i in range(1, forks + 1)]:
+        revs = (["main"] if has_thread(store) else []) + [f"f{i}" for i in range(1, forks + 1)]
+        if has_checkpoint(store):  # checkpoint prefixes and reflog states: queries below a line's end
+            revs += [e["checkpoint"] for e in store.log("main", 3)] + ["main@{1}"] * (len(store.reflog("main")) > 1)
+        for rev in revs:
             got = [(e["id"], e["state"]) for e in store.effects(rev)["effects"]]
-            assert got == naive(store, rev)
+            assert got == naive(store, rev), rev
 
 
 # -- CLI ---------------------------------------------------------------------------------------
