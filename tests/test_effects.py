@@ -316,3 +316,14 @@ def test_an_index_that_cannot_be_opened_falls_back_to_memory(tmp_path):
     again = Store.open(str(tmp_path / "s"))
     (tmp_path / "s" / INDEX_FILE).mkdir()
     assert [e["id"] for e in again.effects("main")["effects"]] == ["e1"]
+
+
+def test_effects_travel_in_a_bundle_with_their_thread(store, workspace, tmp_path):
+    add(store, "main", effect_id="charge", state="pending", provider="bank")
+    store.effect_add("main", "unknown", effect_id="charge")
+    store.commit(str(workspace), "with effects")
+    store.export_bundle("main", str(tmp_path / "main.bundle"))
+    other, _ = Store.init(str(tmp_path / "other"))
+    other.import_bundle(str(tmp_path / "main.bundle"), as_thread="theirs", allow_unsigned=True)
+    doc = other.effects("theirs")
+    assert [(e["id"], e["state"], e["provider"]) for e in doc["effects"]] == [("charge", "unknown", "bank")]
