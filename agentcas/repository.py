@@ -436,8 +436,14 @@ class Store:
 
         old, target, new, related = self.objects.write(land)
         notes = [WORLD_NOTE] + ([] if related else [UNRELATED_NOTE])
-        # issue 12: the pending/unknown effects recorded after the target, which revert does not undo
-        open_effects = self.open_effects_after(old.history, thread, True, new.history)
+        # issue 12: the pending/unknown effects recorded after the target, which revert does not undo.
+        # The revert has landed: a failure to list them must not turn it into an error.
+        try:
+            open_effects = self.open_effects_after(old.history, thread, True, new.history)
+        except Exception as exc:  # noqa: BLE001 - reported in the result instead
+            open_effects = None
+            notes.append(f"could not list the effects after the target ({exc}); "
+                         f"see: agentcas effects {thread}@{{1}} --since {thread} --state pending,unknown")
         return {"thread": thread, "checkpoint": target.hex(),
                 "previous": None if old.checkpoint is None else old.checkpoint.hex(),
                 "history": new.history.to_doc(), "related": related, "notes": notes,
@@ -730,7 +736,8 @@ class Store:
         `since`: only effects with a record after the point where since's history and REV's
         part (or since's end). `states`: only effects whose latest state is one of these.
         `before`: resume a page (the `next_cursor` of the previous one). `totals=False` skips
-        the totals (None), which cost O(window) with `since`: a pager needs them once.
+        the totals (None): with `since` they cost the window's state changes of older effects,
+        and a pager needs them once.
         """
         from agentcas.lineage import effects as effect_records
         states = effect_records.check_states(states) if states else None
