@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	bash scripts/install-services.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,s3,postgres]' --config-settings editable_mode=compat
+	$(BIN)/pip install --quiet -e '.[test,s3,postgres,mcp]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 demo: setup

@@ -135,6 +135,8 @@ def checkout(ctx, rev, dest):
     with Progress("checkout") as progress:
         result = ctx.store().checkout(rev, dest, progress=progress)
     ctx.emit(result, f"Checked out {result['checkpoint'][:12]} into {result['dest']} ({result['files']} files)")
+    if not ctx.as_json:
+        _print_open_effects(result["effects"], "checkout")
 
 
 @cli.command()
@@ -248,6 +250,21 @@ def revert(ctx, thread, rev, expect):
             click.echo(f"agentcas: note: {note}", err=True)
     ctx.emit(result, f"Reverted {thread} to {result['checkpoint'][:12]} "
                      f"(was {(result['previous'] or '-')[:12]}, now seq {result['history']['seq']})")
+    if not ctx.as_json:
+        _print_open_effects(result["effects"], "revert")
+
+
+def _print_open_effects(doc, verb: str) -> None:
+    """On stderr: the pending/unknown effects after a revert's or checkout's target, not undone."""
+    if not doc or not doc["count"]:
+        return
+    click.echo(f"agentcas: note: {doc['count']} pending or unknown effects were recorded after the "
+               f"target (seq >= {doc['since_seq']}); {verb} undid none of them:", err=True)
+    for e in doc["effects"]:
+        click.echo(f"  {e['state']:<8} {e['rollback']:<13} {e['id']}  {e['kind']} {e['target']!r}"
+                   f" (seq {e['first_seq']})", err=True)
+    if doc["has_more"]:
+        click.echo(f"  ... and more: agentcas effects THREAD --since REV --state pending,unknown", err=True)
 
 
 @cli.command()
@@ -267,6 +284,58 @@ def lineage(ctx, thread):
 
     for root in doc["threads"]:
         render(root, 0)
+    ctx.emit(doc, "\n".join(lines))
+
+
+@cli.group()
+def effect():
+    """Record external effects (requests sent, money spent) as history: evidence, never undone."""
+
+
+@effect.command("add")
+@click.argument("thread")
+@click.option("--kind", help="What sort of effect (http.request, file.write, payment, ...).")
+@click.option("--target", help="What it acted on (a URL, a path, an account).")
+@click.option("--state", required=True, help="pending | done | failed | unknown.")
+@click.option("--rollback", help="irreversible | compensatable | rollbackable.")
+@click.option("--provider", help="Who carried it out (a service, a tool).")
+@click.option("--operation", help="The provider's operation name.")
+@click.option("--id", "effect_id", metavar="ID", help="The effect's id (default: generated). With only "
+              "--state: record a new state of the existing effect ID.")
+@pass_ctx
+def effect_add(ctx, thread, kind, target, state, rollback, provider, operation, effect_id):
+    """Append an effect record (or a new state of effect --id) to THREAD's history."""
+    result = ctx.store().effect_add(thread, state, kind, target, rollback, provider, operation, effect_id)
+    what = "effect" if result["new"] else "state of effect"
+    ctx.emit(result, result["id"] if result["new"] and effect_id is None else
+             f"Recorded {what} {result['id']}: {result['state']} (seq {result['seq']})")
+
+
+@cli.command()
+@click.argument("rev")
+@click.option("--since", metavar="REV", help="Only effects with a record after REV's history.")
+@click.option("--state", "states", metavar="S,...", help="Only effects whose latest state is one of these.")
+@click.option("-n", "--limit", type=click.IntRange(min=1), help="At most N effects (a page).")
+@click.option("--cursor", type=click.IntRange(min=0), metavar="SEQ", help="Resume after a page (its next_cursor).")
+@pass_ctx
+def effects(ctx, rev, since, states, limit, cursor):
+    """External effects in REV's history with their latest states and totals (none is ever undone)."""
+    wanted = [s.strip() for s in states.split(",") if s.strip()] if states is not None else None
+    if wanted is not None and not wanted:
+        raise click.UsageError("--state needs at least one state")
+    doc = ctx.store().effects(rev, since, wanted, limit, cursor)
+    t = doc["totals"]
+    lines = [f"{e['state']:<8} {e['rollback']:<13} {e['id']}  {e['kind']} {e['target']!r}"
+             + (f" via {e['provider']}" + (f" {e['operation']}" if e["operation"] else "") if e["provider"] else "")
+             + f" (seq {e['first_seq']}" + (f", state at {e['state_seq']})" if e["state_seq"] != e["first_seq"] else ")")
+             for e in doc["effects"]]
+    def counts(table):
+        return ", ".join(f"{k or '-'} {v}" for k, v in sorted(table.items())) or "none"
+    lines += [f"{t['effects']} effects; by state: {counts(t['by_state'])}; by rollback: {counts(t['by_rollback'])}; "
+              f"by provider: {counts(t['by_provider'])}"]
+    if doc["has_more"]:
+        lines.append(f"more: --cursor {doc['next_cursor']}")
+    lines.append(f"note: {doc['note']}")
     ctx.emit(doc, "\n".join(lines))
 
 
@@ -666,6 +735,25 @@ def pull(ctx, remote, thread, force):
     with Progress("pull") as progress:
         result = ctx.store().pull(remote, thread, force, progress=progress)
     ctx.emit(result, _transfer_text("pull", result, result["objects_received"], result["bytes_received"]))
+
+@cli.command("mcp")
+@click.option("--thread", "globs", multiple=True, metavar="GLOB",
+              help="Serve only threads matching GLOB (repeatable; default: every thread).")
+@click.option("--allow-restore", is_flag=True, help="Let agents run restore_checkpoint and revert_thread.")
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True,
+              help="Most items per page; a larger requested limit is shrunk to this.")
+@click.option("--workspace", type=click.Path(file_okay=False, exists=True), default=".",
+              help="The directory checkpoints are taken from and restores go into (and below).")
+@pass_ctx
+def mcp_server(ctx, globs, allow_restore, limit, workspace):
+    """Serve the checkpoint tools to an agent over MCP on stdin/stdout."""
+    try:
+        from agentcas.mcp.server import serve_stdio
+    except ImportError as exc:
+        raise AgentcasError(f"the MCP server needs the mcp SDK: pip install 'agentcas[mcp]' ({exc})") from None
+    from agentcas.mcp.tools import ToolHost
+    serve_stdio(ToolHost(ctx.store(), tuple(globs), allow_restore, limit, workspace))
+
 
 # --- drill (exchange helper) -----------------------------------------------------------------
 # (drill: commands go here)

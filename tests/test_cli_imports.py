@@ -46,7 +46,7 @@ def test_help_and_version_load_no_store():
 
 
 @pytest.mark.parametrize("command", [["log"], ["show", "main"], ["show", "main", "--files"],
-                                     ["reflog", "main"], ["lineage"], ["diff", "main", "main"]])
+                                     ["reflog", "main"], ["lineage"], ["diff", "main", "main"], ["effects", "main"]])
 def test_reading_commands_load_neither_snapshot_nor_signing(store_dir, workspace, run, command):
     assert run("commit", workspace, "-m", "one", store=store_dir).code == 0
     modules = modules_after("--store", store_dir, *command)
