@@ -10,7 +10,9 @@ The protocol that makes gc safe without one transaction spanning objects and ref
   transaction that locks the `meta` row SWEEP_KEY, finds no live lease, and writes
   SWEEP_KEY = {until}. It deletes nothing after `until`, and ends by clearing it.
 - A writer acquires its lease in a transaction that locks the same row; while a
-  batch is active it waits. So a batch never overlaps a live lease's life.
+  batch is active it waits. So a batch never overlaps a live lease's life. (A gc
+  that finds live leases marks itself waiting in the row; new writers then defer to
+  it briefly, so a store that is never idle still gets its sweep.)
 - The writer's final transaction (the ref move) checks that its lease row still
   exists and has not expired. A writer paused past its expiry (gc may then have
   deleted what it meant to reuse) fails cleanly instead of publishing a ref to
@@ -110,10 +112,21 @@ def read_leases(txn: MetaTxn) -> list[LeaseRow]:
 # --- the sweep fence (gc/sweep.py begins and ends batches with these) --------------------------
 
 _IDLE = {"until": 0, "host": "", "pid": 0}
+REQUEST_GRACE = 2.0  # how long a new writer defers to a gc that is waiting for a gap
 
 
-def _sweep_row(until_ms: int) -> bytes:
-    return seal("meta", SWEEP_KEY, encoding.encode(dict(_IDLE, until=until_ms)))
+def _sweep_row(until_ms: int, requested_ms: int = 0) -> bytes:
+    doc = dict(_IDLE, until=until_ms)
+    if requested_ms:
+        doc["requested"] = requested_ms
+    return seal("meta", SWEEP_KEY, encoding.encode(doc))
+
+
+def _fence(txn: MetaTxn, lock: bool) -> dict:
+    if lock:
+        txn.put_new("meta", SWEEP_KEY, _sweep_row(0))
+    value = txn.get("meta", SWEEP_KEY, for_update=lock)
+    return dict(_IDLE) if value is None else encoding.decode(unseal("meta", SWEEP_KEY, value))
 
 
 def sweep_active(txn: MetaTxn, now: float, lock: bool = False) -> bool:
@@ -123,21 +136,24 @@ def sweep_active(txn: MetaTxn, now: float, lock: bool = False) -> bool:
     that lease takers and batch starters really lock the same row: on PostgreSQL a
     `SELECT ... FOR UPDATE` of an absent row locks nothing.
     """
-    if lock:
-        txn.put_new("meta", SWEEP_KEY, _sweep_row(0))
-    value = txn.get("meta", SWEEP_KEY, for_update=lock)
-    if value is None:
-        return False
-    until = encoding.decode(unseal("meta", SWEEP_KEY, value))["until"] / 1000
-    return until + CLOCK_MARGIN >= now
+    return _fence(txn, lock)["until"] / 1000 + CLOCK_MARGIN >= now
+
+
+def sweep_requested(txn: MetaTxn, now: float, lock: bool = False) -> bool:
+    """Whether a gc is waiting for a gap between leases (for less than REQUEST_GRACE)."""
+    requested = _fence(txn, lock).get("requested", 0) / 1000
+    return bool(requested) and now - requested < REQUEST_GRACE
 
 
 def begin_sweep(txn: MetaTxn, now: float) -> tuple[list[LeaseRow], int]:
     """Start a sweep batch unless a live lease exists: (live leases, dead rows dropped).
 
     An empty list means the batch has begun: delete only until now + SWEEP_WINDOW.
+    With live leases, the fence records that gc is waiting (`requested`), and writers
+    taking a new lease defer to it for up to REQUEST_GRACE, so a busy store still gets
+    a gap between its writes (the leases already held finish first).
     """
-    sweep_active(txn, now, lock=True)
+    fence = _fence(txn, lock=True)
     live, dropped = [], 0
     for row in read_leases(txn):
         if row.live(now):
@@ -147,6 +163,10 @@ def begin_sweep(txn: MetaTxn, now: float) -> tuple[list[LeaseRow], int]:
             dropped += 1
     if not live:
         txn.put("meta", SWEEP_KEY, _sweep_row(int((now + SWEEP_WINDOW) * 1000)))
+    elif not fence.get("requested") or now - fence["requested"] / 1000 >= 3 * REQUEST_GRACE:
+        # Renewed only after a pause as long as twice the deferral: while gc waits on a long
+        # write, other writers are slowed by at most a third, never stopped.
+        txn.put("meta", SWEEP_KEY, _sweep_row(0, int(now * 1000)))
     return live, dropped
 
 
@@ -173,21 +193,27 @@ class Lease:
     def acquire(self) -> "Lease":
         """Take the lease, waiting out a sweep batch that is active now.
 
-        The row is written at once, even while waiting: gc starts no further batch
-        while it exists, so a writer waits for at most the batch in progress.
+        While a batch runs, the row is written at once and the writer waits: gc starts
+        no further batch while it exists, so a writer waits for at most the batch in
+        progress. While a gc only waits for a gap (`sweep_requested`), a new writer
+        defers to it (for at most REQUEST_GRACE) without writing its row.
         """
         deadline = time.monotonic() + ACQUIRE_WAIT
 
         def take(txn: MetaTxn):
             now = time.time()
             active = sweep_active(txn, now, lock=True)
+            if not active and self.row is None and sweep_requested(txn, now):
+                return "defer", None
             row = self._row(now)
             txn.put("leases", self.key, row.encode())
-            return active, row
+            return ("wait" if active else "held"), row
 
         while True:
-            active, self.row = self.meta.write(take)
-            if not active:
+            outcome, row = self.meta.write(take)
+            if row is not None:
+                self.row = row
+            if outcome == "held":
                 return self
             if time.monotonic() > deadline:
                 self.__exit__(None, None, None)
