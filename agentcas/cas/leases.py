@@ -26,6 +26,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from agentcas import testing_hooks
 from agentcas.cas import encoding
 from agentcas.cas.metastore.base import MetadataStore, MetaTxn
 from agentcas.cas.sealed import seal, unseal
@@ -189,6 +190,7 @@ class Lease:
             active, self.row = self.meta.write(take)
             if not active:
                 return self
+            testing_hooks.reached("lease.waiting")
             if time.monotonic() > deadline:
                 self.__exit__(None, None, None)
                 raise LeaseBusy("a gc sweep is in progress and did not finish in time; "
