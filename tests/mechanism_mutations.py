@@ -19,18 +19,19 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 M = "tests/test_mechanisms.py::"
 
-# The commit's lease, taken only when it lands (as a lazy pin written late would be):
-# the snapshot and the objects it stores run with no lease for gc to see.
-LATE_LEASE = (["        with self._lease(f\"commit {thread}\") as lease:\n",
-               "            testing_hooks.reached(\"commit.before_land\")\n"],
-              ["        with __import__(\"contextlib\").nullcontext(self._lease(f\"commit {thread}\")) as lease:\n",
-               "            testing_hooks.reached(\"commit.before_land\")\n            lease.acquire()\n"])
+# Every writer's lease taken only in its final transaction (as the old lazy pin, when its
+# row was never written): writers store objects with no lease for gc to see.
+LATE_LEASE = (["    def __enter__(self) -> \"Lease\":\n        return self.acquire()\n",
+               "        value = txn.get(\"leases\", self.key, for_update=True)\n"],
+              ["    def __enter__(self) -> \"Lease\":\n        return self\n",
+               "        txn.put(\"leases\", self.key, self._row(time.time()).encode())\n"
+               "        value = txn.get(\"leases\", self.key, for_update=True)\n"])
 
 # name: (file, [original text], [mutated text], tests that must fail[, (file, [original], [mutated])...])
 MUTATIONS = {
-    "1": ("agentcas/repository.py", *LATE_LEASE,
+    "1": ("agentcas/cas/leases.py", *LATE_LEASE,
           [M + "test_commit_pin_is_live_after_its_first_batch_and_holds_gc_off"]),
-    "1-concurrent": ("agentcas/repository.py", *LATE_LEASE,
+    "1-concurrent": ("agentcas/cas/leases.py", *LATE_LEASE,
                      ["tests/test_gc_concurrency.py::test_concurrent_writers_and_gc_at_zero_grace"]),
     "2": ("agentcas/workspace/restore.py", ["    if hasher is not None and Digest(hasher.digest()) != entry.id:"],
           ["    if False:"], [M + "test_checkout_refuses_a_chunk_list_of_other_bytes_with_the_same_sizes"]),
