@@ -1,4 +1,7 @@
-"""Twelve safety mechanisms that must stay caught (issue 15): one test per mechanism.
+"""Safety mechanisms that must stay caught (issue 15): one test per mechanism.
+
+The twelve of issue 15, then the five of the lease protocol (cas/leases.py) that the
+storage split brought.
 
 A mutation audit found that each of these could be deleted with every other test still
 passing. Each test below fails when its mechanism is removed (each was checked by
@@ -64,11 +67,11 @@ def records(count: int, tag: str) -> bytes:
     return b"".join(b'{"tag": "%s", "i": %d}\n' % (tag.encode(), i) for i in range(count))
 
 
-# --- 1. the lazy write pin ----------------------------------------------------------------------
+# --- 1. the writer's lease, taken before it stores anything -----------------------------------------
 
 def test_commit_pin_is_live_after_its_first_batch_and_holds_gc_off(store, tmp_path):
-    """Issue 15 item 1 (cas/writer.py): a lazy WritePin's row lands with the first batch,
-    so gc --grace 0s during a commit deletes none of the commit's objects."""
+    """Issue 15 item 1 (cas/leases.py): a writer takes its lease before it stores anything
+    (it was a lazy pin), so gc --grace 0s during a commit deletes none of its objects."""
     ws = tmp_path / "ws"
     write_files(ws, {"a.bin": os.urandom(3000), "b.txt": b"pinned while committing\n"})
     seen = {}
