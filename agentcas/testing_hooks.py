@@ -8,12 +8,14 @@ line at the mechanism's site; a test runs code there with `on(point, fn)`. With 
 callback registered `reached` is one dict lookup. The points, and the mechanisms
 their tests prove, are listed in docs/RELIABILITY.md:
 
-    writer.after_batch      a BatchWriter batch (and a lazy pin's row) was written
+    writer.after_batch      a BatchWriter batch was written (the writer's lease refreshed)
     commit.before_land      the snapshot (and rollout tail) are stored; the ref has not moved
     import.before_write     a bundle is fully verified; pass 2 (writing objects) starts
     import.before_land      a bundle's objects are written; the ref has not moved
     checkout.before_rename  every file is written and verified in the temporary directory
-    gc.sweep.before_batch   gc has planned; the next sweep transaction is about to run
+    gc.sweep.before_batch   gc has planned; the next sweep batch is about to begin
+    gc.sweep.in_batch       a sweep batch has begun and chosen its deletes; the window check follows
+    lease.waiting           a writer's lease row is written but a sweep batch is active; it will retry
 
 This module imports nothing from agentcas, so every layer may call it.
 """

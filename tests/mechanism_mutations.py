@@ -1,7 +1,7 @@
 """Re-run the proofs of docs/RELIABILITY.md: remove each safety mechanism, watch its test fail.
 
     .venv/bin/python tests/mechanism_mutations.py            # every mutation
-    .venv/bin/python tests/mechanism_mutations.py 1 7 S3     # some of them
+    .venv/bin/python tests/mechanism_mutations.py 1 7 S3 La  # some of them
 
 Each mutation replaces exact text at a mechanism's site, runs the tests that guard it,
 and restores the file (also on Ctrl-C). CAUGHT means a guarding test failed, as it
@@ -19,11 +19,19 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 M = "tests/test_mechanisms.py::"
 
-# name: (file, [original text], [mutated text], tests that must fail)
+# Every writer's lease taken only in its final transaction (as the old lazy pin, when its
+# row was never written): writers store objects with no lease for gc to see.
+LATE_LEASE = (["    def __enter__(self) -> \"Lease\":\n        return self.acquire()\n",
+               "        value = txn.get(\"leases\", self.key, for_update=True)\n"],
+              ["    def __enter__(self) -> \"Lease\":\n        return self\n",
+               "        txn.put(\"leases\", self.key, self._row(time.time()).encode())\n"
+               "        value = txn.get(\"leases\", self.key, for_update=True)\n"])
+
+# name: (file, [original text], [mutated text], tests that must fail[, (file, [original], [mutated])...])
 MUTATIONS = {
-    "1": ("agentcas/cas/writer.py", ["        if pin is not None:\n            pin.put(txn)\n"], ["        pass\n"],
+    "1": ("agentcas/cas/leases.py", *LATE_LEASE,
           [M + "test_commit_pin_is_live_after_its_first_batch_and_holds_gc_off"]),
-    "1-concurrent": ("agentcas/cas/writer.py", ["        if pin is not None:\n            pin.put(txn)\n"], ["        pass\n"],
+    "1-concurrent": ("agentcas/cas/leases.py", *LATE_LEASE,
                      ["tests/test_gc_concurrency.py::test_concurrent_writers_and_gc_at_zero_grace"]),
     "2": ("agentcas/workspace/restore.py", ["    if hasher is not None and Digest(hasher.digest()) != entry.id:"],
           ["    if False:"], [M + "test_checkout_refuses_a_chunk_list_of_other_bytes_with_the_same_sizes"]),
@@ -38,8 +46,8 @@ MUTATIONS = {
     "5": ("agentcas/gc/sweep.py", ["previous is not None and previous[0] == name and previous[2] < cutoff"],
           ["previous is not None and previous[2] < cutoff"],
           [M + "test_expire_reflog_now_keeps_each_threads_newest_entry"]),
-    "6": ("agentcas/repository.py", ["                for raw in needed:\n                    if txn.get(\"objects\", raw) is None:"],
-          ["                for raw in needed:\n                    if False:"],
+    "6": ("agentcas/lineage/moves.py", ["        missing = stores.objects.missing(move.needed)\n        if missing:\n"],
+          ["        missing = stores.objects.missing(move.needed)\n        if False:\n"],
           [M + "test_commit_reusing_only_old_garbage_fails_cleanly_when_gc_runs_before_it_lands"]),
     "7": ("agentcas/repository.py", ["                if expect is not None and current != expected:"], ["                if False:"],
           [M + "test_commit_expect_is_rechecked_when_the_thread_moves_during_the_snapshot"]),
@@ -67,9 +75,28 @@ MUTATIONS = {
            ["tests/test_bundle.py::test_object_defects_are_refused[kind-mismatch]"],
            # and the closure's own kind check, so the kind is checked only while writing:
            ("agentcas/exchange/bundle.py", ["    if have != kind:\n"], ["    if False:\n"])),
-    "S3": ("agentcas/lineage/rollout.py", ["if node.skip is not None and skip_at >= index:"],
-           ["if node.skip is not None and skip_at > index:"],
+    "S3": ("agentcas/lineage/rollout.py", ["if node.skip is not None and skip_index(node.index) >= index:"],
+           ["if node.skip is not None and skip_index(node.index) > index:"],
            ["tests/test_rollout.py::test_appends_load_log_n_segments"]),
+    # The lease protocol (cas/leases.py): gc and writers without one transaction spanning both.
+    "La": ("agentcas/lineage/moves.py",
+           ["            lease.check(txn)\n            if not threads.set_if_equals("],
+           ["            if not threads.set_if_equals("],
+           [M + "test_a_writer_whose_lease_is_lost_fails_with_lease_expired_and_moves_nothing[deleted]",
+            M + "test_a_writer_whose_lease_is_lost_fails_with_lease_expired_and_moves_nothing[expired]"]),
+    "Lb": ("agentcas/cas/leases.py", ["        if row.live(now):\n            live.append(row)\n"],
+           ["        if row.live(now):\n            pass\n"],
+           [M + "test_gc_at_grace_zero_deletes_nothing_while_a_lease_is_live"]),
+    "Lc": ("agentcas/cas/leases.py",
+           ["            txn.put(\"leases\", self.key, row.encode())\n            return active, row\n"],
+           ["            if not active:\n                txn.put(\"leases\", self.key, row.encode())\n"
+            "            return active, row\n"],
+           [M + "test_a_writer_waiting_for_a_sweep_batch_already_holds_off_the_next_batch"]),
+    "Ld": ("agentcas/cas/leases.py",
+           ["        if self.host == (host or this_host()) and not pid_alive(self.pid):\n            return False\n"],
+           [""], [M + "test_the_lease_of_a_killed_local_writer_is_dead_at_once"]),
+    "Le": ("agentcas/gc/sweep.py", ["        if time.time() > began + SWEEP_WINDOW - WINDOW_MARGIN:\n"],
+           ["        if False:\n"], [M + "test_a_sweep_batch_past_its_window_deletes_nothing"]),
 }
 
 

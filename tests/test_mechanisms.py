@@ -1,4 +1,7 @@
-"""Twelve safety mechanisms that must stay caught (issue 15): one test per mechanism.
+"""Safety mechanisms that must stay caught (issue 15): one test per mechanism.
+
+The twelve of issue 15, then the five of the lease protocol (cas/leases.py) that the
+storage split brought.
 
 A mutation audit found that each of these could be deleted with every other test still
 passing. Each test below fails when its mechanism is removed (each was checked by
@@ -13,7 +16,11 @@ helper, `plant`, writes raw objects, so that one place moves when the storage do
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -24,7 +31,9 @@ from agentcas import Store, testing_hooks
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest, hash_blob, hash_object
 from agentcas.cas.objects import Checkpoint, ChunkList, ChunkRef, Segment, Tree, TreeEntry
+from agentcas.cas.leases import LeaseExpired, LeaseRow, begin_sweep, end_sweep, read_leases
 from agentcas.errors import AgentcasError, ConflictError, IntegrityError
+from agentcas.gc import sweep
 
 CREATED = "2026-12-01T09:00:00.000000Z"
 
@@ -58,11 +67,11 @@ def records(count: int, tag: str) -> bytes:
     return b"".join(b'{"tag": "%s", "i": %d}\n' % (tag.encode(), i) for i in range(count))
 
 
-# --- 1. the lazy write pin ----------------------------------------------------------------------
+# --- 1. the writer's lease, taken before it stores anything -----------------------------------------
 
 def test_commit_pin_is_live_after_its_first_batch_and_holds_gc_off(store, tmp_path):
-    """Issue 15 item 1 (cas/writer.py): a lazy WritePin's row lands with the first batch,
-    so gc --grace 0s during a commit deletes none of the commit's objects."""
+    """Issue 15 item 1 (cas/leases.py): a writer takes its lease before it stores anything
+    (it was a lazy pin), so gc --grace 0s during a commit deletes none of its objects."""
     ws = tmp_path / "ws"
     write_files(ws, {"a.bin": os.urandom(3000), "b.txt": b"pinned while committing\n"})
     seen = {}
@@ -340,3 +349,142 @@ def test_a_record_longer_than_the_limit_is_refused_by_its_line_number():
         store.rollout_append("main", records(2, "ok") + huge)
     assert "line 3" in str(info.value) and "longer than" in str(info.value)
     assert store.threads() == []
+
+
+# --- the lease protocol's own mechanisms (cas/leases.py, lineage/moves.py, gc/sweep.py) ----------
+
+def garbage(store: Store, tmp_path, tag: str = "garbage") -> int:
+    """Commit a thread of new objects and delete it; how many objects gc at grace 0 may now delete."""
+    ws = tmp_path / f"ws-{tag}"
+    write_files(ws, {"g.bin": os.urandom(5000), "g.txt": f"{tag}\n".encode()})
+    store.commit(str(ws), tag, thread=f"{tag}-tmp")
+    store.delete_thread(f"{tag}-tmp")
+    reclaimable = store.gc_plan(grace=0, expire_reflog=0).reclaimable["objects"]
+    assert reclaimable >= 3  # chunks, tree, checkpoint
+    return reclaimable
+
+
+def lease_rows(store: Store) -> list[LeaseRow]:
+    with store.meta.reader() as txn:
+        return read_leases(txn)
+
+
+@pytest.mark.parametrize("lost", ["deleted", "expired"])
+def test_a_writer_whose_lease_is_lost_fails_with_lease_expired_and_moves_nothing(lost, store, tmp_path):
+    """Lease (a) (lineage/moves.py move_thread): the final transaction checks the writer's
+    lease; a lease deleted (by a gc that judged it dead) or run out while the commit was
+    paused fails the commit with LeaseExpired (exit 3), the thread and reflog unchanged."""
+    ws = tmp_path / "ws"
+    write_files(ws, {"a.txt": b"one\n"})
+    store.commit(str(ws), "one")
+    before = (store.threads(), store.reflog("main"))
+    write_files(ws, {"a.txt": b"two\n"})
+
+    def lose_lease():
+        (row,) = lease_rows(store)
+        assert row.what == "commit main"
+        if lost == "deleted":
+            store.meta.write(lambda txn: txn.delete("leases", row.key))
+        else:  # still there, but its time ran out (a writer paused past its expiry)
+            past = dataclasses.replace(row, expires_at=time.time() - 1)
+            store.meta.write(lambda txn: txn.put("leases", row.key, past.encode()))
+
+    with testing_hooks.on("commit.before_land", once(lose_lease)):
+        with pytest.raises(LeaseExpired) as info:
+            store.commit(str(ws), "two")
+    assert info.value.exit_code == 3 and "nothing was changed" in str(info.value)
+    assert (store.threads(), store.reflog("main")) == before
+    assert [e["reason"] for e in store.log("main")] == ["one"]
+    assert lease_rows(store) == []  # the failed writer removed what was left of its lease
+    assert store.fsck()["ok"]
+
+
+def test_gc_at_grace_zero_deletes_nothing_while_a_lease_is_live(store, tmp_path):
+    """Lease (b) (cas/leases.py begin_sweep): a sweep batch does not begin while any live
+    lease exists (a write in progress may reuse ANY stored object), so gc at grace 0
+    during a commit deletes not even unrelated garbage, and reports what blocked it."""
+    reclaimable = garbage(store, tmp_path)
+    ws = tmp_path / "ws"
+    write_files(ws, {"a.txt": b"in progress\n"})
+    seen = {}
+
+    def gc_meanwhile():
+        seen.update(store.gc(grace=0, expire_reflog=0, wait=0)["result"])
+
+    with testing_hooks.on("commit.before_land", once(gc_meanwhile)):
+        store.commit(str(ws), "writing while gc runs")
+    assert seen["deleted"]["objects"] == 0 and seen["batches"] == 0 and not seen["complete"]
+    assert [row["what"] for row in seen["blocked_by"]] == ["commit main"]
+    # With the writer gone, the same gc deletes the garbage: it really was deletable.
+    result = store.gc(grace=0, expire_reflog=0, wait=0)["result"]
+    assert result["complete"] and result["deleted"]["objects"] == reclaimable
+    assert store.fsck()["ok"]
+
+
+def test_a_writer_waiting_for_a_sweep_batch_already_holds_off_the_next_batch(store, tmp_path):
+    """Lease (c) (cas/leases.py Lease.acquire): a writer's lease row is written even while
+    it waits for an active sweep batch, so gc begins no further batch: a writer waits for
+    at most the batch in progress, never for a whole gc."""
+    reclaimable = garbage(store, tmp_path)
+    live, _ = store.meta.write(lambda txn: begin_sweep(txn, time.time()))
+    assert live == []  # a sweep batch is now active
+    seen = {}
+
+    def batch_ends_then_gc_tries_the_next():
+        store.meta.write(end_sweep)  # the active batch finishes
+        seen.update(store.gc(grace=0, expire_reflog=0, wait=0)["result"])
+
+    with testing_hooks.on("lease.waiting", once(batch_ends_then_gc_tries_the_next)):
+        appended = store.rollout_append("main", records(3, "waited"))
+    assert seen["deleted"]["objects"] == 0 and seen["batches"] == 0 and not seen["complete"]
+    assert [row["what"] for row in seen["blocked_by"]] == ["append main"]
+    assert appended["appended"] == 3  # the writer then took its lease and landed
+    assert b"".join(store.rollout_read("main")) == records(3, "waited")
+    assert store.gc(grace=0, expire_reflog=0, wait=0)["result"]["deleted"]["objects"] == reclaimable
+
+
+KILLED_WRITER = r"""
+import os, signal, sys
+from agentcas import Store, testing_hooks
+store = Store.open(sys.argv[1])
+# Killed between storing its objects and landing: its lease row stays behind.
+with testing_hooks.on("commit.before_land", lambda: os.kill(os.getpid(), signal.SIGKILL)):
+    store.commit(sys.argv[2], "never lands")
+"""
+
+
+def test_the_lease_of_a_killed_local_writer_is_dead_at_once(store, store_dir, tmp_path):
+    """Lease (d) (cas/leases.py LeaseRow.live): a lease of a process on this host whose pid
+    is gone is dead although unexpired, so a killed writer does not hold gc off for
+    LEASE_SECONDS: gc drops its row and deletes the garbage, the writer's objects too."""
+    reclaimable = garbage(store, tmp_path)
+    ws = tmp_path / "ws"
+    write_files(ws, {"a.bin": os.urandom(4000)})
+    proc = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(store_dir), str(ws)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    (row,) = lease_rows(store)
+    assert row.what == "commit main" and row.expires_at > time.time() + 10  # unexpired, long
+    result = store.gc(grace=0, expire_reflog=0, wait=0)["result"]
+    assert result["complete"] and result["pins_dropped"] == 1 and result["blocked_by"] == []
+    assert result["deleted"]["objects"] > reclaimable  # the garbage and what the killed commit stored
+    assert lease_rows(store) == [] and store.threads() == []
+    assert store.fsck()["ok"]
+
+
+def test_a_sweep_batch_past_its_window_deletes_nothing(store, tmp_path, monkeypatch):
+    """Lease (e) (gc/sweep.py sweep_batch): a batch deletes only within its window; once
+    it has passed (writers may then take leases again), the batch deletes nothing and gc
+    retries it. The window is shortened here so that a short pause outlasts it."""
+    reclaimable = garbage(store, tmp_path)
+    monkeypatch.setattr(sweep, "SWEEP_WINDOW", sweep.WINDOW_MARGIN + 0.2)
+
+    def outlast_the_window():
+        time.sleep(0.3)
+
+    with testing_hooks.on("gc.sweep.in_batch", once(outlast_the_window)):
+        result = store.gc(grace=0, expire_reflog=0, wait=0)["result"]
+    assert result["deleted"]["objects"] == 0 and result["batches"] == 0 and not result["complete"]
+    assert store.gc_plan(grace=0, expire_reflog=0).reclaimable["objects"] == reclaimable  # all still there
+    result = store.gc(grace=0, expire_reflog=0, wait=0)["result"]  # a batch within its window
+    assert result["complete"] and result["deleted"]["objects"] == reclaimable

@@ -28,6 +28,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from agentcas import testing_hooks
 from agentcas.cas import encoding
 from agentcas.cas.metastore.base import MetadataStore, MetaTxn
 from agentcas.cas.sealed import seal, unseal
@@ -215,6 +216,7 @@ class Lease:
                 self.row = row
             if outcome == "held":
                 return self
+            testing_hooks.reached("lease.waiting")
             if time.monotonic() > deadline:
                 self.__exit__(None, None, None)
                 raise LeaseBusy("a gc sweep is in progress and did not finish in time; "

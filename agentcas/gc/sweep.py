@@ -124,6 +124,7 @@ def sweep_batch(stores: Stores, plan: GcPlan, keys: bytes, level: int,
             if SWEEP_LEVELS[level][0] == framing.KIND_CHECKPOINT:
                 result.remarked += mark_signatures(txn, objects, plan.marked)
             doomed, freed = _doomed(objects, plan, keys, pages, sizes)
+        testing_hooks.reached("gc.sweep.in_batch")
         if time.time() > began + SWEEP_WINDOW - WINDOW_MARGIN:
             result.busy = ()  # out of time: delete nothing in this batch; the caller retries it
             result.expired = True
