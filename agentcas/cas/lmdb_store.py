@@ -20,6 +20,7 @@ from contextlib import contextmanager
 
 import lmdb
 
+from agentcas.cas import crashpoints
 from agentcas.cas.store import TABLES, ObjectStore, Txn
 from agentcas.errors import AgentcasError
 
@@ -267,8 +268,10 @@ class LmdbObjectStore(ObjectStore):
                         with self.env.begin(write=True) as txn:
                             wrapped = _LmdbTxn(txn, self.dbs)
                             result = fn(wrapped)
+                            crashpoints.reached("store.open")
                         if wrapped.durable:
                             self.env.sync(True)
+                        crashpoints.reached("store.commit")
                         return result
                 except lmdb.MapFullError:
                     self._resize(self.env.info()["map_size"] * 2)

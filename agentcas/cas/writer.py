@@ -14,13 +14,13 @@ from __future__ import annotations
 import os
 import time
 
-from agentcas.cas import encoding
+from agentcas.cas import crashpoints, encoding
 from agentcas.cas.digest import Digest
 from agentcas.cas.sealed import seal
 from agentcas.cas.store import ObjectStore, Txn, save_object
 
 BATCH_BYTES = 64 * 1024 * 1024  # measured here: 32 MiB 0.9 s, 64 MiB 0.55 s, 256 MiB 0.85 s per 256 MB
-BATCH_OBJECTS = 4096
+BATCH_OBJECTS = crashpoints.batch_objects(4096)  # a test-only override makes more crash points
 
 
 class BatchWriter:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import blake3
 
-from agentcas.cas import encoding, framing
+from agentcas.cas import crashpoints, encoding, framing
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import Checkpoint, ChunkList, HistoryPosition, InvalidObject, Segment, Tree
 from agentcas.cas.sealed import seal, unseal
@@ -118,6 +118,7 @@ def export_bundle(objects: ObjectStore, checkpoint: Digest, thread: str, out_pat
 
                 manifest_bytes = manifest.encode()
                 put(MAGIC + U32.pack(len(manifest_bytes)) + manifest_bytes)
+                crashpoints.reached("export.write")
                 for digest, kind, length in records:
                     value = bytes(txn.get("objects", digest.raw))
                     if len(value) != length:
@@ -125,6 +126,7 @@ def export_bundle(objects: ObjectStore, checkpoint: Digest, thread: str, out_pat
                     read_record_value(value, kind, digest)  # verify before it leaves the store
                     put(RECORD_HEAD.pack(kind, digest.raw, length) + restamp(value, 0))
                     written += length
+                    crashpoints.reached("export.write")
                     if progress:
                         progress(written, total)
                 put(U32.pack(len(envelopes)))
@@ -137,6 +139,7 @@ def export_bundle(objects: ObjectStore, checkpoint: Digest, thread: str, out_pat
                 out.write(hasher.digest())
                 out.flush()
                 os.fsync(out.fileno())
+                crashpoints.reached("export.fsync")
             try:
                 os.link(temp, out_path)
             except FileExistsError:
@@ -145,9 +148,11 @@ def export_bundle(objects: ObjectStore, checkpoint: Digest, thread: str, out_pat
                 if os.path.lexists(out_path):
                     raise ConflictError(f"{out_path} appeared during export; not overwriting") from None
                 os.rename(temp, out_path)
+            crashpoints.reached("export.link")
         finally:
             if os.path.exists(temp):
                 os.unlink(temp)
+                crashpoints.reached("export.unlink")
     return {"bundle": out_path, "checkpoint": checkpoint.hex(), "thread": thread, "bytes": size,
             "objects": len(records), "checkpoints": len(checkpoints), "files": len(files),
             "history_records": cp.history.seq,

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import blake3
 
-from agentcas.cas import framing
+from agentcas.cas import crashpoints, framing
 from agentcas.cas.digest import DigestMismatch, Digest
 from agentcas.cas.objects import ChunkList, Tree, TreeEntry
 from agentcas.cas.store import ObjectStore, load_object, verify_object
@@ -120,6 +120,7 @@ def write_verified(txn, path: str, entry: TreeEntry, target: str) -> None:
     if hasher is not None and Digest(hasher.digest()) != entry.id:
         raise DigestMismatch(entry.id, Digest(hasher.digest()), f"file {path}")
     os.chmod(target, entry.mode)
+    crashpoints.reached("restore.file")
 
 
 def restore_tree(store: ObjectStore, tree_id: Digest, dest: str, progress=None) -> int:
@@ -136,6 +137,7 @@ def restore_tree(store: ObjectStore, tree_id: Digest, dest: str, progress=None) 
         os.mkdir(temp, 0o755)
     except OSError as exc:
         raise RestoreError(f"cannot create {dest}: {exc.strerror}") from None
+    crashpoints.reached("restore.mkdir")
 
     def write_files(batch) -> None:
         # One zero-copy read transaction per worker: chunk bytes go from the store's
@@ -176,6 +178,7 @@ def restore_tree(store: ObjectStore, tree_id: Digest, dest: str, progress=None) 
         if os.path.lexists(dest):
             raise ConflictError(f"destination appeared while checking out: {dest}")
         os.rename(temp, dest)
+        crashpoints.reached("restore.rename")
     except OSError as exc:
         shutil.rmtree(temp, ignore_errors=True)
         raise RestoreError(f"cannot write {dest}: {exc.strerror}; nothing was created") from None
