@@ -164,6 +164,47 @@ def observe(store_path: str) -> dict:
             "threads": threads}
 
 
+def observe_all(stores: list, dest: str | None = None, bundle: str | None = None) -> dict:
+    """`observe` of each store, plus the files a command writes: DEST's {path: [sha, mode]}
+    (or None if absent) and a bundle's full check (or None if absent)."""
+    doc = {"stores": {path: observe(path) for path in stores}}
+    if dest is not None:
+        doc["dest"] = None
+        if os.path.lexists(dest):
+            import hashlib
+            doc["dest"] = {}
+            for root, _, names in os.walk(dest):
+                for name in names:
+                    full = os.path.join(root, name)
+                    with open(full, "rb") as handle:
+                        digest = hashlib.sha256(handle.read()).hexdigest()
+                    doc["dest"][os.path.relpath(full, dest)] = [digest, os.stat(full).st_mode & 0o777]
+    if bundle is not None:
+        doc["bundle"] = check_bundle_file(bundle) if os.path.lexists(bundle) else None
+    return doc
+
+
+def thread_states(observed: dict) -> dict:
+    """Each store's thread states without checkpoint ids (a re-made checkpoint has a new
+    time, so a new id; its tree, reason, parents and history say what it is)."""
+    return {path: {name: {k: v for k, v in state.items() if k != "checkpoint"}
+                   for name, state in doc["threads"].items()}
+            for path, doc in observed["stores"].items()}
+
+
+def observe_retry_observe(stores: list, argv: list, dest=None, bundle=None, skip_retry_if=None) -> dict:
+    """After a crash: observe; run the command again (unless the stores already hold
+    `skip_retry_if`, for a command that must not be repeated once it landed); observe."""
+    from agentcas import cli
+    after = observe_all(stores, dest, bundle)
+    retry = None
+    if skip_retry_if is None or thread_states(after) != skip_retry_if:
+        code = cli.main(argv)
+        sys.stdout.flush()
+        retry = {"code": code}
+    return {"after": after, "retry": retry, "final": observe_all(stores, dest, bundle)}
+
+
 def check_bundle_file(path: str) -> dict:
     """A bundle's full check (layout, hashes, closure; signatures not required)."""
     from agentcas import Store

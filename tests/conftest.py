@@ -95,3 +95,16 @@ def store_rows(store_dir: Path) -> dict:
     finally:
         env.close()
     return rows
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Issue 14's counts (crash points walked, faults injected, inputs fuzzed), from the
+    tests' record_property, summed over every test (and every xdist worker)."""
+    totals: dict[str, int] = {}
+    for report in terminalreporter.stats.get("passed", []):
+        for name, value in getattr(report, "user_properties", ()):
+            if name in ("crash_points", "faults_injected", "inputs_fuzzed", "model_steps"):
+                totals[name] = totals.get(name, 0) + int(value)
+    if totals:
+        terminalreporter.write_line("issue 14: " + ", ".join(f"{name.replace('_', ' ')}: {value:,}"
+                                                              for name, value in sorted(totals.items())))
