@@ -113,12 +113,12 @@ def export_bundle(objects: ObjectStore, checkpoint: Digest, thread: str, out_pat
                 hasher = blake3.blake3()
 
                 def put(data: bytes) -> None:
+                    crashpoints.reached("export.write")
                     out.write(data)
                     hasher.update(data)
 
                 manifest_bytes = manifest.encode()
                 put(MAGIC + U32.pack(len(manifest_bytes)) + manifest_bytes)
-                crashpoints.reached("export.write")
                 for digest, kind, length in records:
                     value = bytes(txn.get("objects", digest.raw))
                     if len(value) != length:
@@ -126,7 +126,6 @@ def export_bundle(objects: ObjectStore, checkpoint: Digest, thread: str, out_pat
                     read_record_value(value, kind, digest)  # verify before it leaves the store
                     put(RECORD_HEAD.pack(kind, digest.raw, length) + restamp(value, 0))
                     written += length
-                    crashpoints.reached("export.write")
                     if progress:
                         progress(written, total)
                 put(U32.pack(len(envelopes)))
@@ -138,9 +137,10 @@ def export_bundle(objects: ObjectStore, checkpoint: Digest, thread: str, out_pat
                 put(head)
                 out.write(hasher.digest())
                 out.flush()
-                os.fsync(out.fileno())
                 crashpoints.reached("export.fsync")
+                os.fsync(out.fileno())
             try:
+                crashpoints.reached("export.link")
                 os.link(temp, out_path)
             except FileExistsError:
                 raise ConflictError(f"{out_path} appeared during export; not overwriting") from None
@@ -148,11 +148,11 @@ def export_bundle(objects: ObjectStore, checkpoint: Digest, thread: str, out_pat
                 if os.path.lexists(out_path):
                     raise ConflictError(f"{out_path} appeared during export; not overwriting") from None
                 os.rename(temp, out_path)
-            crashpoints.reached("export.link")
         finally:
             if os.path.exists(temp):
-                os.unlink(temp)
                 crashpoints.reached("export.unlink")
+                os.unlink(temp)
+    crashpoints.reached("export.done")
     return {"bundle": out_path, "checkpoint": checkpoint.hex(), "thread": thread, "bytes": size,
             "objects": len(records), "checkpoints": len(checkpoints), "files": len(files),
             "history_records": cp.history.seq,

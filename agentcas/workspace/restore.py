@@ -99,6 +99,7 @@ def write_verified(txn, path: str, entry: TreeEntry, target: str) -> None:
     chunks = file_chunks(txn, entry)
     # A one-chunk file's id is its chunk's id: the chunk check below is the file check.
     hasher = None if len(chunks) == 1 and chunks[0][0] == entry.id else blake3.blake3(max_threads=1)
+    crashpoints.reached("restore.file")  # before each file: crash or fail with the others written
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb", buffering=0) as out:
         for chunk_id, size in chunks:
@@ -120,7 +121,6 @@ def write_verified(txn, path: str, entry: TreeEntry, target: str) -> None:
     if hasher is not None and Digest(hasher.digest()) != entry.id:
         raise DigestMismatch(entry.id, Digest(hasher.digest()), f"file {path}")
     os.chmod(target, entry.mode)
-    crashpoints.reached("restore.file")
 
 
 def restore_tree(store: ObjectStore, tree_id: Digest, dest: str, progress=None) -> int:
@@ -134,10 +134,10 @@ def restore_tree(store: ObjectStore, tree_id: Digest, dest: str, progress=None) 
     temp = os.path.join(parent, f".{os.path.basename(dest)}.agentcas-{os.urandom(6).hex()}")
     try:
         os.makedirs(parent, exist_ok=True)
+        crashpoints.reached("restore.mkdir")
         os.mkdir(temp, 0o755)
     except OSError as exc:
         raise RestoreError(f"cannot create {dest}: {exc.strerror}") from None
-    crashpoints.reached("restore.mkdir")
 
     def write_files(batch) -> None:
         # One zero-copy read transaction per worker: chunk bytes go from the store's
@@ -177,12 +177,13 @@ def restore_tree(store: ObjectStore, tree_id: Digest, dest: str, progress=None) 
                 future.result()
         if os.path.lexists(dest):
             raise ConflictError(f"destination appeared while checking out: {dest}")
-        os.rename(temp, dest)
         crashpoints.reached("restore.rename")
+        os.rename(temp, dest)
     except OSError as exc:
         shutil.rmtree(temp, ignore_errors=True)
         raise RestoreError(f"cannot write {dest}: {exc.strerror}; nothing was created") from None
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise
+    crashpoints.reached("restore.done")
     return count
