@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench fuzz clean
 
 setup: $(STAMP)
 
@@ -25,6 +25,14 @@ bench: setup
 	  { apt-get update -qq && apt-get install -y -qq restic borgbackup b3sum; }
 	$(BIN)/pip install --quiet -e '.[bench]' --config-settings editable_mode=compat
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+# Issue 14's long runs: every fuzz target for FUZZ_RUNS inputs (10^6), then the crash-point
+# and fault walks with every point and both errnos (make test walks faults at every 3rd point).
+FUZZ_RUNS ?= 1000000
+fuzz: setup
+	$(BIN)/pip install --quiet -e '.[test,fuzz]' --config-settings editable_mode=compat
+	$(BIN)/python fuzz/run_all.py --runs $(FUZZ_RUNS)
+	AGENTCAS_FAULT_EVERY=1 AGENTCAS_FAULT_BOTH=1 $(BIN)/python -m pytest -n 2 tests/test_crashpoints.py tests/test_faults.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -52,8 +52,9 @@ def leftovers(directory: str) -> list:
 
 
 class FaultWalk(Walk):
-    def run_faults(self, every: int = 1) -> int:
-        """Fail every `every`-th durable step (EIO and ENOSPC in turn); the faults injected."""
+    def run_faults(self, every: int = 1, both: bool = False) -> int:
+        """Fail every `every`-th durable step with EIO and ENOSPC in turn (or, `both`, with
+        each); the number of faults injected."""
         self.reset()
         old = self.observe()
         count_file = self.W.parent / "count"
@@ -62,10 +63,11 @@ class FaultWalk(Walk):
         new = self.observe()
         old_states, new_states = thread_states(old), thread_states(new)
         injected = 0
-        for number in range(1, len(labels) + 1, every):
+        plan = [(number, name) for number in range(1, len(labels) + 1, every)
+                for name in (ERRNOS if both else [ERRNOS[(number // every) % len(ERRNOS)]])]
+        for number, name in plan:
             if labels[number - 1].endswith(".done"):
                 continue  # after the last step: nothing is left to fail there
-            name = ERRNOS[(number // every) % len(ERRNOS)]
             point = f"{name} at point {number}/{len(labels)} ({labels[number - 1]})"
             self.reset()
             failed = self.forks.run(*self.argv, env={"AGENTCAS_FAULT_AT": str(number), "AGENTCAS_FAULT": name})
@@ -108,7 +110,8 @@ FAULT_SCENARIOS = [s for s in SCENARIOS]
 
 @pytest.mark.parametrize("scenario", FAULT_SCENARIOS, ids=[s.name for s in FAULT_SCENARIOS])
 def test_fault_at_every_write_step(forks, scenario, memory_tmp, record_property):  # noqa: F811
-    injected = FaultWalk(forks, scenario, memory_tmp).run_faults(every=int(os.environ.get("AGENTCAS_FAULT_EVERY", "3")))
+    injected = FaultWalk(forks, scenario, memory_tmp).run_faults(
+        every=int(os.environ.get("AGENTCAS_FAULT_EVERY", "3")), both=os.environ.get("AGENTCAS_FAULT_BOTH") == "1")
     record_property("faults_injected", injected)
 
 
