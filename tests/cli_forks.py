@@ -150,6 +150,7 @@ def serve() -> None:
 def observe(store_path: str) -> dict:
     """fsck's verdict and every thread's state (ids, tree, reason, history) of one store."""
     from agentcas import Store
+    from agentcas.errors import AgentcasError
     store = Store.open(store_path)
     doc = store.fsck()
     threads = {}
@@ -157,8 +158,11 @@ def observe(store_path: str) -> dict:
         state = {"checkpoint": row["checkpoint"], "history": row["history"],
                  "forked_from": row["forked_from"]}
         if row["checkpoint"]:
-            shown = store.show(row["checkpoint"])
-            state.update(tree=shown["tree"], reason=shown["reason"], parents=shown["parents"])
+            try:
+                shown = store.show(row["checkpoint"])
+                state.update(tree=shown["tree"], reason=shown["reason"], parents=shown["parents"])
+            except AgentcasError as exc:  # a ref to a missing checkpoint: the walk reports it
+                state["unreadable"] = str(exc)
         threads[row["thread"]] = state
     return {"ok": doc["ok"], "problems": doc["problems"][:3], "objects": doc["objects"],
             "threads": threads}
