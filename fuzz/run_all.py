@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,8 +39,9 @@ def main() -> int:
         proc = subprocess.run([sys.executable, os.path.join(HERE, "run.py"), name, f"-runs={args.runs}",
                                "-print_final_stats=1", f"-artifact_prefix={args.artifacts}/{name}-",
                                scratch, os.path.join(HERE, "corpus", name)],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, env=dict(os.environ, AGENTCAS_FUZZ_SCRATCH=scratch))
         seconds = time.monotonic() - started
+        shutil.rmtree(scratch, ignore_errors=True)
         done = re.search(r"Done (\d+) runs", proc.stderr)
         inputs = int(done.group(1)) if done else 0
         result = "ok" if proc.returncode == 0 and inputs == args.runs else f"FAILED (exit {proc.returncode})"

@@ -10,7 +10,9 @@ files) get the input written to one scratch file on a tmpfs.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 from agentcas.cas import encoding, framing
@@ -25,8 +27,14 @@ from agentcas.signing.envelope import Envelope
 ALLOWED = (AgentcasError,)
 MAX_INPUT = 1 << 20
 
-_scratch_dir = tempfile.mkdtemp(prefix="agentcas-fuzz-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
-_scratch = os.path.join(_scratch_dir, "input")
+# The scratch file: in $AGENTCAS_FUZZ_SCRATCH (the runners pass a directory they remove),
+# else in a temporary directory removed at exit.
+_scratch_dir = os.environ.get("AGENTCAS_FUZZ_SCRATCH")
+if not _scratch_dir:
+    _scratch_dir = tempfile.mkdtemp(prefix="agentcas-fuzz-",
+                                    dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+    atexit.register(shutil.rmtree, _scratch_dir, True)
+_scratch = os.path.join(_scratch_dir, f"input-{os.getpid()}")
 _memory = None
 
 

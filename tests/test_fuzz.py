@@ -53,7 +53,8 @@ def test_short_fuzz_run(name, tmp_path, record_property):
     (tmp_path / "corpus").mkdir()
     proc = subprocess.run([sys.executable, str(FUZZ / "run.py"), name, f"-runs={RUNS}", "-seed=14",
                            f"-artifact_prefix={tmp_path}/", str(tmp_path / "corpus"), str(FUZZ / "corpus" / name)],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, AGENTCAS_FUZZ_SCRATCH=str(tmp_path)))
     assert proc.returncode == 0, proc.stderr[-3000:]
     done = re.search(r"Done (\d+) runs", proc.stderr)
     assert done and int(done.group(1)) == RUNS, proc.stderr[-1000:]

@@ -93,7 +93,8 @@ class StoreModel(RuleBasedStateMachine):
             if digest is not None and digest not in out:
                 out.add(digest)
                 stack.append(self.checkpoints[digest].parent)
-        return sorted(out)
+        return [digest for digest in self.checkpoints if digest in out]  # in commit order: ids
+        # carry a time, so sorting them would make the same draws pick different targets
 
     def moved(self, name: str, checkpoint: str | None) -> None:
         self.moves.setdefault(name, set()).add(checkpoint)
