@@ -17,7 +17,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -81,8 +81,6 @@ class Scenario:
     retry_ok: tuple = (0,)      # exit codes a retry may give once the command had landed
     same_objects: bool = False  # after the retry, the object count equals the clean run's (gc)
     again: bool = True          # retried even once it landed (not an append: that appends twice)
-    stdin: str | None = None
-    notes: list = field(default_factory=list)
 
 
 def ok(result, *codes):
