@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean services services-stop
+.PHONY: setup demo test bench fuzz clean services services-stop
 
 setup: $(STAMP)
 
@@ -33,6 +33,14 @@ services: setup
 
 services-stop:
 	@$(BIN)/python tests/services.py stop
+
+# Issue 14's long runs: every fuzz target for FUZZ_RUNS inputs (10^6), then the crash-point
+# and fault walks with every point and both errnos (make test walks faults at every 3rd point).
+FUZZ_RUNS ?= 1000000
+fuzz: setup
+	$(BIN)/pip install --quiet -e '.[test,fuzz]' --config-settings editable_mode=compat
+	$(BIN)/python fuzz/run_all.py --runs $(FUZZ_RUNS)
+	AGENTCAS_FAULT_EVERY=1 AGENTCAS_FAULT_BOTH=1 $(BIN)/python -m pytest -n 2 tests/test_crashpoints.py tests/test_faults.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -162,3 +162,16 @@ def postgres_url(postgres_server) -> str:
 def s3_url(s3_server) -> str:
     """A new empty prefix in the session's SeaweedFS test bucket."""
     return s3_server.url()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Issue 14's counts (crash points walked, faults injected, inputs fuzzed), from the
+    tests' record_property, summed over every test (and every xdist worker)."""
+    totals: dict[str, int] = {}
+    for report in terminalreporter.stats.get("passed", []):
+        for name, value in getattr(report, "user_properties", ()):
+            if name in ("crash_points", "faults_injected", "inputs_fuzzed", "model_steps"):
+                totals[name] = totals.get(name, 0) + int(value)
+    if totals:
+        terminalreporter.write_line("issue 14: " + ", ".join(f"{name.replace('_', ' ')}: {value:,}"
+                                                              for name, value in sorted(totals.items())))

@@ -187,3 +187,42 @@ def test_damaged_database_file(tmp_path):
     assert result.code == 4, result
     assert "store database is corrupt" in result.err
     assert "Traceback" not in result.err
+
+
+# --- issue 14 (crash-point walk): an interrupted write leaves orphans, not corruption ----
+
+def test_orphans_of_an_interrupted_import_are_not_corruption(tmp_path):
+    """A killed import can land a checkpoint and a segment before the segment's chunks and
+    base: unreachable, they are gc's garbage; fsck must pass (found by test_crashpoints)."""
+    store_dir, facts = build(tmp_path)
+    segment_id = facts["history"].segment
+    with_chunk_missing = facts["segment"].chunks[0].id
+    other = tmp_path / "other"
+    Store.init(str(other))[0].objects.close()
+    opened = Store.open(str(store_dir))
+    checkpoint = bytes.fromhex(opened.show("main")["checkpoint"])
+    opened.objects.close()
+    source = lmdb.open(str(store_dir), readonly=True, lock=False, max_dbs=len(TABLES) + 2)
+    target = lmdb.open(str(other), max_dbs=len(TABLES) + 2)
+    try:
+        with source.begin() as read, target.begin(write=True) as write:
+            objects_in, objects_out = (env.open_db(b"objects", txn=t, create=False)
+                                       for env, t in ((source, read), (target, write)))
+            for raw in (checkpoint, segment_id.raw):  # no tree, no chunks, no base segment
+                write.put(raw, read.get(raw, db=objects_in), db=objects_out)
+    finally:
+        source.close()
+        target.close()
+    result = run_cli("--json", "fsck", store=other)
+    assert result.code == 0 and result.json()["ok"], result
+    assert with_chunk_missing  # the segment's first chunk really is absent there
+
+
+def test_reachable_segment_missing_its_chunk_is_still_reported(tmp_path):
+    """The other side: the same missing chunk under a thread is a fsck failure (exit 4)."""
+    store_dir, facts = build(tmp_path)
+    chunk = facts["segment"].chunks[0].id.hex()
+    raw_edit(store_dir, "objects", bytes.fromhex(chunk), lambda value: None)
+    result = run_cli("--json", "fsck", store=store_dir)
+    assert result.code == 4 and chunk in result.err, result
+    assert any(p["what"] == "missing" and p.get("id") == chunk for p in result.json()["problems"])

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 
 import lmdb
 
+from agentcas.cas import crashpoints
 from agentcas.cas.store import TABLES, ObjectStore, Txn
 from agentcas.errors import AgentcasError
 
@@ -153,6 +154,16 @@ class _LmdbTxn(Txn):
         return 0 if db is None else self._txn.stat(db)["entries"]
 
 
+def _commit_failure(code: int) -> lmdb.Error:
+    """What py-lmdb raises when a commit's write fails with `code` (for injected faults)."""
+    return (lmdb.DiskError if code == errno.ENOSPC else lmdb.Error)(f"mdb_txn_commit: {os.strerror(code)}")
+
+
+def _sync_failure(code: int) -> lmdb.Error:
+    """What py-lmdb raises when the fsync after a commit fails with `code`."""
+    return (lmdb.DiskError if code == errno.ENOSPC else lmdb.Error)(f"mdb_env_sync: {os.strerror(code)}")
+
+
 def _prefix_end(prefix: bytes) -> bytes | None:
     """The smallest key greater than every key starting with `prefix` (None: no bound)."""
     trimmed = prefix.rstrip(b"\xff")
@@ -274,8 +285,10 @@ class LmdbObjectStore(ObjectStore):
                         with self.env.begin(write=True) as txn:
                             wrapped = _LmdbTxn(txn, self.dbs)
                             result = fn(wrapped)
+                            crashpoints.reached("store.open", _commit_failure)
                         if wrapped.durable:
                             self.env.sync(True)
+                        crashpoints.reached("store.commit", _sync_failure)
                         return result
                 except lmdb.MapFullError:
                     self._resize(self.env.info()["map_size"] * 2)

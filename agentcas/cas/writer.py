@@ -9,12 +9,13 @@ the writer's lease (cas/leases.py), so a long commit keeps gc from sweeping.
 from __future__ import annotations
 
 from agentcas import testing_hooks
+from agentcas.cas import crashpoints
 from agentcas.cas.digest import Digest
 from agentcas.cas.leases import Lease
 from agentcas.cas.source import ObjectSource
 
 BATCH_BYTES = 64 * 1024 * 1024  # measured here: 32 MiB 0.9 s, 64 MiB 0.55 s, 256 MiB 0.85 s per 256 MB
-BATCH_OBJECTS = 4096
+BATCH_OBJECTS = crashpoints.batch_objects(4096)  # a test-only override makes more crash points
 
 
 class BatchWriter:

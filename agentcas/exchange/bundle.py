@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import blake3
 
 from agentcas import testing_hooks
-from agentcas.cas import encoding, framing
+from agentcas.cas import crashpoints, encoding, framing
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import Checkpoint, ChunkList, HistoryPosition, InvalidObject, Segment, Tree
 from agentcas.cas.sealed import seal, unseal
@@ -120,6 +120,7 @@ def export_bundle(stores: Stores, checkpoint: Digest, thread: str, out_path: str
                 hasher = blake3.blake3()
 
                 def put(data: bytes) -> None:
+                    crashpoints.reached("export.write")
                     out.write(data)
                     hasher.update(data)
 
@@ -143,8 +144,10 @@ def export_bundle(stores: Stores, checkpoint: Digest, thread: str, out_path: str
                 put(head)
                 out.write(hasher.digest())
                 out.flush()
+                crashpoints.reached("export.fsync")
                 os.fsync(out.fileno())
             try:
+                crashpoints.reached("export.link")
                 os.link(temp, out_path)
             except FileExistsError:
                 raise ConflictError(f"{out_path} appeared during export; not overwriting") from None
@@ -154,7 +157,9 @@ def export_bundle(stores: Stores, checkpoint: Digest, thread: str, out_path: str
                 os.rename(temp, out_path)
         finally:
             if os.path.exists(temp):
+                crashpoints.reached("export.unlink")
                 os.unlink(temp)
+    crashpoints.reached("export.done")
     return {"bundle": out_path, "checkpoint": checkpoint.hex(), "thread": thread, "bytes": size,
             "objects": len(records), "checkpoints": len(checkpoints), "files": len(files),
             "history_records": cp.history.seq,

@@ -54,6 +54,10 @@ class FsckFailed(IntegrityError):
     """fsck found problems (raised by callers that want exit 4 after printing)."""
 
 
+class _DependencyMissing(IntegrityError):
+    """A stored object's dependency is absent: reported only if a root reaches the object."""
+
+
 class _CorruptReference(IntegrityError):
     def __init__(self, digest: Digest, kind: int, referrer: Digest | None):
         self.digest, self.kind, self.referrer = digest, kind, referrer
@@ -168,9 +172,11 @@ class Fsck:
                 if kind == framing.KIND_SEGMENT:
                     self.check_segment(digest, obj)
                 elif kind == framing.KIND_CHECKPOINT:
-                    self.check_position(obj.history, f"checkpoint {digest.hex()}")
+                    self.check_position(obj.history, f"checkpoint {digest.hex()}", stored_object=True)
             except lmdb.Error:
                 raise
+            except _DependencyMissing:
+                pass  # an orphan of an interrupted write, unless a root reaches it (step 4 says so)
             except Exception as exc:  # noqa: BLE001
                 message = str(exc) if raw.hex() in str(exc) else f"{kind_name or 'object'} {raw.hex()}: {exc}"
                 self.corrupt[raw] = self.problem("corrupt", message, id=raw.hex(), kind=kind_name)
@@ -181,7 +187,7 @@ class Fsck:
         for ref in segment.chunks:
             data = load_object(self.source, ref.id, framing.KIND_CHUNK)
             if data is None:
-                raise IntegrityError(f"segment {digest.hex()}: its chunk {ref.id.hex()} is missing")
+                raise _DependencyMissing(f"segment {digest.hex()}: its chunk {ref.id.hex()} is missing")
             if len(data) != ref.size:
                 raise IntegrityError(f"segment {digest.hex()}: chunk {ref.id.hex()} has the wrong size")
             parts.append(data)
@@ -197,19 +203,30 @@ class Fsck:
             raise IntegrityError(f"segment {digest.hex()} does not match its bytes "
                                  f"({count} records, {len(data)} bytes recomputed)")
         if segment.base.segment is not None:
+            if self.txn.get("objects", segment.base.segment.raw) is None:
+                raise _DependencyMissing(f"segment {digest.hex()}: its base segment is missing")
             base = self.history.segment(segment.base.segment)
             if base.index + 1 != segment.index:
                 raise IntegrityError(f"segment {digest.hex()} has index {segment.index} after a base "
                                      f"with index {base.index}")
-            self.check_position(segment.base, f"base of segment {digest.hex()}", raise_=True)
+            self.check_position(segment.base, f"base of segment {digest.hex()}", raise_=True,
+                                stored_object=True)
 
-    def check_position(self, position: HistoryPosition, where: str, raise_: bool = False) -> None:
-        """A position must be its segment's end, or a cut recomputable inside it."""
+    def check_position(self, position: HistoryPosition, where: str, raise_: bool = False,
+                       stored_object: bool = False) -> None:
+        """A position must be its segment's end, or a cut recomputable inside it.
+
+        For a position a stored object names (`stored_object`), a missing segment raises
+        _DependencyMissing: a write killed part-way leaves objects whose dependencies never
+        landed, harmless garbage unless a root reaches them (then step 4 reports them).
+        """
         if position.segment is None:
             return
         key = (position.segment.raw, position.seq, position.offset, position.digest.raw)
         if key in self.positions_checked:
             return
+        if stored_object and self.txn.get("objects", position.segment.raw) is None:
+            raise _DependencyMissing(f"{where}: rollout segment {position.segment.hex()} is missing")
         self.positions_checked.add(key)
         try:
             segment = self.history.segment(position.segment)

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 
 import blake3
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.exceptions import InternalError, InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -151,7 +151,9 @@ def load_signing_key(path: str) -> SigningKey:
         if "encrypted" in str(exc) and _passphrase() is None:
             raise BadKey(f"key file {path} is encrypted: set {PASSPHRASE_ENV}") from None
         raise BadKey(f"key file {path} is not an unencrypted key: {exc}") from None
-    except (ValueError, UnsupportedAlgorithm) as exc:
+    except (ValueError, UnsupportedAlgorithm, InternalError) as exc:
+        # InternalError: OpenSSL refuses some malformed keys only when building them
+        # (an X448 OID with a 32-byte key, found by fuzz/targets.py fuzz_private_key).
         raise BadKey(f"key file {path} is not a readable Ed25519 private key "
                      f"(wrong passphrase or malformed): {str(exc)[:80]}") from None
     if not isinstance(private, Ed25519PrivateKey):

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import blake3
 
 from agentcas import testing_hooks
-from agentcas.cas import framing
+from agentcas.cas import crashpoints, framing
 from agentcas.cas.digest import DigestMismatch, Digest
 from agentcas.cas.objects import ChunkList, Tree, TreeEntry
 from agentcas.cas.source import ObjectSource, load_object, verify_object
@@ -100,6 +100,7 @@ def write_verified(txn, path: str, entry: TreeEntry, target: str) -> None:
     chunks = file_chunks(txn, entry)
     # A one-chunk file's id is its chunk's id: the chunk check below is the file check.
     hasher = None if len(chunks) == 1 and chunks[0][0] == entry.id else blake3.blake3(max_threads=1)
+    crashpoints.reached("restore.file")  # before each file: crash or fail with the others written
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb", buffering=0) as out:
         for chunk_id, size in chunks:
@@ -134,6 +135,7 @@ def restore_tree(objects: ObjectSource, tree_id: Digest, dest: str, progress=Non
     temp = os.path.join(parent, f".{os.path.basename(dest)}.agentcas-{os.urandom(6).hex()}")
     try:
         os.makedirs(parent, exist_ok=True)
+        crashpoints.reached("restore.mkdir")
         os.mkdir(temp, 0o755)
     except OSError as exc:
         raise RestoreError(f"cannot create {dest}: {exc.strerror}") from None
@@ -177,6 +179,7 @@ def restore_tree(objects: ObjectSource, tree_id: Digest, dest: str, progress=Non
         testing_hooks.reached("checkout.before_rename")
         if os.path.lexists(dest):
             raise ConflictError(f"destination appeared while checking out: {dest}")
+        crashpoints.reached("restore.rename")
         os.rename(temp, dest)
     except OSError as exc:
         shutil.rmtree(temp, ignore_errors=True)
@@ -184,4 +187,5 @@ def restore_tree(objects: ObjectSource, tree_id: Digest, dest: str, progress=Non
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise
+    crashpoints.reached("restore.done")
     return count
