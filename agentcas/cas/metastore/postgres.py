@@ -236,8 +236,11 @@ class PostgresMetadataStore(MetadataStore):
         return text
 
     def _reason(self, exc: BaseException) -> str:
+        """One line: libpq's cause ("Connection refused", "FATAL: password authentication
+        failed ..."), without its hints on further lines."""
         lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-        return self._scrub(lines[-1] if lines else type(exc).__name__)
+        first = lines[0] if lines else type(exc).__name__
+        return self._scrub(first.rsplit("failed: ", 1)[-1] if "failed: " in first else first)
 
     def _connect(self) -> psycopg.Connection:
         self.connections += 1
