@@ -230,7 +230,7 @@ def main(argv=None) -> int:
                 got, per_attempt = cas_throughput(pg, workers=8, moves=150 if args.quick else 500, lock=lock)
                 rows += got
             more = ["each move: BEGIN, SELECT [FOR UPDATE], UPDATE ... WHERE value = old (the row count decides), "
-                    "INSERT reflog row, COMMIT: one transaction; BEGIN goes with the SELECT and the INSERT with the COMMIT (3 round trips)"]
+                    "INSERT reflog row, COMMIT: one transaction; BEGIN goes with the SELECT and the INSERT with the COMMIT (3 round trips; 2 with FOR UPDATE, whose UPDATE goes with the COMMIT too)"]
             print(table("Ref CAS throughput (PostgreSQL metadata store, localhost)",
                         ["run", "moves", "lost CAS attempts", "wall", "moves/s", "moves lost"], rows, more + notes))
         if "gc" in parts:

@@ -6,6 +6,7 @@ reopen the same store from its URL in other processes (SHARED_BACKENDS).
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import struct
@@ -17,11 +18,12 @@ from agentcas.cas.metastore.base import TABLES, MetadataStore
 from agentcas.cas.metastore.memory import MemoryMetadataStore
 from agentcas.cas.metastore.postgres import PostgresMetadataStore
 
-# Every backend this suite runs over. The lead adds "lmdb" here (the LMDB metadata store)
-# and a branch for it in make_metastore / reopen_metastore.
-META_BACKENDS = ["memory", "postgres"]
+# Every backend this suite runs over. "lmdb" is the embedded store's metadata tables
+# (TableMetadataStore over an LmdbObjectStore), present once the storage split has landed.
+_SPLIT = hasattr(importlib.import_module("agentcas.cas.store"), "TableMetadataStore")
+META_BACKENDS = ["memory", "postgres"] + (["lmdb"] if _SPLIT else [])
 # Backends another process can open again (for the multi-process races).
-SHARED_BACKENDS = ["postgres"]
+SHARED_BACKENDS = ["postgres"] + (["lmdb"] if _SPLIT else [])
 
 
 def make_metastore(kind: str, request, tmp_path) -> MetadataStore:
@@ -29,6 +31,12 @@ def make_metastore(kind: str, request, tmp_path) -> MetadataStore:
         return MemoryMetadataStore()
     if kind == "postgres":
         return PostgresMetadataStore(request.getfixturevalue("postgres_url"), create=True)
+    if kind == "lmdb":
+        from agentcas.cas.lmdb_store import LmdbObjectStore
+        from agentcas.cas.store import TableMetadataStore
+        store = TableMetadataStore(LmdbObjectStore(str(tmp_path / "lmdb"), create=True, map_size=1 << 26))
+        store.url = str(tmp_path / "lmdb")
+        return store
     raise AssertionError(f"unknown metadata backend {kind}")
 
 
@@ -37,6 +45,10 @@ def reopen_metastore(spec: tuple) -> MetadataStore:
     kind, where = spec
     if kind == "postgres":
         return PostgresMetadataStore(where)
+    if kind == "lmdb":
+        from agentcas.cas.lmdb_store import LmdbObjectStore
+        from agentcas.cas.store import TableMetadataStore
+        return TableMetadataStore(LmdbObjectStore(where))
     raise AssertionError(f"backend {kind} cannot be reopened")
 
 
