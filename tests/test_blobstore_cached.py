@@ -101,3 +101,15 @@ def test_the_cache_directory_comes_from_the_environment(monkeypatch, tmp_path):
     assert one.startswith(str(tmp_path / "xdg" / "agentcas")) and one != two
     monkeypatch.setenv("AGENTCAS_CACHE_BYTES", "123456")
     assert CachedBlobStore(MemoryBlobStore(), str(tmp_path / "c")).max_bytes == 123456
+
+
+def test_the_cache_may_live_in_a_given_table_environment(tmp_path):
+    """How backends wire it: the machine's LMDB environment (stat cache beside it), or memory."""
+    from agentcas.cas.lmdb_store import open_lmdb
+    from agentcas.cas.store import MemoryObjectStore
+    for local in (MemoryObjectStore(), open_lmdb(str(tmp_path / "env"), create=True)):
+        cached = CachedBlobStore(MemoryBlobStore(), local)
+        cached.put_many({key(1): value(b"one")})
+        with local.reader() as txn:
+            assert txn.get("objects", key(1)) == value(b"one")
+        assert cached.cached_keys([key(1)]) == {key(1)} and cached.get(key(1)) == value(b"one")

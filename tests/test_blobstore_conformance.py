@@ -6,6 +6,7 @@ reopen the same store from `reopen_spec` (backends a child process can reach aga
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import threading
@@ -19,11 +20,12 @@ from agentcas.cas.blobstore.cached import CachedBlobStore
 from agentcas.cas.blobstore.memory import MemoryBlobStore
 from agentcas.cas.blobstore.s3 import S3BlobStore
 
-# Every backend this suite runs over. The lead adds "lmdb" here (LmdbBlobStore) and a
-# branch for it in make_blobstore / reopen_blobstore.
-BLOB_BACKENDS = ["memory", "s3", "cached-s3", "cached-memory"]
+# Every backend this suite runs over. "lmdb" is the embedded store's objects table
+# (TableBlobStore over an LmdbObjectStore), present once the storage split has landed.
+_SPLIT = hasattr(importlib.import_module("agentcas.cas.store"), "TableBlobStore")
+BLOB_BACKENDS = ["memory", "s3", "cached-s3", "cached-memory"] + (["lmdb"] if _SPLIT else [])
 # Backends another process can open again (for the multi-process races).
-SHARED_BACKENDS = ["s3"]
+SHARED_BACKENDS = ["s3"] + (["lmdb"] if _SPLIT else [])
 
 
 def make_blobstore(kind: str, request, tmp_path):
@@ -31,6 +33,12 @@ def make_blobstore(kind: str, request, tmp_path):
         return MemoryBlobStore()
     if kind == "s3":
         return S3BlobStore(request.getfixturevalue("s3_url"), create=True)
+    if kind == "lmdb":
+        from agentcas.cas.lmdb_store import LmdbObjectStore
+        from agentcas.cas.store import TableBlobStore
+        store = TableBlobStore(LmdbObjectStore(str(tmp_path / "lmdb"), create=True, map_size=1 << 26))
+        store.url = str(tmp_path / "lmdb")
+        return store
     if kind == "cached-s3":
         return CachedBlobStore(S3BlobStore(request.getfixturevalue("s3_url"), create=True), str(tmp_path / "cache"))
     if kind == "cached-memory":
@@ -43,6 +51,10 @@ def reopen_blobstore(spec: tuple):
     kind, where = spec
     if kind == "s3":
         return S3BlobStore(where)
+    if kind == "lmdb":
+        from agentcas.cas.lmdb_store import LmdbObjectStore
+        from agentcas.cas.store import TableBlobStore
+        return TableBlobStore(LmdbObjectStore(where))
     raise AssertionError(f"backend {kind} cannot be reopened")
 
 

@@ -6,6 +6,7 @@ reopen the same store from its URL in other processes (SHARED_BACKENDS).
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import struct
@@ -17,11 +18,12 @@ from agentcas.cas.metastore.base import TABLES, MetadataStore
 from agentcas.cas.metastore.memory import MemoryMetadataStore
 from agentcas.cas.metastore.postgres import PostgresMetadataStore
 
-# Every backend this suite runs over. The lead adds "lmdb" here (the LMDB metadata store)
-# and a branch for it in make_metastore / reopen_metastore.
-META_BACKENDS = ["memory", "postgres"]
+# Every backend this suite runs over. "lmdb" is the embedded store's metadata tables
+# (TableMetadataStore over an LmdbObjectStore), present once the storage split has landed.
+_SPLIT = hasattr(importlib.import_module("agentcas.cas.store"), "TableMetadataStore")
+META_BACKENDS = ["memory", "postgres"] + (["lmdb"] if _SPLIT else [])
 # Backends another process can open again (for the multi-process races).
-SHARED_BACKENDS = ["postgres"]
+SHARED_BACKENDS = ["postgres"] + (["lmdb"] if _SPLIT else [])
 
 
 def make_metastore(kind: str, request, tmp_path) -> MetadataStore:
@@ -29,6 +31,12 @@ def make_metastore(kind: str, request, tmp_path) -> MetadataStore:
         return MemoryMetadataStore()
     if kind == "postgres":
         return PostgresMetadataStore(request.getfixturevalue("postgres_url"), create=True)
+    if kind == "lmdb":
+        from agentcas.cas.lmdb_store import LmdbObjectStore
+        from agentcas.cas.store import TableMetadataStore
+        store = TableMetadataStore(LmdbObjectStore(str(tmp_path / "lmdb"), create=True, map_size=1 << 26))
+        store.url = str(tmp_path / "lmdb")
+        return store
     raise AssertionError(f"unknown metadata backend {kind}")
 
 
@@ -37,6 +45,10 @@ def reopen_metastore(spec: tuple) -> MetadataStore:
     kind, where = spec
     if kind == "postgres":
         return PostgresMetadataStore(where)
+    if kind == "lmdb":
+        from agentcas.cas.lmdb_store import LmdbObjectStore
+        from agentcas.cas.store import TableMetadataStore
+        return TableMetadataStore(LmdbObjectStore(where))
     raise AssertionError(f"backend {kind} cannot be reopened")
 
 
@@ -106,6 +118,30 @@ def test_compare_and_set(meta):
     assert cas(b"1", None) is False and get() == b"2"           # delete with a stale old
     assert cas(b"2", None) is True and get() is None            # delete
     assert cas(b"2", b"3") is False and get() is None
+
+
+def test_compare_and_set_on_a_row_locked_for_update(meta):
+    meta.write(lambda txn: txn.put("refs", b"t", b"1"))
+
+    def moves(txn):
+        assert txn.get("refs", b"t", for_update=True) == b"1"
+        out = [txn.compare_and_set("refs", b"t", b"0", b"x"),   # stale old
+               txn.compare_and_set("refs", b"t", b"1", b"2"),   # the move
+               txn.get("refs", b"t"),
+               txn.compare_and_set("refs", b"t", b"1", b"3")]   # stale again: its own move
+        txn.put("refs", b"t", b"4")
+        out.append(txn.compare_and_set("refs", b"t", b"4", b"5"))
+        return out
+    assert meta.write(moves) == [False, True, b"2", False, True]
+    with meta.reader() as txn:
+        assert txn.get("refs", b"t") == b"5"
+
+    def deletes(txn):
+        txn.get("refs", b"t", for_update=True)
+        return txn.compare_and_set("refs", b"t", b"5", None), txn.compare_and_set("refs", b"t", b"5", b"6")
+    assert meta.write(deletes) == (True, False)
+    with meta.reader() as txn:
+        assert txn.get("refs", b"t") is None
 
 
 def test_write_returns_fn_result_and_sees_its_own_writes(meta):
@@ -247,9 +283,9 @@ def test_racing_threads_on_one_key_have_exactly_one_winner(meta):
         assert txn.get("refs", b"t") in wins
 
 
-def _move(txn, worker: int):
+def _move(txn, worker: int, lock: bool = False):
     """One ref move, as a commit does it: CAS the counter, log the move in the same transaction."""
-    current = txn.get("refs", b"counter")
+    current = txn.get("refs", b"counter", for_update=lock)
     n = struct.unpack(">Q", current)[0]
     new = struct.pack(">Q", n + 1)
     if not txn.compare_and_set("refs", b"counter", current, new):
@@ -300,14 +336,15 @@ def test_eight_processes_moving_one_ref_lose_no_move(shared_meta):
     _race(store, spawn, workers=8, moves=25)
 
 
-def test_eight_threads_moving_one_ref_lose_no_move(meta):
+@pytest.mark.parametrize("lock", [False, True], ids=["optimistic", "for-update"])
+def test_eight_threads_moving_one_ref_lose_no_move(meta, lock):
     def spawn(workers, moves):
         results = []
 
         def run(worker):
             done = lost = 0
             while done < moves:
-                if meta.write(lambda txn: _move(txn, worker)):
+                if meta.write(lambda txn: _move(txn, worker, lock)):
                     done += 1
                 else:
                     lost += 1

@@ -19,7 +19,8 @@ on a fresh connection, with exponential backoff, for at most $AGENTCAS_RETRY_SEC
 `reader()` is a REPEATABLE READ READ ONLY transaction: one snapshot, taken at once.
 Statements whose result is not read (BEGIN, `put`) are held back and pipelined with the
 next statement or the COMMIT, so a ref move (SELECT, UPDATE, reflog put) costs three
-round trips.
+round trips; two when the ref was read `for_update` (the row is locked, so its
+compare_and_set is decided without asking and its UPDATE goes with the COMMIT).
 
 A dropped connection during COMMIT leaves it unknown whether the transaction
 committed; `fn` is then run again, so a ref move may find its own earlier success (the
@@ -103,6 +104,10 @@ class _PgTxn(MetaTxn):
         self._writable = writable
         self._pending: list[tuple[str, tuple]] = [(begin, ())] if begin else []
         self.begun = begin is None
+        # Rows this transaction holds FOR UPDATE, with the value they hold now: no other
+        # writer can change them before COMMIT, so a compare_and_set on one is decided
+        # here and its UPDATE waits for the next round trip (a locked ref move: two).
+        self._locked: dict[tuple[str, bytes], bytes] = {}
 
     def _run(self, sql: str, params: tuple = ()):
         self._store.statements += 1
@@ -135,7 +140,10 @@ class _PgTxn(MetaTxn):
         lock = " FOR UPDATE" if for_update and self._writable else ""
         row = self._run(f"SELECT value FROM agentcas_kv WHERE tbl = %s AND key = %s{lock}",
                         (_check_table(table), bytes(key))).fetchone()
-        return None if row is None else bytes(row[0])
+        value = None if row is None else bytes(row[0])
+        if lock and value is not None:
+            self._locked[(table, bytes(key))] = value
+        return value
 
     def scan(self, table, prefix=b"", start=None, reverse=False):
         _check_table(table)
@@ -165,9 +173,19 @@ class _PgTxn(MetaTxn):
 
     def put(self, table, key, value):
         self._writing()
+        self._relock(table, key, value)
         self._defer("INSERT INTO agentcas_kv (tbl, key, value) VALUES (%s, %s, %s) "
                   "ON CONFLICT (tbl, key) DO UPDATE SET value = EXCLUDED.value",
                   (_check_table(table), bytes(key), bytes(value)))
+
+    def _relock(self, table: str, key: bytes, value: bytes | None) -> None:
+        """Keep the locked value in step with this transaction's own writes (a deleted row
+        is no longer known to be locked)."""
+        if (table, bytes(key)) in self._locked:
+            if value is None:
+                del self._locked[(table, bytes(key))]
+            else:
+                self._locked[(table, bytes(key))] = bytes(value)
 
     def put_new(self, table, key, value):
         self._writing()
@@ -177,6 +195,7 @@ class _PgTxn(MetaTxn):
 
     def delete(self, table, key):
         self._writing()
+        self._relock(table, key, None)
         return self._run("DELETE FROM agentcas_kv WHERE tbl = %s AND key = %s",
                          (_check_table(table), bytes(key))).rowcount == 1
 
@@ -187,7 +206,16 @@ class _PgTxn(MetaTxn):
             return self.get(table, key, for_update=True) is None
         if old is None:
             return self.put_new(table, key, new)
+        held = self._locked.get((table, key))
+        if held is not None and new is not None:
+            if held != bytes(old):
+                return False
+            self._relock(table, key, new)
+            self._defer("UPDATE agentcas_kv SET value = %s WHERE tbl = %s AND key = %s",
+                        (bytes(new), table, key))
+            return True
         if new is None:
+            self._relock(table, key, None)
             sql, params = "DELETE FROM agentcas_kv WHERE tbl = %s AND key = %s AND value = %s", (table, key, bytes(old))
         else:
             sql = "UPDATE agentcas_kv SET value = %s WHERE tbl = %s AND key = %s AND value = %s"
@@ -236,8 +264,11 @@ class PostgresMetadataStore(MetadataStore):
         return text
 
     def _reason(self, exc: BaseException) -> str:
+        """One line: libpq's cause ("Connection refused", "FATAL: password authentication
+        failed ..."), without its hints on further lines."""
         lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-        return self._scrub(lines[-1] if lines else type(exc).__name__)
+        first = lines[0] if lines else type(exc).__name__
+        return self._scrub(first.rsplit("failed: ", 1)[-1] if "failed: " in first else first)
 
     def _connect(self) -> psycopg.Connection:
         self.connections += 1
