@@ -84,9 +84,10 @@ def shared_stores(store_url: str, refs_url: str | None, create: bool = False) ->
     from agentcas.cas.metastore.postgres import PostgresMetadataStore
     meta = PostgresMetadataStore(refs_url, create=create)
     remote = S3BlobStore(store_url, create=create)
+    # This machine's table environment for this store: the cache (its objects table) and
+    # the stat cache, per store (a cache directory may be shared by several stores).
     cache_dir = default_cache_dir(store_url)
-    blobs = CachedBlobStore(remote, cache_dir)
-    # The stat cache, per store (a cache directory may be shared by several stores).
-    local = open_lmdb(os.path.join(cache_dir, "local-" + hashlib.sha256(store_url.encode()).hexdigest()[:12]),
-                      create=True, map_size=1 << 30)
+    local = open_lmdb(os.path.join(cache_dir, "store-" + hashlib.sha256(store_url.encode()).hexdigest()[:12]),
+                      create=True)
+    blobs = CachedBlobStore(remote, local)
     return Stores(blobs, meta, local, store_url, None, None)

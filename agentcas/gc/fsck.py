@@ -203,7 +203,7 @@ class Fsck:
             raise IntegrityError(f"segment {digest.hex()} does not match its bytes "
                                  f"({count} records, {len(data)} bytes recomputed)")
         if segment.base.segment is not None:
-            if self.txn.get("objects", segment.base.segment.raw) is None:
+            if not self.source.has(segment.base.segment):
                 raise _DependencyMissing(f"segment {digest.hex()}: its base segment is missing")
             base = self.history.segment(segment.base.segment)
             if base.index + 1 != segment.index:
@@ -225,7 +225,7 @@ class Fsck:
         key = (position.segment.raw, position.seq, position.offset, position.digest.raw)
         if key in self.positions_checked:
             return
-        if stored_object and self.txn.get("objects", position.segment.raw) is None:
+        if stored_object and not self.source.has(position.segment):
             raise _DependencyMissing(f"{where}: rollout segment {position.segment.hex()} is missing")
         self.positions_checked.add(key)
         try:
