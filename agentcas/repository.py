@@ -585,16 +585,26 @@ class Store:
         """Check the stored signatures of checkpoint `rev`; raise unless a trusted one verifies."""
         from agentcas.exchange.bundle import SignatureRejected
         from agentcas.signing import envelope, trust
-        digest, _ = self.checkpoint(rev)
+        # The thread a signature must name: the thread given as REV, else the checkpoint's
+        # own (as `sign` binds it); a signature made for another thread is invalid here.
+        # A thread that an import landed at this checkpoint also accepts the bundle's thread
+        # (`import --as NEW` keeps the signer's thread name, recorded in `imports`).
+        from agentcas.exchange.bundle import read_import
+        digest, thread = self._signing_thread(rev)
         with self.objects.reader() as txn:
             trusted = trust.list_trusted(txn)
-            verdicts = [envelope.check(e, trusted, digest, e.statement.thread)
+            accepted = {thread}
+            imported = read_import(txn, thread) if _is_name(thread) else None
+            if imported is not None and imported["checkpoint"] == digest.hex():
+                accepted.add(imported["thread"])
+            verdicts = [envelope.check(e, trusted, digest,
+                                       e.statement.thread if e.statement.thread in accepted else thread)
                         for _, e in envelope.envelopes_for(txn, digest)]
         status, reason = envelope.summarize(verdicts)
         if status != envelope.VALID:
             raise SignatureRejected(status, f"checkpoint {digest.short()}: signature {status}: {reason}")
-        return {"checkpoint": digest.hex(), "signature": status, "reason": reason, "verified": True,
-                "signatures": [v.to_json() for v in verdicts]}
+        return {"checkpoint": digest.hex(), "thread": thread, "signature": status, "reason": reason,
+                "verified": True, "signatures": [v.to_json() for v in verdicts]}
 
     def verify_bundle(self, path: str, progress=None) -> dict:
         from agentcas.exchange import bundle
