@@ -112,8 +112,12 @@ class Endpoint(ABC):
 # --- checks shared by every endpoint ---------------------------------------------------------
 
 def closure_of(txn: Txn, state: ThreadState, verify: bool) -> Iterator[tuple[Digest, int]]:
-    """(id, kind) of the checkpoint closure (with ancestors) and history of `state`."""
-    walker = Walker(txn, verify=verify, follow_parents=True)
+    """(id, kind) of the checkpoint closure (with ancestors) and history of `state`.
+
+    With `verify`, every object is checked against its id and what it states about the
+    objects it names (sizes, kinds, file ids, segments, positions: closure.Walker deep),
+    so a source store whose objects lie is refused before anything is sent."""
+    walker = Walker(txn, verify=verify, follow_parents=True, deep=verify)
     if state.checkpoint is not None:
         for digest, kind, _ in walker.checkpoint(state.checkpoint):
             yield digest, kind

@@ -32,7 +32,7 @@ from agentcas.cas.store import ObjectStore, Txn, load_object, verify_object
 from agentcas.errors import IntegrityError
 from agentcas.gc.pages import PageReleaser
 from agentcas.gc.roots import SIGNATURE_KEY_SIZE, Root, entry_roots, state_roots
-from agentcas.lineage import rollout
+from agentcas.lineage import checkpoints, rollout
 from agentcas.lineage.closure import MissingObject, Walker
 from agentcas.refs import threads
 
@@ -60,7 +60,8 @@ class _FsckWalker(Walker):
     """Walker over objects already verified in the object pass; corrupt ones stop it."""
 
     def __init__(self, txn: Txn, corrupt: dict, seen: set, on_corrupt_leaf):
-        super().__init__(txn, seen, verify=False, follow_parents=True)
+        # deep: multi-chunk files are re-hashed; segments and positions are checked per object.
+        super().__init__(txn, seen, verify=False, follow_parents=True, deep=True, deep_history=False)
         self.corrupt = corrupt
         self.on_corrupt_leaf = on_corrupt_leaf
 
@@ -69,12 +70,17 @@ class _FsckWalker(Walker):
             raise _CorruptReference(digest, kind, referrer)
         return super()._data(digest, kind, referrer)
 
-    def _leaf(self, digest, kind, referrer):
+    def _leaf(self, digest, kind, referrer, size=None):
         if digest.raw in self.corrupt and digest.raw not in self.seen:
             self.seen.add(digest.raw)
             self.on_corrupt_leaf(_CorruptReference(digest, kind, referrer))
             return
-        yield from super()._leaf(digest, kind, referrer)
+        yield from super()._leaf(digest, kind, referrer, size)
+
+    def _chunk_bytes(self, digest, referrer):
+        if digest.raw in self.corrupt:
+            raise _CorruptReference(digest, framing.KIND_CHUNK, referrer)
+        return super()._chunk_bytes(digest, referrer)
 
 
 class Fsck:
@@ -154,6 +160,7 @@ class Fsck:
                     self.check_segment(digest, obj)
                 elif kind == framing.KIND_CHECKPOINT:
                     self.check_position(obj.history, f"checkpoint {digest.hex()}")
+                    checkpoints.check_index(self.txn, digest, obj)
             except lmdb.Error:
                 raise
             except Exception as exc:  # noqa: BLE001
@@ -162,31 +169,7 @@ class Fsck:
 
     def check_segment(self, digest: Digest, segment: Segment) -> None:
         """Recompute a segment's length, record count and prefix digest from its base."""
-        parts = []
-        for ref in segment.chunks:
-            data = load_object(self.txn, ref.id, framing.KIND_CHUNK)
-            if data is None:
-                raise IntegrityError(f"segment {digest.hex()}: its chunk {ref.id.hex()} is missing")
-            if len(data) != ref.size:
-                raise IntegrityError(f"segment {digest.hex()}: chunk {ref.id.hex()} has the wrong size")
-            parts.append(data)
-        data = b"".join(parts)
-        chain, start, count = segment.base.digest, 0, 0
-        while start < len(data):
-            end = data.find(b"\n", start)
-            if end < 0:
-                raise IntegrityError(f"segment {digest.hex()} ends inside a record")
-            chain = chain_prefix(chain, blake3.blake3(data[start:end + 1]).digest())
-            start, count = end + 1, count + 1
-        if (len(data), count, chain) != (segment.length, segment.count, segment.digest):
-            raise IntegrityError(f"segment {digest.hex()} does not match its bytes "
-                                 f"({count} records, {len(data)} bytes recomputed)")
-        if segment.base.segment is not None:
-            base = self.history.segment(segment.base.segment)
-            if base.index + 1 != segment.index:
-                raise IntegrityError(f"segment {digest.hex()} has index {segment.index} after a base "
-                                     f"with index {base.index}")
-            self.check_position(segment.base, f"base of segment {digest.hex()}", raise_=True)
+        self.history.check_segment(digest, segment)
 
     def check_position(self, position: HistoryPosition, where: str, raise_: bool = False) -> None:
         """A position must be its segment's end, or a cut recomputable inside it."""
@@ -197,14 +180,7 @@ class Fsck:
             return
         self.positions_checked.add(key)
         try:
-            segment = self.history.segment(position.segment)
-            end = segment.end(position.segment)
-            if not segment.base.seq < position.seq <= end.seq:
-                raise IntegrityError(f"seq {position.seq} is outside segment {position.segment.hex()}")
-            recomputed = end if position.seq == end.seq else self.history.position(end, position.seq)
-            if recomputed != position:
-                raise IntegrityError(f"position seq {position.seq} in segment {position.segment.hex()} "
-                                     "does not match the segment's bytes")
+            self.history.check_position(position)
         except lmdb.Error:
             raise
         except Exception as exc:  # noqa: BLE001

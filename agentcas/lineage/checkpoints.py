@@ -15,6 +15,7 @@ from __future__ import annotations
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import Checkpoint
 from agentcas.cas.store import Txn
+from agentcas.errors import IntegrityError, NotFound
 from agentcas.lineage.rollout import skip_index
 from agentcas.refs.revisions import load_checkpoint
 
@@ -58,3 +59,21 @@ def newest_at_or_before(txn: Txn, tip: Digest | None, seq: int) -> Digest | None
         else:
             node_id = node.parents[0] if node.parents else None
     return None
+
+
+def check_index(txn: Txn, digest: Digest, checkpoint: Checkpoint) -> None:
+    """Raise IntegrityError unless the checkpoint's (generation, skip) follow from its first
+    parent's, as index_for_child would have written them (absent is always allowed)."""
+    if checkpoint.generation == 0:
+        return
+    if not checkpoint.parents:
+        raise IntegrityError(f"checkpoint {digest.hex()} has generation {checkpoint.generation} "
+                             "but no parent")
+    try:
+        expected = index_for_child(txn, checkpoint.parents[0])
+    except (NotFound, IntegrityError):
+        return  # a missing or damaged ancestor: the closure walk reports it where it is
+    if (checkpoint.generation, checkpoint.skip) != expected:
+        raise IntegrityError(f"checkpoint {digest.hex()} has generation {checkpoint.generation} and skip "
+                             f"{checkpoint.skip.hex() if checkpoint.skip else None}, but its first parent "
+                             f"implies {expected[0]} and {expected[1].hex() if expected[1] else None}")
