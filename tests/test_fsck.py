@@ -304,3 +304,25 @@ def test_fsck_and_pull_refuse_lying_skip_pointers_and_generations(tmp_path):
     for thread, fragment in (("skips", "skip pointer"), ("gens", "generation 5")):
         pulled = run_cli("pull", "them", thread, store=tmp_path / "dst")
         assert pulled.code == 4 and fragment in pulled.err, pulled
+
+
+def test_fsck_finds_a_signature_listed_for_another_checkpoint(tmp_path):
+    from agentcas.cas.sealed import seal, unseal
+    from agentcas.signing import envelope, keys
+    store_dir, _ = build(tmp_path, rollout=False)
+    store = Store.open(str(store_dir))
+    signed = store.objects.write(lambda txn: envelope.save_envelope(
+        txn, envelope.sign(keys.generate(), store.resolve("main"), "main")))
+    other = Digest(b"\x07" * 32)
+
+    def move(txn):
+        ((key, value),) = list(txn.scan("signatures"))
+        key = bytes(key)
+        payload = unseal("signatures", key, value)
+        txn.delete("signatures", key)
+        txn.put("signatures", other.raw + signed.raw, seal("signatures", other.raw + signed.raw, payload))
+
+    store.objects.write(move)
+    store.objects.close()
+    result = run_cli("fsck", store=store_dir)
+    assert result.code == 4 and "but it signs" in result.out, result

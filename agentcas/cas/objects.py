@@ -141,6 +141,9 @@ class TreeEntry:
                 raise InvalidObject(f"file {self.name!r} has mode {oct(self.mode)}; only 0644 and 0755")
             if self.size < 0 or (self.size == 0 and self.id != EMPTY):
                 raise InvalidObject(f"file {self.name!r} has an inconsistent size")
+            if self.chunks is not None and self.size < 2:
+                # A chunk list holds at least two chunks of at least one byte each.
+                raise InvalidObject(f"file {self.name!r} of size {self.size} cannot have a chunk list")
         else:
             raise InvalidObject(f"entry {self.name!r} has type {self.type!r}; only file and dir")
 
@@ -227,6 +230,8 @@ class HistoryPosition:
     def __post_init__(self):
         if self.seq < 0 or self.offset < 0:
             raise InvalidObject("history position must not be negative")
+        if self.offset < self.seq:
+            raise InvalidObject("history position has fewer bytes than records (a record has at least one)")
         if (self.segment is None) != (self.seq == 0):
             raise InvalidObject("history position has a segment exactly when seq > 0")
         if self.seq == 0 and (self.offset != 0 or self.digest != EMPTY_HISTORY):

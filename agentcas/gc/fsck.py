@@ -136,6 +136,22 @@ class Fsck:
                 self.problem("missing", f"signature {key[32:64].hex()} is missing (listed for checkpoint "
                              f"{key[:32].hex()})", id=key[32:64].hex(), kind="signature",
                              referenced_by=key[:32].hex())
+            else:
+                self.check_signature_row(key)
+
+    def check_signature_row(self, key: bytes) -> None:
+        """A `signatures` row must list an envelope over the checkpoint its key names."""
+        try:
+            data = load_object(self.txn, Digest(key[32:64]), framing.KIND_SIGNATURE)
+            # Only the checkpoint id is read (signing/ sits above gc/; it decodes the rest).
+            named = Digest.parse(encoding.decode(data)["statement"]["checkpoint"]).raw
+        except lmdb.Error:
+            raise
+        except Exception:  # noqa: BLE001 - a corrupt envelope is reported by the object pass
+            return
+        if named != key[:32]:
+            self.problem("row", f"signatures entry lists signature {key[32:64].hex()} for checkpoint "
+                         f"{key[:32].hex()}, but it signs {named.hex()}", table="signatures")
 
     # -- 2. objects ------------------------------------------------------------------------
     def check_objects(self) -> None:
