@@ -20,6 +20,9 @@ MODE_FILE = 0o644
 MODE_EXEC = 0o755
 MAX_REASON_CHARS = 512
 MAX_REASON_BYTES = 1024
+# A path in a checkpoint, relative to its root, holds at most PATH_MAX - 1 bytes (Linux):
+# deeper trees could be neither committed nor restored, so readers refuse them.
+MAX_PATH_BYTES = 4095
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
 
 
@@ -61,6 +64,14 @@ def check_reason(reason: str) -> str:
     if any(0xD800 <= ord(c) <= 0xDFFF for c in reason):
         raise UsageError("reason is not valid Unicode text")
     return reason
+
+
+class PathTooLong(InvalidObject):
+    """A tree nests a path longer than MAX_PATH_BYTES."""
+
+    def __init__(self, length: int, where: str):
+        super().__init__(f"{where} is {length} bytes long; a checkpoint's paths hold at most "
+                         f"{MAX_PATH_BYTES} bytes (the file system's PATH_MAX)")
 
 
 @dataclass(frozen=True)

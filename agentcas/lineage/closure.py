@@ -16,6 +16,8 @@ checks the facts an object states about the objects it names, on every reference
     declares, and a chunk list adds up to its file's size;
 with `deep=True` (fsck, import, pull/push) also what needs the bytes:
   - a multi-chunk file's chunks hash together to the file id (once per file and list);
+  - no path through the trees is longer than MAX_PATH_BYTES (PATH_MAX - 1), so every
+    tree can be restored (tracked as byte lengths on the walk's stack);
   - with `deep_history` (import, pull/push; fsck checks these on every object itself)
     each segment is recomputed from its bytes and base (rollout.History.check_segment),
     every history position is checked against its segment, and each checkpoint's
@@ -31,7 +33,8 @@ import blake3
 
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest
-from agentcas.cas.objects import Checkpoint, ChunkList, HistoryPosition, Segment, Tree
+from agentcas.cas.objects import (MAX_PATH_BYTES, Checkpoint, ChunkList, HistoryPosition, PathTooLong,
+                                  Segment, Tree)
 from agentcas.cas.store import Txn, load_object, verify_object
 from agentcas.errors import IntegrityError
 
@@ -67,6 +70,7 @@ class Walker:
         self._sizes: dict[bytes, int] = {}          # chunk or chunk list id -> bytes it holds
         self._files: set = set()                    # (file id, chunk list id) pairs hashed
         self._positions: set = set()                # positions checked
+        self._shapes: dict = {}                     # tree id -> (deepest prefix, longest name, dirs)
         self._history = None
 
     # -- reading -------------------------------------------------------------------------
@@ -156,18 +160,37 @@ class Walker:
             if self.follow_parents:
                 stack.extend((parent, current) for parent in cp.parents)
 
+    def _check_path(self, length: int, tree_id: Digest) -> None:
+        if length > MAX_PATH_BYTES:
+            raise PathTooLong(length, f"a path through tree {tree_id.hex()}")
+
     def tree(self, digest: Digest, referrer: Digest | None = None) -> Iterator[tuple]:
-        stack = [(digest, referrer)]
+        # Stack items carry the byte length of the directory's path ("a/b/" is 4), so a
+        # deep walk can refuse paths over MAX_PATH_BYTES. A tree met again deeper than
+        # before (shared subtrees) is re-checked from its remembered shape, not re-read.
+        stack = [(digest, referrer, 0)]
         while stack:
-            current, by = stack.pop()
+            current, by, where = stack.pop()
             if current.raw in self.seen:
+                shape = self._shapes.get(current.raw)
+                if shape is not None and where > shape[0]:
+                    _, longest, dirs = shape
+                    self._shapes[current.raw] = (where, longest, dirs)
+                    self._check_path(where + longest, current)
+                    stack.extend((child, current, where + n + 1) for n, child in dirs)
                 continue
             self.seen.add(current.raw)
             tree = Tree.decode(self._data(current, framing.KIND_TREE, by))
             yield current, framing.KIND_TREE, by
+            if self.deep:
+                lengths = [len(e.name.encode("utf-8")) for e in tree.entries]
+                longest = max(lengths, default=0)
+                self._check_path(where + longest, current)
+                self._shapes[current.raw] = (where, longest, [(n, e.id) for n, e in zip(lengths, tree.entries)
+                                                             if e.type == "dir"])
             for entry in tree.entries:
                 if entry.type == "dir":
-                    stack.append((entry.id, current))
+                    stack.append((entry.id, current, where + len(entry.name.encode("utf-8")) + 1))
                 elif entry.size == 0:
                     continue
                 elif entry.chunks is None:
