@@ -633,9 +633,26 @@ def main(argv=None) -> int:
     except Exception as exc:  # noqa: BLE001 - last resort: still one line
         if debug:
             _print_traceback()
+        failure = _system_failure(exc)
+        if failure is not None:
+            click.echo(f"agentcas: error: {_one_line(str(failure))}", err=True)
+            return failure.exit_code
         click.echo(f"agentcas: error: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
                    "(set AGENTCAS_DEBUG=1 for a traceback)", err=True)
         return 1
+
+
+def _system_failure(exc: Exception):
+    """An OS or LMDB error no layer translated, as the clear SystemFailure it stands for."""
+    if isinstance(exc, OSError):
+        from agentcas.cas.system_errors import from_os_error
+        return from_os_error(exc)
+    if type(exc).__module__.startswith("lmdb"):
+        from agentcas.cas.lmdb_store import lmdb_errno
+        from agentcas.cas.system_errors import from_errno
+        code = lmdb_errno(exc)
+        return None if code is None else from_errno(code, "in the store", detail=str(exc))
+    return None
 
 
 def _print_traceback() -> None:

@@ -21,6 +21,7 @@ from agentcas.cas.lmdb_store import StoreUnavailable, open_lmdb
 from agentcas.cas.objects import (EMPTY_POSITION, FORMAT_VERSION, Checkpoint, HistoryPosition,
                                   check_reason)
 from agentcas.cas.sealed import seal, unseal
+from agentcas.cas.system_errors import from_os_error
 from agentcas.cas.store import MemoryObjectStore, ObjectStore, Txn, save_object
 from agentcas.cas.writer import BatchWriter, WritePin
 from agentcas.errors import ConflictError, IntegrityError, NotFound, UsageError
@@ -97,10 +98,31 @@ class Store:
             return cls.open(path), False
         if os.path.isdir(path) and os.listdir(path):
             raise ConflictError(f"directory exists and is not empty: {path}")
-        os.makedirs(path, exist_ok=True)
-        objects = open_lmdb(path, create=True)
-        doc = encoding.encode({"format": FORMAT_VERSION, "created_at": utc_now()})
-        objects.write(lambda txn: txn.put_new("meta", FORMAT_KEY, seal("meta", FORMAT_KEY, doc)))
+        existed = os.path.isdir(path)
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            raise from_os_error(exc, f"creating a store in {path}", "nothing was created") from None
+        objects = None
+        try:
+            objects = open_lmdb(path, create=True)
+            doc = encoding.encode({"format": FORMAT_VERSION, "created_at": utc_now()})
+            objects.write(lambda txn: txn.put_new("meta", FORMAT_KEY, seal("meta", FORMAT_KEY, doc)))
+        except BaseException:
+            # Whole or nothing: a store that could not be initialised leaves no files behind.
+            if objects is not None:
+                objects.close()
+            for name in ("data.mdb", "lock.mdb"):
+                try:
+                    os.unlink(os.path.join(path, name))
+                except OSError:
+                    pass
+            if not existed:
+                try:
+                    os.rmdir(path)
+                except OSError:
+                    pass
+            raise
         return cls(objects, path), True
 
     @classmethod

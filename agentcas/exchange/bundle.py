@@ -34,6 +34,7 @@ from agentcas.cas.digest import Digest
 from agentcas.cas.objects import Checkpoint, ChunkList, HistoryPosition, InvalidObject, Segment, Tree
 from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.store import ObjectStore, Txn
+from agentcas.cas.system_errors import from_os_error
 from agentcas.cas.writer import WritePin
 from agentcas.errors import ConflictError, IntegrityError, UsageError
 from agentcas.exchange.bundle_format import (MAGIC, MAX_SIGNATURES, RECORD_HEAD, TRAILER, TRAILER_MAGIC, U32,
@@ -145,6 +146,8 @@ def export_bundle(objects: ObjectStore, checkpoint: Digest, thread: str, out_pat
                 if os.path.lexists(out_path):
                     raise ConflictError(f"{out_path} appeared during export; not overwriting") from None
                 os.rename(temp, out_path)
+        except OSError as exc:
+            raise from_os_error(exc, f"writing the bundle {out_path}", "no bundle was written") from None
         finally:
             if os.path.exists(temp):
                 os.unlink(temp)

@@ -27,17 +27,14 @@ from agentcas.cas import framing
 from agentcas.cas.digest import DigestMismatch, Digest
 from agentcas.cas.objects import MAX_PATH_BYTES, ChunkList, PathTooLong, Tree, TreeEntry
 from agentcas.cas.store import ObjectStore, load_object, verify_object
-from agentcas.errors import AgentcasError, ConflictError, IntegrityError
+from agentcas.cas.system_errors import from_os_error
+from agentcas.errors import ConflictError, IntegrityError
 
 WORKERS = 2
 
 
 class MissingObject(IntegrityError):
     pass
-
-
-class RestoreError(AgentcasError):
-    """DEST could not be written (no space, not a directory, permissions...)."""
 
 
 def _load(txn, digest: Digest, kind: int, what: str) -> bytes:
@@ -218,7 +215,7 @@ def restore_tree(store: ObjectStore, tree_id: Digest, dest: str, progress=None) 
         # paths (at most MAX_PATH_BYTES) meet PATH_MAX, however long DEST's path is.
         temp_fd = os.open(temp, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
-        raise RestoreError(f"cannot create {dest}: {exc.strerror}") from None
+        raise from_os_error(exc, f"creating {dest}", "nothing was created") from None
 
     def write_files(batch) -> None:
         # One zero-copy read transaction per worker: chunk bytes go from the store's
@@ -261,7 +258,7 @@ def restore_tree(store: ObjectStore, tree_id: Digest, dest: str, progress=None) 
         os.rename(temp, dest)
     except OSError as exc:
         remove_tree(temp)
-        raise RestoreError(f"cannot write {dest}: {exc.strerror}; nothing was created") from None
+        raise from_os_error(exc, f"writing {dest}", "nothing was created") from None
     except BaseException:
         remove_tree(temp)
         raise
