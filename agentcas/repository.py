@@ -633,13 +633,14 @@ class Store:
         return bundle.verify_bundle(self.objects, path, progress)
 
     def export_bundle(self, rev: str, out_path: str, key_file: str | None = None, allow_secrets=(),
-                      progress=None) -> dict:
+                      progress=None, allow_rollout_secrets: bool = False) -> dict:
         """Write checkpoint `rev` (ancestry, files, history) as one bundle file, optionally signed."""
         from agentcas.exchange import bundle
         from agentcas.signing import keys
         key = keys.load_signing_key(key_file) if key_file else None
         digest, thread = self._signing_thread(rev)
-        return bundle.export_bundle(self.objects, digest, thread, out_path, key, allow_secrets, progress)
+        return bundle.export_bundle(self.objects, digest, thread, out_path, key, allow_secrets, progress,
+                                    allow_rollout_secrets=allow_rollout_secrets)
 
     def import_bundle(self, path: str, as_thread: str | None = None, allow_unsigned: bool = False,
                       allow_rollback: bool = False, progress=None) -> dict:
@@ -686,12 +687,25 @@ class Store:
         here = LocalStoreEndpoint(self.objects, "file://" + self.path if self.path else self.objects.url)
         return remote, here, LocalStoreEndpoint(other.objects, remote.url)
 
-    def push(self, remote: str, thread: str, force: bool = False, progress=None) -> dict:
-        """Send THREAD to the remote: missing objects, then its ref by compare-and-swap."""
+    def push(self, remote: str, thread: str, force: bool = False, progress=None,
+             allow_rollout_secrets: bool = False) -> dict:
+        """Send THREAD to the remote: missing objects, then its ref by compare-and-swap.
+
+        The rollout segments the remote lacks are scanned for secrets first (refused
+        naming thread, seq and rule unless `allow_rollout_secrets`)."""
+        from agentcas.exchange.secret_scan import refuse_rollout_secrets
         from agentcas.exchange.transfer import transfer
         check_thread_name(thread)
         info, here, there = self._remote_endpoints(remote)
-        result = transfer(here, there, thread, force, "push", f"push from {here.url}", progress)
+
+        def check_outgoing(objects):
+            with self.objects.reader() as txn:
+                refuse_rollout_secrets(txn, [d for d, kind in objects if kind == framing.KIND_SEGMENT], thread,
+                                       "push", "nothing was sent", allow_rollout_secrets,
+                                       private_keys_always=False)
+
+        result = transfer(here, there, thread, force, "push", f"push from {here.url}", progress,
+                          check_outgoing)
         return dict(self._transfer_doc(info, result), objects_sent=result.objects, bytes_sent=result.bytes)
 
     def pull(self, remote: str, thread: str, force: bool = False, progress=None) -> dict:
@@ -714,6 +728,25 @@ class Store:
                 "old_seq": None if result.old is None else result.old.history.seq,
                 "new_seq": result.new.history.seq, "objects_total": result.objects_total,
                 "up_to_date": result.up_to_date, "forced": result.forced}
+
+
+    # -- issue 14: secret scan of files and history ------------------------------------------
+    def scan(self, rev: str) -> dict:
+        """Likely secrets in REV's files and history (a thread: its whole history), by the
+        commit's rules; {"checkpoint", "thread", "files": [...], "history": [...], "clean"}."""
+        from agentcas.exchange.secret_scan import file_findings, history_findings
+        with self.objects.reader() as txn:
+            try:
+                history, digest, thread = _source_state(txn, rev)
+            except NotFound:
+                raise NotFound(f"no thread or checkpoint named {rev!r}") from None
+            tree = None if digest is None else revisions.load_checkpoint(txn, digest).tree
+            files = [] if tree is None else file_findings(txn, tree)
+            records = history_findings(txn, history, thread)
+        return {"checkpoint": None if digest is None else digest.hex(), "thread": thread,
+                "records": history.seq, "clean": not files and not records,
+                "files": [{"path": f.path, "line": f.line, "rule": f.rule} for f in files],
+                "history": [r.to_json() for r in records]}
 
 
 def _is_name(text: str) -> bool:

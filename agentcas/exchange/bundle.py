@@ -40,6 +40,7 @@ from agentcas.errors import ConflictError, IntegrityError, UsageError
 from agentcas.exchange.bundle_format import (MAGIC, MAX_SIGNATURES, RECORD_HEAD, TRAILER, TRAILER_MAGIC, U32,
                                              BundleCorrupt, Manifest, ManifestFile, ParsedBundle, iter_records,
                                              parse, read_record_value, restamp)
+from agentcas.exchange.secret_scan import refuse_rollout_secrets
 from agentcas.lineage import rollout
 from agentcas.lineage.closure import MissingObject, Walker
 from agentcas.refs import threads
@@ -76,8 +77,11 @@ class SecretInBundle(IntegrityError):
 
 def export_bundle(objects: ObjectStore, checkpoint: Digest, thread: str, out_path: str,
                   key: SigningKey | None = None, allow_secrets=(), progress=None,
-                  created_at: str | None = None) -> dict:
-    """Write a bundle of `checkpoint` (with its ancestry and history) to `out_path`."""
+                  created_at: str | None = None, allow_rollout_secrets: bool = False) -> dict:
+    """Write a bundle of `checkpoint` (with its ancestry and history) to `out_path`.
+
+    Files and rollout records are scanned for secrets first (exchange/secret_scan.py).
+    """
     check_thread_name(thread)
     out_path = os.path.abspath(out_path)
     if os.path.lexists(out_path):
@@ -99,6 +103,10 @@ def export_bundle(objects: ObjectStore, checkpoint: Digest, thread: str, out_pat
         for ancestor in checkpoints[1:]:
             # Ancestors travel too, so their files are scanned as well (each file id once).
             _scan_files(txn, load_checkpoint(txn, ancestor).tree, allow_secrets, scanned)
+        # Every rollout segment the bundle carries, whole: its records leave with it.
+        refuse_rollout_secrets(txn, [d for d, kind, _ in records if kind == framing.KIND_SEGMENT], thread,
+                               "export", "no bundle was written", allow_rollout_secrets,
+                               private_keys_always=True)
         stored = [e for _, e in env.envelopes_for(txn, checkpoint) if e.statement.thread == thread]
         stored.sort(key=lambda e: e.statement.signed_at, reverse=True)
         envelopes = stored[: MAX_SIGNATURES - (1 if key is not None else 0)]  # newest first

@@ -256,8 +256,12 @@ class TransferResult:
 
 def transfer(source: Endpoint, target: Endpoint, thread: str, force: bool = False,
              action: str = "transfer", message: str = "",
-             progress: Callable[[int, int], None] | None = None) -> TransferResult:
+             progress: Callable[[int, int], None] | None = None,
+             check_outgoing: Callable[[list[tuple[Digest, int]]], None] | None = None) -> TransferResult:
     """Make `target`'s thread equal to `source`'s, sending only missing objects.
+
+    `check_outgoing`, if given, sees the (id, kind) of every object about to be sent
+    before the first is sent, and may raise to stop the transfer (push's secret scan).
 
     Raises NotFound (no such thread at the source), NotFastForward (unless `force`),
     ConflictError (the target moved meanwhile), IntegrityError (an object is corrupt
@@ -282,6 +286,9 @@ def transfer(source: Endpoint, target: Endpoint, thread: str, force: bool = Fals
         batch = [digest for digest, _ in needed[start:start + HAS_MANY_BATCH]]
         present = target.has_many(batch)
         missing.extend(d for d in batch if d.raw not in present)
+    if check_outgoing is not None:
+        kinds = dict((digest.raw, kind) for digest, kind in needed)
+        check_outgoing([(digest, kinds[digest.raw]) for digest in missing])
 
     def checked_stream() -> Iterator[tuple[Digest, bytes]]:
         expected = iter(missing)
