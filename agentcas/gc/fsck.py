@@ -77,10 +77,8 @@ class _FsckWalker(Walker):
             return
         yield from super()._leaf(digest, kind, referrer, size)
 
-    def _chunk_bytes(self, digest, referrer):
-        if digest.raw in self.corrupt:
-            raise _CorruptReference(digest, framing.KIND_CHUNK, referrer)
-        return super()._chunk_bytes(digest, referrer)
+    def _hashable(self, chunk_list):
+        return not any(ref.id.raw in self.corrupt for ref in chunk_list.chunks)
 
 
 class Fsck:
@@ -97,6 +95,7 @@ class Fsck:
         self.objects = 0
         self.rows = 0
         self.roots: list[Root] = []
+        self.checkpoint_cache: dict = {}  # ancestors read by checkpoints.check_index
 
     def problem(self, what: str, message: str, **fields) -> dict:
         doc = {"what": what, "message": message}
@@ -176,7 +175,7 @@ class Fsck:
                     self.check_segment(digest, obj)
                 elif kind == framing.KIND_CHECKPOINT:
                     self.check_position(obj.history, f"checkpoint {digest.hex()}")
-                    checkpoints.check_index(self.txn, digest, obj)
+                    checkpoints.check_index(self.txn, digest, obj, self.checkpoint_cache)
             except lmdb.Error:
                 raise
             except Exception as exc:  # noqa: BLE001
