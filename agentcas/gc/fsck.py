@@ -70,12 +70,12 @@ class _FsckWalker(Walker):
             raise _CorruptReference(digest, kind, referrer)
         return super()._data(digest, kind, referrer)
 
-    def _leaf(self, digest, kind, referrer, size=None):
+    def _leaf(self, digest, kind, referrer, size=None, hasher=None):
         if digest.raw in self.corrupt and digest.raw not in self.seen:
             self.seen.add(digest.raw)
             self.on_corrupt_leaf(_CorruptReference(digest, kind, referrer))
             return
-        yield from super()._leaf(digest, kind, referrer, size)
+        yield from super()._leaf(digest, kind, referrer, size, hasher)
 
     def _hashable(self, chunk_list):
         return not any(ref.id.raw in self.corrupt for ref in chunk_list.chunks)

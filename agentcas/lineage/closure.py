@@ -123,12 +123,16 @@ class Walker:
             raise InconsistentObject(f"{what} {digest.hex()} holds {actual} bytes, but its referrer gives its "
                                      f"size as {declared}{_by(referrer)}")
 
-    def _leaf(self, digest: Digest, kind: int, referrer: Digest | None, size: int | None = None):
-        """A chunk: check presence, kind and size (and hash, if verifying) without decoding."""
+    def _leaf(self, digest: Digest, kind: int, referrer: Digest | None, size: int | None = None,
+              hasher=None):
+        """A chunk: check presence, kind and size (and hash, if verifying) without decoding;
+        with `hasher`, its bytes are fed to it (a deep walk's whole-file hash)."""
         if digest.raw in self.seen:
             known = self._sizes.get(digest.raw)
             if known is not None:
                 self._check_size(digest, known, size, referrer)
+            if hasher is not None:
+                hasher.update(self._chunk_bytes(digest, referrer))
             return
         header = self._header(digest)
         if header is None:
@@ -139,7 +143,9 @@ class Walker:
         self._check_size(digest, header[1], size, referrer)
         self.seen.add(digest.raw)
         self._sizes[digest.raw] = header[1]
-        if self.verify:
+        if hasher is not None:
+            hasher.update(self._chunk_bytes(digest, referrer))  # verified, if verifying
+        elif self.verify:
             self._data(digest, kind, referrer)
         yield digest, kind, referrer
 
@@ -200,33 +206,38 @@ class Walker:
                     yield from self._file(entry, current)
 
     def _file(self, entry, tree_id: Digest) -> Iterator[tuple]:
-        """A multi-chunk file: its chunk list, that list's chunks, sizes and (deep) the file id."""
+        """A multi-chunk file: its chunk list, that list's chunks, sizes and (deep) the file id.
+
+        A deep walk hashes the file from the bytes its chunk checks read anyway, so a new
+        chunk is read once; chunks met before (shared by another file) are read again."""
         list_id = entry.chunks
-        if list_id.raw not in self.seen:
+        fresh = list_id.raw not in self.seen
+        chunk_list = None
+        if fresh:
             self.seen.add(list_id.raw)
             chunk_list = ChunkList.decode(self._data(list_id, framing.KIND_CHUNKLIST, tree_id))
             self._sizes[list_id.raw] = chunk_list.size
             yield list_id, framing.KIND_CHUNKLIST, tree_id
-            for ref in chunk_list.chunks:
-                yield from self._leaf(ref.id, framing.KIND_CHUNK, list_id, ref.size)
-        else:
-            chunk_list = None
-        total = self._sizes.get(list_id.raw)
-        if total is not None and total != entry.size:
-            raise InconsistentObject(f"chunk list {list_id.hex()} adds up to {total} bytes, but file "
-                                     f"{entry.name!r} gives its size as {entry.size}{_by(tree_id)}")
+        hasher = None
         if self.deep and (entry.id.raw, list_id.raw) not in self._files:
             self._files.add((entry.id.raw, list_id.raw))
             if chunk_list is None:
                 chunk_list = ChunkList.decode(self._data(list_id, framing.KIND_CHUNKLIST, tree_id))
-            if not self._hashable(chunk_list):
-                return
-            hasher = blake3.blake3()
+            if self._hashable(chunk_list):
+                hasher = blake3.blake3()
+        if fresh or hasher is not None:
             for ref in chunk_list.chunks:
-                hasher.update(self._chunk_bytes(ref.id, list_id))
-            if hasher.digest() != entry.id.raw:
-                raise InconsistentObject(f"file {entry.name!r} (chunk list {list_id.hex()}) does not hash "
-                                         f"to its id {entry.id.hex()}{_by(tree_id)}")
+                if fresh:
+                    yield from self._leaf(ref.id, framing.KIND_CHUNK, list_id, ref.size, hasher)
+                else:
+                    hasher.update(self._chunk_bytes(ref.id, list_id))
+        total = self._sizes.get(list_id.raw)
+        if total is not None and total != entry.size:
+            raise InconsistentObject(f"chunk list {list_id.hex()} adds up to {total} bytes, but file "
+                                     f"{entry.name!r} gives its size as {entry.size}{_by(tree_id)}")
+        if hasher is not None and hasher.digest() != entry.id.raw:
+            raise InconsistentObject(f"file {entry.name!r} (chunk list {list_id.hex()}) does not hash "
+                                     f"to its id {entry.id.hex()}{_by(tree_id)}")
 
     def _hashable(self, chunk_list: ChunkList) -> bool:
         """Whether a file's chunks can be hashed together (fsck skips files with a corrupt chunk,
