@@ -182,3 +182,53 @@ def test_list_files_and_walks_need_no_recursion(tmp_path):
     finally:
         sys.setrecursionlimit(limit)
     assert len(paths) == 1000 and paths[-1] == "d/" * 1000
+
+
+def test_an_ancestor_deeper_than_path_max_is_refused_too(receiver_dir, tmp_path):
+    """The head's tree is shallow; an ancestor's is 2,100 deep: the closure walk refuses it."""
+    craft = Craft()
+    child = craft.tree([craft.file("f", b"deep\n")])
+    for _ in range(2100):
+        child = craft.tree([{"name": "d", "type": "dir", "id": child.hex()}])
+    ancestor = craft.checkpoint(child)
+    top = craft.file("top.txt", b"top\n")
+    head = craft.checkpoint(craft.tree([top]), parents=[ancestor])
+    craft.finish(head, [{"path": "top.txt", "type": "file", "size": top["size"], "mode": "0644", "id": top["id"]}],
+                 checkpoints=[head, ancestor])
+    craft.sign()
+    path = tmp_path / "ancestor.bundle"
+    path.write_bytes(craft.bytes())
+    before = store_rows(receiver_dir)
+    result = run_cli("import", path, store=receiver_dir)
+    assert result.code == 4 and f"at most {MAX_PATH_BYTES}" in result.err, result
+    assert store_rows(receiver_dir) == before
+
+
+def test_fsck_refuses_a_stored_tree_deeper_than_path_max(tmp_path):
+    from agentcas.cas.digest import hash_object
+    from agentcas.cas.objects import EMPTY_POSITION, Checkpoint
+    from agentcas.cas.store import save_object
+    from agentcas.refs import threads
+    from agentcas.refs.threads import ThreadState
+    store, _ = Store.init(str(tmp_path / "store"))
+    doc = encoding.encode({"entries": []})
+    child, frames = hash_object("tree", doc), {}
+    frames[child.raw] = framing.frame(framing.KIND_TREE, doc)
+    for _ in range(2100):
+        doc = encoding.encode({"entries": [{"id": child.hex(), "name": "d", "type": "dir"}]})
+        child = hash_object("tree", doc)
+        frames[child.raw] = framing.frame(framing.KIND_TREE, doc)
+    cp = Checkpoint(child, (), "deep", "planted", "t", "2026-11-29T10:00:00.000000Z", {}, EMPTY_POSITION)
+
+    def land(txn):
+        for raw, framed in frames.items():
+            save_object(txn, __import__("agentcas").cas.digest.Digest(raw), framed)
+        save_object(txn, cp.digest(), framing.frame(framing.KIND_CHECKPOINT, cp.encode()))
+        threads.set_if_equals(txn, "deep", None, ThreadState(cp.digest(), EMPTY_POSITION), "test", "planted")
+
+    store.objects.write(land)
+    store.objects.close()
+    result = run_cli("fsck", store=tmp_path / "store")
+    assert result.code == 4 and f"at most {MAX_PATH_BYTES}" in result.err, result
+    checkout = run_cli("checkout", "deep", tmp_path / "out", store=tmp_path / "store")
+    assert checkout.code == 4 and not (tmp_path / "out").exists()
