@@ -525,9 +525,11 @@ def import_cmd(ctx, bundle_path, as_thread, allow_unsigned, allow_rollback):
 
 @cli.command("scan")
 @click.argument("rev")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (as the global --json).")
 @pass_ctx
-def scan_cmd(ctx, rev):
+def scan_cmd(ctx, rev, as_json):
     """Report likely secrets in REV's files and rollout history (exit 1 if any)."""
+    ctx.as_json = ctx.as_json or as_json
     doc = ctx.store().scan(rev)
     lines = [f"{f['path']}:{f['line']}: looks like a {f['rule']}" for f in doc["files"]]
     lines += [f"rollout {r['thread']} seq {r['seq']}: looks like a {r['rule']}" for r in doc["history"]]

@@ -105,6 +105,7 @@ def test_scan_of_a_clean_checkpoint(tmp_path):
     result = run_cli("--json", "scan", "main", store=store)
     assert result.code == 0, result
     assert result.json()["clean"] and result.json()["records"] == 2
+    assert run_cli("scan", "main", "--json", store=store).json() == result.json()  # as in the issue
 
 
 def test_findings_name_every_line_in_order_whatever_the_rule_order():
