@@ -643,11 +643,14 @@ def verify(ctx, target):
               help="Sign the bundle with this private key.")
 @click.option("--allow-secret", "allow_secrets", multiple=True, metavar="GLOB",
               help="Export files matching GLOB even if they look like secrets.")
+@click.option("--allow-rollout-secrets", is_flag=True,
+              help="Export rollout records even if they look like secrets (never a private key).")
 @pass_ctx
-def export_cmd(ctx, rev, out_path, key_file, allow_secrets):
+def export_cmd(ctx, rev, out_path, key_file, allow_secrets, allow_rollout_secrets):
     """Write checkpoint REV with its files, ancestry and history into one bundle file."""
     with Progress("export") as progress:
-        result = ctx.store().export_bundle(rev, out_path, key_file, allow_secrets, progress=progress)
+        result = ctx.store().export_bundle(rev, out_path, key_file, allow_secrets, progress=progress,
+                                           allow_rollout_secrets=allow_rollout_secrets)
     signed = f", signed by {', '.join(result['signatures'])}" if result["signatures"] else ", unsigned"
     ctx.emit(result, f"Exported {result['checkpoint'][:12]} ({result['thread']}) to {result['bundle']}: "
                      f"{result['objects']} objects, {result['bytes']} bytes{signed}")
@@ -667,6 +670,25 @@ def import_cmd(ctx, bundle_path, as_thread, allow_unsigned, allow_rollback):
     moved = "" if result["moved"] else " (thread already there)"
     ctx.emit(result, f"Imported {result['checkpoint'][:12]} as {result['imported_as']}{moved}: "
                      f"{result['new_objects']} new objects, {result['new_bytes']} bytes; {result['reason']}")
+
+@cli.command("scan")
+@click.argument("rev")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (as the global --json).")
+@pass_ctx
+def scan_cmd(ctx, rev, as_json):
+    """Report likely secrets in REV's files and rollout history (exit 1 if any)."""
+    ctx.as_json = ctx.as_json or as_json
+    doc = ctx.store().scan(rev)
+    lines = [f"{f['path']}:{f['line']}: looks like a {f['rule']}" for f in doc["files"]]
+    lines += [f"rollout {r['thread']} seq {r['seq']}: looks like a {r['rule']}" for r in doc["history"]]
+    found = len(doc["files"]) + len(doc["history"])
+    lines.append(f"scan: {'clean' if not found else f'{found} likely secret(s)'} in "
+                 f"{'checkpoint ' + doc['checkpoint'][:12] if doc['checkpoint'] else 'no checkpoint'} "
+                 f"and {doc['records']} rollout records of {doc['thread']}")
+    ctx.emit(doc, "\n".join(lines))
+    if found:
+        raise AgentcasError(f"scan found {found} likely secret(s) in {rev} (the secrets are not shown)")
+
 
 # remotes
 @cli.group("remote")
@@ -717,11 +739,14 @@ def _transfer_text(verb: str, result: dict, objects: int, size: int) -> str:
 @click.argument("remote")
 @click.argument("thread")
 @click.option("--force", is_flag=True, help="Replace the remote thread even if it is not a fast-forward.")
+@click.option("--allow-rollout-secrets", is_flag=True,
+              help="Push rollout records even if they look like secrets.")
 @pass_ctx
-def push(ctx, remote, thread, force):
+def push(ctx, remote, thread, force, allow_rollout_secrets):
     """Send THREAD to REMOTE: only the objects it lacks, then its ref by compare-and-swap."""
     with Progress("push") as progress:
-        result = ctx.store().push(remote, thread, force, progress=progress)
+        result = ctx.store().push(remote, thread, force, progress=progress,
+                                  allow_rollout_secrets=allow_rollout_secrets)
     ctx.emit(result, _transfer_text("push", result, result["objects_sent"], result["bytes_sent"]))
 
 
@@ -802,9 +827,26 @@ def main(argv=None) -> int:
     except Exception as exc:  # noqa: BLE001 - last resort: still one line
         if debug:
             _print_traceback()
+        failure = _system_failure(exc)
+        if failure is not None:
+            click.echo(f"agentcas: error: {_one_line(str(failure))}", err=True)
+            return failure.exit_code
         click.echo(f"agentcas: error: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
                    "(set AGENTCAS_DEBUG=1 for a traceback)", err=True)
         return 1
+
+
+def _system_failure(exc: Exception):
+    """An OS or LMDB error no layer translated, as the clear SystemFailure it stands for."""
+    if isinstance(exc, OSError):
+        from agentcas.cas.system_errors import from_os_error
+        return from_os_error(exc)
+    if type(exc).__module__.startswith("lmdb"):
+        from agentcas.cas.lmdb_store import lmdb_errno
+        from agentcas.cas.system_errors import from_errno
+        code = lmdb_errno(exc)
+        return None if code is None else from_errno(code, "in the store", detail=str(exc))
+    return None
 
 
 def _print_traceback() -> None:

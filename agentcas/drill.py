@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from agentcas.errors import AgentcasError, IntegrityError
 from agentcas.repository import Store
 from agentcas.signing import keys
+from agentcas.workspace.restore import remove_tree
 
 N = 5
 EXPECTED = sum(i * i for i in range(1, N + 1))  # 55
@@ -261,13 +263,13 @@ def run_drill(echo=print, keep: bool = False) -> DrillReport:
         return report
     finally:
         if not keep:
-            shutil.rmtree(root, ignore_errors=True)
+            remove_tree(root)
 
 
 def run_checkpoint_drill(store: Store, rev: str, echo=print, keep: bool = False) -> DrillReport:
     """Export `rev` from `store`, import it elsewhere, check out, compare byte for byte."""
     from agentcas.lineage import rollout
-    from agentcas.workspace.restore import list_files, read_file
+    from agentcas.workspace.restore import list_files, read_file, walk_directory
 
     digest, cp = store.checkpoint(rev)  # an unknown revision is the user's error, not a failed drill
     report = DrillReport()
@@ -304,24 +306,30 @@ def run_checkpoint_drill(store: Store, rev: str, echo=print, keep: bool = False)
             cp = memo["cp"]
             count = size = 0
             expected_paths = set()
-            with store.source.reading() as txn:
-                for path, entry in list_files(txn, cp.tree):
-                    target = os.path.join(dest, *path.rstrip("/").split("/"))
-                    expected_paths.add(os.path.normpath(target))
-                    if entry.type == "dir":
-                        _require(os.path.isdir(target), f"directory {path} missing after restore")
-                        continue
-                    with open(target, "rb") as handle:
-                        restored = handle.read()
-                    _require(restored == read_file(txn, entry, path), f"file {path} differs after restore")
-                    _require(os.stat(target).st_mode & 0o777 == entry.mode, f"file {path} has another mode")
-                    count += 1
-                    size += entry.size
-                original_history = b"".join(rollout.History(txn).read(cp.history))
-            found = set()
-            for here, dirs, files in os.walk(dest):
-                for name in dirs + files:
-                    found.add(os.path.normpath(os.path.join(here, name)))
+            # Paths relative to DEST's descriptor: a tree as deep as PATH_MAX allows is
+            # compared wherever the temporary directory is.
+            dest_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                with store.source.reading() as txn:
+                    for path, entry in list_files(txn, cp.tree):
+                        target = path.rstrip("/")
+                        expected_paths.add(target)
+                        if entry.type == "dir":
+                            _require(stat.S_ISDIR(os.stat(target, dir_fd=dest_fd, follow_symlinks=False).st_mode),
+                                     f"directory {path} missing after restore")
+                            continue
+                        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dest_fd)
+                        with os.fdopen(fd, "rb") as handle:
+                            restored = handle.read()
+                            mode = os.fstat(handle.fileno()).st_mode & 0o777
+                        _require(restored == read_file(txn, entry, path), f"file {path} differs after restore")
+                        _require(mode == entry.mode, f"file {path} has another mode")
+                        count += 1
+                        size += entry.size
+                    original_history = b"".join(rollout.History(txn).read(cp.history))
+            finally:
+                os.close(dest_fd)
+            found = {path for path, _ in walk_directory(dest)}
             _require(found == expected_paths, f"restore has extra or missing paths: {sorted(found ^ expected_paths)[:3]}")
             scratch = memo["scratch"]
             with scratch.source.reading() as txn:
@@ -337,4 +345,4 @@ def run_checkpoint_drill(store: Store, rev: str, echo=print, keep: bool = False)
         return report
     finally:
         if not keep:
-            shutil.rmtree(root, ignore_errors=True)
+            remove_tree(root)

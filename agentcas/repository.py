@@ -26,6 +26,7 @@ from agentcas.cas.objects import (EMPTY_POSITION, FORMAT_VERSION, Checkpoint, Hi
                                   check_reason)
 from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.source import ObjectSource
+from agentcas.cas.system_errors import from_os_error
 from agentcas.cas.writer import BatchWriter
 from agentcas.errors import ConflictError, IntegrityError, NotFound, UsageError
 from agentcas.lineage import checkpoints, rollout
@@ -124,10 +125,31 @@ class Store:
             return cls.open(path), False
         if os.path.isdir(path) and os.listdir(path):
             raise ConflictError(f"directory exists and is not empty: {path}")
-        os.makedirs(path, exist_ok=True)
-        env = open_lmdb(path, create=True)
-        stores = embedded_stores(env, path)
-        _write_format(stores)
+        existed = os.path.isdir(path)
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            raise from_os_error(exc, f"creating a store in {path}", "nothing was created") from None
+        env = None
+        try:
+            env = open_lmdb(path, create=True)
+            stores = embedded_stores(env, path)
+            _write_format(stores)
+        except BaseException:
+            # Whole or nothing: a store that could not be initialised leaves no files behind.
+            if env is not None:
+                env.close()
+            for name in ("data.mdb", "lock.mdb"):
+                try:
+                    os.unlink(os.path.join(path, name))
+                except OSError:
+                    pass
+            if not existed:
+                try:
+                    os.rmdir(path)
+                except OSError:
+                    pass
+            raise
         return cls(stores, path), True
 
     @classmethod
@@ -612,29 +634,40 @@ class Store:
         """Check the stored signatures of checkpoint `rev`; raise unless a trusted one verifies."""
         from agentcas.exchange.bundle import SignatureRejected
         from agentcas.signing import envelope, trust
-        digest, _ = self.checkpoint(rev)
+        # The thread a signature must name: the thread given as REV, else the checkpoint's
+        # own (as `sign` binds it); a signature made for another thread is invalid here.
+        # A thread that an import landed at this checkpoint also accepts the bundle's thread
+        # (`import --as NEW` keeps the signer's thread name, recorded in `imports`).
+        from agentcas.exchange.bundle import read_import
+        digest, thread = self._signing_thread(rev)
         with self.meta.reader() as txn:
             trusted = trust.list_trusted(txn)
-            verdicts = [envelope.check(e, trusted, digest, e.statement.thread)
+            accepted = {thread}
+            imported = read_import(txn, thread) if _is_name(thread) else None
+            if imported is not None and imported["checkpoint"] == digest.hex():
+                accepted.add(imported["thread"])
+            verdicts = [envelope.check(e, trusted, digest,
+                                       e.statement.thread if e.statement.thread in accepted else thread)
                         for _, e in envelope.envelopes_for(txn, self.source, digest)]
         status, reason = envelope.summarize(verdicts)
         if status != envelope.VALID:
             raise SignatureRejected(status, f"checkpoint {digest.short()}: signature {status}: {reason}")
-        return {"checkpoint": digest.hex(), "signature": status, "reason": reason, "verified": True,
-                "signatures": [v.to_json() for v in verdicts]}
+        return {"checkpoint": digest.hex(), "thread": thread, "signature": status, "reason": reason,
+                "verified": True, "signatures": [v.to_json() for v in verdicts]}
 
     def verify_bundle(self, path: str, progress=None) -> dict:
         from agentcas.exchange import bundle
         return bundle.verify_bundle(self.stores, path, progress)
 
     def export_bundle(self, rev: str, out_path: str, key_file: str | None = None, allow_secrets=(),
-                      progress=None) -> dict:
+                      progress=None, allow_rollout_secrets: bool = False) -> dict:
         """Write checkpoint `rev` (ancestry, files, history) as one bundle file, optionally signed."""
         from agentcas.exchange import bundle
         from agentcas.signing import keys
         key = keys.load_signing_key(key_file) if key_file else None
         digest, thread = self._signing_thread(rev)
-        return bundle.export_bundle(self.stores, digest, thread, out_path, key, allow_secrets, progress)
+        return bundle.export_bundle(self.stores, digest, thread, out_path, key, allow_secrets, progress,
+                                    allow_rollout_secrets=allow_rollout_secrets)
 
     def import_bundle(self, path: str, as_thread: str | None = None, allow_unsigned: bool = False,
                       allow_rollback: bool = False, progress=None) -> dict:
@@ -693,12 +726,25 @@ class Store:
         here = LocalStoreEndpoint(self.stores, "file://" + self.path if self.path else self.url)
         return remote, here, LocalStoreEndpoint(other.stores, remote.url)
 
-    def push(self, remote: str, thread: str, force: bool = False, progress=None) -> dict:
-        """Send THREAD to the remote: missing objects, then its ref by compare-and-swap."""
+    def push(self, remote: str, thread: str, force: bool = False, progress=None,
+             allow_rollout_secrets: bool = False) -> dict:
+        """Send THREAD to the remote: missing objects, then its ref by compare-and-swap.
+
+        The rollout segments the remote lacks are scanned for secrets first (refused
+        naming thread, seq and rule unless `allow_rollout_secrets`)."""
+        from agentcas.exchange.secret_scan import refuse_rollout_secrets
         from agentcas.exchange.transfer import transfer
         check_thread_name(thread)
         info, here, there = self._remote_endpoints(remote)
-        result = transfer(here, there, thread, force, "push", f"push from {here.url}", progress)
+
+        def check_outgoing(objects):
+            with self.source.reading() as source:
+                refuse_rollout_secrets(source, [d for d, kind in objects if kind == framing.KIND_SEGMENT], thread,
+                                       "push", "nothing was sent", allow_rollout_secrets,
+                                       private_keys_always=False)
+
+        result = transfer(here, there, thread, force, "push", f"push from {here.url}", progress,
+                          check_outgoing)
         return dict(self._transfer_doc(info, result), objects_sent=result.objects, bytes_sent=result.bytes)
 
     def pull(self, remote: str, thread: str, force: bool = False, progress=None) -> dict:
@@ -877,6 +923,25 @@ class Store:
         if state is None:
             return None
         return self.open_effects_after(state.history, name, True, cp.history)
+
+    # -- secret scan of files and history (exchange/secret_scan.py) ---------------------------
+    def scan(self, rev: str) -> dict:
+        """Likely secrets in REV's files and history (a thread: its whole history), by the
+        commit's rules; {"checkpoint", "thread", "files": [...], "history": [...], "clean"}."""
+        from agentcas.exchange.secret_scan import file_findings, history_findings
+        with self.meta.reader() as txn:
+            try:
+                history, digest, thread = _source_state(txn, self.source, rev)
+            except NotFound:
+                raise NotFound(f"no thread or checkpoint named {rev!r}") from None
+        with self.source.reading() as objects:
+            tree = None if digest is None else revisions.load_checkpoint(objects, digest).tree
+            files = [] if tree is None else file_findings(objects, tree)
+            records = history_findings(objects, history, thread)
+        return {"checkpoint": None if digest is None else digest.hex(), "thread": thread,
+                "records": history.seq, "clean": not files and not records,
+                "files": [{"path": f.path, "line": f.line, "rule": f.rule} for f in files],
+                "history": [r.to_json() for r in records]}
 
 
 @dataclass(frozen=True)

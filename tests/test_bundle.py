@@ -732,3 +732,99 @@ def test_export_scans_a_large_file_window_by_window(tmp_path, monkeypatch, at):
     with pytest.raises(SecretInBundle, match=f"log.txt line {at + 1} looks like a GitHub token"):
         store.export_bundle("main", str(tmp_path / "b.bundle"))
     assert not (tmp_path / "b.bundle").exists()
+
+
+# --- issue 14 (1): objects that lie about sizes, counts, kinds ------------------------------------
+
+def _sized_chunk_list(sizes, pieces=(b"abcd", b"efgh"), entry_size=None):
+    """A file of real chunks `pieces` whose chunk list declares `sizes` (and whose entry
+    declares their sum): the file id is right, only the sizes lie."""
+    def make(craft):
+        from agentcas.cas.objects import ChunkList, ChunkRef
+        refs = tuple(ChunkRef(craft.add(framing.KIND_CHUNK, p), s) for p, s in zip(pieces, sizes))
+        list_id = craft.add(framing.KIND_CHUNKLIST, ChunkList(refs).encode())
+        return {"name": "lies", "type": "file", "id": hash_blob(b"".join(pieces)).hex(), "mode": 0o644,
+                "size": sum(sizes) if entry_size is None else entry_size, "chunks": list_id.hex()}
+    return make
+
+
+def _single_chunk_size_lies(craft):
+    digest = craft.add(framing.KIND_CHUNK, b"abcd")
+    return {"name": "lies", "type": "file", "id": digest.hex(), "mode": 0o644, "size": 10}
+
+
+def _file_points_at_a_tree(craft):
+    """A one-chunk file whose id is a tree object: right size, wrong kind."""
+    data = b'{"entries":[]}'
+    digest = craft.add(framing.KIND_TREE, data)
+    return {"name": "lies", "type": "file", "id": digest.hex(), "mode": 0o644, "size": len(data)}
+
+
+SIZE_CASES = {
+    "chunk-sizes-6-2": (_rebuild_with(_sized_chunk_list([6, 2])), "size"),
+    "chunk-size-10e15": (_rebuild_with(_sized_chunk_list([10 ** 15, 4])), "size"),
+    "single-chunk-size": (_rebuild_with(_single_chunk_size_lies), "size"),
+    "file-is-a-tree": (_rebuild_with(_file_points_at_a_tree), "expected a chunk"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SIZE_CASES))
+def test_objects_that_lie_about_sizes_are_refused(case, receiver, tmp_path):
+    build, fragment = SIZE_CASES[case]
+    refused(receiver, build().bytes(), tmp_path, fragment)
+
+
+def _history_craft(chunk_sizes, count=None, length=None):
+    """good_craft() plus a one-record history cut into chunks 4 + 4 whose segment declares
+    `chunk_sizes` (and `count`, `length`)."""
+    from agentcas.cas.digest import chain_prefix
+    from agentcas.cas.objects import ChunkRef, Segment
+    import blake3
+    craft = good_craft(sign=False)
+    record = b'{"a":1}\n'
+    pieces = (record[:4], record[4:])
+    refs = tuple(ChunkRef(craft.add(framing.KIND_CHUNK, p), s) for p, s in zip(pieces, chunk_sizes))
+    digest = chain_prefix(EMPTY_POSITION.digest, blake3.blake3(record).digest())
+    digest = digest if isinstance(digest, Digest) else Digest(digest)
+    segment = Segment(EMPTY_POSITION, 0, None, count or 1, length or sum(chunk_sizes), digest, refs)
+    seg_id = craft.add(framing.KIND_SEGMENT, segment.encode())
+    position = segment.end(seg_id)
+    # Replace the checkpoint by one with this history.
+    (old,) = craft.find(framing.KIND_CHECKPOINT)
+    craft.records.remove(old)
+    tree = Checkpoint.decode(framing.unframe(old[2])[1]).tree
+    cp = Checkpoint(tree, (), "main", "crafted", "test", CREATED, {}, position)
+    cp_id = craft.add(framing.KIND_CHECKPOINT, cp.encode())
+    craft.manifest.update(checkpoint=cp_id.hex(), checkpoints=[cp_id.hex()], history=position.to_doc())
+    craft.sign()
+    return craft
+
+
+def test_good_history_craft_imports(receiver, tmp_path):
+    path = tmp_path / "h.bundle"
+    path.write_bytes(_history_craft([4, 4]).bytes())
+    receiver.import_bundle(str(path))
+    assert b"".join(receiver.rollout_read("main")) == b'{"a":1}\n'
+    assert receiver.fsck()["ok"]
+
+
+@pytest.mark.parametrize("sizes", [[6, 2], [2, 6], [10 ** 15, 4]])
+def test_segment_chunk_sizes_that_lie_are_refused(sizes, receiver, tmp_path):
+    refused(receiver, _history_craft(sizes).bytes(), tmp_path, "size")
+
+
+def test_cli_import_of_a_lying_chunk_list_writes_nothing(run, tmp_path):
+    """The probe's case through the real command: exit 4, not one row changed."""
+    from conftest import store_rows
+    store_dir = tmp_path / "cli-store"
+    assert run("init", store_dir).code == 0
+    (tmp_path / "alice.pub").write_text(ALICE.public.to_line("alice"))
+    assert run("trust", "add", "alice", tmp_path / "alice.pub", store=store_dir).code == 0
+    for sizes in ([6, 2], [10 ** 15, 4]):
+        path = tmp_path / f"lies-{sizes[0]}.bundle"
+        path.write_bytes(_rebuild_with(_sized_chunk_list(sizes))().bytes())
+        before = store_rows(store_dir)
+        result = run("import", path, store=store_dir)
+        assert result.code == 4, result
+        assert "size" in result.err and "Traceback" not in result.err
+        assert store_rows(store_dir) == before

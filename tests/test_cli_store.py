@@ -533,7 +533,7 @@ def test_newer_store_format_is_refused(small_store, tmp_path):
 
 def test_checkout_under_a_file_fails_clearly(repo, tmp_path):
     (tmp_path / "afile").write_text("mine")
-    failed(run_cli("checkout", "main", tmp_path / "afile" / "dest", store=repo["store"]), 1, "cannot create")
+    failed(run_cli("checkout", "main", tmp_path / "afile" / "dest", store=repo["store"]), 1, "a file is in the way creating")
     assert listing(tmp_path) == ["afile"] and (tmp_path / "afile").read_text() == "mine"
 
 
@@ -551,7 +551,7 @@ def test_checkout_that_runs_out_of_space_leaves_nothing(repo, tmp_path):
     if "mount" in proc.stderr and "agentcas" not in proc.stderr:
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
     assert proc.returncode == 1, proc.stderr
-    assert "agentcas: error: cannot write" in proc.stderr and "Traceback" not in proc.stderr
+    assert "agentcas: error: no space left on device writing" in proc.stderr and "Traceback" not in proc.stderr
     assert proc.stdout.strip() == ""  # `ls -A` of the mount: neither DEST nor a temporary sibling
 
 

@@ -198,10 +198,10 @@ def test_orphans_of_an_interrupted_import_are_not_corruption(tmp_path):
     segment_id = facts["history"].segment
     with_chunk_missing = facts["segment"].chunks[0].id
     other = tmp_path / "other"
-    Store.init(str(other))[0].objects.close()
+    Store.init(str(other))[0].close()
     opened = Store.open(str(store_dir))
     checkpoint = bytes.fromhex(opened.show("main")["checkpoint"])
-    opened.objects.close()
+    opened.close()
     source = lmdb.open(str(store_dir), readonly=True, lock=False, max_dbs=len(TABLES) + 2)
     target = lmdb.open(str(other), max_dbs=len(TABLES) + 2)
     try:
@@ -226,3 +226,143 @@ def test_reachable_segment_missing_its_chunk_is_still_reported(tmp_path):
     result = run_cli("--json", "fsck", store=store_dir)
     assert result.code == 4 and chunk in result.err, result
     assert any(p["what"] == "missing" and p.get("id") == chunk for p in result.json()["problems"])
+
+
+# --- issue 14 (1): objects that lie about what they name -----------------------------------------
+
+def plant_lie(store: Store, kind: str) -> None:
+    """Write, straight into the store, a thread `lies` whose checkpoint holds one file that lies."""
+    from agentcas.cas.digest import hash_object
+    from agentcas.cas.objects import EMPTY_POSITION, Checkpoint, ChunkList, Tree, TreeEntry
+    from agentcas.refs.threads import ThreadState
+    objects = {}
+
+    def put(k, data):
+        digest = hash_blob(data) if k == framing.KIND_CHUNK else hash_object(framing.KIND_NAMES[k], data)
+        objects[digest.raw] = framing.frame(k, data)
+        return digest
+
+    a, b = put(framing.KIND_CHUNK, b"abcd"), put(framing.KIND_CHUNK, b"efgh")
+    if kind in ("6-2", "10e15"):
+        sizes = (6, 2) if kind == "6-2" else (10 ** 15, 4)
+        chunk_list = put(framing.KIND_CHUNKLIST, ChunkList((ChunkRef(a, sizes[0]), ChunkRef(b, sizes[1]))).encode())
+        entry = TreeEntry("lies", "file", hash_blob(b"abcdefgh"), 0o644, sum(sizes), chunk_list)
+    elif kind == "single":
+        entry = TreeEntry("lies", "file", a, 0o644, 10)
+    elif kind == "file-hash":
+        chunk_list = put(framing.KIND_CHUNKLIST, ChunkList((ChunkRef(a, 4), ChunkRef(b, 4))).encode())
+        entry = TreeEntry("lies", "file", hash_blob(b"something else"), 0o644, 8, chunk_list)
+    elif kind == "tree-as-chunk":
+        tree = put(framing.KIND_TREE, Tree(()).encode())
+        entry = TreeEntry("lies", "file", tree, 0o644, len(Tree(()).encode()))
+    root = put(framing.KIND_TREE, Tree((entry,)).encode())
+    cp = Checkpoint(root, (), "lies", "planted", "test", "2026-11-29T10:00:00.000000Z", {}, EMPTY_POSITION)
+    cp_id = put(framing.KIND_CHECKPOINT, cp.encode())
+
+    def land(txn):
+        for raw, framed in objects.items():
+            save_object(txn, Digest(raw), framed)
+        threads.set_if_equals(txn, "lies", None, ThreadState(cp_id, EMPTY_POSITION), "test", "planted")
+
+    store.objects.write(land)
+
+
+LIES = {"6-2": "size", "10e15": "size", "single": "size", "file-hash": "does not hash to its id",
+        "tree-as-chunk": "expected a chunk"}
+
+
+@pytest.mark.parametrize("kind", sorted(LIES))
+def test_fsck_finds_objects_that_lie_so_a_clean_store_checks_out(kind, tmp_path):
+    store, _ = Store.init(str(tmp_path / "store"))
+    plant_lie(store, kind)
+    store.objects.close()
+    result = run_cli("fsck", store=tmp_path / "store")
+    assert result.code == 4, result
+    assert LIES[kind] in result.err, result
+    assert run_cli("checkout", "lies", tmp_path / "out", store=tmp_path / "store").code == 4
+
+
+@pytest.mark.parametrize("kind", sorted(LIES))
+def test_pull_from_a_store_whose_objects_lie_is_refused_and_writes_nothing(kind, tmp_path):
+    from conftest import store_rows
+    src, _ = Store.init(str(tmp_path / "src"))
+    plant_lie(src, kind)
+    src.objects.close()
+    assert run_cli("init", tmp_path / "dst").code == 0
+    assert run_cli("remote", "add", "them", tmp_path / "src", store=tmp_path / "dst").code == 0
+    before = store_rows(tmp_path / "dst")
+    result = run_cli("pull", "them", "lies", store=tmp_path / "dst")
+    assert result.code == 4, result
+    assert LIES[kind] in result.err and "Traceback" not in result.err
+    assert store_rows(tmp_path / "dst") == before
+
+
+def test_fsck_and_pull_refuse_lying_skip_pointers_and_generations(tmp_path):
+    """A segment whose skip pointer is not its ancestor at skip_index, and a checkpoint whose
+    generation does not follow its parent's: fsck names both, pull refuses them."""
+    import blake3
+    from agentcas.cas.digest import chain_prefix
+    from agentcas.cas.objects import Checkpoint
+    from agentcas.lineage.rollout import History
+    from agentcas.refs.threads import ThreadState
+    store, _ = Store.init(str(tmp_path / "src"))
+    for i in range(2):
+        store.rollout_append("main", b'{"n": %d}\n' % i)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a").write_text("a\n")
+    store.commit(str(ws), "one")
+    head = store.thread("main").history
+    record = b'{"n": 2}\n'
+    chunk = hash_blob(record)
+    seg1 = History(store.source).segment(head.segment)
+    # index 2 must skip to index 0 (skip_index(2) == 0); point it at index 1 instead.
+    lying = Segment(head, 2, head.segment, 1, len(record), chain_prefix(head.digest, blake3.blake3(record).digest()),
+                    (ChunkRef(chunk, len(record)),))
+    assert seg1.index == 1
+    seg_id = lying.digest_id()
+    cp = store.checkpoint("main")[1]
+    bad_generation = Checkpoint(cp.tree, (store.resolve("main"),), "main", "two", "t", cp.created_at, {},
+                                cp.history, generation=5)
+
+    def land(txn):
+        save_object(txn, chunk, framing.frame(framing.KIND_CHUNK, record))
+        save_object(txn, seg_id, framing.frame(framing.KIND_SEGMENT, lying.encode()))
+        save_object(txn, bad_generation.digest(), framing.frame(framing.KIND_CHECKPOINT, bad_generation.encode()))
+        threads.set_if_equals(txn, "skips", None, ThreadState(None, lying.end(seg_id)), "test", "planted")
+        threads.set_if_equals(txn, "gens", None, ThreadState(bad_generation.digest(), cp.history), "test", "planted")
+
+    store.objects.write(land)
+    store.objects.close()
+    result = run_cli("fsck", store=tmp_path / "src")
+    assert result.code == 4
+    assert "skip pointer" in result.out and "generation 5" in result.out, result
+    assert run_cli("init", tmp_path / "dst").code == 0
+    assert run_cli("remote", "add", "them", tmp_path / "src", store=tmp_path / "dst").code == 0
+    for thread, fragment in (("skips", "skip pointer"), ("gens", "generation 5")):
+        pulled = run_cli("pull", "them", thread, store=tmp_path / "dst")
+        assert pulled.code == 4 and fragment in pulled.err, pulled
+
+
+def test_fsck_finds_a_signature_listed_for_another_checkpoint(tmp_path):
+    from agentcas.cas.sealed import seal, unseal
+    from agentcas.signing import envelope, keys
+    store_dir, _ = build(tmp_path, rollout=False)
+    store = Store.open(str(store_dir))
+    made = envelope.sign(keys.generate(), store.resolve("main"), "main")
+    signed, framed = envelope.envelope_object(made)
+    store.source.put_many({signed.raw: framed})
+    store.meta.write(lambda txn: envelope.save_index_row(txn, made, signed))
+    other = Digest(b"\x07" * 32)
+
+    def move(txn):
+        ((key, value),) = list(txn.scan("signatures"))
+        key = bytes(key)
+        payload = unseal("signatures", key, value)
+        txn.delete("signatures", key)
+        txn.put("signatures", other.raw + signed.raw, seal("signatures", other.raw + signed.raw, payload))
+
+    store.objects.write(move)
+    store.objects.close()
+    result = run_cli("fsck", store=store_dir)
+    assert result.code == 4 and "but it signs" in result.out, result

@@ -312,3 +312,33 @@ def test_planted_small_order_trust_row_is_refused_at_use(store, workspace):
         store.verify("main")
     assert getattr(info.value, "exit_code", None) == 4
     assert "small-order" in str(info.value)
+
+
+def test_verify_thread_refuses_a_signature_made_for_another_thread(signed_store, run):
+    """Issue 14 (6): a signature binds a thread; verify THREAD checks that thread."""
+    store, k = signed_store
+    assert run("branch", "other", "main", store=store).code == 0
+    assert run("sign", "other", "--key", k / "alice.key", store=store).code == 0
+    assert run("trust", "add", "alice", k / "alice.pub", store=store).code == 0
+    assert run("verify", "other", store=store).code == 0
+    wrong = run("verify", "main", store=store)
+    assert wrong.code == 4, wrong
+    assert "invalid" in wrong.err and "'other'" in wrong.err and "'main'" in wrong.err
+    # A checkpoint id names its own thread (main), which was not signed either.
+    cp = run("--json", "show", "main", store=store).json()["checkpoint"]
+    assert run("verify", cp, store=store).code == 4
+
+
+def test_verify_accepts_the_bundle_thread_of_an_import_as(signed_store, run, tmp_path):
+    """`import --as NEW` keeps the signer's thread: verify NEW accepts it (recorded in imports)."""
+    store, k = signed_store
+    bundle = tmp_path / "b.bundle"
+    assert run("export", "main", "-o", bundle, "--sign", k / "alice.key", store=store).code == 0
+    dst = tmp_path / "dst"
+    assert run("init", dst).code == 0
+    assert run("trust", "add", "alice", k / "alice.pub", store=dst).code == 0
+    assert run("import", bundle, "--as", "from-alice", store=dst).code == 0
+    assert run("verify", "from-alice", store=dst).code == 0
+    assert run("branch", "copy", "from-alice", store=dst).code == 0
+    copied = run("verify", "copy", store=dst)
+    assert copied.code == 4 and "'main'" in copied.err

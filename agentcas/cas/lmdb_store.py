@@ -22,6 +22,7 @@ import lmdb
 
 from agentcas.cas import crashpoints
 from agentcas.cas.store import TABLES, ObjectStore, Txn
+from agentcas.cas.system_errors import from_errno, from_os_error
 from agentcas.errors import AgentcasError
 
 # The map is address space, not disk: the data file grows only as pages are used. A
@@ -38,6 +39,55 @@ _OPEN_LOCK = threading.Lock()
 
 class StoreUnavailable(AgentcasError):
     """The store directory cannot be opened (missing, not a store, read-only...)."""
+
+
+def lmdb_errno(exc: BaseException) -> int | None:
+    """The errno behind an LMDB exception (its own classes, or the OS text it carries)."""
+    if isinstance(exc, OSError):
+        return exc.errno
+    if isinstance(exc, lmdb.DiskError):
+        return errno.ENOSPC
+    if isinstance(exc, lmdb.MemoryError):
+        return errno.ENOMEM
+    text = str(exc)
+    for code in (errno.EIO, errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
+                 errno.ENOMEM, errno.EFBIG, errno.EMFILE, errno.ENFILE):
+        if text.endswith(os.strerror(code)) or f": {os.strerror(code)}" in text:
+            return code
+    if isinstance(exc, lmdb.ReadonlyError):
+        return errno.EACCES
+    return None
+
+
+def store_failure(exc: BaseException, path: str, doing: str = "writing",
+                  outcome: str = "nothing was changed") -> AgentcasError:
+    """The one translation of an OS or LMDB error met on a store into a clear error:
+    "no space left on device writing the store at PATH; nothing was changed"."""
+    code = lmdb_errno(exc)
+    if code == errno.EIO and _nearly_full(path):
+        # LMDB turns a short write (what a full disk gives) into EIO: report the cause.
+        code = errno.ENOSPC
+    if code is None:
+        return StoreUnavailable(f"{doing} the store at {path} failed: {exc}; {outcome}")
+    return from_errno(code, f"{doing} the store at {path}", outcome, detail=str(exc))
+
+
+def _nearly_full(path: str) -> bool:
+    """Whether the file system holding `path` has less than 1 MiB (or 0.1%) free."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    free = st.f_bavail * st.f_frsize
+    return free < max(1 << 20, st.f_blocks * st.f_frsize // 1000)
+
+
+def _read_only_errno(path: str) -> int:
+    """EROFS if `path` is on a read-only mount, else EACCES (permissions)."""
+    try:
+        return errno.EROFS if os.statvfs(path).f_flag & os.ST_RDONLY else errno.EACCES
+    except OSError:
+        return errno.EACCES
 
 
 class _ResizeGate:
@@ -201,9 +251,15 @@ class LmdbObjectStore(ObjectStore):
                 except lmdb.NotFoundError:
                     self.dbs[name] = None  # a table newer than the store: read as empty
         else:
-            with self.env.begin(write=True) as txn:
-                for name in TABLES:
-                    self.dbs[name] = self.env.open_db(name.encode(), txn=txn, create=True)
+            try:
+                with self.env.begin(write=True) as txn:
+                    for name in TABLES:
+                        self.dbs[name] = self.env.open_db(name.encode(), txn=txn, create=True)
+            except lmdb.Error as exc:
+                if lmdb_errno(exc) is None:
+                    raise
+                self.env.close()
+                raise store_failure(exc, self.path, "opening") from None
 
     def _open_env(self, create: bool) -> lmdb.Environment:
         if os.path.exists(self.path) and not os.path.isdir(self.path):
@@ -214,7 +270,7 @@ class LmdbObjectStore(ObjectStore):
             try:
                 os.makedirs(self.path, exist_ok=True)
             except OSError as exc:
-                raise StoreUnavailable(f"cannot create a store in {self.path}: {exc.strerror}") from None
+                raise from_os_error(exc, f"creating a store in {self.path}", "nothing was created") from None
         # metasync=False (MDB_NOMETASYNC): each commit still fsyncs its data pages, but not
         # the meta page; LMDB keeps integrity and a power cut can undo only the last
         # commit. Batches of objects need no more; a transaction that moves a ref (or
@@ -227,11 +283,15 @@ class LmdbObjectStore(ObjectStore):
             if writable:
                 return self._open_fitting(options)
         except lmdb.Error as exc:
-            if getattr(exc, "errno", None) not in (errno.EACCES, errno.EROFS, errno.EPERM) \
+            code = lmdb_errno(exc)
+            if create and code is not None:
+                raise store_failure(exc, self.path, "creating", "nothing was created") from None
+            if code not in (errno.EACCES, errno.EROFS, errno.EPERM) \
                     and "ermission" not in str(exc) and "ead-only" not in str(exc):
                 raise StoreUnavailable(f"cannot open store {self.path}: {exc}") from None
         if create:
-            raise StoreUnavailable(f"cannot create a store in read-only {self.path}")
+            raise from_errno(_read_only_errno(self.path), f"creating a store in {self.path}",
+                             "nothing was created")
         self.readonly = True
         try:
             return self._open_fitting(dict({k: v for k, v in options.items() if k != "create"},
@@ -258,6 +318,8 @@ class LmdbObjectStore(ObjectStore):
                     txn = self.env.begin(buffers=buffers)
                 except lmdb.MapResizedError:
                     txn = None  # another process grew the map: adopt its size, then retry
+                except lmdb.Error as exc:
+                    raise store_failure(exc, self.path, "reading", "nothing was changed") from None
                 if txn is not None:
                     try:
                         yield _LmdbTxn(txn, self.dbs)
@@ -272,8 +334,9 @@ class LmdbObjectStore(ObjectStore):
             try:
                 self.env.set_mapsize(size)
             except lmdb.MemoryError:
-                raise StoreUnavailable(f"cannot grow the map of {self.path} to {size} bytes: "
-                                       "not enough address space (ulimit -v?)") from None
+                raise from_errno(errno.ENOMEM, f"growing the map of the store at {self.path} to {size} bytes "
+                                 "(the store is full for this address space: ulimit -v?)",
+                                 "nothing was changed") from None
 
     def write(self, fn):
         if self.readonly:
@@ -287,7 +350,7 @@ class LmdbObjectStore(ObjectStore):
                             result = fn(wrapped)
                             crashpoints.reached("store.open", _commit_failure)
                         if wrapped.durable:
-                            self.env.sync(True)
+                            self._sync()
                         crashpoints.reached("store.commit", _sync_failure)
                         return result
                 except lmdb.MapFullError:
@@ -296,6 +359,18 @@ class LmdbObjectStore(ObjectStore):
                     self._resize(0)
                 except lmdb.ReadonlyError:
                     raise StoreUnavailable(f"store is read-only: {self.path}") from None
+                except (lmdb.Error, OSError) as exc:
+                    # The transaction was aborted (LMDB commits all or nothing): say what the
+                    # machine refused, once, here, for every write of every command.
+                    raise store_failure(exc, self.path) from None
+
+    def _sync(self) -> None:
+        """Flush a committed transaction; a failure here cannot undo it, so say so."""
+        try:
+            self.env.sync(True)
+        except (lmdb.Error, OSError) as exc:
+            raise store_failure(exc, self.path, "flushing",
+                                "the last change is stored but may not survive a crash") from None
 
     def used_bytes(self):
         return (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]

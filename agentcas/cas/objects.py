@@ -20,6 +20,9 @@ MODE_FILE = 0o644
 MODE_EXEC = 0o755
 MAX_REASON_CHARS = 512
 MAX_REASON_BYTES = 1024
+# A path in a checkpoint, relative to its root, holds at most PATH_MAX - 1 bytes (Linux):
+# deeper trees could be neither committed nor restored, so readers refuse them.
+MAX_PATH_BYTES = 4095
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
 
 
@@ -63,6 +66,14 @@ def check_reason(reason: str) -> str:
     except UnicodeEncodeError:
         raise UsageError("reason is not valid Unicode text") from None
     return reason
+
+
+class PathTooLong(InvalidObject):
+    """A tree nests a path longer than MAX_PATH_BYTES."""
+
+    def __init__(self, length: int, where: str):
+        super().__init__(f"{where} is {length} bytes long; a checkpoint's paths hold at most "
+                         f"{MAX_PATH_BYTES} bytes (the file system's PATH_MAX)")
 
 
 @dataclass(frozen=True)
@@ -143,6 +154,9 @@ class TreeEntry:
                 raise InvalidObject(f"file {self.name!r} has mode {oct(self.mode)}; only 0644 and 0755")
             if self.size < 0 or (self.size == 0 and self.id != EMPTY):
                 raise InvalidObject(f"file {self.name!r} has an inconsistent size")
+            if self.chunks is not None and self.size < 2:
+                # A chunk list holds at least two chunks of at least one byte each.
+                raise InvalidObject(f"file {self.name!r} of size {self.size} cannot have a chunk list")
         else:
             raise InvalidObject(f"entry {self.name!r} has type {self.type!r}; only file and dir")
 
@@ -229,6 +243,8 @@ class HistoryPosition:
     def __post_init__(self):
         if self.seq < 0 or self.offset < 0:
             raise InvalidObject("history position must not be negative")
+        if self.offset < self.seq:
+            raise InvalidObject("history position has fewer bytes than records (a record has at least one)")
         if (self.segment is None) != (self.seq == 0):
             raise InvalidObject("history position has a segment exactly when seq > 0")
         if self.seq == 0 and (self.offset != 0 or self.digest != EMPTY_HISTORY):

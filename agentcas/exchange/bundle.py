@@ -42,12 +42,14 @@ from agentcas.cas.blobstore.base import BlobInfo, BlobStore
 from agentcas.cas.leases import Lease
 from agentcas.cas.metastore.base import MetaTxn as Txn
 from agentcas.cas.source import ObjectSource
+from agentcas.cas.system_errors import from_os_error
 from agentcas.errors import ConflictError, IntegrityError, UsageError
 from agentcas.exchange.bundle_format import (MAGIC, MAX_SIGNATURES, RECORD_HEAD, TRAILER, TRAILER_MAGIC, U32,
                                              BundleCorrupt, Manifest, ManifestFile, ParsedBundle, iter_records,
                                              parse, read_record_value, restamp)
+from agentcas.exchange.secret_scan import refuse_rollout_secrets
 from agentcas.lineage import rollout
-from agentcas.lineage.closure import Walker
+from agentcas.lineage.closure import MissingObject, Walker
 from agentcas.refs import threads
 from agentcas.refs.names import check_thread_name
 from agentcas.refs.revisions import is_ancestor, load_checkpoint
@@ -82,8 +84,11 @@ class SecretInBundle(IntegrityError):
 
 def export_bundle(stores: Stores, checkpoint: Digest, thread: str, out_path: str,
                   key: SigningKey | None = None, allow_secrets=(), progress=None,
-                  created_at: str | None = None) -> dict:
-    """Write a bundle of `checkpoint` (with its ancestry and history) to `out_path`."""
+                  created_at: str | None = None, allow_rollout_secrets: bool = False) -> dict:
+    """Write a bundle of `checkpoint` (with its ancestry and history) to `out_path`.
+
+    Files and rollout records are scanned for secrets first (exchange/secret_scan.py).
+    """
     check_thread_name(thread)
     out_path = os.path.abspath(out_path)
     if os.path.lexists(out_path):
@@ -105,6 +110,10 @@ def export_bundle(stores: Stores, checkpoint: Digest, thread: str, out_path: str
         for ancestor in checkpoints[1:]:
             # Ancestors travel too, so their files are scanned as well (each file id once).
             _scan_files(txn, load_checkpoint(txn, ancestor).tree, allow_secrets, scanned)
+        # Every rollout segment the bundle carries, whole: its records leave with it.
+        refuse_rollout_secrets(txn, [d for d, kind, _ in records if kind == framing.KIND_SEGMENT], thread,
+                               "export", "no bundle was written", allow_rollout_secrets,
+                               private_keys_always=True)
         stored = [e for _, e in env.envelopes_for(meta, txn, checkpoint) if e.statement.thread == thread]
         stored.sort(key=lambda e: e.statement.signed_at, reverse=True)
         envelopes = stored[: MAX_SIGNATURES - (1 if key is not None else 0)]  # newest first
@@ -155,6 +164,8 @@ def export_bundle(stores: Stores, checkpoint: Digest, thread: str, out_path: str
                 if os.path.lexists(out_path):
                     raise ConflictError(f"{out_path} appeared during export; not overwriting") from None
                 os.rename(temp, out_path)
+        except OSError as exc:
+            raise from_os_error(exc, f"writing the bundle {out_path}", "no bundle was written") from None
         finally:
             if os.path.exists(temp):
                 crashpoints.reached("export.unlink")
@@ -268,49 +279,48 @@ class CheckedBundle:
                 "signatures": [v.to_json() for v in self.verdicts]}
 
 
-def _structured(parsed: ParsedBundle, digest: Digest, kind: int, referrer, reached: set) -> bytes:
-    have = parsed.index.kinds.get(digest.raw)
-    by = f" (needed by {referrer.short()})" if referrer is not None else ""
-    if have is None:
-        raise BundleCorrupt(f"bundle is incomplete: {framing.KIND_NAMES[kind]} {digest.hex()} is missing{by}")
-    if have != kind:
-        raise BundleCorrupt(f"bundle object {digest.hex()} is a {framing.KIND_NAMES[have]}, "
-                            f"expected a {framing.KIND_NAMES[kind]}{by}")
-    reached.add(digest.raw)
-    if kind == framing.KIND_CHUNK:
-        return b""
-    return framing.unframe(parsed.index.structured[digest.raw])[1]
+class _BundleWalker(Walker):
+    """closure.Walker over a parsed bundle: kinds and sizes come from pass 1's index, so a
+    chunk's bytes are read only when a file or segment is re-hashed (deep)."""
+
+    def __init__(self, view: ObjectSource, parsed: ParsedBundle):
+        super().__init__(view, verify=False, follow_parents=True, deep=True)
+        self.parsed = parsed
+
+    def _header(self, digest):
+        kind = self.parsed.index.kinds.get(digest.raw)
+        if kind is None:
+            return None
+        if kind == framing.KIND_CHUNK:
+            return kind, self.parsed.index.sizes[digest.raw]
+        return kind, framing.read_header(self.parsed.index.structured[digest.raw])[2]
 
 
 def check_closure(handle, parsed: ParsedBundle) -> Checkpoint:
-    """Step 2: closure, manifest against objects, file ids, history digests."""
+    """Step 2: closure, manifest against objects, file ids, history digests.
+
+    The closure is walked by the same closure.Walker as fsck and push/pull (deep), so
+    every size, kind, file id, segment and position a bundle's objects state is checked
+    against the objects they name, before anything is written.
+    """
     m = parsed.manifest
+    view = ObjectSource(BundleBlobs(handle, parsed))
     reached: set = set()
     checkpoints: list[Digest] = []
-    multi_chunk: list[tuple[str, Digest, tuple]] = []
     try:
-        stack = [(m.checkpoint, None)]
-        head_cp = None
-        loaded: dict[bytes, Checkpoint] = {}
-        while stack:
-            digest, by = stack.pop()
-            if digest.raw in reached:
-                continue
-            cp = Checkpoint.decode(_structured(parsed, digest, framing.KIND_CHECKPOINT, by, reached))
-            loaded[digest.raw] = cp
-            checkpoints.append(digest)
-            if head_cp is None:
-                head_cp = cp
-            _walk_tree(parsed, cp.tree, digest, reached, multi_chunk)
-            segment, seg_by = cp.history.segment, digest
-            while segment is not None and segment.raw not in reached:
-                seg = Segment.decode(_structured(parsed, segment, framing.KIND_SEGMENT, seg_by, reached))
-                for ref in seg.chunks:
-                    _structured(parsed, ref.id, framing.KIND_CHUNK, segment, reached)
-                segment, seg_by = seg.base.segment, segment
-            stack.extend((parent, digest) for parent in cp.parents)
+        for digest, kind, _ in _BundleWalker(view, parsed).checkpoint(m.checkpoint):
+            reached.add(digest.raw)
+            if kind == framing.KIND_CHECKPOINT:
+                checkpoints.append(digest)
+        head_cp = Checkpoint.decode(framing.unframe(parsed.index.structured[m.checkpoint.raw])[1])
+    except MissingObject as exc:
+        raise BundleCorrupt(f"bundle is incomplete: {exc}") from None
     except InvalidObject as exc:
         raise BundleCorrupt(f"bundle holds an invalid object: {exc}") from None
+    except (UsageError, ValueError) as exc:
+        raise BundleCorrupt(f"bundle rollout history is inconsistent: {exc}") from None
+    except IntegrityError as exc:
+        raise BundleCorrupt(f"bundle objects are inconsistent: {exc}") from None
     extra = len(parsed.index.kinds) - len(reached)
     if extra:
         raise BundleCorrupt(f"bundle carries {extra} objects that checkpoint {m.checkpoint.short()} "
@@ -319,7 +329,6 @@ def check_closure(handle, parsed: ParsedBundle) -> Checkpoint:
         raise BundleCorrupt("bundle manifest's checkpoint list differs from the checkpoints it carries")
     if head_cp.history != m.history:
         raise BundleCorrupt("bundle manifest's history position differs from the checkpoint's")
-    view = ObjectSource(BundleBlobs(handle, parsed))
     listed = [(f.path, f.size, f.mode, f.id) for f in m.files]
     try:
         actual = [(p, e.size, e.mode, e.id) for p, e in list_files(view, head_cp.tree) if e.type == "file"]
@@ -327,55 +336,14 @@ def check_closure(handle, parsed: ParsedBundle) -> Checkpoint:
         raise BundleCorrupt(f"bundle holds an invalid tree: {exc}") from None
     if listed != actual:
         raise BundleCorrupt("bundle manifest's file list differs from the checkpoint's tree")
-    for path, file_id, chunks in multi_chunk:
-        hasher = blake3.blake3()
-        for chunk_id in chunks:
-            hasher.update(framing.unframe(view.raw(chunk_id))[1])
-        if hasher.digest() != file_id.raw:
-            raise BundleCorrupt(f"bundle file {path} does not hash to its id {file_id.hex()}")
     history = rollout.History(view)
     try:
         history.verify(head_cp.history)
-        for digest in checkpoints[1:]:
-            position = loaded[digest.raw].history
-            if position.seq == 0:
-                continue
-            # A prefix of the verified head history needs no second read; anything else does.
-            if position.seq <= head_cp.history.seq and history.position(head_cp.history, position.seq) == position:
-                continue
-            history.verify(position)
     except IntegrityError as exc:
         raise BundleCorrupt(f"bundle rollout history does not check out: {exc}") from None
     except (UsageError, ValueError) as exc:
         raise BundleCorrupt(f"bundle rollout history is inconsistent: {exc}") from None
     return head_cp
-
-
-def _walk_tree(parsed, tree_id: Digest, referrer, reached: set, multi_chunk: list, prefix: str = "") -> None:
-    stack = [(tree_id, referrer, prefix)]
-    while stack:
-        current, by, where = stack.pop()
-        if current.raw in reached:
-            continue
-        tree = Tree.decode(_structured(parsed, current, framing.KIND_TREE, by, reached))
-        for entry in tree.entries:
-            path = where + entry.name
-            if entry.type == "dir":
-                stack.append((entry.id, current, path + "/"))
-            elif entry.size == 0:
-                continue
-            elif entry.chunks is None:
-                _structured(parsed, entry.id, framing.KIND_CHUNK, current, reached)
-            else:
-                seen_list = entry.chunks.raw in reached
-                chunk_list = ChunkList.decode(
-                    _structured(parsed, entry.chunks, framing.KIND_CHUNKLIST, current, reached))
-                if chunk_list.size != entry.size:
-                    raise BundleCorrupt(f"bundle chunk list of {path} does not add up to its size")
-                for ref in chunk_list.chunks:
-                    _structured(parsed, ref.id, framing.KIND_CHUNK, entry.chunks, reached)
-                if not seen_list:
-                    multi_chunk.append((path, entry.id, tuple(ref.id for ref in chunk_list.chunks)))
 
 
 def judge_signatures(txn: Txn, parsed: ParsedBundle) -> tuple[list, list, str, str]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import blake3
 
@@ -226,6 +226,7 @@ class ObjectIndex:
     structured: dict       # raw id -> framed bytes (trees, checkpoints, chunk lists, segments)
     chunks: dict           # raw id -> (offset of the framed value, its length)
     order: list            # raw ids in file order
+    sizes: dict = field(default_factory=dict)  # raw id -> a chunk's uncompressed size (verified)
 
 
 @dataclass
@@ -307,11 +308,12 @@ def parse(handle, progress=None) -> ParsedBundle:
             raise BundleCorrupt(f"bundle carries object {raw.hex()} twice")
         offset = reader.pos
         framed = reader.read(length, "object records")
-        read_record_value(framed, kind, Digest(raw))
+        data = read_record_value(framed, kind, Digest(raw))
         index.kinds[raw] = kind
         index.order.append(raw)
         if kind == framing.KIND_CHUNK:
             index.chunks[raw] = (offset, length)
+            index.sizes[raw] = len(data)
         else:
             structured_bytes += length
             if structured_bytes > MAX_STRUCTURED_BYTES:

@@ -114,8 +114,12 @@ class Endpoint(ABC):
 # --- checks shared by every endpoint ---------------------------------------------------------
 
 def closure_of(objects: ObjectSource, state: ThreadState, verify: bool) -> Iterator[tuple[Digest, int]]:
-    """(id, kind) of the checkpoint closure (with ancestors) and history of `state`."""
-    walker = Walker(objects, verify=verify, follow_parents=True)
+    """(id, kind) of the checkpoint closure (with ancestors) and history of `state`.
+
+    With `verify`, every object is checked against its id and what it states about the
+    objects it names (sizes, kinds, file ids, segments, positions: closure.Walker deep),
+    so a source store whose objects lie is refused before anything is sent."""
+    walker = Walker(objects, verify=verify, follow_parents=True, deep=verify)
     if state.checkpoint is not None:
         for digest, kind, _ in walker.checkpoint(state.checkpoint):
             yield digest, kind
@@ -259,8 +263,12 @@ class TransferResult:
 
 def transfer(source: Endpoint, target: Endpoint, thread: str, force: bool = False,
              action: str = "transfer", message: str = "",
-             progress: Callable[[int, int], None] | None = None) -> TransferResult:
+             progress: Callable[[int, int], None] | None = None,
+             check_outgoing: Callable[[list[tuple[Digest, int]]], None] | None = None) -> TransferResult:
     """Make `target`'s thread equal to `source`'s, sending only missing objects.
+
+    `check_outgoing`, if given, sees the (id, kind) of every object about to be sent
+    before the first is sent, and may raise to stop the transfer (push's secret scan).
 
     Raises NotFound (no such thread at the source), NotFastForward (unless `force`),
     ConflictError (the target moved meanwhile), IntegrityError (an object is corrupt
@@ -285,6 +293,9 @@ def transfer(source: Endpoint, target: Endpoint, thread: str, force: bool = Fals
         batch = [digest for digest, _ in needed[start:start + HAS_MANY_BATCH]]
         present = target.has_many(batch)
         missing.extend(d for d in batch if d.raw not in present)
+    if check_outgoing is not None:
+        kinds = dict((digest.raw, kind) for digest, kind in needed)
+        check_outgoing([(digest, kinds[digest.raw]) for digest in missing])
 
     def checked_stream() -> Iterator[tuple[Digest, bytes]]:
         expected = iter(missing)

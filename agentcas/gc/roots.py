@@ -185,7 +185,8 @@ class MarkWalker(Walker):
         for ref in refs:
             yield from self._leaf(ref, framing.KIND_CHUNK, digest)
 
-    def _leaf(self, digest: Digest, kind: int, referrer: Digest | None):
+    def _leaf(self, digest: Digest, kind: int, referrer: Digest | None, size: int | None = None,
+              hasher=None):
         if digest.raw in self.seen:
             return
         self.seen.add(digest.raw)

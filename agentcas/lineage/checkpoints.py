@@ -15,25 +15,31 @@ from __future__ import annotations
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import Checkpoint
 from agentcas.cas.source import ObjectSource
+from agentcas.errors import IntegrityError, NotFound
 from agentcas.lineage.rollout import skip_index
 from agentcas.refs.revisions import load_checkpoint
 
 
-def index_for_child(objects: ObjectSource, parent: Digest | None) -> tuple[int, Digest | None]:
-    """(generation, skip) for a new checkpoint whose first parent is `parent`."""
+def index_for_child(objects: ObjectSource, parent: Digest | None, load=None) -> tuple[int, Digest | None]:
+    """(generation, skip) for a new checkpoint whose first parent is `parent`.
+
+    `load(digest) -> Checkpoint` may replace load_checkpoint (a caching reader)."""
     if parent is None:
         return 0, None
-    first = load_checkpoint(objects, parent)
+    load = load or (lambda digest: load_checkpoint(objects, digest))
+    first = load(parent)
     if first.parents and first.generation == 0:
         return 0, None  # the parent's chain is not indexed, so neither is the child
     generation = first.generation + 1
     if generation < 2:
         return generation, None
-    return generation, ancestor_at(objects, parent, first, skip_index(generation))
+    return generation, ancestor_at(objects, parent, first, skip_index(generation), load)
 
 
-def ancestor_at(objects: ObjectSource, digest: Digest, checkpoint: Checkpoint, generation: int) -> Digest | None:
+def ancestor_at(objects: ObjectSource, digest: Digest, checkpoint: Checkpoint, generation: int,
+                load=None) -> Digest | None:
     """The first-parent ancestor of `digest` at `generation` (None if the chain is not indexed)."""
+    load = load or (lambda digest: load_checkpoint(objects, digest))
     node_id, node = digest, checkpoint
     while node.generation > generation:
         if node.skip is not None and skip_index(node.generation) >= generation:
@@ -42,7 +48,7 @@ def ancestor_at(objects: ObjectSource, digest: Digest, checkpoint: Checkpoint, g
             node_id = node.parents[0]
         else:
             return None
-        node = load_checkpoint(objects, node_id)
+        node = load(node_id)
     return node_id if node.generation == generation else None
 
 
@@ -58,3 +64,35 @@ def newest_at_or_before(objects: ObjectSource, tip: Digest | None, seq: int) -> 
         else:
             node_id = node.parents[0] if node.parents else None
     return None
+
+
+def check_index(objects: ObjectSource, digest: Digest, checkpoint: Checkpoint, cache: dict | None = None) -> None:
+    """Raise IntegrityError unless the checkpoint's (generation, skip) follow from its first
+    parent's, as index_for_child would have written them (absent is always allowed).
+
+    `cache` (raw id -> Checkpoint, kept by the caller across calls) saves re-reading the
+    ancestors that many checkpoints' skip searches share."""
+    if cache is None:
+        cache = {}
+
+    def load(node: Digest) -> Checkpoint:
+        found = cache.get(node.raw)
+        if found is None:
+            if len(cache) > 16384:
+                cache.clear()
+            found = cache[node.raw] = load_checkpoint(objects, node)
+        return found
+
+    if checkpoint.generation == 0:
+        return
+    if not checkpoint.parents:
+        raise IntegrityError(f"checkpoint {digest.hex()} has generation {checkpoint.generation} "
+                             "but no parent")
+    try:
+        expected = index_for_child(objects, checkpoint.parents[0], load)
+    except (NotFound, IntegrityError):
+        return  # a missing or damaged ancestor: the closure walk reports it where it is
+    if (checkpoint.generation, checkpoint.skip) != expected:
+        raise IntegrityError(f"checkpoint {digest.hex()} has generation {checkpoint.generation} and skip "
+                             f"{checkpoint.skip.hex() if checkpoint.skip else None}, but its first parent "
+                             f"implies {expected[0]} and {expected[1].hex() if expected[1] else None}")

@@ -241,7 +241,7 @@ class History:
         return decode_segment(self.stored_chunks(node, cut))
 
     def stored_chunks(self, node: Segment, cut: HistoryPosition):
-        """(chunk id, stored value) pairs of the chunks a cut segment needs, unverified.
+        """(chunk ref, stored value) pairs of the chunks a cut segment needs, unverified.
 
         Split from decoding so that readers can fetch in their transaction's thread and
         decompress and verify in worker threads (zstd and BLAKE3 release the GIL).
@@ -251,15 +251,15 @@ class History:
         for ref in node.chunks:
             if have >= want:
                 break
-            refs.append(ref.id)
+            refs.append(ref)
             have += ref.size
-        stored = self.objects.blobs.get_many([digest.raw for digest in refs])
+        stored = self.objects.blobs.get_many([ref.id.raw for ref in refs])
         values = []
-        for digest in refs:
-            value = stored.get(digest.raw)
+        for ref in refs:
+            value = stored.get(ref.id.raw)
             if value is None:
-                raise MissingHistory(f"rollout chunk {digest.hex()} is missing from the store")
-            values.append((digest, value))
+                raise MissingHistory(f"rollout chunk {ref.id.hex()} is missing from the store")
+            values.append((ref, value))
         return want, values
 
     def position(self, head: HistoryPosition, seq: int) -> HistoryPosition:
@@ -332,6 +332,45 @@ class History:
                 hi = len(data)
             yield data[lo:hi]
 
+    def check_segment(self, digest: Digest, segment: Segment) -> None:
+        """Recompute a segment from its bytes and base: chunk sizes, length, record count,
+        prefix digest, index and skip pointer; IntegrityError if it states anything else."""
+        data = self.segment_bytes(segment, segment.end(digest))
+        chain, start, count = segment.base.digest, 0, 0
+        while start < len(data):
+            end = data.find(b"\n", start)
+            if end < 0:
+                raise IntegrityError(f"segment {digest.hex()} ends inside a record")
+            chain = chain_prefix(chain, blake3.blake3(data[start:end + 1]).digest())
+            start, count = end + 1, count + 1
+        if (len(data), count, chain) != (segment.length, segment.count, segment.digest):
+            raise IntegrityError(f"segment {digest.hex()} does not match its bytes "
+                                 f"({count} records, {len(data)} bytes recomputed)")
+        if segment.base.segment is not None:
+            base = self.segment(segment.base.segment)
+            if base.index + 1 != segment.index:
+                raise IntegrityError(f"segment {digest.hex()} has index {segment.index} after a base "
+                                     f"with index {base.index}")
+            self.check_position(segment.base)
+        if (segment.skip is None) != (segment.index < 2) or (
+                segment.skip is not None
+                and self.ancestor_at_index(segment.base.segment, skip_index(segment.index)) != segment.skip):
+            raise IntegrityError(f"segment {digest.hex()} has a skip pointer that is not its ancestor at "
+                                 f"index {skip_index(segment.index)}")
+
+    def check_position(self, position: HistoryPosition) -> None:
+        """A position must be its segment's end, or a cut recomputable inside it."""
+        if position.segment is None:
+            return
+        segment = self.segment(position.segment)
+        end = segment.end(position.segment)
+        if not segment.base.seq < position.seq <= end.seq:
+            raise IntegrityError(f"seq {position.seq} is outside segment {position.segment.hex()}")
+        recomputed = end if position.seq == end.seq else self.position(end, position.seq)
+        if recomputed != position:
+            raise IntegrityError(f"position seq {position.seq} in segment {position.segment.hex()} "
+                                 "does not match the segment's bytes")
+
     def verify(self, head: HistoryPosition) -> int:
         """Re-read the whole history at `head`, recompute its prefix digest; records read."""
         if head.seq == 0:
@@ -357,7 +396,8 @@ def decode_segment(stored) -> bytes:
     """Join a segment's stored chunks (from `History.stored_chunks`), verifying each."""
     want, values = stored
     parts = []
-    for digest, value in values:
+    for ref, value in values:
+        digest = ref.id
         try:
             kind, data = framing.unframe(value)
         except framing.CorruptValue as exc:
@@ -365,6 +405,10 @@ def decode_segment(stored) -> bytes:
         if kind != framing.KIND_CHUNK:
             raise IntegrityError(f"object {digest.hex()} is not a chunk")
         verify_object(kind, digest, data)
+        if len(data) != ref.size:
+            # The segment's cut offsets are computed from the declared sizes.
+            raise IntegrityError(f"rollout chunk {digest.hex()} holds {len(data)} bytes, but its segment "
+                                 f"gives its size as {ref.size}")
         parts.append(data)
     return b"".join(parts)[:want]
 

@@ -26,19 +26,16 @@ import blake3
 from agentcas import testing_hooks
 from agentcas.cas import crashpoints, framing
 from agentcas.cas.digest import DigestMismatch, Digest
-from agentcas.cas.objects import ChunkList, Tree, TreeEntry
+from agentcas.cas.objects import MAX_PATH_BYTES, ChunkList, PathTooLong, Tree, TreeEntry
 from agentcas.cas.source import ObjectSource, load_object, verify_object
-from agentcas.errors import AgentcasError, ConflictError, IntegrityError
+from agentcas.cas.system_errors import from_os_error
+from agentcas.errors import ConflictError, IntegrityError
 
 WORKERS = 2
 
 
 class MissingObject(IntegrityError):
     pass
-
-
-class RestoreError(AgentcasError):
-    """DEST could not be written (no space, not a directory, permissions...)."""
 
 
 def _load(txn, digest: Digest, kind: int, what: str) -> bytes:
@@ -49,15 +46,95 @@ def _load(txn, digest: Digest, kind: int, what: str) -> bytes:
 
 
 def list_files(txn, tree_id: Digest, prefix: str = ""):
-    """Yield (relative path, TreeEntry) for every file under a tree, depth first, verified."""
-    tree = Tree.decode(_load(txn, tree_id, framing.KIND_TREE, "tree"))
-    for entry in tree.entries:
-        path = f"{prefix}{entry.name}"
+    """Yield (relative path, TreeEntry) for every file under a tree, depth first, verified.
+
+    Directories come as "path/" before their contents. Iterative (a stack of entry
+    iterators), so any depth works; a path over MAX_PATH_BYTES raises PathTooLong.
+    """
+    stack = [(prefix, iter(Tree.decode(_load(txn, tree_id, framing.KIND_TREE, "tree")).entries))]
+    while stack:
+        where, entries = stack[-1]
+        entry = next(entries, None)
+        if entry is None:
+            stack.pop()
+            continue
+        path = f"{where}{entry.name}"
+        length = len(path.encode("utf-8"))
+        if length > MAX_PATH_BYTES:
+            raise PathTooLong(length, f"path {path[:60]}... ({path.count('/') + 1} levels)")
         if entry.type == "dir":
             yield path + "/", entry
-            yield from list_files(txn, entry.id, path + "/")
+            tree = Tree.decode(_load(txn, entry.id, framing.KIND_TREE, "tree"))
+            stack.append((path + "/", iter(tree.entries)))
         else:
             yield path, entry
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+
+
+def _traverse(root: str):
+    """Events of a depth-first walk below `root`, parents first, with one open descriptor:
+    ("file", rel, dir_fd, name) for each non-directory, ("dir", rel, dir_fd, name) on
+    entering a directory, ("leave", rel, parent_fd, name) after leaving it.
+
+    Iterative, and it steps into a directory by name and back out by "..", so neither
+    Python's recursion limit, nor PATH_MAX, nor the open-files limit bounds the depth.
+    Symlinks are reported as files, never followed (O_NOFOLLOW on every step down).
+    """
+    fd = os.open(root, _DIR_FLAGS)
+    frames = []  # (rel of this directory, its name, subdirectories still to visit)
+    rel = ""
+    try:
+        while True:
+            with os.scandir(fd) as listing:
+                children = sorted((e.name, e.is_dir(follow_symlinks=False)) for e in listing)
+            subdirs = []
+            for name, is_dir in children:
+                path = f"{rel}/{name}" if rel else name
+                if is_dir:
+                    subdirs.append(name)
+                else:
+                    yield "file", path, fd, name
+            frames.append((rel, subdirs[::-1]))
+            while frames and not frames[-1][1]:
+                done, _ = frames.pop()
+                if not frames:
+                    return
+                parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = parent
+                yield "leave", done, fd, done.rsplit("/", 1)[-1]
+            name = frames[-1][1].pop()
+            rel = f"{frames[-1][0]}/{name}" if frames[-1][0] else name
+            yield "dir", rel, fd, name
+            child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)
+
+
+def walk_directory(root: str):
+    """Yield (relative path, is_dir) of everything under `root`, parents first."""
+    for event, rel, _, _ in _traverse(root):
+        if event != "leave":
+            yield rel, event == "dir"
+
+
+def remove_tree(root: str) -> None:
+    """`rm -rf root` without recursion (shutil.rmtree recurses on Python 3.11); best effort."""
+    try:
+        for event, _, fd, name in _traverse(root):
+            if event == "file":
+                os.unlink(name, dir_fd=fd)
+            elif event == "leave":
+                os.rmdir(name, dir_fd=fd)
+        os.rmdir(root)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def file_chunks(txn, entry: TreeEntry):
@@ -93,15 +170,15 @@ def read_file(txn, entry: TreeEntry, path: str = "") -> bytes:
     return b"".join(verified_chunks(txn, entry, path))
 
 
-def write_verified(txn, path: str, entry: TreeEntry, target: str) -> None:
+def write_verified(txn, path: str, entry: TreeEntry, target: str, dir_fd: int | None = None) -> None:
     """Write one file, each chunk checked against its id before its bytes are written
     and the whole file against the file id at the end (a mismatch raises; the caller
-    removes the partial output)."""
+    removes the partial output). `target` is relative to `dir_fd` when given."""
     chunks = file_chunks(txn, entry)
     # A one-chunk file's id is its chunk's id: the chunk check below is the file check.
     hasher = None if len(chunks) == 1 and chunks[0][0] == entry.id else blake3.blake3(max_threads=1)
     crashpoints.reached("restore.file")  # before each file: crash or fail with the others written
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
     with os.fdopen(fd, "wb", buffering=0) as out:
         for chunk_id, size in chunks:
             value = txn.raw(chunk_id)
@@ -119,9 +196,9 @@ def write_verified(txn, path: str, entry: TreeEntry, target: str) -> None:
             view = memoryview(data)
             while view:
                 view = view[out.write(view):]
-    if hasher is not None and Digest(hasher.digest()) != entry.id:
-        raise DigestMismatch(entry.id, Digest(hasher.digest()), f"file {path}")
-    os.chmod(target, entry.mode)
+        if hasher is not None and Digest(hasher.digest()) != entry.id:
+            raise DigestMismatch(entry.id, Digest(hasher.digest()), f"file {path}")
+        os.fchmod(out.fileno(), entry.mode)
 
 
 def restore_tree(objects: ObjectSource, tree_id: Digest, dest: str, progress=None) -> int:
@@ -137,8 +214,11 @@ def restore_tree(objects: ObjectSource, tree_id: Digest, dest: str, progress=Non
         os.makedirs(parent, exist_ok=True)
         crashpoints.reached("restore.mkdir")
         os.mkdir(temp, 0o755)
+        # Everything below is created relative to this descriptor, so only the tree's own
+        # paths (at most MAX_PATH_BYTES) meet PATH_MAX, however long DEST's path is.
+        temp_fd = os.open(temp, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
-        raise RestoreError(f"cannot create {dest}: {exc.strerror}") from None
+        raise from_os_error(exc, f"creating {dest}", "nothing was created") from None
 
     def write_files(batch) -> None:
         # One zero-copy read transaction per worker: chunk bytes go from the store's
@@ -148,7 +228,7 @@ def restore_tree(objects: ObjectSource, tree_id: Digest, dest: str, progress=Non
                 for path, entry in batch:
                     if failed.is_set():
                         return
-                    write_verified(txn, path, entry, os.path.join(temp, *path.split("/")))
+                    write_verified(txn, path, entry, path, dir_fd=temp_fd)
                     sizes.put(entry.size)
         except BaseException:
             failed.set()  # the other worker stops too; the caller removes the output
@@ -160,7 +240,7 @@ def restore_tree(objects: ObjectSource, tree_id: Digest, dest: str, progress=Non
     try:
         for path, entry in entries:
             if entry.type == "dir":
-                os.mkdir(os.path.join(temp, *path.rstrip("/").split("/")), 0o755)
+                os.mkdir(path.rstrip("/"), 0o755, dir_fd=temp_fd)
         files = sorted(((p, e) for p, e in entries if e.type == "file"), key=lambda f: -f[1].size)
         total = sum(e.size for _, e in files)
         done = count = 0
@@ -182,10 +262,12 @@ def restore_tree(objects: ObjectSource, tree_id: Digest, dest: str, progress=Non
         crashpoints.reached("restore.rename")
         os.rename(temp, dest)
     except OSError as exc:
-        shutil.rmtree(temp, ignore_errors=True)
-        raise RestoreError(f"cannot write {dest}: {exc.strerror}; nothing was created") from None
+        remove_tree(temp)
+        raise from_os_error(exc, f"writing {dest}", "nothing was created") from None
     except BaseException:
-        shutil.rmtree(temp, ignore_errors=True)
+        remove_tree(temp)
         raise
+    finally:
+        os.close(temp_fd)
     crashpoints.reached("restore.done")
     return count

@@ -106,6 +106,25 @@ def scan(data, path: str, sniff: bool = True) -> Finding | None:
     return None
 
 
+def scan_all(data, path: str = "", rules=RULES) -> list[Finding]:
+    """Every line of `data` (text) holding a likely secret, once each (the first of `rules`
+    that matches it), in line order; a finding never carries the secret."""
+    if not _ANY_ANCHOR.find_matches_as_indexes(data):
+        return []
+    hit_rules = {_ANCHORS[found][0] for found, _, _ in _EVERY_ANCHOR.find_matches_as_indexes(data, overlapping=True)}
+    by_line: dict[int, str] = {}
+    for index, rule in enumerate(RULES):
+        if index not in hit_rules or rule not in rules:
+            continue
+        for match in rule.pattern.finditer(data):
+            value = match.group(match.lastindex or 0)
+            if rule.min_entropy and _entropy(value) < rule.min_entropy:
+                continue
+            line = bytes(data[: match.start()]).count(b"\n") + 1
+            by_line.setdefault(line, rule.name)
+    return [Finding(path, line, by_line[line]) for line in sorted(by_line)]
+
+
 class WindowScan:
     """Secret-scan a file fed in pieces, a window of about SCAN_WINDOW bytes at a time,
     and release each piece only once every byte of it has been scanned.

@@ -56,6 +56,7 @@ READ_TRIES = 3
 WORKERS = 2
 IN_FLIGHT_BYTES = 256 * 1024 * 1024
 STREAM_BYTES = 256 * 1024 * 1024  # larger files are streamed, not read whole
+MAX_CACHE_KEY = 511  # LMDB's default maximum key size
 # The writing (main) thread is the critical path: LMDB copies every byte twice, into
 # its pages and then into the file. With two workers, three threads share two cores,
 # and `perf sched` found the writer preempted for 0.65 s of a 1 GiB commit. Workers
@@ -184,11 +185,13 @@ class Snapshotter:
                 is_dir = stat.S_ISDIR(st.st_mode)
                 # Skipped and ignored entries first: .agentcasignore can leave out a file
                 # whose name could not be stored.
-                if is_dir and (name == ".agentcas" or os.path.realpath(entry.path) in self.skip_dirs):
+                # entry.path is already canonical: the root is a real path and the walk
+                # never enters a symlink (realpath here cost O(depth) lstats per entry).
+                if is_dir and (name == ".agentcas" or entry.path in self.skip_dirs):
                     continue
                 if self._ignored(rel, is_dir):
                     continue
-                if not is_dir and self.skip_files and os.path.realpath(entry.path) in self.skip_files:
+                if not is_dir and self.skip_files and entry.path in self.skip_files:
                     continue
                 try:
                     name.encode("utf-8")
@@ -215,7 +218,10 @@ class Snapshotter:
 
     # -- stat cache ---------------------------------------------------------------------------
     def _cache_key(self, item: FileItem) -> bytes:
-        return os.fsencode(self.root) + b"\0" + item.rel.encode("utf-8")
+        key = os.fsencode(self.root) + b"\0" + item.rel.encode("utf-8")
+        # LMDB keys hold at most 511 bytes; a deep path's key is replaced by its hash
+        # (a leading NUL, which no real path starts with, keeps the two forms apart).
+        return key if len(key) <= MAX_CACHE_KEY else b"\0" + blake3.blake3(key).digest()
 
     def _from_cache(self, txn, item: FileItem) -> TreeEntry | None:
         key = self._cache_key(item)
