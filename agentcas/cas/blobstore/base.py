@@ -10,6 +10,8 @@ Backends: memory.py, ../lmdb_store.py (in the store's one LMDB environment), s3.
 
 from __future__ import annotations
 
+from agentcas.errors import AgentcasError
+
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping, Sequence
@@ -27,8 +29,8 @@ class BlobInfo:
     kind: int | None     # framing.KIND_* when the backend knows it cheaply, else None
 
 
-class BlobUnavailable(Exception):
-    """The backend could not be reached after its retries (mapped to an AgentcasError above)."""
+class BlobUnavailable(AgentcasError):
+    """The backend could not be reached after its retries: one line naming the service, exit 1."""
 
 
 class BlobStore(ABC):

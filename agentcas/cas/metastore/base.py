@@ -16,6 +16,8 @@ Backends: memory.py, ../lmdb_store.py, postgres.py.
 
 from __future__ import annotations
 
+from agentcas.errors import AgentcasError
+
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from typing import Callable, Iterator, TypeVar
@@ -25,8 +27,8 @@ T = TypeVar("T")
 TABLES = ("meta", "refs", "reflog", "leases", "trust", "remotes", "signatures", "imports")
 
 
-class MetadataUnavailable(Exception):
-    """The backend could not be reached after its retries (mapped to an AgentcasError above)."""
+class MetadataUnavailable(AgentcasError):
+    """The backend could not be reached after its retries: one line naming the service, exit 1."""
 
 
 class MetaTxn(ABC):
