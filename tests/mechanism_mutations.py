@@ -36,9 +36,9 @@ MUTATIONS = {
     "2": ("agentcas/workspace/restore.py", ["    if hasher is not None and Digest(hasher.digest()) != entry.id:"],
           ["    if False:"], [M + "test_checkout_refuses_a_chunk_list_of_other_bytes_with_the_same_sizes"]),
     "3": ("agentcas/exchange/bundle_format.py",
-          ["        read_record_value(framed, kind, Digest(raw))\n        index.kinds[raw] = kind"],
-          ["        if kind != framing.KIND_CHUNK:\n            read_record_value(framed, kind, Digest(raw))\n"
-           "        index.kinds[raw] = kind"],
+          ["        data = read_record_value(framed, kind, Digest(raw))\n        index.kinds[raw] = kind"],
+          ["        data = (read_record_value(framed, kind, Digest(raw)) if kind != framing.KIND_CHUNK\n"
+           "                else framing.unframe(framed)[1])\n        index.kinds[raw] = kind"],
           [M + "test_bundle_with_its_last_chunk_flipped_is_refused_before_anything_is_written"]),
     "4": ("agentcas/exchange/bundle.py", ["        history.verify(head_cp.history)\n"], ["        pass\n"],
           [M + "test_import_reverifies_a_rehashed_segment_whose_digest_or_count_lies[digest]",
@@ -69,12 +69,12 @@ MUTATIONS = {
             "(shorter than the object bytes its manifest declares)\")\n"], [""],
            ["tests/test_bundle.py::test_truncation_at_every_section_is_refused"]),
     "S2": ("agentcas/exchange/bundle_format.py",
-           ["        read_record_value(framed, kind, Digest(raw))\n        index.kinds[raw] = kind"],
-           ["        read_record_value(framed, framing.read_header(framed)[0], Digest(raw))\n"
+           ["        data = read_record_value(framed, kind, Digest(raw))\n        index.kinds[raw] = kind"],
+           ["        data = read_record_value(framed, framing.read_header(framed)[0], Digest(raw))\n"
             "        index.kinds[raw] = kind"],
            ["tests/test_bundle.py::test_object_defects_are_refused[kind-mismatch]"],
-           # and the closure's own kind check, so the kind is checked only while writing:
-           ("agentcas/exchange/bundle.py", ["    if have != kind:\n"], ["    if False:\n"])),
+           # and the closure walk's own kind check, so the kind is checked only while writing:
+           ("agentcas/lineage/closure.py", ["        if header[0] != kind:\n"], ["        if False:\n"])),
     "S3": ("agentcas/lineage/rollout.py", ["if node.skip is not None and skip_index(node.index) >= index:"],
            ["if node.skip is not None and skip_index(node.index) > index:"],
            ["tests/test_rollout.py::test_appends_load_log_n_segments"]),
@@ -88,9 +88,9 @@ MUTATIONS = {
            ["        if row.live(now):\n            pass\n"],
            [M + "test_gc_at_grace_zero_deletes_nothing_while_a_lease_is_live"]),
     "Lc": ("agentcas/cas/leases.py",
-           ["            txn.put(\"leases\", self.key, row.encode())\n            return active, row\n"],
+           ["            txn.put(\"leases\", self.key, row.encode())\n            return (\"wait\" if active else \"held\"), row\n"],
            ["            if not active:\n                txn.put(\"leases\", self.key, row.encode())\n"
-            "            return active, row\n"],
+            "            return (\"wait\" if active else \"held\"), row\n"],
            [M + "test_a_writer_waiting_for_a_sweep_batch_already_holds_off_the_next_batch"]),
     "Ld": ("agentcas/cas/leases.py",
            ["        if self.host == (host or this_host()) and not pid_alive(self.pid):\n            return False\n"],

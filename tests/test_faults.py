@@ -8,8 +8,8 @@ Two kinds of fault:
 - real: a small tmpfs (`mount -t tmpfs -o size=...`, we are root in the test VM) filled
   to every few KiB below what a command needs, a read-only bind mount, `chmod a-w`,
   and gc on a completely full disk. Skipped where mount is not permitted.
-Error messages are defect 3/4's to fix (issue 14): where they still say "internal error"
-the message tests are xfail (strict=False).
+The message tests check issue 14's defects 3 and 4 stay fixed: one clear line, never
+"internal error".
 """
 
 from __future__ import annotations
@@ -115,7 +115,6 @@ def test_fault_at_every_write_step(forks, scenario, memory_tmp, record_property)
     record_property("faults_injected", injected)
 
 
-@pytest.mark.xfail(strict=False, reason="issue 14 defect 3: disk full and I/O errors are 'internal error'")
 @pytest.mark.parametrize("name,words", [("EIO", "input/output error"), ("ENOSPC", "no space left")])
 def test_injected_fault_message_names_the_cause(forks, memory_tmp, workspace, name, words):  # noqa: F811
     store = memory_tmp / "store"
@@ -345,7 +344,6 @@ def test_init_on_a_read_only_file_system(forks, tmp_path):
         assert os.listdir(view) == []
 
 
-@pytest.mark.xfail(strict=False, reason="issue 14 defect 4: init on a read-only file system says 'internal error'")
 def test_init_on_a_read_only_file_system_message(forks, tmp_path):
     (tmp_path / "src").mkdir()
     with read_only_view(tmp_path / "src", tmp_path / "ro") as view:
