@@ -22,7 +22,7 @@ from agentcas.cas.digest import Digest
 from agentcas.cas.leases import Lease, sweep_active
 from agentcas.cas.lmdb_store import StoreUnavailable, open_lmdb
 from agentcas.cas.metastore.base import MetaTxn as Txn
-from agentcas.cas.objects import (EMPTY_POSITION, FORMAT_VERSION, Checkpoint, HistoryPosition, Tree,
+from agentcas.cas.objects import (EMPTY_POSITION, FORMAT_VERSION, Checkpoint, HistoryPosition,
                                   check_reason)
 from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.source import ObjectSource

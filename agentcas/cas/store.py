@@ -27,10 +27,8 @@ TABLES = ("objects", "statcache") + METADATA_TABLES
 
 
 class Txn(MetaTxn):
-    """One transaction over the environment's tables. Keys and values are bytes."""
-
-    @abstractmethod
-    def get(self, table: str, key: bytes, for_update: bool = False) -> bytes | None: ...
+    """One transaction over the environment's tables (the MetaTxn methods, over every table,
+    `objects` and `statcache` included). Keys and values are bytes."""
 
     def compare_and_set(self, table, key, old, new):
         # Writers are serialised (LMDB's lock, the memory store's), so this is a read,
@@ -43,24 +41,6 @@ class Txn(MetaTxn):
         else:
             self.put(table, key, new)
         return True
-
-    @abstractmethod
-    def scan(self, table: str, prefix: bytes = b"", start: bytes | None = None,
-             reverse: bool = False) -> Iterator[tuple[bytes, bytes]]:
-        """Keys with `prefix` in key order (from `start` if given; descending if reverse)."""
-
-    @abstractmethod
-    def put(self, table: str, key: bytes, value: bytes) -> None: ...
-
-    @abstractmethod
-    def put_new(self, table: str, key: bytes, value: bytes) -> bool:
-        """Insert unless present; True if inserted."""
-
-    @abstractmethod
-    def delete(self, table: str, key: bytes) -> bool: ...
-
-    @abstractmethod
-    def count(self, table: str) -> int: ...
 
 
 class ObjectStore(ABC):

@@ -35,7 +35,7 @@ import blake3
 from agentcas import testing_hooks
 from agentcas.cas import crashpoints, encoding, framing
 from agentcas.cas.digest import Digest
-from agentcas.cas.objects import Checkpoint, ChunkList, HistoryPosition, InvalidObject, Segment, Tree
+from agentcas.cas.objects import Checkpoint, HistoryPosition, InvalidObject
 from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.backends import Stores
 from agentcas.cas.blobstore.base import BlobInfo, BlobStore

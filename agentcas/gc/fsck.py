@@ -23,11 +23,10 @@ corrupt" (exit 4).
 
 from __future__ import annotations
 
-import blake3
 import lmdb
 
 from agentcas.cas import encoding, framing
-from agentcas.cas.digest import Digest, chain_prefix
+from agentcas.cas.digest import Digest
 from agentcas.cas.objects import Checkpoint, ChunkList, HistoryPosition, Segment, Tree
 from agentcas.cas.sealed import unseal
 from agentcas.cas.backends import Stores
