@@ -47,7 +47,7 @@ from agentcas.errors import ConflictError, IntegrityError, UsageError
 from agentcas.exchange.bundle_format import (MAGIC, MAX_SIGNATURES, RECORD_HEAD, TRAILER, TRAILER_MAGIC, U32,
                                              BundleCorrupt, Manifest, ManifestFile, ParsedBundle, iter_records,
                                              parse, read_record_value, restamp)
-from agentcas.exchange.secret_scan import refuse_rollout_secrets
+from agentcas.exchange.secret_scan import is_binary_file, refuse_rollout_secrets
 from agentcas.lineage import rollout
 from agentcas.lineage.closure import MissingObject, Walker
 from agentcas.refs import threads
@@ -58,7 +58,7 @@ from agentcas.signing import envelope as env
 from agentcas.signing import trust
 from agentcas.signing.keys import SigningKey
 from agentcas.workspace import secrets
-from agentcas.workspace.restore import file_chunks, list_files, verified_chunks
+from agentcas.workspace.restore import list_files, verified_chunks
 
 IMPORTS_PREFIX = b"threads/"
 _PRIVATE_KEY = next(rule for rule in secrets.RULES if rule.name == "private key block")
@@ -190,11 +190,7 @@ def _scan_files(txn: ObjectSource, tree_id: Digest, allow_secrets, scanned: set)
         if entry.size == 0 or (path, entry.id.raw) in scanned:
             continue
         scanned.add((path, entry.id.raw))
-        first_id, _ = file_chunks(txn, entry)[0]
-        value = txn.raw(first_id)
-        if value is None:
-            raise IntegrityError(f"chunk {first_id.hex()} of {path} is missing from the store")
-        if secrets.is_binary(framing.unframe(value)[1][: secrets.BINARY_SNIFF]):
+        if is_binary_file(txn, entry, path):
             continue
         allowed = any(fnmatch.fnmatchcase(path, g) for g in allow_secrets)
         # Window by window, so a file of any size is scanned in bounded memory.

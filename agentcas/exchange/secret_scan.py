@@ -89,6 +89,15 @@ def refuse_rollout_secrets(txn, segment_ids: Iterable[Digest], thread: str, verb
                             f"like a {first.rule}{hint}; {outcome}")
 
 
+def is_binary_file(txn, entry, path: str) -> bool:
+    """Whether a stored file is binary by git's rule (a NUL in its first bytes): not scanned."""
+    first_id, _ = file_chunks(txn, entry)[0]
+    value = txn.raw(first_id)
+    if value is None:
+        raise IntegrityError(f"chunk {first_id.hex()} of {path} is missing from the store")
+    return secrets.is_binary(framing.unframe(value)[1][: secrets.BINARY_SNIFF])
+
+
 def file_findings(txn, tree_id: Digest, allow_secrets=()) -> list[secrets.Finding]:
     """Findings in every text file of a tree (files matching `allow_secrets` globs skipped)."""
     out = []
@@ -97,11 +106,7 @@ def file_findings(txn, tree_id: Digest, allow_secrets=()) -> list[secrets.Findin
             continue
         if any(fnmatch.fnmatchcase(path, glob) for glob in allow_secrets):
             continue
-        first_id, _ = file_chunks(txn, entry)[0]
-        value = txn.raw(first_id)
-        if value is None:
-            raise IntegrityError(f"chunk {first_id.hex()} of {path} is missing from the store")
-        if secrets.is_binary(framing.unframe(value)[1][: secrets.BINARY_SNIFF]):
+        if is_binary_file(txn, entry, path):
             continue
         seen: set = set()
 
