@@ -3,15 +3,19 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# setuptools' strict editable mode ('compat' is going away): a .pth naming a tree of symlinks to
+# the sources, no import hook (no start-up cost). A new module needs the tree rebuilt, hence the
+# package's directories as prerequisites; PYTHONWARNINGS hides strict mode's notice.
+PKGDIRS := $(shell find agentcas -type d -not -name __pycache__)
 
 .PHONY: setup demo test bench fuzz clean services services-stop
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(PKGDIRS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,s3,postgres,mcp]' --config-settings editable_mode=compat
+	PYTHONWARNINGS=ignore $(BIN)/pip install --quiet -e '.[test,s3,postgres,mcp]' --config-settings editable_mode=strict
 	touch $(STAMP)
 
 demo: setup
@@ -26,7 +30,7 @@ test: setup
 bench: setup
 	@command -v restic >/dev/null && command -v borg >/dev/null && command -v b3sum >/dev/null || \
 	  { apt-get update -qq && apt-get install -y -qq restic borgbackup b3sum; }
-	$(BIN)/pip install --quiet -e '.[bench]' --config-settings editable_mode=compat
+	PYTHONWARNINGS=ignore $(BIN)/pip install --quiet -e '.[bench]' --config-settings editable_mode=strict
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 # Real PostgreSQL and SeaweedFS (S3) on free localhost ports, for trying a shared store by hand.
@@ -41,7 +45,7 @@ services-stop:
 # and fault walks with every point and both errnos (make test walks faults at every 3rd point).
 FUZZ_RUNS ?= 1000000
 fuzz: setup
-	$(BIN)/pip install --quiet -e '.[test,fuzz]' --config-settings editable_mode=compat
+	PYTHONWARNINGS=ignore $(BIN)/pip install --quiet -e '.[test,fuzz]' --config-settings editable_mode=strict
 	$(BIN)/python fuzz/run_all.py --runs $(FUZZ_RUNS)
 	AGENTCAS_FAULT_EVERY=1 AGENTCAS_FAULT_BOTH=1 $(BIN)/python -m pytest -n 2 tests/test_crashpoints.py tests/test_faults.py
 
