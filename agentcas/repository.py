@@ -260,7 +260,7 @@ class Store:
                 raise NotFound(f"no thread named {thread!r}")
             # Newest first; "rev" is the entry's name as a revision (THREAD@{N}).
             return [dict(entry.to_json(), rev=f"{thread}@{{{index}}}")
-                    for index, entry in enumerate(threads.read_reflog(txn, thread, limit))]
+                    for index, entry in enumerate(threads.read_reflog(txn, thread, limit, self.source))]
 
     # -- committing -----------------------------------------------------------------------------
     def commit(self, workspace: str, reason: str, thread: str = "main", rollout_file: str | None = None,
@@ -317,7 +317,7 @@ class Store:
                 same_tree = current is not None and revisions.load_checkpoint(self.source, current).tree == tree
                 return Move(ThreadState(digest, history, None if state is None else state.forked_from),
                             "commit", reason, new_objects, set() if same_tree else set(needed),
-                            (digest, cp, appended))
+                            (digest, cp, appended), history_implied=True)  # cp.history is `history`
 
             testing_hooks.reached("commit.before_land")
             _, move = move_thread(self.stores, lease, thread, plan)
@@ -399,7 +399,7 @@ class Store:
                 raise ConflictError(f"thread {name!r} already exists")
             with self.meta.reader() as txn:
                 digest = revisions.resolve(txn, self.source, rev or "main")
-                entry = _reflog_state(txn, rev)  # THREAD@{N}: with records appended after its checkpoint
+                entry = _reflog_state(txn, self.source, rev)  # THREAD@{N}: with records appended after its checkpoint
             cp = revisions.load_checkpoint(self.source, digest)
             history = entry.history if entry is not None and entry.checkpoint == digest else cp.history
             return Move(ThreadState(digest, history), "branch", f"branch from {rev or 'main'}",
@@ -462,7 +462,7 @@ class Store:
                 cp = revisions.load_checkpoint(self.source, target)
                 related = (cp.thread == thread or revisions.is_ancestor(self.source, target, state.checkpoint)
                            or bool(_fork_ancestry(txn, thread) & _fork_ancestry(txn, cp.thread)))
-                entry = _reflog_state(txn, rev)
+                entry = _reflog_state(txn, self.source, rev)
             history = entry.history if entry is not None and entry.checkpoint == target else cp.history
             new = ThreadState(target, history, state.forked_from)
             return Move(new, "revert", f"revert to {rev}", needed=_state_objects(target, history),
@@ -968,13 +968,13 @@ def _state_objects(checkpoint: Digest | None, history: HistoryPosition) -> set[b
     return {d.raw for d in (checkpoint, history.segment) if d is not None}
 
 
-def _reflog_state(txn: Txn, rev: str | None) -> ThreadState | None:
+def _reflog_state(txn: Txn, objects: ObjectSource, rev: str | None) -> ThreadState | None:
     """The state reflog entry THREAD@{N} recorded, if `rev` is exactly that form."""
     match = _REFLOG_REV.match(rev or "")
     if not match or not _is_name(match.group(1)):
         return None
     number = int(match.group(2))
-    entries = threads.read_reflog(txn, match.group(1), limit=number + 1)
+    entries = threads.read_reflog(txn, match.group(1), limit=number + 1, objects=objects)
     return entries[number].new if len(entries) > number else None
 
 
@@ -986,7 +986,7 @@ def _source_state(txn: Txn, objects: ObjectSource, source: str) -> tuple[History
         state = threads.read_thread(txn, source)
         if state is not None:
             return state.history, state.checkpoint, source
-    entry = _reflog_state(txn, source)
+    entry = _reflog_state(txn, objects, source)
     if entry is not None:
         return entry.history, entry.checkpoint, _REFLOG_REV.match(source).group(1)
     digest = revisions.resolve(txn, objects, source)

@@ -40,7 +40,7 @@ def commit(store, thread, reason, parent=None, tree=TREE, when="2026-11-29T12:00
         cp = Checkpoint(tree, () if parent is None else (parent,), thread, reason, "t", when)
         digest = cp.digest()
         save_object(txn, digest, framing.frame(framing.KIND_CHECKPOINT, cp.encode()))
-        assert set_if_equals(txn, thread, state, ThreadState(digest), "commit", reason)
+        assert set_if_equals(txn, thread, state, ThreadState(digest), "commit", reason, history_implied=True)
         return digest
     return store.write(land)
 
@@ -203,3 +203,122 @@ def test_thread_name_wins_over_hex_prefix(chain):
     commit(store, name, "a thread whose name spells a prefix")
     assert rev(store, name) != c0
     assert rev(store, c0.hex()[:9]) == c0
+
+
+# --- reflog rows, version 2 (docs/FORMAT.md 6.2 and 9b) -----------------------------------------
+from hypothesis import given, strategies as st  # noqa: E402
+
+from agentcas.cas import encoding  # noqa: E402
+from agentcas.cas.digest import EMPTY_HISTORY  # noqa: E402
+from agentcas.cas.objects import EMPTY_POSITION, HistoryPosition  # noqa: E402
+from agentcas.cas.sealed import seal, unseal  # noqa: E402
+from agentcas.refs import threads  # noqa: E402
+
+VECTOR_CP = Digest.parse("ea6d8eba31118ad81f9d57ec8bc598bbfb1e2ee1f240542a45bfec4c11e7c214")
+VECTOR_SEG = Digest.parse("85c90073d7cf79e34265c66019c3df9082c41285aababed4a2c89b31086d8d74")
+VECTOR_D1 = Digest.parse("babc78cd72cc9f15e5e8de1f69a1e3042c43e9dae851090d3ca38deaf2cc6642")
+VECTOR_TIME = 1795953600000000
+COMMIT_ROW = bytes.fromhex(
+    "021200066169085c7000ea6d8eba31118ad81f9d57ec8bc598bbfb1e2ee1f240542a45bfec4c11e7c21406636f6d6d69"
+    "7410666972737420636865636b706f696e74")
+APPEND_ROW = bytes.fromhex(
+    "020f00066169085c7001ea6d8eba31118ad81f9d57ec8bc598bbfb1e2ee1f240542a45bfec4c11e7c214ea6d8eba3111"
+    "8ad81f9d57ec8bc598bbfb1e2ee1f240542a45bfec4c11e7c2140185c90073d7cf79e34265c66019c3df9082c41285aa"
+    "babed4a2c89b31086d8d7410babc78cd72cc9f15e5e8de1f69a1e3042c43e9dae851090d3ca38deaf2cc6642046d6169"
+    "6e00ea6d8eba31118ad81f9d57ec8bc598bbfb1e2ee1f240542a45bfec4c11e7c21406617070656e6410617070656e64"
+    "2031207265636f726473")
+KEY0 = b"threads/main\0" + (0).to_bytes(8, "big")
+
+
+def test_reflog_row_vectors():
+    state = ThreadState(VECTOR_CP, EMPTY_POSITION)
+    assert threads.encode_reflog_payload(None, state, "commit", "first checkpoint", VECTOR_TIME,
+                                         history_implied=True) == COMMIT_ROW
+    assert seal("reflog", KEY0, COMMIT_ROW)[-8:].hex() == "0a779e656265af5c"
+    fork = ThreadState(VECTOR_CP, HistoryPosition(VECTOR_SEG, 1, 16, VECTOR_D1),
+                       threads.ForkOrigin("main", VECTOR_CP, 0))
+    assert threads.encode_reflog_payload(VECTOR_CP, fork, "append", "append 1 records",
+                                         VECTOR_TIME + 1) == APPEND_ROW
+    entry = threads.decode_reflog_entry(KEY0, seal("reflog", KEY0, APPEND_ROW))
+    assert (entry.old, entry.new, entry.action, entry.message) == (VECTOR_CP, fork, "append", "append 1 records")
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "FORMAT.md").read_text()
+    assert COMMIT_ROW.hex() in doc and APPEND_ROW.hex() in doc and "0a779e656265af5c" in doc
+
+
+def test_commit_rows_are_compact_and_take_the_history_from_the_checkpoint(chain):
+    store, ids = chain
+    with store.reader() as txn:
+        rows = [unseal("reflog", bytes(k), v) for k, v in txn.scan("reflog")]
+        entries = read_reflog(txn, "main", objects=objects_of(store))
+        unresolved = read_reflog(txn, "main")
+    assert all(row[:2] == b"\x02\x13" or row[:2] == b"\x02\x12" for row in rows)
+    assert max(len(row) for row in rows) < 120  # was ~460 bytes of JSON
+    assert [e.new.checkpoint for e in entries] == ids[::-1]
+    histories = [load_checkpoint(objects_of(store), d).history for d in ids[::-1]]
+    assert [e.new.history for e in entries] == histories and not any(e.history_implied for e in entries)
+    # Without an object source (gc's roots) the entry says its history is the checkpoint's.
+    assert all(e.history_implied and e.new.checkpoint == d for e, d in zip(unresolved, ids[::-1]))
+
+
+def test_version_1_json_rows_still_read(chain):
+    """Rows written by format 1 (JSON) sit beside version-2 rows and read the same way."""
+    store, ids = chain
+    position = HistoryPosition(VECTOR_SEG, 1, 16, VECTOR_D1)
+    doc = {"old": ids[3].hex(), "new": ThreadState(ids[2], position).to_doc(), "action": "revert",
+           "message": "revert to main~1", "time": VECTOR_TIME}
+    key = b"threads/main\0" + (4).to_bytes(8, "big")
+    store.write(lambda txn: txn.put("reflog", key, seal("reflog", key, encoding.encode(doc))))
+    with store.reader() as txn:
+        entry = read_reflog(txn, "main")[0]
+    assert (entry.number, entry.old, entry.new, entry.action) == (4, ids[3], ThreadState(ids[2], position), "revert")
+    assert entry.time == VECTOR_TIME / 1e6
+
+
+@pytest.mark.parametrize("payload", [
+    COMMIT_ROW[:-1] + b"",                        # message shorter than its length
+    COMMIT_ROW + b"x",                            # bytes after the message
+    b"\x03" + COMMIT_ROW[1:],                     # unknown version
+    COMMIT_ROW[:1] + b"\x32" + COMMIT_ROW[2:],    # an unknown flag bit
+    COMMIT_ROW[:1] + b"\x10" + COMMIT_ROW[2:],    # history implied without a checkpoint
+    APPEND_ROW[:-20],                             # truncated
+    b"\x02",
+])
+def test_malformed_version_2_rows_are_integrity_errors(payload):
+    store = MemoryObjectStore()
+    with pytest.raises(IntegrityError):
+        threads.decode_reflog_entry(KEY0, seal("reflog", KEY0, payload), objects=objects_of(store))
+
+
+def test_implied_history_of_a_missing_checkpoint_is_an_integrity_error():
+    store = MemoryObjectStore()
+    with pytest.raises(IntegrityError, match="missing"):
+        threads.decode_reflog_entry(KEY0, seal("reflog", KEY0, COMMIT_ROW), objects=objects_of(store))
+
+
+_ids = st.binary(min_size=32, max_size=32).map(Digest)
+
+
+@st.composite
+def _states(draw):
+    seq = draw(st.integers(0, 2**40))
+    history = EMPTY_POSITION if seq == 0 else HistoryPosition(draw(_ids), seq, draw(st.integers(0, 2**50)),
+                                                              draw(_ids))
+    fork = draw(st.none() | st.builds(threads.ForkOrigin, st.text(min_size=1, max_size=20).filter(
+        lambda t: "\ud800" > max(t) or True), st.none() | _ids, st.integers(0, 2**40)))
+    return ThreadState(draw(st.none() | _ids), history, fork)
+
+
+@given(old=st.none() | _ids, new=_states(), action=st.sampled_from(["commit", "fork", "append"]),
+       message=st.text(max_size=50), time_us=st.integers(0, 2**63))
+def test_reflog_rows_round_trip(old, new, action, message, time_us):
+    try:
+        message.encode("utf-8")
+        if new.forked_from is not None:
+            new.forked_from.thread.encode("utf-8")
+    except UnicodeEncodeError:
+        return
+    payload = threads.encode_reflog_payload(old, new, action, message, time_us)
+    entry = threads.decode_reflog_entry(KEY0, seal("reflog", KEY0, payload))
+    assert (entry.old, entry.new, entry.action, entry.message) == (old, new, action, message)
+    assert threads.encode_reflog_payload(entry.old, entry.new, entry.action, entry.message, time_us) == payload

@@ -43,6 +43,7 @@ class Move:
     objects: dict = field(default_factory=dict)   # {raw id: framed value} to store first
     needed: set = field(default_factory=set)      # raw ids of stored objects it relies on
     result: object = None
+    history_implied: bool = False  # new.history is new.checkpoint's own (the reflog row omits it)
 
 
 def read_state(stores: Stores, thread: str) -> ThreadState | None:
@@ -74,7 +75,8 @@ def move_thread(stores: Stores, lease: Lease, thread: str,
 
         def final(txn, state=state, move=move):
             lease.check(txn)
-            if not threads.set_if_equals(txn, thread, state, move.new, move.action, move.message):
+            if not threads.set_if_equals(txn, thread, state, move.new, move.action, move.message,
+                                        history_implied=move.history_implied):
                 return False
             if not keep_lease:
                 lease.release(txn)

@@ -8,6 +8,13 @@ count decides; LMDB: writers are serialised), so of two racing moves exactly one
 wins. Each move appends a reflog entry (old and new state, action, message, time);
 entries are numbered upward per thread and listed newest first, so THREAD@{0} is the
 current state and THREAD@{1} the one before the last move.
+
+Reflog rows are written in a compact binary form (docs/FORMAT.md 6.2, version 2): raw ids,
+varints, and no copy of the history position when it is the new checkpoint's own (the
+usual case after a commit), which is then read from the checkpoint: a reader that
+needs it passes the object source (`objects=`); without one, such an entry's history is
+left unresolved (`history_implied`), which is all gc needs, since the checkpoint it
+keeps alive holds that history. Rows of version 1 (canonical JSON) are still read.
 """
 
 from __future__ import annotations
@@ -17,8 +24,9 @@ import time
 from dataclasses import dataclass
 
 from agentcas.cas import encoding
-from agentcas.cas.digest import Digest
-from agentcas.cas.objects import EMPTY_POSITION, HistoryPosition, InvalidObject
+from agentcas.cas import framing
+from agentcas.cas.digest import EMPTY_HISTORY, Digest
+from agentcas.cas.objects import EMPTY_POSITION, Checkpoint, HistoryPosition, InvalidObject
 from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.metastore.base import MetaTxn as Txn
 from agentcas.errors import IntegrityError
@@ -78,6 +86,7 @@ class ReflogEntry:
     action: str
     message: str
     time: float
+    history_implied: bool = False  # new.history not resolved (read without an object source)
 
     def to_json(self):
         return {"number": self.number, "old": None if self.old is None else self.old.hex(),
@@ -113,8 +122,11 @@ _MISSING = object()
 
 
 def set_if_equals(txn: Txn, name: str, old, new: ThreadState | None, action: str,
-                  message: str = "") -> bool:
+                  message: str = "", history_implied: bool = False) -> bool:
     """Move thread `name` from `old` to `new` if it is still at `old`; log the move.
+
+    `history_implied=True` (a commit) says `new.history` is `new.checkpoint`'s own history,
+    so the reflog row leaves it out (docs/FORMAT.md 6.2); the caller guarantees it.
 
     `old=None` means the thread must not exist; `new=None` deletes it (and its
     reflog, as git does: a deleted thread's history is kept only by the forks that
@@ -134,7 +146,7 @@ def set_if_equals(txn: Txn, name: str, old, new: ThreadState | None, action: str
         for log_key, _ in list(txn.scan("reflog", key + b"\0")):
             txn.delete("reflog", log_key)
         return True
-    _append_reflog(txn, name, old, new, action, message)
+    _append_reflog(txn, name, old, new, action, message, history_implied)
     return True
 
 
@@ -154,42 +166,182 @@ def ref_generation(txn: Txn) -> int:
     return 0 if value is None else struct.unpack(">Q", unseal("meta", GENERATION_KEY, value))[0]
 
 
-def _append_reflog(txn: Txn, name: str, old, new, action: str, message: str) -> None:
+def _append_reflog(txn: Txn, name: str, old, new, action: str, message: str,
+                   history_implied: bool) -> None:
     prefix = _key(name) + b"\0"
     last = next(txn.scan("reflog", prefix, reverse=True), None)
     number = 0 if last is None else struct.unpack(">Q", last[0][len(prefix):])[0] + 1
-    old_checkpoint = None if old is None or old.checkpoint is None else old.checkpoint.hex()
-    doc = {"old": old_checkpoint, "new": new.to_doc(), "action": action,
-           "message": message, "time": int(time.time() * 1e6)}
+    old_checkpoint = None if old is None else old.checkpoint
+    # Writing needs no object read: the caller says whether the history is the checkpoint's.
+    payload = encode_reflog_payload(old_checkpoint, new, action, message, int(time.time() * 1e6),
+                                    history_implied=history_implied and new.checkpoint is not None)
     key = prefix + struct.pack(">Q", number)
-    txn.put("reflog", key, seal("reflog", key, encoding.encode(doc)))
+    txn.put("reflog", key, seal("reflog", key, payload))
 
 
-def read_reflog(txn: Txn, name: str, limit: int | None = None) -> list[ReflogEntry]:
-    """Reflog entries of `name`, newest first."""
+# --- reflog rows, version 2 (docs/FORMAT.md 6.2) -----------------------------------------------
+
+REFLOG_V2 = 2
+_F_OLD, _F_CHECKPOINT, _F_FORK, _F_FORK_CHECKPOINT, _F_HISTORY_IMPLIED = 1, 2, 4, 8, 16
+_KNOWN_FLAGS = 31
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _text(value: str) -> bytes:
+    data = value.encode("utf-8")
+    return _varint(len(data)) + data
+
+
+def encode_reflog_payload(old: Digest | None, new: ThreadState, action: str, message: str,
+                          time_us: int, history_implied: bool = False) -> bytes:
+    """The version-2 bytes of one reflog entry (before sealing)."""
+    fork = new.forked_from
+    flags = ((_F_OLD if old is not None else 0) | (_F_CHECKPOINT if new.checkpoint is not None else 0)
+             | (_F_FORK if fork is not None else 0)
+             | (_F_FORK_CHECKPOINT if fork is not None and fork.checkpoint is not None else 0)
+             | (_F_HISTORY_IMPLIED if history_implied else 0))
+    if history_implied and new.checkpoint is None:
+        raise ValueError("an implied history needs a checkpoint")
+    parts = [bytes((REFLOG_V2, flags)), struct.pack(">Q", time_us)]
+    if old is not None:
+        parts.append(old.raw)
+    if new.checkpoint is not None:
+        parts.append(new.checkpoint.raw)
+    if not history_implied:
+        h = new.history
+        parts.append(_varint(h.seq))
+        if h.seq:
+            parts += [h.segment.raw, _varint(h.offset), h.digest.raw]
+    if fork is not None:
+        parts += [_text(fork.thread), _varint(fork.seq)]
+        if fork.checkpoint is not None:
+            parts.append(fork.checkpoint.raw)
+    parts += [_text(action), _text(message)]
+    return b"".join(parts)
+
+
+class _Reader:
+    """Cursor over a version-2 payload; any short read or bad value is an IntegrityError."""
+
+    def __init__(self, data: bytes):
+        self.data, self.at = data, 0
+
+    def take(self, n: int) -> bytes:
+        if self.at + n > len(self.data):
+            raise IntegrityError("reflog entry is truncated")
+        chunk = self.data[self.at:self.at + n]
+        self.at += n
+        return chunk
+
+    def varint(self) -> int:
+        shift = value = 0
+        while True:
+            byte = self.take(1)[0]
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                if byte == 0 and shift:
+                    raise IntegrityError("reflog entry has a non-minimal varint")
+                return value
+            shift += 7
+            if shift > 63:
+                raise IntegrityError("reflog entry has an oversized varint")
+
+    def digest(self) -> Digest:
+        return Digest(self.take(32))
+
+    def text(self) -> str:
+        try:
+            return self.take(self.varint()).decode("utf-8")
+        except UnicodeDecodeError:
+            raise IntegrityError("reflog entry text is not UTF-8") from None
+
+
+def _checkpoint_history(objects, digest: Digest) -> HistoryPosition | None:
+    data = objects.load(digest, framing.KIND_CHECKPOINT)
+    return None if data is None else Checkpoint.decode(data).history
+
+
+def _decode_v2(objects, payload: bytes):
+    """(old, new state, action, message, time in µs, history implied) of a version-2 payload.
+
+    An implied history is read from the checkpoint when `objects` (an ObjectSource) is
+    given; otherwise it is left as EMPTY_POSITION and reported as implied.
+    """
+    r = _Reader(payload)
+    version, flags = r.take(2)
+    if version != REFLOG_V2 or flags & ~_KNOWN_FLAGS:
+        raise IntegrityError(f"reflog entry of unknown version {version} (flags {flags}); upgrade agentcas")
+    time_us = struct.unpack(">Q", r.take(8))[0]
+    old = r.digest() if flags & _F_OLD else None
+    checkpoint = r.digest() if flags & _F_CHECKPOINT else None
+    implied = bool(flags & _F_HISTORY_IMPLIED)
+    if implied:
+        if checkpoint is None:
+            raise IntegrityError("reflog entry implies the history of a checkpoint it does not name")
+        history = EMPTY_POSITION if objects is None else _checkpoint_history(objects, checkpoint)
+        if history is None:
+            raise IntegrityError(f"reflog entry names checkpoint {checkpoint.hex()}, which is missing")
+    else:
+        seq = r.varint()
+        if seq:
+            history = HistoryPosition(r.digest(), seq, r.varint(), r.digest())
+        else:
+            history = HistoryPosition(None, 0, 0, EMPTY_HISTORY)
+    fork = None
+    if flags & _F_FORK:
+        thread, seq = r.text(), r.varint()
+        fork = ForkOrigin(thread, r.digest() if flags & _F_FORK_CHECKPOINT else None, seq)
+    elif flags & _F_FORK_CHECKPOINT:
+        raise IntegrityError("reflog entry has a fork checkpoint without a fork")
+    action, message = r.text(), r.text()
+    if r.at != len(payload):
+        raise IntegrityError("reflog entry has bytes after its message")
+    return old, ThreadState(checkpoint, history, fork), action, message, time_us, implied and objects is None
+
+
+def read_reflog(txn: Txn, name: str, limit: int | None = None, objects=None) -> list[ReflogEntry]:
+    """Reflog entries of `name`, newest first (`objects` resolves implied histories)."""
     prefix = _key(name) + b"\0"
     entries = []
     for key, value in txn.scan("reflog", prefix, reverse=True):
-        entries.append(decode_reflog_entry(bytes(key), value, prefix))
+        entries.append(decode_reflog_entry(bytes(key), value, prefix, objects))
         if limit is not None and len(entries) >= limit:
             break
     return entries
 
 
-def decode_reflog_entry(key: bytes, value, prefix: bytes | None = None) -> ReflogEntry:
+def decode_reflog_entry(key: bytes, value, prefix: bytes | None = None,
+                        objects=None) -> ReflogEntry:
+    """One reflog row; `objects` reads the checkpoint of a version-2 row whose history it implies."""
     payload = unseal("reflog", key, value)
-    doc = encoding.decode(payload)
     if prefix is None:
         prefix = key[: key.index(b"\0") + 1]
     number = struct.unpack(">Q", key[len(prefix):])[0]
+    if payload[:1] != b"{":
+        try:
+            old, new, action, message, time_us, unresolved = _decode_v2(objects, payload)
+        except InvalidObject as exc:
+            raise IntegrityError(f"reflog entry {number} is malformed: {exc}") from None
+        return ReflogEntry(number, old, new, action, message, time_us / 1e6, unresolved)
+    doc = encoding.decode(payload)  # version 1: canonical JSON
     old = None if doc["old"] is None else Digest.parse(doc["old"])
     return ReflogEntry(number, old, ThreadState.from_doc(doc["new"]), doc["action"], doc["message"],
                        doc["time"] / 1e6)
 
 
-def all_reflog_entries(txn: Txn):
+def all_reflog_entries(txn: Txn, objects=None):
     """(thread name, entry) for every reflog entry in the store, streamed."""
     for key, value in txn.scan("reflog"):
         key = bytes(key)
         name = key[len(PREFIX): key.index(b"\0")].decode("utf-8")
-        yield name, decode_reflog_entry(key, value)
+        yield name, decode_reflog_entry(key, value, objects=objects)
