@@ -22,8 +22,7 @@ from agentcas.cas.digest import Digest
 from agentcas.cas.leases import Lease, sweep_active
 from agentcas.cas.lmdb_store import StoreUnavailable, open_lmdb
 from agentcas.cas.metastore.base import MetaTxn as Txn
-from agentcas.cas.objects import (EMPTY_POSITION, FORMAT_VERSION, Checkpoint, HistoryPosition,
-                                  check_reason)
+from agentcas.cas.objects import EMPTY_POSITION, Checkpoint, HistoryPosition, check_reason
 from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.source import ObjectSource
 from agentcas.cas.system_errors import from_os_error
@@ -38,6 +37,10 @@ from agentcas.refs.threads import ForkOrigin, ThreadState
 STORE_DIR = ".agentcas"
 FORMAT_KEY = b"format"
 INGEST_ZSTD_LEVEL = 3   # harness logs: 4x faster than the rollout level 7 here, ~3% larger
+# Store format 2 (docs/FORMAT.md section 7): packed objects and compact reflog rows. A
+# format-1 store opens and is marked 2 on its first writable open; its objects and rows
+# stay as they are (every reader here reads both forms).
+STORE_FORMAT = 2
 _REFLOG_REV = re.compile(r"^(.+)@\{(\d+)\}$")
 UNRELATED_NOTE = "the target checkpoint is not in this thread's ancestry (a checkpoint of an unrelated thread)"
 WORLD_NOTE = ("revert moves the thread's pointer only: files written, requests sent and money spent "
@@ -75,7 +78,7 @@ def _within(path: str, directory: str) -> bool:
 def _write_format(stores: Stores) -> bool:
     """Write the store's format record (and gc's idle fence row) unless present; True if
     this made the store."""
-    doc = encoding.encode({"format": FORMAT_VERSION, "created_at": utc_now()})
+    doc = encoding.encode({"format": STORE_FORMAT, "created_at": utc_now()})
 
     def create(txn: Txn) -> bool:
         sweep_active(txn, 0.0, lock=True)  # writes the fence row leases lock (cas/leases.py)
@@ -186,10 +189,25 @@ class Store:
             if value is None:
                 raise StoreUnavailable(f"not an agentcas store (no format record): {self.path or self.url}")
             doc = encoding.decode(unseal("meta", FORMAT_KEY, value))
-        if doc.get("format", 0) > FORMAT_VERSION:
+        if doc.get("format", 0) > STORE_FORMAT:
             raise StoreFormatError(
-                f"store format {doc['format']} is newer than this agentcas reads ({FORMAT_VERSION}); "
+                f"store format {doc['format']} is newer than this agentcas reads ({STORE_FORMAT}); "
                 "upgrade agentcas")
+        if doc.get("format", 0) < STORE_FORMAT and not getattr(self.objects, "readonly", False):
+            self._upgrade_format(doc)
+
+    def _upgrade_format(self, doc: dict) -> None:
+        """Mark a format-1 store as format 2: new writes are packed, so an older agentcas must
+        stop at the format record instead of misreading them. Nothing else is converted."""
+        upgraded = encoding.encode(dict(doc, format=STORE_FORMAT, upgraded_from=doc.get("format", 0),
+                                        upgraded_at=utc_now()))
+
+        def mark(txn: Txn):
+            current = encoding.decode(unseal("meta", FORMAT_KEY, txn.get("meta", FORMAT_KEY)))
+            if current.get("format", 0) < STORE_FORMAT:
+                txn.put("meta", FORMAT_KEY, seal("meta", FORMAT_KEY, upgraded))
+
+        self.meta.write(mark)
 
     def _lease(self, what: str) -> Lease:
         return Lease(self.meta, what)

@@ -56,7 +56,7 @@ class Craft:
         return self.add(framing.KIND_CHECKPOINT, cp.encode())
 
     def finish(self, checkpoint: Digest, files: list[dict], thread: str = "main", checkpoints=None) -> None:
-        self.manifest = {"format": "agentcas-bundle", "version": 1, "object_format": 1,
+        self.manifest = {"format": "agentcas-bundle", "version": 1, "object_format": 2,
                          "checkpoint": checkpoint.hex(), "thread": thread,
                          "checkpoints": [c.hex() for c in (checkpoints or [checkpoint])],
                          "history": EMPTY_POSITION.to_doc(), "files": files,
@@ -670,8 +670,8 @@ def test_bundle_layout_is_pinned():
     assert (kind, raw) == (framing.KIND_CHUNK, hash_blob(b"plan: sum of squares\n").raw)
     assert data[-48:-40] == b"AGCB-END" and int.from_bytes(data[-40:-32], "big") == len(data)
     assert data[-32:] == blake3.blake3(data[:-32]).digest()
-    assert len(data) == 2283
-    assert blake3.blake3(data).hexdigest() == "1b97d50170d64078607d1c384bcb4d7ede00539061bdb183407d4fed121da43b"
+    assert len(data) == 2088
+    assert blake3.blake3(data).hexdigest() == "b1483a065ad49164d63ec05a3ea80a988365ad43ad98e07c006cf96cc42e26c8"
 
 
 def test_exported_records_carry_no_write_time_and_imports_get_a_fresh_one(exchange):

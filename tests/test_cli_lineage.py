@@ -8,6 +8,7 @@ leaves the old or the new history, never a partial one; a corrupt chunk is named
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -371,7 +372,8 @@ def test_sigkill_during_forks_leaves_whole_forks(sdir):
 
 def test_corrupt_rollout_chunk_makes_cat_exit_4_naming_it(sdir):
     with opened(sdir) as store:
-        store.rollout_append("t", jsonl(*({"i": i, "pad": "z" * 50} for i in range(40))))
+        # Over rollout.INLINE_BYTES, so the records are stored as chunks.
+        store.rollout_append("t", jsonl(*({"i": i, "pad": os.urandom(1000).hex()} for i in range(40))))
         head = store.thread("t").history
         with views(store) as txn:
             chunk = rollout.History(txn).segment(head.segment).chunks[0].id.hex()

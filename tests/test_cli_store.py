@@ -92,7 +92,7 @@ def test_commit_and_show_json(repo):
     assert doc["checkpoint"] == second["checkpoint"] and doc["tree"] == second["tree"]
     assert doc["parents"] == [first["checkpoint"]] and doc["thread"] == "main"
     assert doc["reason"] == "second checkpoint" and TIME.fullmatch(doc["created_at"])
-    assert doc["format"] == 1 and {"agentcas", "python", "os"} <= set(doc["runtime"])
+    assert doc["format"] == 2 and {"agentcas", "python", "os"} <= set(doc["runtime"])
     assert doc["history"]["seq"] == 0
     assert ok(run_cli("--json", "show", first["checkpoint"][:10], store=repo["store"]))["reason"] == \
         "first checkpoint"
@@ -522,11 +522,11 @@ def test_newer_store_format_is_refused(small_store, tmp_path):
     store, ws, _ = small_store
     env = lmdb.open(str(store), max_dbs=len(TABLES) + 2)
     with env.begin(write=True) as txn:
-        doc = encoding.encode({"created_at": "2030-01-01T00:00:00.000000Z", "format": 2})
+        doc = encoding.encode({"created_at": "2030-01-01T00:00:00.000000Z", "format": 3})
         txn.put(b"format", seal("meta", b"format", doc), db=env.open_db(b"meta", txn=txn))
     env.close()
     before = store_rows(store), listing(tmp_path)
-    failed(run_cli("show", "main", store=store), 4, "store format 2 is newer", "upgrade")
+    failed(run_cli("show", "main", store=store), 4, "store format 3 is newer", "upgrade")
     failed(run_cli("commit", ws, "-m", "x", store=store), 4, "upgrade")
     assert (store_rows(store), listing(tmp_path)) == before
 

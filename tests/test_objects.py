@@ -7,8 +7,8 @@ from agentcas.cas import encoding
 from agentcas.cas.digest import EMPTY, EMPTY_HISTORY, Digest, chain_prefix, hash_blob
 from agentcas.cas.encoding import NotCanonical
 from agentcas.cas.names import BadName
-from agentcas.cas.objects import (EMPTY_POSITION, FORMAT_VERSION, MODE_EXEC, Checkpoint, ChunkList, ChunkRef,
-                                  HistoryPosition, InvalidObject, Segment, Tree, TreeEntry)
+from agentcas.cas.objects import (EMPTY_POSITION, JSON_FORMAT, MODE_EXEC, PACKED_FORMAT, Checkpoint, ChunkList,
+                                  ChunkRef, HistoryPosition, InvalidObject, Segment, Tree, TreeEntry)
 
 # --- docs/FORMAT.md "Test vectors" (keep the two in step) ---------------------------------------
 HELLO_ID = "8e4c7c1b99dbfd50e7a95185fead5ee1448fa904a2fdd778eaf5f2dbfd629a99"
@@ -44,20 +44,22 @@ def D(hex_id):
     return Digest.parse(hex_id)
 
 
-def memory_tree():
-    return Tree.of([TreeEntry("notes.md", "file", hash_blob(b"hello\n"), 0o644, 6)])
+# The vectors of format 1 (JSON): stores written before format 2 hold these objects, so
+# they must keep decoding to the same ids; `fmt` picks the byte form.
+def memory_tree(fmt=JSON_FORMAT):
+    return Tree(Tree.of([TreeEntry("notes.md", "file", hash_blob(b"hello\n"), 0o644, 6)]).entries, fmt)
 
 
-def small_tree():
-    return Tree.of([TreeEntry("run.sh", "file", hash_blob(RUN_SH), MODE_EXEC, len(RUN_SH)),
-                    TreeEntry("memory", "dir", memory_tree().digest()),
-                    TreeEntry("empty.txt", "file", EMPTY, 0o644, 0)])
+def small_tree(fmt=JSON_FORMAT):
+    return Tree(Tree.of([TreeEntry("run.sh", "file", hash_blob(RUN_SH), MODE_EXEC, len(RUN_SH)),
+                         TreeEntry("memory", "dir", memory_tree(fmt).digest()),
+                         TreeEntry("empty.txt", "file", EMPTY, 0o644, 0)]).entries, fmt)
 
 
-def first_checkpoint():
-    return Checkpoint(D(SMALL_TREE_ID), (), "main", "first checkpoint", "alice@example",
+def first_checkpoint(fmt=JSON_FORMAT, tree=SMALL_TREE_ID):
+    return Checkpoint(D(tree), (), "main", "first checkpoint", "alice@example",
                       "2026-11-29T12:00:00.000000Z",
-                      {"agentcas": "0.1.0", "python": "3.11.7", "os": "Linux 6.1 x86_64"})
+                      {"agentcas": "0.1.0", "python": "3.11.7", "os": "Linux 6.1 x86_64"}, format=fmt)
 
 
 def test_vector_blobs():
@@ -67,9 +69,9 @@ def test_vector_blobs():
 
 
 def test_vector_empty_tree():
-    assert Tree(()).encode() == EMPTY_TREE
-    assert Tree(()).digest().hex() == EMPTY_TREE_ID
-    assert Tree.decode(EMPTY_TREE) == Tree(())
+    assert Tree((), JSON_FORMAT).encode() == EMPTY_TREE
+    assert Tree((), JSON_FORMAT).digest().hex() == EMPTY_TREE_ID
+    assert Tree.decode(EMPTY_TREE) == Tree((), JSON_FORMAT)
 
 
 def test_vector_trees():
@@ -86,14 +88,14 @@ def test_vector_checkpoints():
     assert cp.encode() == CHECKPOINT
     assert cp.digest().hex() == CHECKPOINT_ID
     decoded = Checkpoint.decode(CHECKPOINT)
-    assert decoded == cp and decoded.runtime == cp.runtime and decoded.format == FORMAT_VERSION == 1
+    assert decoded == cp and decoded.runtime == cp.runtime and decoded.format == JSON_FORMAT == 1
     child = Checkpoint(D(SMALL_TREE_ID), (D(CHECKPOINT_ID),), "main", "second", "alice@example",
-                       "2026-11-29T12:00:01.000000Z", {})
+                       "2026-11-29T12:00:01.000000Z", {}, format=JSON_FORMAT)
     assert child.digest().hex() == CHILD_ID
 
 
 def test_vector_chunklist():
-    cl = ChunkList((ChunkRef(D(HELLO_ID), 6), ChunkRef(D(WORLD_ID), 6)))
+    cl = ChunkList((ChunkRef(D(HELLO_ID), 6), ChunkRef(D(WORLD_ID), 6)), JSON_FORMAT)
     assert cl.encode() == CHUNKLIST and cl.digest().hex() == CHUNKLIST_ID and cl.size == 12
     assert ChunkList.decode(CHUNKLIST) == cl
 
@@ -103,7 +105,8 @@ def test_vector_history_chain_and_segment():
     assert d1.hex() == D1
     d2 = chain_prefix(d1, blake3.blake3(b'{"role":"assistant"}\n').digest())
     assert d2.hex() == D2
-    seg = Segment(EMPTY_POSITION, 0, None, 1, len(RECORD), d1, (ChunkRef(hash_blob(RECORD), len(RECORD)),))
+    seg = Segment(EMPTY_POSITION, 0, None, 1, len(RECORD), d1, (ChunkRef(hash_blob(RECORD), len(RECORD)),),
+                  format=JSON_FORMAT)
     assert hash_blob(RECORD).hex() == RECORD_ID
     assert seg.digest_id().hex() == SEGMENT_ID
     assert Segment.decode(seg.encode()) == seg
@@ -221,8 +224,74 @@ def test_invalid_checkpoints_do_not_decode(data):
 
 
 def test_newer_format_is_refused_with_a_clear_message():
+    newer = PACKED_CHECKPOINT.replace(bytes.fromhex("060b0302"), bytes.fromhex("060b0303"), 1)
     with pytest.raises(InvalidObject, match="newer than this agentcas reads.*upgrade"):
-        Checkpoint.decode(_cp_doc(format=FORMAT_VERSION + 1))
+        Checkpoint.decode(newer)
+    with pytest.raises(InvalidObject, match="upgrade agentcas"):
+        Checkpoint.decode(_cp_doc(format=2))  # a JSON checkpoint claiming a later format
+
+
+# --- format 2: the packed form (docs/FORMAT.md section 9b; keep the two in step) ----------------
+PACKED_EMPTY_TREE = bytes.fromhex("060203020600")
+PACKED_EMPTY_TREE_ID = "9e6fb79e1990d855195e134073cb6b8abc0b65b659b6a976f653b2c4889a31e2"
+PACKED_MEMORY_TREE = bytes.fromhex(
+    "0602030206010606030005086e6f7465732e6d6404" + HELLO_ID + "03a403030600")
+PACKED_MEMORY_TREE_ID = "d4cee9b764808581a973933abac89a93ce1b78f16fefcd7b8faf2f5381e4e067"
+PACKED_SMALL_TREE_ID = "b1bebe6f9e6434cf9215247e4b75c6988bffa8f9894eef6575df833f4a830ac2"
+PACKED_CHECKPOINT = bytes.fromhex(
+    "060b030204" + PACKED_SMALL_TREE_ID + "060005046d61696e0510666972737420636865636b706f696e74050d616c"
+    "696365406578616d706c65051b323032362d31312d32395431323a30303a30302e3030303030305a0703086167656e74"
+    "6361730505302e312e30026f7305104c696e757820362e31207838365f363406707974686f6e0506332e31312e370604"
+    "0003000300040000000000000000000000000000000000000000000000000000000000000000030000")
+PACKED_CHECKPOINT_ID = "ea6d8eba31118ad81f9d57ec8bc598bbfb1e2ee1f240542a45bfec4c11e7c214"
+PACKED_CHUNKLIST_ID = "624763b509a0f5e937a8d17f8d338b6fe62b128fdb446726f8c8025560427a60"
+PACKED_SEGMENT = bytes.fromhex(
+    "0609030206040003000300040000000000000000000000000000000000000000000000000000000000000000030000"
+    "03010310" "04" + D1 + "06000810" + RECORD.hex())
+PACKED_SEGMENT_ID = "85c90073d7cf79e34265c66019c3df9082c41285aababed4a2c89b31086d8d74"
+
+
+def test_packed_vectors():
+    assert Tree(()).encode() == PACKED_EMPTY_TREE and Tree(()).digest().hex() == PACKED_EMPTY_TREE_ID
+    assert memory_tree(PACKED_FORMAT).encode() == PACKED_MEMORY_TREE
+    assert memory_tree(PACKED_FORMAT).digest().hex() == PACKED_MEMORY_TREE_ID
+    tree = small_tree(PACKED_FORMAT)
+    assert tree.digest().hex() == PACKED_SMALL_TREE_ID and Tree.decode(tree.encode()) == tree
+    cp = first_checkpoint(PACKED_FORMAT, PACKED_SMALL_TREE_ID)
+    assert cp.encode() == PACKED_CHECKPOINT and cp.digest().hex() == PACKED_CHECKPOINT_ID
+    decoded = Checkpoint.decode(PACKED_CHECKPOINT)
+    assert decoded == cp and decoded.runtime == cp.runtime and decoded.format == PACKED_FORMAT
+    cl = ChunkList((ChunkRef(D(HELLO_ID), 6), ChunkRef(D(WORLD_ID), 6)))
+    assert cl.digest().hex() == PACKED_CHUNKLIST_ID and ChunkList.decode(cl.encode()) == cl
+    seg = Segment(EMPTY_POSITION, 0, None, 1, len(RECORD), D(D1), (), RECORD)
+    assert seg.encode() == PACKED_SEGMENT and seg.digest_id().hex() == PACKED_SEGMENT_ID
+    assert Segment.decode(PACKED_SEGMENT) == seg
+
+
+def test_objects_keep_the_form_they_were_read_in():
+    """A format-1 object re-encodes to its JSON bytes (its id), a format-2 one to packed bytes."""
+    for data, cls in ((SMALL_TREE, Tree), (CHECKPOINT, Checkpoint), (CHUNKLIST, ChunkList),
+                      (PACKED_CHECKPOINT, Checkpoint), (PACKED_SEGMENT, Segment)):
+        assert cls.decode(data).encode() == data
+
+
+@pytest.mark.parametrize("data", [
+    PACKED_CHECKPOINT[:-1],                                     # truncated
+    PACKED_CHECKPOINT + b"\x00",                                # bytes after the value
+    PACKED_CHECKPOINT.replace(bytes.fromhex("060b"), bytes.fromhex("060a"), 1),  # wrong field count
+    PACKED_SEGMENT.replace(bytes.fromhex("0810"), bytes.fromhex("0811"), 1),     # inline longer than stated
+    PACKED_SEGMENT[:-1] + b"\x0b",                               # inline bytes do not hash to the segment... shape ok
+    bytes.fromhex("0602038200") ,                                # non-minimal varint (format 2 as 0x82 0x00)
+    PACKED_EMPTY_TREE.replace(b"\x06\x00", b"\x05\x00"),        # entries not a list
+])
+def test_invalid_packed_objects_do_not_decode(data):
+    cls = Segment if data[:4] == PACKED_SEGMENT[:4] else (Tree if len(data) < 10 else Checkpoint)
+    try:
+        obj = cls.decode(data)
+    except (InvalidObject, NotCanonical):
+        return
+    # The one case that decodes (changed inline bytes) is still a different object: another id.
+    assert obj.digest_id() != D(PACKED_SEGMENT_ID)
 
 
 def test_unknown_checkpoint_keys_are_ignored_but_change_the_id():
@@ -236,18 +305,20 @@ def test_format_md_states_every_vector():
     doc = (Path(__file__).resolve().parent.parent / "docs" / "FORMAT.md").read_text()
     for value in (HELLO_ID, WORLD_ID, EMPTY_BLOB_ID, EMPTY_TREE_ID, MEMORY_TREE_ID, SMALL_TREE_ID,
                   CHECKPOINT_ID, CHILD_ID, CHUNKLIST_ID, RECORD_ID, D1, D2, SEGMENT_ID,
-                  hash_blob(RUN_SH).hex()):
+                  hash_blob(RUN_SH).hex(), PACKED_EMPTY_TREE_ID, PACKED_MEMORY_TREE_ID,
+                  PACKED_SMALL_TREE_ID, PACKED_CHECKPOINT_ID, PACKED_CHUNKLIST_ID, PACKED_SEGMENT_ID,
+                  PACKED_EMPTY_TREE.hex(), PACKED_SEGMENT.hex()):
         assert value in doc, value
     for data in (EMPTY_TREE, MEMORY_TREE, SMALL_TREE, CHECKPOINT, CHUNKLIST,
                  Segment(EMPTY_POSITION, 0, None, 1, len(RECORD), D(D1),
-                         (ChunkRef(D(RECORD_ID), len(RECORD)),)).encode()):
+                         (ChunkRef(D(RECORD_ID), len(RECORD)),), format=JSON_FORMAT).encode()):
         assert data.decode() in doc, data[:60]
     for context in ("agentcas 2026-11 tree v1", "agentcas 2026-11 checkpoint v1",
                     "agentcas 2026-11 chunklist v1", "agentcas 2026-11 rollout segment v1",
                     "agentcas 2026-11 signature v1", "agentcas 2026-11 history prefix v1",
                     "agentcas 2026-11 sealed table value v1"):
         assert context in doc, context
-    from agentcas.cas.digest import OBJECT_CONTEXTS, PREFIX_CHAIN_CONTEXT
+    from agentcas.cas.digest import OBJECT_CONTEXTS, PACKED_OBJECT_CONTEXTS, PREFIX_CHAIN_CONTEXT
     from agentcas.cas import sealed
-    assert set(OBJECT_CONTEXTS.values()) | {PREFIX_CHAIN_CONTEXT, sealed._CONTEXT} <= {
-        line for line in doc.split('"')}
+    assert set(OBJECT_CONTEXTS.values()) | set(PACKED_OBJECT_CONTEXTS.values()) | {
+        PREFIX_CHAIN_CONTEXT, sealed._CONTEXT} <= {line for line in doc.split('"')}

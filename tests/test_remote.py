@@ -168,8 +168,9 @@ def test_push_of_a_fork_sends_only_its_own_records(pair):
     local.fork("main", "explore", at=10)
     local.rollout_append("explore", records(3, tag="fork"))
     result = local.push("other", "explore")
-    # The new segment and its chunk(s); the shared prefix and checkpoint are already there.
-    assert 2 <= result["objects_sent"] <= 4
+    # The new segment (its records inline, or in chunks); the shared prefix and checkpoint are
+    # already there.
+    assert 1 <= result["objects_sent"] <= 4
     assert remote.thread("explore") == local.thread("explore")
     assert b"".join(remote.rollout_read("explore")) == b"".join(local.rollout_read("explore"))
 

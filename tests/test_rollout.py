@@ -194,7 +194,7 @@ def test_a_record_larger_than_a_segment_gets_its_own(any_store):
 
 def test_corrupt_chunk_is_named_on_read():
     store = Store.memory()
-    lines = records(5, size=200)
+    lines = records(5, size=20000)  # over rollout.INLINE_BYTES: stored as chunks
     store.rollout_append("t", b"".join(lines))
     head = store.thread("t").history
     with store.source.reading() as txn:
@@ -210,7 +210,7 @@ def test_corrupt_chunk_is_named_on_read():
 
 def test_missing_chunk_is_named_on_read():
     store = Store.memory()
-    store.rollout_append("t", b"".join(records(5)))
+    store.rollout_append("t", b"".join(records(5, size=20000)))
     head = store.thread("t").history
     with store.source.reading() as txn:
         chunk = rollout.History(txn).segment(head.segment).chunks[0].id
@@ -218,6 +218,40 @@ def test_missing_chunk_is_named_on_read():
     with pytest.raises(rollout.MissingHistory) as caught:
         list(store.rollout_read("t"))
     assert chunk.hex() in str(caught.value) and caught.value.exit_code == 4
+
+
+def test_small_append_is_one_segment_with_its_records_inline():
+    store = Store.memory()
+    before = store.objects.used_bytes()
+    data = b"".join(records(3, size=100))
+    store.rollout_append("t", data)
+    head = store.thread("t").history
+    with store.objects.reader() as txn:
+        segment = rollout.History(txn).segment(head.segment)
+        kinds = [k for k, _ in txn.scan("objects")]
+    assert segment.inline == data and segment.chunks == () and len(kinds) == 1
+    assert b"".join(store.rollout_read("t")) == data
+    assert b"".join(store.rollout_read("t", 1, 2)) == data.split(b"\n", 2)[1] + b"\n"
+    assert store.objects.used_bytes() > before
+    big = b"".join(records(5, size=20000, start=3))
+    store.rollout_append("t", big)
+    with store.objects.reader() as txn:
+        segment = rollout.History(txn).segment(store.thread("t").history.segment)
+    assert segment.inline == b"" and segment.chunks
+    assert b"".join(store.rollout_read("t")) == data + big
+
+
+def test_corrupt_inline_segment_is_an_integrity_error():
+    store = Store.memory()
+    store.rollout_append("t", b"".join(records(3)))
+    head = store.thread("t").history
+    tables = store.objects._tables
+    value = bytearray(tables["objects"][head.segment.raw])
+    value[-3] ^= 0x01
+    tables["objects"][head.segment.raw] = bytes(value)
+    with pytest.raises(IntegrityError) as caught:
+        list(store.rollout_read("t"))
+    assert head.segment.hex() in str(caught.value) and caught.value.exit_code == 4
 
 
 def test_verify_rejects_a_position_that_lies():

@@ -25,7 +25,22 @@ OBJECT_CONTEXTS = {
     "segment": "agentcas 2026-11 rollout segment v1",
     "signature": "agentcas 2026-11 signature v1",
 }
+# Objects in the packed binary form of format 2 (cas/packed.py) hash under their own
+# contexts: a context string is never reused for another byte layout.
+PACKED_OBJECT_CONTEXTS = {
+    "tree": "agentcas 2026-12 tree v2",
+    "checkpoint": "agentcas 2026-12 checkpoint v2",
+    "chunklist": "agentcas 2026-12 chunklist v2",
+    "segment": "agentcas 2026-12 rollout segment v2",
+}
 PREFIX_CHAIN_CONTEXT = "agentcas 2026-11 history prefix v1"
+
+
+def object_context(kind: str, body) -> str:
+    """The derive-key context of a structured object's bytes: JSON (format 1) starts with `{`."""
+    if body[:1] == b"{" or kind not in PACKED_OBJECT_CONTEXTS:
+        return OBJECT_CONTEXTS[kind]
+    return PACKED_OBJECT_CONTEXTS[kind]
 
 
 @dataclass(frozen=True, order=True)
@@ -68,7 +83,7 @@ def hash_blob(data) -> Digest:
 
 def hash_object(kind: str, body: bytes) -> Digest:
     """The id of a structured object's canonical bytes, in derive-key mode for `kind`."""
-    return Digest(blake3.blake3(body, derive_key_context=OBJECT_CONTEXTS[kind]).digest())
+    return Digest(blake3.blake3(body, derive_key_context=object_context(kind, body)).digest())
 
 
 def chain_prefix(previous: Digest, record_hash: bytes) -> Digest:

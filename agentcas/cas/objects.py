@@ -3,6 +3,11 @@
 Frozen dataclasses: the constructor validates, so an invalid object cannot exist;
 `encode()` gives canonical bytes, `digest()` the id, `decode()` parses and validates.
 None of them touches storage.
+
+Two byte forms exist (docs/FORMAT.md): format 1, canonical JSON (bytes start with `{`),
+and format 2, the packed binary form (cas/packed.py): a positional list whose first item
+is 2. Writers produce format 2; readers accept both, and an object keeps the form it was
+read in (its `format`), so re-encoding a stored object always gives back its id.
 """
 
 from __future__ import annotations
@@ -10,12 +15,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from agentcas.cas import encoding, framing
+from agentcas.cas import encoding, framing, packed
 from agentcas.cas.digest import EMPTY, EMPTY_HISTORY, Digest, hash_object
 from agentcas.cas.names import BadName, check_name, check_unique
 from agentcas.errors import IntegrityError, UsageError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # the version signed statements carry (signing/envelope.py)
+JSON_FORMAT = 1
+PACKED_FORMAT = 2
+OBJECT_FORMAT = PACKED_FORMAT  # what writers produce
 MODE_FILE = 0o644
 MODE_EXEC = 0o755
 MAX_REASON_CHARS = 512
@@ -50,6 +58,50 @@ def _keys(doc, required: set, optional: set = frozenset(), what: str = "object")
     if missing:
         raise InvalidObject(f"{what} lacks {sorted(missing)}")
     # Readers ignore unknown keys (forward compatibility) except in the closed sets below.
+
+
+def _is_json(data) -> bool:
+    return bytes(data[:1]) == b"{"
+
+
+def _packed_row(data, what: str, fields: int) -> list:
+    """The items after the leading format number of a packed object; exactly `fields` of them."""
+    row = packed.decode(data)
+    if not isinstance(row, list) or not row or not isinstance(row[0], int) or isinstance(row[0], bool):
+        raise InvalidObject(f"{what} is not a packed object")
+    if row[0] > PACKED_FORMAT:
+        raise InvalidObject(f"{what} format {row[0]} is newer than this agentcas reads "
+                            f"({PACKED_FORMAT}); upgrade agentcas")
+    if row[0] != PACKED_FORMAT or len(row) != fields + 1:
+        raise InvalidObject(f"{what} has the wrong shape for format {PACKED_FORMAT}")
+    return row[1:]
+
+
+def _id(value, what: str) -> Digest:
+    if not isinstance(value, Digest):
+        raise InvalidObject(f"{what} must be an id")
+    return value
+
+
+def _opt_id(value, what: str) -> Digest | None:
+    return None if value is None else _id(value, what)
+
+
+def _text(value, what: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidObject(f"{what} must be text")
+    return value
+
+
+def _packed_chunks(value, what: str) -> tuple["ChunkRef", ...]:
+    if not isinstance(value, list):
+        raise InvalidObject(f"{what} must be a list")
+    refs = []
+    for item in value:
+        if not isinstance(item, list) or len(item) != 2:
+            raise InvalidObject(f"{what} entries are [id, size]")
+        refs.append(ChunkRef(_id(item[0], what), _int(item[1], what, 1)))
+    return tuple(refs)
 
 
 def check_reason(reason: str) -> str:
@@ -104,6 +156,7 @@ class ChunkList:
     """The chunks of one file larger than a chunk, in order."""
 
     chunks: tuple[ChunkRef, ...]
+    format: int = OBJECT_FORMAT
 
     KIND = framing.KIND_CHUNKLIST
 
@@ -119,16 +172,21 @@ class ChunkList:
         return {"chunks": [[c.id.hex(), c.size] for c in self.chunks]}
 
     def encode(self) -> bytes:
-        return encoding.encode(self.to_doc(), check=False)
+        if self.format == JSON_FORMAT:
+            return encoding.encode(self.to_doc(), check=False)
+        return packed.encode([PACKED_FORMAT, [[c.id, c.size] for c in self.chunks]])
 
     def digest(self) -> Digest:
         return hash_object("chunklist", self.encode())
 
     @classmethod
     def decode(cls, data: bytes) -> "ChunkList":
+        if not _is_json(data):
+            (chunks,) = _packed_row(data, "chunklist", 1)
+            return cls(_packed_chunks(chunks, "chunklist"))
         doc = encoding.decode(data)
         _keys(doc, {"chunks"}, what="chunklist")
-        return cls(_chunk_refs(doc["chunks"], "chunklist"))
+        return cls(_chunk_refs(doc["chunks"], "chunklist"), JSON_FORMAT)
 
 
 @dataclass(frozen=True)
@@ -169,6 +227,25 @@ class TreeEntry:
             doc["chunks"] = self.chunks.hex()
         return doc
 
+    def to_row(self) -> list:
+        """[1, name, id] for a directory, [0, name, id, mode, size, chunks or null] for a file."""
+        if self.type == "dir":
+            return [1, self.name, self.id]
+        return [0, self.name, self.id, self.mode, self.size, self.chunks]
+
+    @classmethod
+    def from_row(cls, row) -> "TreeEntry":
+        if not isinstance(row, list) or not row or row[0] not in (0, 1) or isinstance(row[0], bool) \
+                or len(row) != (3 if row[0] == 1 else 6):
+            raise InvalidObject("tree entry has the wrong shape")
+        try:
+            if row[0] == 1:
+                return cls(_text(row[1], "entry name"), "dir", _id(row[2], "entry id"))
+            return cls(_text(row[1], "entry name"), "file", _id(row[2], "entry id"),
+                       _int(row[3], "mode"), _int(row[4], "size"), _opt_id(row[5], "chunk list id"))
+        except BadName as exc:
+            raise InvalidObject(str(exc)) from None
+
     @classmethod
     def from_doc(cls, doc) -> "TreeEntry":
         if not isinstance(doc, dict):
@@ -195,6 +272,7 @@ class Tree:
     """One directory: entries sorted by the UTF-8 bytes of their names."""
 
     entries: tuple[TreeEntry, ...]
+    format: int = OBJECT_FORMAT
 
     KIND = framing.KIND_TREE
 
@@ -212,18 +290,25 @@ class Tree:
         return cls(tuple(sorted(entries, key=lambda e: e.name.encode("utf-8"))))
 
     def encode(self) -> bytes:
-        return encoding.encode({"entries": [e.to_doc() for e in self.entries]}, check=False)
+        if self.format == JSON_FORMAT:
+            return encoding.encode({"entries": [e.to_doc() for e in self.entries]}, check=False)
+        return packed.encode([PACKED_FORMAT, [e.to_row() for e in self.entries]])
 
     def digest(self) -> Digest:
         return hash_object("tree", self.encode())
 
     @classmethod
     def decode(cls, data: bytes) -> "Tree":
+        if not _is_json(data):
+            (entries,) = _packed_row(data, "tree", 1)
+            if not isinstance(entries, list):
+                raise InvalidObject("tree entries must be a list")
+            return cls(tuple(TreeEntry.from_row(e) for e in entries))
         doc = encoding.decode(data)
         _keys(doc, {"entries"}, what="tree")
         if not isinstance(doc["entries"], list):
             raise InvalidObject("tree entries must be a list")
-        return cls(tuple(TreeEntry.from_doc(e) for e in doc["entries"]))
+        return cls(tuple(TreeEntry.from_doc(e) for e in doc["entries"]), JSON_FORMAT)
 
 
 @dataclass(frozen=True)
@@ -254,6 +339,16 @@ class HistoryPosition:
         return {"segment": None if self.segment is None else self.segment.hex(),
                 "seq": self.seq, "offset": self.offset, "digest": self.digest.hex()}
 
+    def to_row(self) -> list:
+        return [self.segment, self.seq, self.offset, self.digest]
+
+    @classmethod
+    def from_row(cls, row) -> "HistoryPosition":
+        if not isinstance(row, list) or len(row) != 4:
+            raise InvalidObject("history position has the wrong shape")
+        return cls(_opt_id(row[0], "segment"), _int(row[1], "seq"), _int(row[2], "offset"),
+                   _id(row[3], "digest"))
+
     @classmethod
     def from_doc(cls, doc) -> "HistoryPosition":
         _keys(doc, {"segment", "seq", "offset", "digest"}, what="history position")
@@ -280,13 +375,21 @@ class Segment:
     length: int
     digest: Digest
     chunks: tuple[ChunkRef, ...]
+    # Format 2 only: a short run of records stored in the segment itself, before any chunks
+    # (a small append then costs one object, not a segment and a chunk).
+    inline: bytes = b""
+    format: int = OBJECT_FORMAT
 
     KIND = framing.KIND_SEGMENT
 
     def __post_init__(self):
         if self.count < 1 or self.length < self.count:
             raise InvalidObject("a segment holds at least one record of at least one byte")
-        if sum(c.size for c in self.chunks) != self.length:
+        if not isinstance(self.inline, bytes):
+            raise InvalidObject("segment inline bytes must be bytes")
+        if self.inline and self.format == JSON_FORMAT:
+            raise InvalidObject("a format 1 segment has no inline bytes")
+        if len(self.inline) + sum(c.size for c in self.chunks) != self.length:
             raise InvalidObject("segment chunk sizes do not add up to its length")
         if (self.index == 0) != (self.base.segment is None):
             raise InvalidObject("only the first segment continues from the empty history")
@@ -303,19 +406,31 @@ class Segment:
                 "chunks": [[c.id.hex(), c.size] for c in self.chunks]}
 
     def encode(self) -> bytes:
-        return encoding.encode(self.to_doc(), check=False)
+        if self.format == JSON_FORMAT:
+            return encoding.encode(self.to_doc(), check=False)
+        return packed.encode([PACKED_FORMAT, self.base.to_row(), self.index, self.skip, self.count,
+                              self.length, self.digest, [[c.id, c.size] for c in self.chunks],
+                              self.inline])
 
     def digest_id(self) -> Digest:
         return hash_object("segment", self.encode())
 
     @classmethod
     def decode(cls, data: bytes) -> "Segment":
+        if not _is_json(data):
+            base, index, skip, count, length, digest, chunks, inline = _packed_row(data, "segment", 8)
+            if not isinstance(inline, bytes):
+                raise InvalidObject("segment inline bytes must be bytes")
+            return cls(HistoryPosition.from_row(base), _int(index, "index"), _opt_id(skip, "skip"),
+                       _int(count, "count", 1), _int(length, "length", 1), _id(digest, "digest"),
+                       _packed_chunks(chunks, "segment chunks"), inline)
         doc = encoding.decode(data)
         _keys(doc, {"base", "index", "skip", "count", "length", "digest", "chunks"}, what="segment")
         return cls(HistoryPosition.from_doc(doc["base"]), _int(doc["index"], "index"),
                    None if doc["skip"] is None else _digest(doc["skip"], "skip"),
                    _int(doc["count"], "count", 1), _int(doc["length"], "length", 1),
-                   _digest(doc["digest"], "digest"), _chunk_refs(doc["chunks"], "segment chunks"))
+                   _digest(doc["digest"], "digest"), _chunk_refs(doc["chunks"], "segment chunks"),
+                   format=JSON_FORMAT)
 
 
 @dataclass(frozen=True)
@@ -330,7 +445,7 @@ class Checkpoint:
     created_at: str
     runtime: dict = field(default_factory=dict, hash=False, compare=False)
     history: HistoryPosition = EMPTY_POSITION
-    format: int = FORMAT_VERSION
+    format: int = OBJECT_FORMAT  # 1: canonical JSON, 2: packed (the byte form it is encoded in)
     # Optional first-parent index (lineage/checkpoints.py): the depth along first parents
     # and a pointer further back, so "newest checkpoint at or before seq S" is O(log n).
     # 0 / None (the keys omitted) mean "not indexed": readers then step parent by parent.
@@ -357,6 +472,8 @@ class Checkpoint:
             raise InvalidObject("a checkpoint without parents has generation 0")
         if self.skip is not None and (self.generation < 2 or not isinstance(self.skip, Digest)):
             raise InvalidObject("only a checkpoint of generation >= 2 has a skip pointer")
+        if self.format not in (JSON_FORMAT, PACKED_FORMAT):
+            raise InvalidObject(f"checkpoint format {self.format} is not 1 or 2")
 
     def to_doc(self):
         doc = {"format": self.format, "tree": self.tree.hex(),
@@ -370,13 +487,26 @@ class Checkpoint:
         return doc
 
     def encode(self) -> bytes:
-        return encoding.encode(self.to_doc(), check=False)
+        if self.format == JSON_FORMAT:
+            return encoding.encode(self.to_doc(), check=False)
+        return packed.encode([PACKED_FORMAT, self.tree, list(self.parents), self.thread, self.reason,
+                              self.author, self.created_at, dict(self.runtime), self.history.to_row(),
+                              self.generation, self.skip])
 
     def digest(self) -> Digest:
         return hash_object("checkpoint", self.encode())
 
     @classmethod
     def decode(cls, data: bytes) -> "Checkpoint":
+        if not _is_json(data):
+            (tree, parents, thread, reason, author, created_at, runtime, history, generation,
+             skip) = _packed_row(data, "checkpoint", 10)
+            if not isinstance(parents, list) or not isinstance(runtime, dict):
+                raise InvalidObject("checkpoint parents must be a list and runtime a map")
+            return cls(_id(tree, "tree"), tuple(_id(p, "parent") for p in parents),
+                       _text(thread, "thread"), _text(reason, "reason"), _text(author, "author"),
+                       _text(created_at, "created_at"), runtime, HistoryPosition.from_row(history),
+                       PACKED_FORMAT, _int(generation, "generation"), _opt_id(skip, "skip"))
         doc = encoding.decode(data)
         _keys(doc, {"format", "tree", "parents", "thread", "reason", "author", "created_at",
                     "runtime", "history"}, what="checkpoint")

@@ -16,7 +16,7 @@ import blake3
 
 from agentcas.cas import framing
 from agentcas.cas.blobstore.base import BlobStore
-from agentcas.cas.digest import OBJECT_CONTEXTS, Digest, DigestMismatch
+from agentcas.cas.digest import Digest, DigestMismatch, object_context
 from agentcas.errors import IntegrityError
 
 
@@ -25,7 +25,8 @@ def verify_object(kind: int, digest: Digest, data: bytes) -> None:
     if kind == framing.KIND_CHUNK:
         got = blake3.blake3(data, max_threads=1).digest()
     else:
-        got = blake3.blake3(data, derive_key_context=OBJECT_CONTEXTS[framing.KIND_NAMES[kind]]).digest()
+        name = framing.KIND_NAMES[kind]
+        got = blake3.blake3(data, derive_key_context=object_context(name, bytes(data[:1]))).digest()
     if got != digest.raw:
         raise DigestMismatch(digest, Digest(got), framing.KIND_NAMES[kind])
 

@@ -25,7 +25,8 @@ import blake3
 from agentcas.cas import encoding, framing
 from agentcas.cas.digest import Digest
 from agentcas.cas.names import BadName, check_relpath, collision_key
-from agentcas.cas.objects import FORMAT_VERSION, MODE_EXEC, MODE_FILE, HistoryPosition, InvalidObject
+from agentcas.cas.objects import (JSON_FORMAT, MODE_EXEC, MODE_FILE, OBJECT_FORMAT, HistoryPosition,
+                                  InvalidObject)
 from agentcas.cas.source import verify_object
 from agentcas.errors import IntegrityError
 from agentcas.refs.names import check_thread_name
@@ -81,7 +82,7 @@ class Manifest:
     created_at: str
 
     def to_doc(self):
-        return {"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "object_format": FORMAT_VERSION,
+        return {"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "object_format": OBJECT_FORMAT,
                 "checkpoint": self.checkpoint.hex(), "thread": self.thread,
                 "checkpoints": [c.hex() for c in self.checkpoints], "history": self.history.to_doc(),
                 "files": [f.to_doc() for f in self.files],
@@ -116,8 +117,10 @@ class Manifest:
         if doc["version"] != BUNDLE_VERSION:
             raise InvalidObject(f"bundle version {str(doc['version'])[:20]} is not one this agentcas reads "
                                 f"({BUNDLE_VERSION}); upgrade agentcas")
-        if doc["object_format"] != FORMAT_VERSION:
-            raise InvalidObject(f"bundle object format {str(doc['object_format'])[:20]} is not {FORMAT_VERSION}")
+        # Format 1 bundles (JSON objects) and format 2 (packed objects) are both read.
+        if doc["object_format"] not in (JSON_FORMAT, OBJECT_FORMAT) or isinstance(doc["object_format"], bool):
+            raise InvalidObject(f"bundle object format {str(doc['object_format'])[:20]} is not "
+                                f"{JSON_FORMAT} or {OBJECT_FORMAT} (a newer agentcas may read it: upgrade agentcas)")
         try:
             check_thread_name(doc["thread"])
         except Exception as exc:  # noqa: BLE001 - a UsageError here is the bundle's fault

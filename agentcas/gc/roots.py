@@ -31,7 +31,7 @@ from typing import Iterator
 
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest
-from agentcas.cas.objects import EMPTY_POSITION, ChunkList, HistoryPosition, Segment
+from agentcas.cas.objects import EMPTY_POSITION, ChunkList, HistoryPosition, Segment, Tree
 from agentcas.cas.leases import LeaseRow, read_leases
 from agentcas.cas.metastore.base import MetaTxn as Txn
 from agentcas.cas.source import ObjectSource, load_object
@@ -155,7 +155,20 @@ class MarkWalker(Walker):
             if current.raw in seen:
                 continue
             seen.add(current.raw)
-            entries = _parse(self._data(current, framing.KIND_TREE, by), current, "tree")["entries"]
+            data = self._data(current, framing.KIND_TREE, by)
+            if data[:1] != b"{":  # format 2 (packed): a full decode is as quick as the lean parse
+                yield current, framing.KIND_TREE, by
+                for entry in Tree.decode(data).entries:
+                    if entry.type == "dir":
+                        stack.append((entry.id, current))
+                    elif entry.size == 0:
+                        continue
+                    elif entry.chunks is None:
+                        yield from self._leaf(entry.id, framing.KIND_CHUNK, current)
+                    else:
+                        yield from self._chunk_list(entry.chunks, current)
+                continue
+            entries = _parse(data, current, "tree")["entries"]
             yield current, framing.KIND_TREE, by
             try:
                 for entry in entries:
@@ -174,12 +187,17 @@ class MarkWalker(Walker):
         if digest.raw in self.seen:
             return
         self.seen.add(digest.raw)
-        doc = _parse(self._data(digest, framing.KIND_CHUNKLIST, referrer), digest, "chunk list")
-        yield digest, framing.KIND_CHUNKLIST, referrer
-        try:
-            refs = [_id(item[0]) for item in doc["chunks"]]
-        except (KeyError, TypeError, ValueError, IndexError):
-            raise IntegrityError(f"chunk list {digest.hex()} is malformed") from None
+        data = self._data(digest, framing.KIND_CHUNKLIST, referrer)
+        if data[:1] != b"{":  # format 2 (packed)
+            yield digest, framing.KIND_CHUNKLIST, referrer
+            refs = [ref.id for ref in ChunkList.decode(data).chunks]
+        else:
+            doc = _parse(data, digest, "chunk list")
+            yield digest, framing.KIND_CHUNKLIST, referrer
+            try:
+                refs = [_id(item[0]) for item in doc["chunks"]]
+            except (KeyError, TypeError, ValueError, IndexError):
+                raise IntegrityError(f"chunk list {digest.hex()} is malformed") from None
         for ref in refs:
             yield from self._leaf(ref, framing.KIND_CHUNK, digest)
 
