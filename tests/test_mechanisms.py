@@ -153,7 +153,7 @@ def _lying_history_bundle(tmp_path, change: dict) -> bytes:
     (seg_record,) = craft.find(framing.KIND_SEGMENT)
     (cp_record,) = craft.find(framing.KIND_CHECKPOINT)
     seg = Segment.decode(framing.unframe(seg_record[2])[1])
-    doc = {f: getattr(seg, f) for f in ("base", "index", "skip", "count", "length", "digest", "chunks")}
+    doc = {f: getattr(seg, f) for f in ("base", "index", "skip", "count", "length", "digest", "chunks", "inline")}
     lying = Segment(**dict(doc, **change))
     lying_id = lying.digest_id()
     seg_record[1], seg_record[2] = lying_id.raw, framing.frame(framing.KIND_SEGMENT, lying.encode())

@@ -302,7 +302,7 @@ _ids = st.binary(min_size=32, max_size=32).map(Digest)
 @st.composite
 def _states(draw):
     seq = draw(st.integers(0, 2**40))
-    history = EMPTY_POSITION if seq == 0 else HistoryPosition(draw(_ids), seq, draw(st.integers(0, 2**50)),
+    history = EMPTY_POSITION if seq == 0 else HistoryPosition(draw(_ids), seq, draw(st.integers(seq, 2**50)),
                                                               draw(_ids))
     fork = draw(st.none() | st.builds(threads.ForkOrigin, st.text(min_size=1, max_size=20).filter(
         lambda t: "\ud800" > max(t) or True), st.none() | _ids, st.integers(0, 2**40)))

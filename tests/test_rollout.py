@@ -226,17 +226,17 @@ def test_small_append_is_one_segment_with_its_records_inline():
     data = b"".join(records(3, size=100))
     store.rollout_append("t", data)
     head = store.thread("t").history
-    with store.objects.reader() as txn:
-        segment = rollout.History(txn).segment(head.segment)
-        kinds = [k for k, _ in txn.scan("objects")]
+    with store.source.reading() as objects:
+        segment = rollout.History(objects).segment(head.segment)
+    kinds = list(store.objects._tables["objects"])
     assert segment.inline == data and segment.chunks == () and len(kinds) == 1
     assert b"".join(store.rollout_read("t")) == data
     assert b"".join(store.rollout_read("t", 1, 2)) == data.split(b"\n", 2)[1] + b"\n"
     assert store.objects.used_bytes() > before
     big = b"".join(records(5, size=20000, start=3))
     store.rollout_append("t", big)
-    with store.objects.reader() as txn:
-        segment = rollout.History(txn).segment(store.thread("t").history.segment)
+    with store.source.reading() as objects:
+        segment = rollout.History(objects).segment(store.thread("t").history.segment)
     assert segment.inline == b"" and segment.chunks
     assert b"".join(store.rollout_read("t")) == data + big
 
