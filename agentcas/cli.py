@@ -371,15 +371,25 @@ def rollout_append(ctx, thread, source):
 @pass_ctx
 def rollout_cat(ctx, thread, start, stop):
     """Print records FROM <= seq < TO of THREAD's history (or a checkpoint's), exactly as appended."""
-    pieces = ctx.store().rollout_read(thread, start, stop)
+    pieces = ctx.store().rollout_read(thread, start, stop, whole_records=ctx.as_json)
     if ctx.as_json:
         from agentcas.harnesses.records import parse_line  # ingested logs keep damaged lines: null here
         records = [parse_line(line) for piece in pieces for line in piece.splitlines()]
         ctx.emit({"thread": thread, "from": start, "records": records})
         return
     out = sys.stdout.buffer
-    for piece in pieces:
-        out.write(piece)
+    out.flush()
+    try:
+        fd = out.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (an embedding's stdout)
+        fd = None
+    for piece in pieces:  # verified chunks, written as they are (os.write: no copy into a buffer)
+        if fd is None:
+            out.write(piece)
+            continue
+        view = memoryview(piece)
+        while view:
+            view = view[os.write(fd, view):]
     out.flush()
 
 

@@ -379,12 +379,14 @@ class Store:
         return {"thread": thread, "appended": head.seq - base.seq, "first_seq": base.seq,
                 "history": head.to_doc()}
 
-    def rollout_read(self, thread: str, start: int = 0, stop: int | None = None):
+    def rollout_read(self, thread: str, start: int = 0, stop: int | None = None,
+                     whole_records: bool = True):
         """An iterator over the bytes of records start <= seq < stop of a thread's history.
 
         `thread` may also be a revision: a checkpoint's prefix, or for THREAD@{N} the
         whole history that reflog entry recorded. A `stop` past the end reads to the
-        end; a bad range raises here, before any byte is produced.
+        end; a bad range raises here, before any byte is produced. Each piece holds whole
+        records unless `whole_records=False` (pieces as stored, for copying bytes out).
         """
         if start < 0 or (stop is not None and stop < 0):
             raise UsageError("--from and --to must not be negative")
@@ -397,11 +399,13 @@ class Store:
             raise UsageError(f"--from {start} is beyond the end of the history ({head.seq} records)")
         if stop is not None and stop < start:
             raise UsageError(f"--to {stop} is before --from {start}")
-        return self._read_history(head, start, stop)
+        return self._read_history(head, start, stop, whole_records)
 
-    def _read_history(self, head: HistoryPosition, start: int, stop: int | None):
-        with self.source.reading() as objects:
-            yield from rollout.History(objects).read(head, start, stop)
+    def _read_history(self, head: HistoryPosition, start: int, stop: int | None, whole_records: bool):
+        # buffers=True: chunk values are views into the map (LMDB), decompressed from there by
+        # the workers, instead of a copy of every compressed chunk made in this thread first.
+        with self.source.reading(buffers=True) as objects:
+            yield from rollout.History(objects).read(head, start, stop, whole_records)
 
     # -- moves on threads -----------------------------------------------------------------------
     def _move(self, thread: str, what: str, plan):

@@ -37,6 +37,7 @@ MAX_SEGMENT_BYTES = 1024 * 1024
 INLINE_BYTES = 64 * 1024
 MAX_RECORD_BYTES = 64 * 1024 * 1024
 READ_WORKERS = 2
+READ_BATCH_BYTES = 8 * 1024 * 1024
 
 
 class BadRecord(AgentcasError):
@@ -290,8 +291,13 @@ class History:
             start = end
         return HistoryPosition(node_id, seq, offset + start, digest)
 
-    def read(self, head: HistoryPosition, start: int = 0, stop: int | None = None):
-        """Yield the bytes of records start <= seq < stop, in verified pieces."""
+    def read(self, head: HistoryPosition, start: int = 0, stop: int | None = None,
+             whole_records: bool = True):
+        """Yield the bytes of records start <= seq < stop, in verified pieces.
+
+        Each piece holds whole records; with `whole_records=False` a piece may end inside a
+        record (a segment's chunks are yielded as they are, without joining them).
+        """
         stop = head.seq if stop is None else min(stop, head.seq)
         start = max(0, start)
         if start >= stop:
@@ -305,31 +311,50 @@ class History:
         chain.reverse()
         stored = (self.stored_chunks(node, cut) for node, cut in chain)
         if len(chain) <= 2:
-            yield from self._slice(chain, map(decode_segment, stored), start, stop)
+            yield from self._slice(chain, map(decode_pieces, stored), start, stop, whole_records)
             return
-        # Fetch in this thread, decode a few segments ahead in workers.
+        # Fetch in this thread, decode a few batches ahead in workers.
+        # Batches of READ_BATCH_BYTES, not single segments: on a loaded machine every hand-off
+        # between threads waits for a time slice (measured at load 16: 100 MB read in 0.8 s
+        # by segment, in ~0.3 s by 8 MiB batch, for the same 0.17 s of CPU).
         from concurrent.futures import ThreadPoolExecutor  # lazy: short reads need no workers
+
+        def batches():
+            batch, size = [], 0
+            for item in stored:
+                batch.append(item)
+                size += item[0]
+                if size >= READ_BATCH_BYTES:
+                    yield batch
+                    batch, size = [], 0
+            if batch:
+                yield batch
+
         with ThreadPoolExecutor(READ_WORKERS) as pool:
             window: list = []
 
             def decoded():
-                for item in stored:
-                    window.append(pool.submit(decode_segment, item))
-                    if len(window) > 2 * READ_WORKERS:
-                        yield window.pop(0).result()
+                for batch in batches():
+                    window.append(pool.submit(lambda b: [decode_pieces(item) for item in b], batch))
+                    if len(window) > READ_WORKERS:
+                        yield from window.pop(0).result()
                 while window:
-                    yield window.pop(0).result()
+                    yield from window.pop(0).result()
 
             try:
-                yield from self._slice(chain, decoded(), start, stop)
+                yield from self._slice(chain, decoded(), start, stop, whole_records)
             finally:
                 for future in window:
                     future.cancel()
 
     @staticmethod
-    def _slice(chain, decoded, start: int, stop: int):
-        for (node, cut), data in zip(chain, decoded):
+    def _slice(chain, decoded, start: int, stop: int, whole_records: bool):
+        for (node, cut), pieces in zip(chain, decoded):
             first, last = node.base.seq, cut.seq
+            if start <= first and stop >= last and (not whole_records or len(pieces) == 1):
+                yield from pieces  # a whole segment: its chunks as they are, no join
+                continue
+            data = b"".join(pieces)
             lo = 0
             for _ in range(max(0, start - first)):
                 lo = data.index(b"\n", lo) + 1
@@ -403,10 +428,15 @@ class History:
 
 def decode_segment(stored) -> bytes:
     """Join a segment's inline bytes and stored chunks (from `History.stored_chunks`), verifying each."""
+    return b"".join(decode_pieces(stored))
+
+
+def decode_pieces(stored) -> list:
+    """A segment's inline bytes and verified chunk bytes, in order, cut to the bytes it needs."""
     want, inline, values = stored
     if not values:
-        return inline[:want]
-    parts = [inline]
+        return [inline[:want]]
+    parts = [inline] if inline else []
     for ref, value in values:
         digest = ref.id
         try:
@@ -421,7 +451,10 @@ def decode_segment(stored) -> bytes:
             raise IntegrityError(f"rollout chunk {digest.hex()} holds {len(data)} bytes, but its segment "
                                  f"gives its size as {ref.size}")
         parts.append(data)
-    return b"".join(parts)[:want]
+    extra = sum(map(len, parts)) - want
+    if extra:  # a cut inside the last chunk
+        parts[-1] = parts[-1][:len(parts[-1]) - extra]
+    return parts
 
 
 def link_segments(objects: ObjectSource, head: HistoryPosition,
