@@ -268,6 +268,15 @@ def test_packed_vectors():
     assert Segment.decode(PACKED_SEGMENT) == seg
 
 
+def test_the_spelled_out_tree_encoder_matches_the_generic_one():
+    from agentcas.cas import packed
+    big = TreeEntry("b" * 200, "file", H, MODE_EXEC, 2**40, H)  # multi-byte varints, a chunk list
+    for tree in (Tree(()), memory_tree(PACKED_FORMAT), small_tree(PACKED_FORMAT),
+                 Tree.of([big, TreeEntry("d", "dir", H), TreeEntry("\u00e9t\u00e9", "file", H, 0o644, 1)])):
+        assert tree.encode() == packed.encode([PACKED_FORMAT, [e.to_row() for e in tree.entries]])
+        assert Tree.decode(tree.encode()) == tree
+
+
 def test_objects_keep_the_form_they_were_read_in():
     """A format-1 object re-encodes to its JSON bytes (its id), a format-2 one to packed bytes."""
     for data, cls in ((SMALL_TREE, Tree), (CHECKPOINT, Checkpoint), (CHUNKLIST, ChunkList),

@@ -373,6 +373,31 @@ def test_stat_cache_is_not_trusted_when_objects_are_gone(mem, ws, monkeypatch, t
     assert tree_bytes(tmp_path / "out") == tree_bytes(ws)
 
 
+def test_remembered_stat_cache_rows_skip_decoding_but_never_outlive_their_bytes(mem, ws, monkeypatch):
+    """A process committing again reuses the rows it already checked (issue 13: a harness
+    holding Store open); a row whose stored bytes changed is checked again, and a damaged
+    one costs a re-read, never a wrong entry."""
+    monkeypatch.setattr(snapshot, "RACY_NS", 0)
+    calls = []
+    real = snapshot.unseal
+    monkeypatch.setattr(snapshot, "unseal", lambda *a: calls.append(a[0]) or real(*a))
+    first = mem.commit(str(ws), "first")
+    assert mem.commit(str(ws), "second")["cached_files"] == 2  # rows read and remembered
+    calls.clear()
+    third = mem.commit(str(ws), "third")
+    assert third["cached_files"] == 2 and third["tree"] == first["tree"]
+    assert calls.count("statcache") == 0  # taken from memory: same bytes as last time
+    # Damage a.txt's row in the store: its bytes differ from the remembered ones, so the
+    # row is unsealed again, fails its tag, and the file is read from disk.
+    key = next(k for k, _ in mem.objects._tables["statcache"].items() if k.endswith(b"a.txt"))
+    value = bytearray(mem.objects._tables["statcache"][key])
+    value[3] ^= 1
+    mem.objects._tables["statcache"][key] = bytes(value)
+    fourth = mem.commit(str(ws), "fourth")
+    assert calls.count("statcache") == 1 and fourth["cached_files"] == 1
+    assert fourth["tree"] == first["tree"]
+
+
 def test_agentcasignore_in_subdirectories_follows_git(mem, ws, tmp_path):
     import subprocess
     (ws / ".agentcasignore").write_text("*.log\n/out/\n")

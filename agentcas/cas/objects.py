@@ -60,6 +60,23 @@ def _keys(doc, required: set, optional: set = frozenset(), what: str = "object")
     # Readers ignore unknown keys (forward compatibility) except in the closed sets below.
 
 
+_TREE_HEAD = bytes((packed.LIST, 2, packed.UINT, PACKED_FORMAT, packed.LIST))
+_FILE_HEAD = bytes((packed.LIST, 6, packed.UINT, 0, packed.TEXT))
+_DIR_HEAD = bytes((packed.LIST, 3, packed.UINT, 1, packed.TEXT))
+
+
+def _uint(n: int) -> bytes:
+    cached = _UINT_BYTES.get(n)
+    if cached is None:
+        cached = bytes((packed.UINT,)) + packed.varint(n)
+        if len(_UINT_BYTES) < 65536:  # modes and common sizes
+            _UINT_BYTES[n] = cached
+    return cached
+
+
+_UINT_BYTES: dict = {}
+
+
 def _is_json(data) -> bool:
     return bytes(data[:1]) == b"{"
 
@@ -292,7 +309,19 @@ class Tree:
     def encode(self) -> bytes:
         if self.format == JSON_FORMAT:
             return encoding.encode({"entries": [e.to_doc() for e in self.entries]}, check=False)
-        return packed.encode([PACKED_FORMAT, [e.to_row() for e in self.entries]])
+        # packed.encode([2, [e.to_row() for e in entries]]), spelled out: trees are encoded on
+        # every commit (111 of them for 1,000 files), and the generic walk was ~40% of an
+        # unchanged recommit's work. tests/test_objects.py checks the two agree.
+        parts = [_TREE_HEAD, packed.varint(len(self.entries))]
+        varint = packed.varint
+        for e in self.entries:
+            name = e.name.encode("utf-8")
+            if e.type == "dir":
+                parts += (_DIR_HEAD, varint(len(name)), name, b"\x04", e.id.raw)
+            else:
+                parts += (_FILE_HEAD, varint(len(name)), name, b"\x04", e.id.raw, _uint(e.mode),
+                          _uint(e.size), b"\x00" if e.chunks is None else b"\x04" + e.chunks.raw)
+        return b"".join(parts)
 
     def digest(self) -> Digest:
         return hash_object("tree", self.encode())
