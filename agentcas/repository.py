@@ -9,9 +9,7 @@ exchange. It holds no storage logic of its own.
 from __future__ import annotations
 
 import datetime
-import getpass
 import os
-import platform
 import re
 from dataclasses import dataclass
 
@@ -56,6 +54,7 @@ def utc_now() -> str:
 
 
 def runtime_description() -> dict:
+    import platform  # lazy: only commits describe their runtime
     return {"agentcas": __version__, "python": platform.python_version(),
             "os": f"{platform.system()} {platform.release()} {platform.machine()}"}
 
@@ -64,6 +63,7 @@ def default_author() -> str:
     name = os.environ.get("AGENTCAS_AUTHOR")
     if name:
         return name
+    import getpass  # lazy (it imports termios): only a commit without $AGENTCAS_AUTHOR needs it
     try:
         return f"{getpass.getuser()}@{os.uname().nodename}"  # socket.gethostname(), without socket
     except Exception:  # noqa: BLE001 - no user database in some containers

@@ -39,10 +39,22 @@ def loaded(modules: set, names) -> list:
     return [name for name in names if any(m == name or m.startswith(name + ".") for m in modules)]
 
 
+# Storage and crypto: what --help, --version and usage errors must never load (issue 13).
+STORAGE = ["agentcas.repository", "agentcas.cas", "agentcas.refs", "agentcas.lineage",
+           "agentcas.workspace", "lmdb", "zstandard", "blake3", "pyfastcdc", "ahocorasick_rs",
+           "cryptography", "concurrent.futures"]
+
+
 def test_help_and_version_load_no_store():
-    for args in (["--help"], ["--version"]):
+    for args in (["--help"], ["--version"], ["rollout", "--help"], ["commit", "--help"]):
         modules = modules_after(*args)
-        assert loaded(modules, HEAVY + ["agentcas.repository", "lmdb", "zstandard"]) == []
+        assert loaded(modules, HEAVY + STORAGE) == [], args
+
+
+def test_rollout_cat_loads_neither_snapshot_nor_chunker(store_dir, workspace, run):
+    assert run("commit", workspace, "-m", "one", store=store_dir).code == 0
+    modules = modules_after("--store", store_dir, "rollout", "cat", "main")
+    assert loaded(modules, HEAVY + ["agentcas.workspace", "pyfastcdc", "ahocorasick_rs", "getpass"]) == []
 
 
 @pytest.mark.parametrize("command", [["log"], ["show", "main"], ["show", "main", "--files"],
