@@ -28,8 +28,8 @@ test: setup
 	$(BIN)/python -m pytest -n 2 tests
 
 bench: setup
-	@command -v restic >/dev/null && command -v borg >/dev/null && command -v b3sum >/dev/null || \
-	  { apt-get update -qq && apt-get install -y -qq restic borgbackup b3sum; }
+	@command -v restic >/dev/null && command -v borg >/dev/null && command -v b3sum >/dev/null && command -v zstd >/dev/null || \
+	  { apt-get update -qq && apt-get install -y -qq restic borgbackup b3sum zstd; }
 	PYTHONWARNINGS=ignore $(BIN)/pip install --quiet -e '.[bench]' --config-settings editable_mode=strict
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 

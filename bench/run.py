@@ -28,7 +28,7 @@ sys.path.insert(0, HERE)
 import harness as h  # noqa: E402
 
 TOOLS = (("git", ["git", "--version"]), ("restic", ["restic", "version"]), ("borg", ["borg", "--version"]),
-         ("b3sum", ["b3sum", "--version"]), ("cp", ["cp", "--version"]))
+         ("b3sum", ["b3sum", "--version"]), ("cp", ["cp", "--version"]), ("zstd", ["zstd", "--version"]))
 
 
 def tool_versions() -> list[str]:
@@ -67,8 +67,8 @@ def main(argv: list[str]) -> int:
     scripts = sorted(glob.glob(os.path.join(HERE, "bench_*.py")))
     if args.only:
         scripts = [s for s in scripts if any(o in os.path.basename(s) for o in args.only)]
-    order = {"bench_store.py": 0, "bench_rollout.py": 1, "bench_langgraph.py": 2, "bench_harnesses.py": 3,
-             "bench_mcp.py": 4, "bench_shared.py": 5}
+    order = {"bench_store.py": 0, "bench_rollout.py": 1, "bench_langgraph.py": 2, "bench_step.py": 3,
+             "bench_harnesses.py": 4, "bench_mcp.py": 5, "bench_shared.py": 6}
     scripts.sort(key=lambda s: (order.get(os.path.basename(s), 9), s))
 
     lines = [f"# agentcas benchmarks ({'quick' if args.quick else 'full'})", "",
