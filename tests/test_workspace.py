@@ -669,3 +669,26 @@ def test_progress_moves_while_a_large_file_streams(mem, ws, small_stream):
     total = seen[-1][1]
     assert seen[-1][0] == total and len([d for d, _ in seen if 0 < d < total]) >= 5
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+
+
+def test_stat_cache_rows_are_binary_and_version_1_rows_still_count(mem, ws, monkeypatch):
+    """Rows are a fixed binary layout (docs/FORMAT.md section 4); a JSON row of an older store
+    is still used, and a row of an unknown shape is a cache miss, never an error."""
+    from agentcas.cas import encoding
+    from agentcas.cas.sealed import seal, unseal
+    monkeypatch.setattr(snapshot, "RACY_NS", 0)
+    first = mem.commit(str(ws), "first")
+    table = mem.objects._tables["statcache"]
+    payloads = {k: unseal("statcache", k, v) for k, v in table.items()}
+    assert {p[:1] for p in payloads.values()} == {b"\x02"} and len(payloads) == 2
+    key = next(k for k in payloads if k.endswith(b"a.txt"))
+    sig, entry = snapshot._decode_cache_row(payloads[key], "a.txt")
+    old_row = encoding.encode({"sig": list(sig), "entry": entry.to_doc()})  # as format 1 wrote it
+    snapshot._DECODED_ROWS.clear()
+    table[key] = seal("statcache", key, old_row)
+    assert mem.commit(str(ws), "old row")["cached_files"] == 2
+    snapshot._DECODED_ROWS.clear()
+    table = mem.objects._tables["statcache"]  # each write replaces the memory store's tables
+    table[key] = seal("statcache", key, b"\x07" + payloads[key][1:])  # unknown version
+    again = mem.commit(str(ws), "unknown row")
+    assert again["cached_files"] == 1 and again["tree"] == first["tree"]

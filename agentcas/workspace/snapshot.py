@@ -33,6 +33,7 @@ import fnmatch
 import json
 import os
 import stat
+import struct
 import sys
 import threading
 import time
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 
 import blake3
 
-from agentcas.cas import encoding, framing
+from agentcas.cas import framing
 from agentcas.cas.digest import EMPTY, Digest, hash_blob
 from agentcas.cas.names import BadName, check_name, check_unique
 from agentcas.cas.objects import MODE_EXEC, MODE_FILE, ChunkList, ChunkRef, Tree, TreeEntry
@@ -114,6 +115,35 @@ class SnapshotStats:
 
 def _signature(st: os.stat_result) -> tuple:
     return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+
+
+# Stat-cache rows (docs/FORMAT.md section 4): version 2 is fixed binary, so a fresh process
+# checks 1,000 rows without a JSON parse and hex decoding per row; version-1 JSON rows of
+# older stores are still used.
+_ROW = struct.Struct(">BQqQqHB")  # version, size, mtime_ns, inode, ctime_ns, mode, has chunks
+
+
+def _encode_cache_row(sig: tuple, entry: TreeEntry) -> bytes:
+    head = _ROW.pack(2, *sig, entry.mode, entry.chunks is not None)
+    return head + entry.id.raw + (b"" if entry.chunks is None else entry.chunks.raw)
+
+
+def _decode_cache_row(payload: bytes, name: str) -> tuple | None:
+    """(signature, entry) of a stat-cache row, or None for a row this version cannot use."""
+    try:
+        if payload[:1] == b"{":
+            doc = json.loads(payload)  # version 1; our own sealed cache: no canonical check
+            return tuple(doc["sig"]), TreeEntry.from_doc(dict(doc["entry"], name=name))
+        if len(payload) not in (_ROW.size + 32, _ROW.size + 64) or payload[0] != 2:
+            return None
+        _, size, mtime, ino, ctime, mode, chunked = _ROW.unpack_from(payload)
+        if chunked != (len(payload) == _ROW.size + 64):
+            return None
+        file_id = Digest(payload[_ROW.size:_ROW.size + 32])
+        chunks = Digest(payload[_ROW.size + 32:]) if chunked else None
+        return (size, mtime, ino, ctime), TreeEntry(name, "file", file_id, mode, size, chunks)
+    except (ValueError, KeyError, TypeError, IntegrityError):
+        return None
 
 
 class Snapshotter:
@@ -240,11 +270,13 @@ class Snapshotter:
             sig, entry = remembered[1]
         else:
             try:
-                doc = json.loads(unseal("statcache", key, value))  # our own sealed cache: no canonical check
+                payload = unseal("statcache", key, value)
             except IntegrityError:
                 return None  # a damaged cache entry only costs a re-read
-            sig = tuple(doc["sig"])
-            entry = TreeEntry.from_doc(dict(doc["entry"], name=item.path.rsplit("/", 1)[-1]))
+            decoded = _decode_cache_row(payload, item.path.rsplit("/", 1)[-1])
+            if decoded is None:
+                return None
+            sig, entry = decoded
             if len(_DECODED_ROWS) >= _DECODED_ROWS_MAX:
                 _DECODED_ROWS.clear()
             _DECODED_ROWS[key] = (bytes(value), (sig, entry))  # the key holds the path, so the name
@@ -264,8 +296,7 @@ class Snapshotter:
             if self._started_ns - item.st.st_ctime_ns < RACY_NS:
                 continue
             key = self._cache_key(item)
-            doc = {"sig": list(_signature(item.st)), "entry": item.entry.to_doc()}
-            rows.append((key, seal("statcache", key, encoding.encode(doc))))
+            rows.append((key, seal("statcache", key, _encode_cache_row(_signature(item.st), item.entry))))
         return rows
 
     # -- secrets ------------------------------------------------------------------------------
