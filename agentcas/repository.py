@@ -401,7 +401,7 @@ class Store:
             raise UsageError(f"--to {stop} is before --from {start}")
         return self._read_history(head, start, stop, whole_records)
 
-    def _read_history(self, head: HistoryPosition, start: int, stop: int | None, whole_records: bool):
+    def _read_history(self, head: HistoryPosition, start: int, stop: int | None, whole_records: bool = True):
         # buffers=True: chunk values are views into the map (LMDB), decompressed from there by
         # the workers, instead of a copy of every compressed chunk made in this thread first.
         with self.source.reading(buffers=True) as objects:
