@@ -20,6 +20,7 @@ from agentcas.cas.digest import Digest
 from agentcas.cas.leases import Lease, sweep_active
 from agentcas.cas.lmdb_store import StoreUnavailable, open_lmdb
 from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.metastore.base import Read
 from agentcas.cas.objects import EMPTY_POSITION, Checkpoint, HistoryPosition, check_reason
 from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.source import ObjectSource
@@ -27,7 +28,7 @@ from agentcas.cas.system_errors import from_os_error
 from agentcas.cas.writer import BatchWriter
 from agentcas.errors import ConflictError, IntegrityError, NotFound, UsageError
 from agentcas.lineage import checkpoints, rollout
-from agentcas.lineage.moves import Move, move_thread, read_state
+from agentcas.lineage.moves import Move, lease_for, move_thread, read_state
 from agentcas.refs import revisions, threads
 from agentcas.refs.names import check_thread_name
 from agentcas.refs.threads import ForkOrigin, ThreadState
@@ -184,11 +185,10 @@ class Store:
         self.stores.close()
 
     def _check_format(self) -> None:
-        with self.meta.reader() as txn:
-            value = txn.get("meta", FORMAT_KEY)
-            if value is None:
-                raise StoreUnavailable(f"not an agentcas store (no format record): {self.path or self.url}")
-            doc = encoding.decode(unseal("meta", FORMAT_KEY, value))
+        _, (value,) = self.meta.exchange(reads=[Read("meta", FORMAT_KEY)])  # one request
+        if value is None:
+            raise StoreUnavailable(f"not an agentcas store (no format record): {self.path or self.url}")
+        doc = encoding.decode(unseal("meta", FORMAT_KEY, value))
         if doc.get("format", 0) > STORE_FORMAT:
             raise StoreFormatError(
                 f"store format {doc['format']} is newer than this agentcas reads ({STORE_FORMAT}); "
@@ -209,8 +209,9 @@ class Store:
 
         self.meta.write(mark)
 
-    def _lease(self, what: str) -> Lease:
-        return Lease(self.meta, what)
+    def _lease(self, what: str, thread: str | None = None) -> Lease:
+        """A writer's lease; with `thread`, it also brings that thread's state for the move."""
+        return Lease(self.meta, what) if thread is None else lease_for(self.stores, what, thread)
 
     # -- reading ------------------------------------------------------------------------------
     def resolve(self, rev: str) -> Digest:
@@ -297,7 +298,7 @@ class Store:
             # thread that moves while we snapshot.
             self._check_expected(thread, expected, expect)
         from agentcas.workspace.snapshot import snapshot  # lazy: only commit reads a workspace
-        with self._lease(f"commit {thread}") as lease:
+        with self._lease(f"commit {thread}", thread) as lease:
             skip = [self.path] if self.path else []
             # A rollout file inside the workspace is stored once, as history, not as a file too.
             skip_files = [rollout_file] if rollout_file else []
@@ -356,7 +357,7 @@ class Store:
     def rollout_append(self, thread: str, data: bytes) -> dict:
         """Append JSONL records to a thread's history (creating the thread if new)."""
         check_thread_name(thread)
-        with self._lease(f"append {thread}") as lease:
+        with self._lease(f"append {thread}", thread) as lease:
             writer = BatchWriter(self.source, lease=lease)
             prepared = rollout.prepare(data, writer.add)
             writer.flush()
@@ -409,7 +410,7 @@ class Store:
 
     # -- moves on threads -----------------------------------------------------------------------
     def _move(self, thread: str, what: str, plan):
-        with self._lease(what) as lease:
+        with self._lease(what, thread) as lease:
             return move_thread(self.stores, lease, thread, plan)
 
     def create_thread(self, name: str, rev: str | None = None) -> dict:

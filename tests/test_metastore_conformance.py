@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from agentcas.cas.metastore.base import TABLES, MetadataStore
+from agentcas.cas.metastore.base import TABLES, MetadataStore, Read
 from agentcas.cas.metastore.memory import MemoryMetadataStore
 from agentcas.cas.metastore.postgres import PostgresMetadataStore
 
@@ -345,6 +345,73 @@ def test_eight_threads_moving_one_ref_lose_no_move(meta, lock):
             done = lost = 0
             while done < moves:
                 if meta.write(lambda txn: _move(txn, worker, lock)):
+                    done += 1
+                else:
+                    lost += 1
+            results.append((worker, done, lost))
+        threads = [threading.Thread(target=run, args=(w,)) for w in range(workers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return results
+    _race(meta, spawn, workers=8, moves=20)
+
+
+# --- exchange: conditional reads and writes in one request ---------------------------------------
+
+def test_exchange_reads_expects_and_writes_atomically(meta):
+    meta.write(lambda txn: [txn.put("refs", b"a", b"1"), txn.put("reflog", b"t\x00\x01", b"x"),
+                            txn.put("reflog", b"t\x00\x02", b"y"), txn.put("reflog", b"u\x00\x01", b"z")])
+    reads = [Read("refs", b"a"), Read("refs", b"missing"), Read("reflog", b"t\x00", last=True),
+             Read("reflog", b"v\x00", last=True)]
+    applied, values = meta.exchange(reads=reads)
+    assert applied and values == [b"1", None, (b"t\x00\x02", b"y"), None]
+    # A failed expectation writes nothing, and says what was there.
+    applied, values = meta.exchange(reads=[Read("refs", b"a")], expect=[("refs", b"a", b"0")],
+                                    writes=[("refs", b"a", b"2"), ("refs", b"b", b"new")])
+    assert not applied and values == [b"1"]
+    with meta.reader() as txn:
+        assert txn.get("refs", b"a") == b"1" and txn.get("refs", b"b") is None
+    # An absent row is expected with None; None as a value deletes.
+    applied, values = meta.exchange(reads=[Read("refs", b"a")],
+                                    expect=[("refs", b"a", b"1"), ("refs", b"b", None)],
+                                    writes=[("refs", b"a", b"2"), ("refs", b"b", b"new"),
+                                            ("reflog", b"t\x00\x01", None)])
+    assert applied and values == [b"1"]  # values are read before the writes
+    with meta.reader() as txn:
+        assert (txn.get("refs", b"a"), txn.get("refs", b"b"), txn.get("reflog", b"t\x00\x01")) == \
+            (b"2", b"new", None)
+    assert not meta.exchange(expect=[("refs", b"b", None)], writes=[("refs", b"c", b"!")])[0]
+    with meta.reader() as txn:
+        assert txn.get("refs", b"c") is None
+
+
+def test_exchange_keeps_binary_keys_and_values_exact(meta):
+    key, value = bytes(range(256)), bytes(range(255, -1, -1)) * 64
+    assert meta.exchange(expect=[("refs", key, None)], writes=[("refs", key, value)])[0]
+    assert meta.exchange(reads=[Read("refs", key), Read("refs", key[:10], last=True)])[1] == [value, (key, value)]
+    assert meta.exchange(reads=[Read("refs", b"\xff\xff", last=True)])[1] == [None]
+
+
+def _exchange_move(store, worker: int) -> bool:
+    """One ref move as lineage/moves.py lands it: read, then one exchange expecting the read."""
+    _, (current, last) = store.exchange(reads=[Read("refs", b"counter"), Read("reflog", b"", last=True)])
+    n = struct.unpack(">Q", current)[0]
+    new = struct.pack(">Q", n + 1)
+    applied, _ = store.exchange(expect=[("refs", b"counter", current), ("reflog", new, None)],
+                                writes=[("refs", b"counter", new), ("reflog", new, b"%d" % worker)])
+    return applied
+
+
+def test_eight_threads_moving_one_ref_by_exchange_lose_no_move(meta):
+    def spawn(workers, moves):
+        results = []
+
+        def run(worker):
+            done = lost = 0
+            while done < moves:
+                if _exchange_move(meta, worker):
                     done += 1
                 else:
                     lost += 1

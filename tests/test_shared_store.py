@@ -101,15 +101,17 @@ def test_unchanged_recommit_uploads_nothing_but_its_checkpoint(shared, workspace
     assert shared("commit", workspace, "-m", "first").code == 0
     s3_url, refs = shared.urls
     monkeypatch.setenv("AGENTCAS_CACHE_DIR", shared.env["AGENTCAS_CACHE_DIR"])
-    store = Store.open(s3_url, refs=refs)
-    before_s3 = store.blobs.remote.request_count() if hasattr(store.blobs, "remote") else None
-    before_pg = store.meta.statements  # statements, several per round trip (pipelined)
+    store = Store.open(s3_url, refs=refs)  # counted from here: opening is part of the command
     result = store.commit(str(workspace), "unchanged")
     assert result["new_objects"] == 0 and result["cached_files"] == result["files"]
-    s3_requests = store.blobs.remote.request_count() - before_s3
-    pg_requests = store.meta.statements - before_pg
-    print(f"\n[shared] unchanged recommit: {s3_requests} S3 requests, {pg_requests} PostgreSQL statements")
-    assert s3_requests <= 3
+    s3_requests = store.blobs.remote.request_count()
+    pg_requests = store.meta.round_trips
+    print(f"\n[shared] unchanged recommit: {s3_requests} S3 requests, {pg_requests} PostgreSQL round trips "
+          f"({store.meta.statements} statements)")
+    # Issue 11: at most 3 requests to each service (open the store, take the lease with the
+    # thread's state, land the move), and the only upload is the new checkpoint.
+    assert s3_requests <= 3 and pg_requests <= 3
+    assert store.log("main", limit=1)[0]["reason"] == "unchanged"
 
 
 # --- must survive -------------------------------------------------------------------------------

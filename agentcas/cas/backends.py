@@ -82,7 +82,7 @@ def shared_stores(store_url: str, refs_url: str | None, create: bool = False) ->
     from agentcas.cas.blobstore.s3 import S3BlobStore
     from agentcas.cas.lmdb_store import open_lmdb
     from agentcas.cas.metastore.postgres import PostgresMetadataStore
-    meta = PostgresMetadataStore(refs_url, create=create)
+    meta = PostgresMetadataStore(refs_url, create=create, check=False)  # checked by its first request
     remote = S3BlobStore(store_url, create=create)
     # This machine's table environment for this store: the cache (its objects table) and
     # the stat cache, per store (a cache directory may be shared by several stores).

@@ -81,8 +81,8 @@ def expire_reflog(txn: Txn, cutoff: float) -> int:
 def remark_moved_threads(txn: Txn, objects: ObjectSource, plan: GcPlan) -> int:
     """Mark the closures of threads that moved since `plan` was made; objects newly marked.
 
-    Every ref move bumps a sealed generation counter (refs/threads.bump_generation), so
-    an unchanged counter means nothing moved and the refs need not be compared.
+    Every ref move writes a fresh generation token (refs/threads.generation_row), so an
+    unchanged token means nothing moved and the refs need not be compared.
     """
     generation = threads.ref_generation(txn)
     if generation == plan.tracking["generation"]:

@@ -22,6 +22,7 @@ from typing import Callable
 
 from agentcas.cas.backends import Stores
 from agentcas.cas.leases import Lease
+from agentcas.cas.metastore.base import Read
 from agentcas.errors import ConflictError, IntegrityError
 from agentcas.refs import threads
 from agentcas.refs.threads import ThreadState
@@ -47,8 +48,12 @@ class Move:
 
 
 def read_state(stores: Stores, thread: str) -> ThreadState | None:
-    with stores.meta.reader() as txn:
-        return threads.read_thread(txn, thread)
+    return threads.read_base(stores.meta, thread).state
+
+
+def lease_for(stores: Stores, what: str, thread: str) -> Lease:
+    """A lease that also fetches `thread` for the move it will make (one request)."""
+    return Lease(stores.meta, what, reads=threads.base_reads(thread))
 
 
 def move_thread(stores: Stores, lease: Lease, thread: str,
@@ -60,29 +65,58 @@ def move_thread(stores: Stores, lease: Lease, thread: str,
     The lease is released with the move unless `keep_lease` (a writer moving several
     threads under one lease releases it when done). Returns (the state the move started
     from, the move landed or None).
+
+    The last step is one metadata exchange: it lands only if the lease row, the ref row
+    and the next reflog entry are as read (a deletion, which clears the reflog, is one
+    transaction instead). A lease from `lease_for(..., thread)` brings the first state.
     """
+    base = None
+    if lease.prefetched is not None and lease.reads == threads.base_reads(thread):
+        base = threads.decode_base(thread, lease.prefetched)
+        lease.prefetched = None
     for _ in range(MAX_ATTEMPTS):
-        state = read_state(stores, thread)
-        move = plan(state)
+        prefetched, base = base is not None, base or threads.read_base(stores.meta, thread)
+        try:
+            move = plan(base.state)
+        except ConflictError:
+            if prefetched:  # judged on the state as the lease found it: judge the current one
+                base = None
+                continue
+            raise
         if move is None:
-            return state, None
+            return base.state, None
         stores.objects.put_many(move.objects)
         missing = stores.objects.missing(move.needed)
         if missing:
             nothing = "nothing was committed" if move.action == "commit" else "nothing was changed"
             raise VanishedObject(f"object {sorted(missing)[0].hex()} vanished before the {move.action} "
                                  f"landed (concurrent gc?); {nothing}, retry")
+        if _land(stores, lease, base, move, keep_lease):
+            return base.state, move
+        base = None
+    raise ConflictError(f"thread {thread!r} kept moving under {MAX_ATTEMPTS} attempts; "
+                        "nothing was changed, retry")
 
-        def final(txn, state=state, move=move):
+
+def _land(stores: Stores, lease: Lease, base: threads.MoveBase, move: Move, keep_lease: bool) -> bool:
+    """The move's final step; False if the thread moved since `base` was read."""
+    if move.new is None:
+        def final(txn):
             lease.check(txn)
-            if not threads.set_if_equals(txn, thread, state, move.new, move.action, move.message,
-                                        history_implied=move.history_implied):
+            if not threads.set_if_equals(txn, base.name, base.state, None, move.action, move.message):
                 return False
             if not keep_lease:
                 lease.release(txn)
             return True
-
-        if stores.meta.write(final):
-            return state, move
-    raise ConflictError(f"thread {thread!r} kept moving under {MAX_ATTEMPTS} attempts; "
-                        "nothing was changed, retry")
+        return stores.meta.write(final)
+    lease.check_clock()
+    expect, writes = threads.move_rows(base, move.new, move.action, move.message, move.history_implied)
+    expect.append(lease.expect())
+    if not keep_lease:
+        writes.append(("leases", lease.key, None))
+    applied, (held,) = stores.meta.exchange(reads=[Read("leases", lease.key)], expect=expect, writes=writes)
+    if not applied and held != lease.value:
+        lease.raise_expired()
+    if applied and not keep_lease:
+        lease.released = True
+    return applied

@@ -19,6 +19,7 @@ keeps alive holds that history. Rows of version 1 (canonical JSON) are still rea
 
 from __future__ import annotations
 
+import os
 import struct
 import time
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from agentcas.cas.digest import EMPTY_HISTORY, Digest
 from agentcas.cas.objects import EMPTY_POSITION, Checkpoint, HistoryPosition, InvalidObject
 from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.metastore.base import Read
 from agentcas.errors import IntegrityError
 from agentcas.refs.names import check_thread_name
 
@@ -118,7 +120,58 @@ def list_threads(txn: Txn) -> list[tuple[str, ThreadState]]:
             for key, value in txn.scan("refs", PREFIX)]
 
 
-_MISSING = object()
+@dataclass(frozen=True)
+class MoveBase:
+    """A thread as a move finds it: its state, the ref row's exact bytes, and the number
+    its next reflog entry takes. A move lands only if the row still holds those bytes
+    and that entry is still free (the two `expect`s of `move_rows`)."""
+
+    name: str
+    state: ThreadState | None
+    raw: bytes | None
+    next_entry: int
+
+
+def base_reads(name: str) -> list[Read]:
+    """What `read_base` needs, as exchange reads (a lease can fetch them while it is taken)."""
+    check_thread_name(name)
+    return [Read("refs", _key(name)), Read("reflog", _key(name) + b"\0", last=True)]
+
+
+def decode_base(name: str, values) -> MoveBase:
+    """The MoveBase from the answers to `base_reads(name)`."""
+    raw, last = values
+    state = None if raw is None else _decode_state(_key(name), raw)
+    prefix = _key(name) + b"\0"
+    number = 0 if last is None else struct.unpack(">Q", last[0][len(prefix):])[0] + 1
+    return MoveBase(name, state, raw, number)
+
+
+def read_base(meta, name: str) -> MoveBase:
+    """Read a thread for a move in one request (a metadata store's exchange)."""
+    _, values = meta.exchange(reads=base_reads(name))
+    return decode_base(name, values)
+
+
+def move_rows(base: MoveBase, new: ThreadState, action: str, message: str = "",
+              history_implied: bool = False) -> tuple[list, list]:
+    """(expect, writes) of an exchange that moves `base.name` from `base` to `new`.
+
+    The move lands only if the ref row still holds `base.raw` and the reflog entry
+    `base.next_entry` is free; it writes the ref, that entry and a new generation token.
+    `history_implied` as in `set_if_equals`. A deletion (new None) clears the reflog,
+    which needs a transaction: use `set_if_equals`.
+    """
+    key = _key(base.name)
+    log_key = key + b"\0" + struct.pack(">Q", base.next_entry)
+    old_checkpoint = None if base.state is None else base.state.checkpoint
+    payload = encode_reflog_payload(old_checkpoint, new, action, message, int(time.time() * 1e6),
+                                    history_implied=history_implied and new.checkpoint is not None)
+    expect = [("refs", key, base.raw), ("reflog", log_key, None)]
+    writes = [("refs", key, seal("refs", key, encoding.encode(new.to_doc()))),
+              ("reflog", log_key, seal("reflog", log_key, payload)),
+              generation_row()]
+    return expect, writes
 
 
 def set_if_equals(txn: Txn, name: str, old, new: ThreadState | None, action: str,
@@ -138,45 +191,39 @@ def set_if_equals(txn: Txn, name: str, old, new: ThreadState | None, action: str
     current = None if raw is None else _decode_state(key, raw)
     if current != old:
         return False
-    value = None if new is None else seal("refs", key, encoding.encode(new.to_doc()))
-    if not txn.compare_and_set("refs", key, None if raw is None else bytes(raw), value):
-        return False
-    bump_generation(txn)
     if new is None:
+        if raw is None:
+            return True  # already absent
+        if not txn.compare_and_set("refs", key, bytes(raw), None):
+            return False
+        txn.put(*generation_row())
         for log_key, _ in list(txn.scan("reflog", key + b"\0")):
             txn.delete("reflog", log_key)
         return True
-    _append_reflog(txn, name, old, new, action, message, history_implied)
+    last = next(txn.scan("reflog", key + b"\0", reverse=True), None)
+    base = decode_base(name, [None if raw is None else bytes(raw), last])
+    expect, writes = move_rows(base, new, action, message, history_implied)
+    if not txn.compare_and_set("refs", key, expect[0][2], writes[0][2]):
+        return False
+    for table, row_key, value in writes[1:]:
+        txn.put(table, row_key, value)
     return True
 
 
 GENERATION_KEY = b"ref_generation"
 
 
-def bump_generation(txn: Txn) -> None:
-    """Count ref moves, so gc can tell whether any ref moved since it marked."""
-    txn.get("meta", GENERATION_KEY, for_update=True)  # serialise the increment
-    payload = struct.pack(">Q", ref_generation(txn) + 1)
-    txn.put("meta", GENERATION_KEY, seal("meta", GENERATION_KEY, payload))
+def generation_row() -> tuple[str, bytes, bytes]:
+    """The (table, key, value) every ref move writes: a fresh random token, so gc can
+    tell whether any ref moved since it marked (a blind write: no read, no counter)."""
+    return "meta", GENERATION_KEY, seal("meta", GENERATION_KEY, os.urandom(16))
 
 
-def ref_generation(txn: Txn) -> int:
-    """How many ref moves the store has seen (0 for a new store)."""
+def ref_generation(txn: Txn) -> bytes:
+    """The store's current generation token (stores of before December 2026 count moves
+    in a u64 instead; gc only compares it for equality). Empty for a new store."""
     value = txn.get("meta", GENERATION_KEY)
-    return 0 if value is None else struct.unpack(">Q", unseal("meta", GENERATION_KEY, value))[0]
-
-
-def _append_reflog(txn: Txn, name: str, old, new, action: str, message: str,
-                   history_implied: bool) -> None:
-    prefix = _key(name) + b"\0"
-    last = next(txn.scan("reflog", prefix, reverse=True), None)
-    number = 0 if last is None else struct.unpack(">Q", last[0][len(prefix):])[0] + 1
-    old_checkpoint = None if old is None else old.checkpoint
-    # Writing needs no object read: the caller says whether the history is the checkpoint's.
-    payload = encode_reflog_payload(old_checkpoint, new, action, message, int(time.time() * 1e6),
-                                    history_implied=history_implied and new.checkpoint is not None)
-    key = prefix + struct.pack(">Q", number)
-    txn.put("reflog", key, seal("reflog", key, payload))
+    return b"" if value is None else unseal("meta", GENERATION_KEY, value)
 
 
 # --- reflog rows, version 2 (docs/FORMAT.md 6.2) -----------------------------------------------

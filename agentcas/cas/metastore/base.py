@@ -11,6 +11,13 @@ dropped connection), so `fn` must have no side effects outside `txn`.
 `compare_and_set` is the one primitive a ref move needs: it changes a row only if
 it still holds `old`, atomically with respect to every other writer (LMDB: writers
 are serialised; PostgreSQL: `UPDATE ... WHERE value = old`, the row count decides).
+
+`exchange(reads, expect, writes)` gives the same guarantee in one request: read some
+rows (or the last row under a prefix), and apply `writes` only if every row in
+`expect` holds exactly the value given (None: absent), all atomically. Its default
+runs in a `write` transaction; PostgreSQL runs it as one function call (one round
+trip), which is what lets opening a store, taking a lease and moving a ref cost one
+request each.
 Backends: memory.py, ../lmdb_store.py, postgres.py.
 """
 
@@ -20,7 +27,8 @@ from agentcas.errors import AgentcasError
 
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
-from typing import Callable, Iterator, TypeVar
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -62,10 +70,65 @@ class MetaTxn(ABC):
     def count(self, table: str) -> int: ...
 
 
+@dataclass(frozen=True)
+class Read:
+    """One row to read in an `exchange`: `key` exactly, or with `last` the greatest key
+    starting with `key` (the answer is then (key, value) or None)."""
+
+    table: str
+    key: bytes
+    last: bool = False
+
+
+def prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key starting with `prefix` (None: no bound)."""
+    trimmed = prefix.rstrip(b"\xff")
+    if not trimmed:
+        return None
+    return trimmed[:-1] + bytes([trimmed[-1] + 1])
+
+
+def run_exchange(txn: MetaTxn, reads, expect, writes) -> tuple[bool, list]:
+    """`exchange` inside a write transaction (the default for every backend)."""
+    values: list = []
+    for read in reads:
+        if read.last:
+            row = next(txn.scan(read.table, read.key, reverse=True), None)
+            values.append(None if row is None else (bytes(row[0]), bytes(row[1])))
+        else:
+            value = txn.get(read.table, read.key, for_update=True)  # a no-op in readers
+            values.append(None if value is None else bytes(value))
+    for table, key, value in expect:
+        held = txn.get(table, key, for_update=True)
+        if (None if held is None else bytes(held)) != value:
+            return False, values
+    for table, key, value in writes:
+        if value is None:
+            txn.delete(table, key)
+        else:
+            txn.put(table, key, value)
+    return True, values
+
+
 class MetadataStore(ABC):
     """Transactional metadata tables; implementations: memory, LMDB, PostgreSQL."""
 
     url: str
+
+    def exchange(self, reads: Sequence[Read] = (), expect: Sequence[tuple] = (),
+                 writes: Sequence[tuple] = ()) -> tuple[bool, list]:
+        """Atomically: read `reads`, then apply `writes` ((table, key, value); None
+        deletes) if every (table, key, value) of `expect` holds (None: absent).
+
+        Returns (whether the writes were applied, the values read before any write:
+        bytes or None, or for a `last` read (key, value) or None). Reads lock their
+        rows like `get(for_update=True)`. Like `write`, it may be re-run after a
+        retryable failure, so after a lost connection it may find its own success.
+        """
+        if not expect and not writes:
+            with self.reader() as txn:  # nothing to apply: a snapshot suffices (no write lock)
+                return run_exchange(txn, reads, (), ())
+        return self.write(lambda txn: run_exchange(txn, reads, expect, writes))
 
     @abstractmethod
     def reader(self) -> AbstractContextManager[MetaTxn]:

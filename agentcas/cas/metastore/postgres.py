@@ -22,6 +22,12 @@ next statement or the COMMIT, so a ref move (SELECT, UPDATE, reflog put) costs t
 round trips; two when the ref was read `for_update` (the row is locked, so its
 compare_and_set is decided without asking and its UPDATE goes with the COMMIT).
 
+`exchange` (reads, expectations and writes decided together) is one call of the SQL
+function agentcas_exchange, added by schema version 2: one round trip, atomic as its
+own transaction. It is how a store is opened, a lease taken and a ref moved, so an
+unchanged recommit costs three round trips in all (`round_trips` counts them). The
+schema is then checked by the first request (the function returns the version).
+
 A dropped connection during COMMIT leaves it unknown whether the transaction
 committed; `fn` is then run again, so a ref move may find its own earlier success (the
 caller sees the new value instead of the old one).
@@ -44,12 +50,67 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
 
-from agentcas.cas.metastore.base import TABLES, MetadataStore, MetadataUnavailable, MetaTxn
+from agentcas.cas.metastore.base import (TABLES, MetadataStore, MetadataUnavailable, MetaTxn, Read,
+                                         prefix_end)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# agentcas_exchange: MetadataStore.exchange as one statement (one round trip). Point reads
+# and expectations lock their rows (FOR UPDATE); a failed expectation writes nothing. It
+# also returns the schema version, so a store's first request checks the schema for free.
+_EXCHANGE_FUNCTION = """
+CREATE OR REPLACE FUNCTION agentcas_exchange(
+    r_tbl text[], r_key bytea[], r_end bytea[], r_last boolean[],
+    e_tbl text[], e_key bytea[], e_val bytea[],
+    w_tbl text[], w_key bytea[], w_val bytea[])
+RETURNS TABLE (applied boolean, schema integer, keys bytea[], vals bytea[])
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    i integer;
+    k bytea;
+    v bytea;
+    ks bytea[] := '{}';
+    vs bytea[] := '{}';
+    ok boolean := true;
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(r_tbl, 1), 0) LOOP
+        k := NULL;
+        v := NULL;
+        IF r_last[i] THEN
+            SELECT t.key, t.value INTO k, v FROM agentcas_kv t
+             WHERE t.tbl = r_tbl[i] AND t.key >= r_key[i] AND (r_end[i] IS NULL OR t.key < r_end[i])
+             ORDER BY t.key DESC LIMIT 1;
+        ELSE
+            SELECT t.key, t.value INTO k, v FROM agentcas_kv t
+             WHERE t.tbl = r_tbl[i] AND t.key = r_key[i] FOR UPDATE;
+        END IF;
+        ks := array_append(ks, k);
+        vs := array_append(vs, v);
+    END LOOP;
+    FOR i IN 1 .. coalesce(array_length(e_tbl, 1), 0) LOOP
+        v := NULL;
+        SELECT t.value INTO v FROM agentcas_kv t WHERE t.tbl = e_tbl[i] AND t.key = e_key[i] FOR UPDATE;
+        IF v IS DISTINCT FROM e_val[i] THEN
+            ok := false;
+            EXIT;
+        END IF;
+    END LOOP;
+    IF ok THEN
+        FOR i IN 1 .. coalesce(array_length(w_tbl, 1), 0) LOOP
+            IF w_val[i] IS NULL THEN
+                DELETE FROM agentcas_kv WHERE tbl = w_tbl[i] AND key = w_key[i];
+            ELSE
+                INSERT INTO agentcas_kv (tbl, key, value) VALUES (w_tbl[i], w_key[i], w_val[i])
+                ON CONFLICT (tbl, key) DO UPDATE SET value = EXCLUDED.value;
+            END IF;
+        END LOOP;
+    END IF;
+    RETURN QUERY SELECT ok, (SELECT max(version) FROM agentcas_schema_version), ks, vs;
+END
+$fn$"""
 MIGRATIONS = {
     1: ["CREATE TABLE agentcas_kv (tbl text NOT NULL, key bytea NOT NULL, value bytea NOT NULL,"
         " PRIMARY KEY (tbl, key))"],
+    2: [_EXCHANGE_FUNCTION],
 }
 _MIGRATION_LOCK = 0x61676E74636173  # pg_advisory_xact_lock key: "agntcas"
 SCAN_PAGE = 1000
@@ -79,14 +140,6 @@ _FINAL_MARKERS = ("authentication failed", "does not exist", "no password suppli
 _ABANDONED: list = []  # connections inherited over fork: never closed (that would end the parent's session)
 
 
-def _prefix_end(prefix: bytes) -> bytes | None:
-    """The smallest key greater than every key starting with `prefix` (None: no bound)."""
-    trimmed = prefix.rstrip(b"\xff")
-    if not trimmed:
-        return None
-    return trimmed[:-1] + bytes([trimmed[-1] + 1])
-
-
 def _check_table(table: str) -> str:
     if table not in TABLES:
         raise KeyError(f"no metadata table {table!r}")
@@ -111,6 +164,7 @@ class _PgTxn(MetaTxn):
 
     def _run(self, sql: str, params: tuple = ()):
         self._store.statements += 1
+        self._store.round_trips += 1
         if not self._pending:
             return self._conn.execute(sql, params, binary=True)
         with self._conn.pipeline():
@@ -148,7 +202,7 @@ class _PgTxn(MetaTxn):
     def scan(self, table, prefix=b"", start=None, reverse=False):
         _check_table(table)
         prefix = bytes(prefix)
-        end = _prefix_end(prefix)
+        end = prefix_end(prefix)
         where, params = ["tbl = %s", "key >= %s"], [table, prefix]
         if end is not None:
             where.append("key < %s")
@@ -229,7 +283,7 @@ class _PgTxn(MetaTxn):
 class PostgresMetadataStore(MetadataStore):
     """Metadata tables in one PostgreSQL database, at `postgresql://USER@HOST:PORT/DB`."""
 
-    def __init__(self, dsn: str, create: bool = False):
+    def __init__(self, dsn: str, create: bool = False, check: bool = True):
         if not dsn.startswith(("postgresql://", "postgres://")):
             raise ValueError("a PostgreSQL metadata store URL starts with postgresql://")
         try:
@@ -247,13 +301,18 @@ class PostgresMetadataStore(MetadataStore):
         self.url = f"postgresql://{quote(str(user), safe='') + '@' if user else ''}" \
                    f"{quote(host, safe='') if host.startswith('/') else host}:{port}/{dbname}"
         self.statements = 0
+        self.round_trips = 0
         self.connections = 0
         self._idle: list[psycopg.Connection] = []
         self._pool_lock = threading.Lock()
         self._pid = os.getpid()
+        # Without `check`, the schema is checked by the first request (an exchange returns
+        # the version with its answer; a reader or writer asks first): opening costs nothing.
+        self._schema_checked = False
         if create:
             self._migrate()
-        else:
+            self._schema_checked = True
+        elif check:
             self._check_schema()
 
     # -- connections -------------------------------------------------------------------------
@@ -350,6 +409,7 @@ class PostgresMetadataStore(MetadataStore):
         try:
             if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 self.statements += 1
+                self.round_trips += 1
                 conn.execute("ROLLBACK")
         except Exception:  # noqa: BLE001 - the connection is going away anyway
             pass
@@ -380,8 +440,16 @@ class PostgresMetadataStore(MetadataStore):
         self._run_retrying(migrate, "READ COMMITTED")
 
     def _check_schema(self) -> None:
-        with self.reader() as txn:
-            version = self._schema_version(txn)
+        self._schema_checked = True
+        try:
+            with self.reader() as txn:
+                version = self._schema_version(txn)
+        except BaseException:
+            self._schema_checked = False
+            raise
+        self._judge_schema(version)
+
+    def _judge_schema(self, version: int | None) -> None:
         if version is None or version == 0:
             raise SchemaMissing(f"{self.name} has no agentcas schema (run `agentcas init` with this URL)")
         self._refuse_newer(version)
@@ -396,8 +464,73 @@ class PostgresMetadataStore(MetadataStore):
 
     # -- MetadataStore ------------------------------------------------------------------------
 
+    def _ensure_schema(self) -> None:
+        if not self._schema_checked:
+            self._check_schema()
+
+    def exchange(self, reads=(), expect=(), writes=()):
+        """One call of agentcas_exchange (see MIGRATIONS): one round trip, atomic."""
+        reads, expect, writes = list(reads), list(expect), list(writes)
+        for table in [r.table for r in reads] + [e[0] for e in expect] + [w[0] for w in writes]:
+            _check_table(table)
+        params = ([r.table for r in reads], [bytes(r.key) for r in reads],
+                  [prefix_end(bytes(r.key)) if r.last else None for r in reads], [r.last for r in reads],
+                  [e[0] for e in expect], [bytes(e[1]) for e in expect],
+                  [None if e[2] is None else bytes(e[2]) for e in expect],
+                  [w[0] for w in writes], [bytes(w[1]) for w in writes],
+                  [None if w[2] is None else bytes(w[2]) for w in writes])
+        sql = ("SELECT applied, schema, keys, vals FROM agentcas_exchange(%s::text[], %s::bytea[], "
+               "%s::bytea[], %s::boolean[], %s::text[], %s::bytea[], %s::bytea[], %s::text[], "
+               "%s::bytea[], %s::bytea[])")
+
+        def attempt(conn):
+            self.statements += 1
+            self.round_trips += 1
+            return conn.execute(sql, params).fetchone()
+
+        try:
+            applied, schema, keys, vals = self._autocommit_retrying(attempt)
+        except (pg_errors.UndefinedFunction, pg_errors.UndefinedTable):
+            self._check_schema()  # names what is missing (no schema, or an older one)
+            raise
+        if not self._schema_checked:
+            self._judge_schema(schema)
+            self._schema_checked = True
+        values: list = []
+        for read, key, value in zip(reads, keys, vals):
+            if value is None:
+                values.append(None)
+            else:
+                values.append((bytes(key), bytes(value)) if read.last else bytes(value))
+        return bool(applied), values
+
+    def _autocommit_retrying(self, attempt):
+        """attempt(conn) on a pooled connection outside any transaction, retried like writes."""
+        began = time.monotonic()
+        deadline = began + retry_seconds()
+        tries = 0
+        while True:
+            tries += 1
+            conn = None
+            try:
+                conn = self._acquire()
+                result = attempt(conn)
+                self._release(conn)
+                return result
+            except _RETRYABLE as exc:
+                if conn is not None:
+                    self._release(conn, broken=True)
+                if self._final(exc) or time.monotonic() >= deadline:
+                    raise self._unavailable(exc, tries, began) from None
+                self._backoff(tries, deadline)
+            except BaseException:
+                if conn is not None:
+                    self._release(conn, broken=True)
+                raise
+
     @contextmanager
     def reader(self):
+        self._ensure_schema()
         began = time.monotonic()
         deadline = began + retry_seconds()
         tries = 0
@@ -407,6 +540,7 @@ class PostgresMetadataStore(MetadataStore):
             try:
                 conn = self._acquire()
                 self.statements += 1
+                self.round_trips += 1
                 # The snapshot is taken by a transaction's first query, not by BEGIN: take it now.
                 conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1")
                 break
@@ -427,6 +561,7 @@ class PostgresMetadataStore(MetadataStore):
             self._release(conn, broken=broken)
 
     def write(self, fn):
+        self._ensure_schema()
         return self._run_retrying(fn, "READ COMMITTED")
 
     def close(self) -> None:
