@@ -11,7 +11,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,s3,postgres,mcp]' --config-settings editable_mode=compat
+	$(BIN)/pip install --quiet -e '.[test,s3,postgres,mcp,langgraph]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 demo: setup
