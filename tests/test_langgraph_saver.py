@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -479,6 +481,131 @@ def test_sigkill_inside_the_final_transaction_keeps_the_old_checkpoint(tmp_path)
         listed = [t.config["configurable"]["checkpoint_id"] for t in saver.list(config("k"))]
         assert last_done in listed
         assert saver.get_tuple(config("k")) is not None
+
+
+# Issue 14: the crash walk of a put. Each scenario builds a base store, counts the durable steps
+# (cas/crashpoints.py) of one saver call in a forked child, then for every step N: copies the
+# base, runs the call in a child killed (SIGKILL) at step N, and checks that the thread's refs
+# are exactly the old ones or the newest checkpoint is the new one, that fsck is clean, and that
+# the call then succeeds. Forked children skip the interpreter and LangGraph start-up.
+
+def _in_child(fn, env: dict) -> int:
+    """Run `fn()` in a forked child with `env` set; its wait status as a signal (-9) or exit code."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 0
+        try:
+            os.environ.update(env)
+            fn()
+        except BaseException:  # noqa: BLE001 - report, never return into pytest
+            import traceback
+            traceback.print_exc()
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def _chat_base(path):
+    with AgentcasSaver.from_path(path) as s:
+        graph = chat_graph(s)
+        for i in range(3):
+            graph.invoke({"messages": [HumanMessage(content=f"m{i}" * 50, id=f"h{i}")]}, config())
+        past = [t for t in s.list(config()) if len(t.checkpoint["channel_values"].get("messages", [])) == 2][0]
+        return s.get_tuple(config()), past
+
+
+CRASH_STEP = str(uuid6(clock_seq=77))
+
+
+def _crash_put(path, parent_id, values, versions):
+    def call():
+        with AgentcasSaver.from_path(path) as s:
+            cp = empty_checkpoint()
+            cp["id"] = CRASH_STEP
+            cp["channel_values"] = values
+            cp["channel_versions"] = versions
+            s.put(config(parent_id and "t", parent_id), cp, {"source": "loop", "step": 99}, dict(versions))
+    return call
+
+
+def _crash_writes(path, checkpoint_id):
+    def call():
+        with AgentcasSaver.from_path(path) as s:
+            s.put_writes(config("t", checkpoint_id), [("messages", ["written"]), ("other", 7)], "task-crash")
+    return call
+
+
+def _walk(tmp_path, make_call, landed):
+    """Kill `make_call(path)()` at each of its durable steps; `landed(saver)` says whether it took effect."""
+    base = tmp_path / "base"
+    old_tuple, past = _chat_base(str(base))
+    call = make_call(str(base), old_tuple, past)
+    count = tmp_path / "count"
+    work = tmp_path / "w"
+    shutil.copytree(base, work)
+    assert _in_child(make_call(str(work), old_tuple, past), {"AGENTCAS_CRASH_COUNT": str(count)}) == 0
+    labels = count.read_text().split()
+    assert labels, "no durable step counted"
+    with AgentcasSaver.from_path(str(work)) as s:
+        assert landed(s) and s.store.fsck()["ok"]
+    old_refs = Store.open(str(base)).thread_states("langgraph/t")
+    outcomes = []
+    for number in range(1, len(labels) + 1):
+        shutil.rmtree(work)
+        shutil.copytree(base, work)
+        assert _in_child(make_call(str(work), old_tuple, past), {"AGENTCAS_CRASH_AT": str(number)}) == -9, number
+        store = Store.open(str(work))
+        assert store.fsck()["ok"], (number, labels[number - 1], store.fsck()["problems"])
+        with AgentcasSaver(store) as s:
+            if landed(s):
+                outcomes.append("new")
+            else:
+                assert store.thread_states("langgraph/t") == old_refs, (number, labels[number - 1])
+                assert s.get_tuple(config()).config == old_tuple.config
+                outcomes.append("old")
+        store.close()
+        assert _in_child(make_call(str(work), old_tuple, past), {}) == 0  # the call then succeeds
+        with AgentcasSaver.from_path(str(work)) as s:
+            assert landed(s) and s.store.fsck()["ok"], number
+    assert call and outcomes[0] == "old" and outcomes[-1] == "new"
+    return labels, outcomes
+
+
+@pytest.mark.parametrize("kind", ["append", "fork", "writes"])
+def test_every_crash_point_of_a_put_leaves_the_old_or_the_new_checkpoint(tmp_path, kind):
+    if os.access("/dev/shm", os.W_OK):  # a SIGKILL is a process crash: tmpfs makes the walk fast
+        import tempfile
+        tmp_path = Path(tempfile.mkdtemp(prefix="agentcas-lg-crash-", dir="/dev/shm"))
+    try:
+        def make_call(path, old, past):
+            head = old.checkpoint
+            messages = head["channel_values"]["messages"]
+            if kind == "append":  # the next step: one more message (a rollout item) and a value file
+                return _crash_put(path, old.config["configurable"]["checkpoint_id"],
+                                  {"messages": messages + [AIMessage(content="new" * 80, id="n1")],
+                                   "note": "x" * 600}, {"messages": 99, "note": 1})
+            if kind == "fork":  # a put onto a past checkpoint: the old head is kept as a branch
+                return _crash_put(path, past.config["configurable"]["checkpoint_id"],
+                                  {"messages": past.checkpoint["channel_values"]["messages"]
+                                   + [AIMessage(content="fork", id="f1")]}, {"messages": 99})
+            return _crash_writes(path, old.config["configurable"]["checkpoint_id"])
+
+        def landed(s):
+            latest = s.get_tuple(config())
+            if kind == "writes":
+                return any(task == "task-crash" for task, _, _ in latest.pending_writes)
+            if latest.config["configurable"]["checkpoint_id"] != CRASH_STEP:
+                return False
+            if kind == "fork":
+                assert any("/branches/" in name for name in s.store.thread_states("langgraph/t"))
+            assert latest.checkpoint["channel_values"]["messages"][-1].id in ("n1", "f1")
+            return True
+
+        labels, outcomes = _walk(tmp_path, make_call, landed)
+        print(f"{kind}: {len(labels)} crash points ({' '.join(labels)}): {' '.join(outcomes)}")
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def _corrupt(store: Store, raw: bytes) -> None:
