@@ -240,6 +240,27 @@ def test_a_put_racing_another_savers_write_keeps_the_write(saver):
     assert fresh.get_tuple(config("r")).config["configurable"]["checkpoint_id"] == b
 
 
+def test_a_ref_moved_between_planning_and_landing_makes_the_put_plan_again(saver):
+    from agentcas import testing_hooks
+    a = put(saver, "q", step=0)
+    other = AgentcasSaver(saver.store)
+    raced = []
+
+    def race():  # the put has planned and stored its objects; another saver moves the thread now
+        if not raced:
+            raced.append(True)
+            other.put_writes(config("q", a), [("ch", "raced")], "task-q")
+
+    with testing_hooks.on("group.before_land", race):
+        b = put(saver, "q", parent=a, step=1)
+    assert raced
+    fresh = AgentcasSaver(saver.store)
+    assert [w[2] for w in fresh.get_tuple(config("q", a)).pending_writes] == ["raced"]
+    assert fresh.get_tuple(config("q")).config["configurable"]["checkpoint_id"] == b
+    assert [e["action"] for e in saver.store.reflog("langgraph/q")][:2] == ["langgraph", "langgraph-writes"]
+    assert saver.store.fsck()["ok"]
+
+
 def test_resuming_an_old_branch_keeps_the_writes_on_its_line(saver):
     a = put(saver, "o", step=0)
     b = put(saver, "o", parent=a, step=1)

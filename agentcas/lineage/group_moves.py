@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from agentcas import testing_hooks
 from agentcas.cas import chunking, framing
 from agentcas.cas.backends import Stores
 from agentcas.cas.digest import Digest, hash_blob
@@ -248,6 +249,7 @@ class GroupWriter:
                                      "(concurrent gc?); nothing was changed, retry")
             if not view.moves:
                 return result
+            testing_hooks.reached("group.before_land")
 
             def final(txn, view=view):
                 self.lease.check(txn)
