@@ -682,6 +682,32 @@ def test_odd_thread_ids_and_namespaces_map_to_valid_threads(saver):
     assert saver.get_tuple(child).config["configurable"]["checkpoint_ns"] == "sub:1|inner:2"
 
 
+# -- a shared store (objects in S3 on a real SeaweedFS, refs in a real PostgreSQL) ---------------
+
+def test_a_shared_store_carries_a_thread_between_two_machines(tmp_path, s3_url, postgres_url, monkeypatch):
+    monkeypatch.setenv("AGENTCAS_CACHE_DIR", str(tmp_path / "cache-a"))
+    first, _ = Store.init(s3_url, refs=postgres_url)
+    with AgentcasSaver(first) as saver:
+        graph = chat_graph(saver)
+        for i in range(3):
+            graph.invoke({"messages": [HumanMessage(content=f"m{i}", id=f"h{i}")]}, config())
+        past = [s for s in graph.get_state_history(config()) if len(s.values.get("messages", [])) == 2][0]
+        graph.update_state(past.config, {"messages": [AIMessage(content="fork", id="f1")]})
+        saver.copy_thread("t", "copy")
+    first.close()
+    monkeypatch.setenv("AGENTCAS_CACHE_DIR", str(tmp_path / "cache-b"))  # another machine's cache
+    second = Store.open(s3_url, refs=postgres_url)
+    with AgentcasSaver(second) as saver:
+        graph = chat_graph(saver)
+        assert [m.content for m in graph.get_state(config()).values["messages"]] == ["m0", "reply 1", "fork"]
+        graph.invoke({"messages": [HumanMessage(content="on b", id="b1")]}, config())
+        assert [m.content for m in graph.get_state(config()).values["messages"]][-2:] == ["on b", "reply 4"]
+        assert len(list(saver.list(config("copy")))) == 10  # 3 invokes of 3, the update_state
+        assert "langgraph/t/branches/1" in second.thread_states("langgraph/t")
+    assert second.fsck()["ok"]
+    second.close()
+
+
 # -- hand-over to another store through the CLI ---------------------------------------------------
 
 def test_export_signed_import_and_resume_in_another_store(tmp_path, run):
