@@ -22,6 +22,7 @@ period.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Callable
 
 from agentcas import testing_hooks
@@ -39,6 +40,7 @@ from agentcas.refs import threads
 from agentcas.refs.names import check_thread_name
 from agentcas.refs.revisions import load_checkpoint
 from agentcas.refs.threads import ThreadState
+
 
 class LostRace(Exception):
     """A ref the plan read or moves changed before it landed: plan again."""
@@ -64,6 +66,10 @@ class _Overlay(ObjectSource):
 
     def missing(self, raws) -> set[bytes]:
         return super().missing(set(raws) - self.waiting.keys())
+
+    @contextmanager
+    def reading(self, buffers: bool = False):
+        yield self  # the waiting objects stay visible (no pinned snapshot)
 
 
 def refs_under(txn, prefix: str) -> list[tuple[str, ThreadState]]:
