@@ -19,6 +19,8 @@ Measured: total bytes on disk, per-step time and bytes over the first vs the las
 steps, a fork at step N/2 (bytes, time), and listing the whole thread; for the saver also
 the median step time of the first vs the last 10% of steps, `put` time, `copy_thread` of the
 whole thread, `list` of the whole thread, and resident memory along the thread.
+`--profile`: the saver alone, 200 steps: bytes per step by table and object kind, and the
+median time of a put and of a put_writes.
 """
 
 from __future__ import annotations
@@ -409,7 +411,65 @@ def report(n: int, a: dict, lg: dict, msg_bytes: int) -> None:
     h.table("Issue 3 targets (LangGraph workload)", ["target", "measured", "met"], rows)
 
 
+def profile_saver(work: str, n: int) -> None:
+    """`--profile`: what one step of the saver writes (keys+values by table and object kind)
+    and the median time of its put and put_writes calls (the saver alone, n steps)."""
+    import collections
+
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    from agentcas.cas import framing
+    from agentcas.cas.store import TABLES
+    from agentcas.langgraph import AgentcasSaver
+
+    def by_kind(store) -> collections.Counter:
+        out = collections.Counter()
+        with store.objects.reader() as txn:
+            for table in TABLES:
+                for k, v in txn.scan(table):
+                    name = f"object: {framing.KIND_NAMES[framing.unframe(bytes(v))[0]]}" if table == "objects" else table
+                    out[name] += len(k) + len(v)
+        return out
+
+    saver = AgentcasSaver(os.path.join(work, "profile.agentcas"))
+    calls = {"put": [], "put_writes": []}
+    for name, spent in calls.items():
+        real = getattr(saver, name)
+
+        def timed(*args, real=real, spent=spent, **kwargs):
+            start = time.perf_counter()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                spent.append(time.perf_counter() - start)
+        setattr(saver, name, timed)
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", lambda state: {})
+    builder.add_edge(START, "agent")
+    builder.add_edge("agent", END)
+    graph = builder.compile(checkpointer=saver)
+    before, pages = by_kind(saver.store), saver.store.objects.used_bytes()
+    for m in messages(n):
+        cls = HumanMessage if m["role"] == "user" else AIMessage
+        graph.invoke({"messages": [cls(content=m["content"], id=m["id"])]}, {"configurable": {"thread_id": "p"}})
+    after, pages = by_kind(saver.store), saver.store.objects.used_bytes() - pages
+    rows = [[name, f"{(after[name] - before[name]) / n:,.0f} B"] for name in sorted(after) if after[name] != before[name]]
+    rows.append(["all keys and values", f"{(sum(after.values()) - sum(before.values())) / n:,.0f} B"])
+    rows.append(["LMDB pages", f"{pages / n:,.0f} B"])
+    for name, spent in calls.items():
+        rows.append([f"{name}: median time ({len(spent) / n:.2f} calls per step)", h.fmt_time(statistics.median(spent))])
+    h.table(f"AgentcasSaver: one step of {n} (bytes per step; put times)", ["what", "per step"], rows)
+    saver.close()
+
+
 def main(argv: list[str]) -> int:
+    if "--profile" in argv:
+        with h.work_dir("langgraph-profile") as work:
+            load = h.load_note()
+            profile_saver(work, 200)
+            print(f"Load: {load} at start, {h.load_note()} at end.\n")
+        return 0
     quick = "--quick" in argv
     n = 300 if quick else 2000
     msgs = messages(n)
