@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from typing import Callable
 
 from agentcas import testing_hooks
-from agentcas.cas import chunking, framing
+from agentcas.cas import framing
 from agentcas.cas.backends import Stores
 from agentcas.cas.digest import Digest, hash_blob
 from agentcas.cas.leases import Lease
@@ -217,6 +217,7 @@ class GroupWriter:
         return ids[""]
 
     def _file_entry(self, name: str, data: bytes) -> TreeEntry:
+        from agentcas.cas import chunking  # lazy: pyfastcdc is for writers (reading commands never load it)
         pieces = [data] if len(data) <= chunking.MAX_SIZE else [bytes(p) for p in chunking.cut(data)]
         refs = []
         for piece in pieces:
