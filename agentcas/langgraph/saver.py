@@ -14,8 +14,10 @@ with its id at or after its position on the lines through it; a fork never sees 
 
 Forks: a put whose parent is not the thread's head saves the head as `<thread>/branches/<n>`
 (forked_from = the parent, so `lineage` shows the split) and moves the thread onto the new
-checkpoint. Every move is one compare-and-swap on the thread state: a writer that lost the
-race reloads and retries, so two children of one parent become two branches, both kept.
+checkpoint. Every write is a group move (lineage/group_moves.py, via Store.lineage_writer):
+objects stored first, then one metadata transaction that compare-and-swaps each ref it
+moves; a writer that lost the race reloads its index and retries, so two children of one
+parent become two branches, both kept.
 
 Reading: per agentcas thread an in-memory index (LangGraph id -> agentcas checkpoint) is
 built by walking parents from every head and refreshed incrementally when a head moves.
@@ -526,7 +528,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
 
     # -- writing --------------------------------------------------------------------------------
     def _land(self, what: str, build):
-        """Run `build(line) -> (writer callback)` until its compare-and-swap lands."""
+        """Run `build()` (one group move) again until its plan holds (no _Retry)."""
         for _ in range(_MAX_RETRIES):
             try:
                 return build()
@@ -630,8 +632,8 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                 lists[ch] = list(value)
             else:
                 channels[ch] = {"file": file, "t": kind}
-        # link() appends exactly these records onto `base`, and the final transaction lands only
-        # if the thread is still at `expected`, so the new history's seq is known here.
+        # link() appends exactly these records onto `base`, and the move lands only if the
+        # thread is still at `expected`, so the new history's seq is known here.
         end_seq = base.seq + len(records)
         for how in channels.values():
             if "items" in how and how["items"]["from"] is None:
