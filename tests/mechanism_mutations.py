@@ -31,6 +31,8 @@ LATE_LEASE = (["    def __enter__(self) -> \"Lease\":\n        return self.acqui
 MUTATIONS = {
     "1": ("agentcas/cas/leases.py", *LATE_LEASE,
           [M + "test_commit_pin_is_live_after_its_first_batch_and_holds_gc_off"]),
+    "1-langgraph": ("agentcas/cas/leases.py", *LATE_LEASE,
+                    ["tests/test_langgraph_saver.py::test_gc_at_grace_zero_during_a_put_deletes_nothing_and_the_put_lands"]),
     "1-concurrent": ("agentcas/cas/leases.py", *LATE_LEASE,
                      ["tests/test_gc_concurrency.py::test_concurrent_writers_and_gc_at_zero_grace"]),
     "2": ("agentcas/workspace/restore.py", ["    if hasher is not None and Digest(hasher.digest()) != entry.id:"],

@@ -261,6 +261,30 @@ def test_a_ref_moved_between_planning_and_landing_makes_the_put_plan_again(saver
     assert saver.store.fsck()["ok"]
 
 
+def test_gc_at_grace_zero_during_a_put_deletes_nothing_and_the_put_lands(saver):
+    """A put holds a writer lease from its first object to its ref move (cas/leases.py), so gc
+    at grace 0 in between sweeps nothing, not even the put's own unreferenced objects."""
+    from agentcas import testing_hooks
+    a = put(saver, "g", values={"v": "kept " * 200}, step=0)
+    put(saver, "doomed", values={"v": "garbage " * 200}, step=0)
+    saver.delete_thread("doomed")
+    seen = {}
+
+    def gc_meanwhile():
+        if not seen:
+            seen.update(saver.store.gc(grace=0, expire_reflog=0, wait=0)["result"])
+
+    with testing_hooks.on("group.before_land", gc_meanwhile):
+        b = put(saver, "g", parent=a, values={"v": "new " * 300}, versions={"v": 2}, step=1)
+    assert seen["deleted"]["objects"] == 0 and not seen["complete"]
+    assert [row["what"] for row in seen["blocked_by"]] == ["langgraph put langgraph/g"]
+    fresh = AgentcasSaver(saver.store)
+    assert fresh.get_tuple(config("g", b)).checkpoint["channel_values"] == {"v": "new " * 300}
+    assert saver.store.gc(grace=0, expire_reflog=0, wait=0)["result"]["deleted"]["objects"] > 0  # the garbage
+    assert fresh.get_tuple(config("g", a)).checkpoint["channel_values"] == {"v": "kept " * 200}
+    assert saver.store.fsck()["ok"]
+
+
 def test_resuming_an_old_branch_keeps_the_writes_on_its_line(saver):
     a = put(saver, "o", step=0)
     b = put(saver, "o", parent=a, step=1)

@@ -166,7 +166,7 @@ class GroupWriter:
         self.needed: set[bytes] = set()
 
     def __enter__(self) -> "GroupWriter":
-        self.lease.acquire()
+        self.lease.__enter__()  # taken before anything is stored, as every writer's (Lease.__enter__)
         return self
 
     def __exit__(self, *exc):
