@@ -731,6 +731,8 @@ def test_a_shared_store_carries_a_thread_between_two_machines(tmp_path, s3_url, 
         assert "langgraph/t/branches/1" in second.thread_states("langgraph/t")
     assert second.fsck()["ok"]
     second.close()
+    with AgentcasSaver.from_path(s3_url, refs=postgres_url) as saver:  # by URL, as from_path opens a directory
+        assert [m.content for m in chat_graph(saver).get_state(config()).values["messages"]][-1] == "reply 4"
 
 
 # -- hand-over to another store through the CLI ---------------------------------------------------

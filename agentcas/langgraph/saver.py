@@ -228,12 +228,15 @@ class _Retry(Exception):
 class AgentcasSaver(BaseCheckpointSaver[int]):
     """A LangGraph checkpointer that keeps every thread as an agentcas thread (sync and async)."""
 
-    def __init__(self, store, *, serde: SerializerProtocol | None = None, author: str | None = None):
+    def __init__(self, store, *, serde: SerializerProtocol | None = None, author: str | None = None,
+                 refs: str | None = None):
+        """`store`: a Store, or a store path or s3:// URL (created if absent; a shared store
+        needs `refs`, its postgresql:// URL)."""
         super().__init__(serde=serde)
         from agentcas.repository import Store, default_author
         self._owned = None
         if isinstance(store, str) or hasattr(store, "__fspath__"):
-            store, _ = Store.init(str(store))
+            store, _ = Store.init(str(store), refs=refs)
             self._owned = store
         self.store = store
         self.author = author or default_author()
