@@ -28,6 +28,7 @@ from agentcas.cas.system_errors import from_os_error
 from agentcas.cas.writer import BatchWriter
 from agentcas.errors import ConflictError, IntegrityError, NotFound, UsageError
 from agentcas.lineage import checkpoints, rollout
+from agentcas.lineage.group_moves import GroupWriter, refs_under
 from agentcas.lineage.moves import Move, lease_for, move_thread, read_state
 from agentcas.refs import revisions, threads
 from agentcas.refs.names import check_thread_name
@@ -965,6 +966,45 @@ class Store:
                 "records": history.seq, "clean": not files and not records,
                 "files": [{"path": f.path, "line": f.line, "rule": f.rule} for f in files],
                 "history": [r.to_json() for r in records]}
+
+    # -- issue 10: the LangGraph saver's reads and group writes (agentcas/langgraph) ----------
+    def lineage_writer(self, what: str) -> GroupWriter:
+        """A lease-holding writer: in-memory content first, then several ref moves in one
+        compare-and-swap transaction (lineage/group_moves.py)."""
+        return GroupWriter(self.stores, what, lambda: (utc_now(), runtime_description()))
+
+    def thread_states(self, prefix: str) -> dict[str, ThreadState]:
+        """Every thread named `prefix` or starting with `prefix/`, with its state."""
+        with self.meta.reader() as txn:
+            return dict(refs_under(txn, prefix))
+
+    def checkpoints_from(self, heads, known=frozenset()) -> list[tuple[Digest, Checkpoint]]:
+        """Checkpoints reachable from `heads` along all parents, stopping at `known` raw ids
+        (only read, never copied); each once, verified."""
+        out, seen = [], set()
+        with self.source.reading() as objects:
+            stack = [h for h in heads if h is not None and h.raw not in known]
+            while stack:
+                digest = stack.pop()
+                if digest.raw in seen:
+                    continue
+                seen.add(digest.raw)
+                cp = revisions.load_checkpoint(objects, digest)
+                out.append((digest, cp))
+                stack.extend(p for p in reversed(cp.parents) if p.raw not in seen and p.raw not in known)
+        return out
+
+    def tree_files(self, tree: Digest, content: bool = True) -> dict:
+        """Every file under `tree` by '/'-separated path: its verified bytes, or (without
+        `content`) its TreeEntry."""
+        from agentcas.workspace.restore import list_files, read_file
+        with self.source.reading() as objects:
+            return {path: read_file(objects, entry, path) if content else entry
+                    for path, entry in list_files(objects, tree) if entry.type == "file"}
+
+    def read_history(self, position: HistoryPosition, start: int, stop: int) -> bytes:
+        """The verified bytes of records start <= seq < stop of the history ending at `position`."""
+        return b"".join(self._read_history(position, start, stop))
 
 
 @dataclass(frozen=True)

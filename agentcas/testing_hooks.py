@@ -10,6 +10,7 @@ their tests prove, are listed in docs/RELIABILITY.md:
 
     writer.after_batch      a BatchWriter batch was written (the writer's lease refreshed)
     commit.before_land      the snapshot (and rollout tail) are stored; the ref has not moved
+    group.before_land       a group move (the LangGraph saver) stored its objects; no ref has moved
     import.before_write     a bundle is fully verified; pass 2 (writing objects) starts
     import.before_land      a bundle's objects are written; the ref has not moved
     checkout.before_rename  every file is written and verified in the temporary directory

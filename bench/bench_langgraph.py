@@ -11,8 +11,16 @@ Each step appends one ~300-byte chat message and checkpoints:
   measure 2,000 Python start-ups; a few CLI steps are timed separately). The workspace is
   an empty directory: LangGraph's state here holds only the messages.
 
+- issue 10: the same LangGraph graph over `MessagesState` with `AgentcasSaver`
+  (agentcas/langgraph) as its checkpointer, a checkpoint per LangGraph step as LangGraph
+  writes them; the saver's `put` calls are timed beside SqliteSaver's.
+
 Measured: total bytes on disk, per-step time and bytes over the first vs the last 100
-steps, a fork at step N/2 (bytes, time), and listing the whole thread.
+steps, a fork at step N/2 (bytes, time), and listing the whole thread; for the saver also
+the median step time of the first vs the last 10% of steps, `put` time, `copy_thread` of the
+whole thread, `list` of the whole thread, and resident memory along the thread.
+`--profile`: the saver alone, 200 steps: bytes per step by table and object kind, and the
+median time of a put and of a put_writes.
 """
 
 from __future__ import annotations
@@ -80,7 +88,9 @@ def bench_langgraph(work: str, msgs: list[dict], delta: bool, budget: float) -> 
     builder.add_edge("agent", END)
     path = os.path.join(work, f"langgraph-{'delta' if delta else 'default'}.sqlite")
     conn = sqlite3.connect(path, check_same_thread=False)
-    graph = builder.compile(checkpointer=SqliteSaver(conn))
+    checkpointer = SqliteSaver(conn)
+    put_times = time_puts(checkpointer)
+    graph = builder.compile(checkpointer=checkpointer)
     thread = {"configurable": {"thread_id": "agent"}}
     n = len(msgs)
     times, sizes = [], [sqlite_bytes(path)]
@@ -90,6 +100,7 @@ def bench_langgraph(work: str, msgs: list[dict], delta: bool, budget: float) -> 
         cls = HumanMessage if m["role"] == "user" else AIMessage
         message = cls(content=m["content"], id=m["id"])
         start = time.perf_counter()
+        put_times.append([])
         graph.invoke({"messages": [message]}, thread)
         times.append(time.perf_counter() - start)
         if i < WINDOW or i >= n - WINDOW - 1:
@@ -101,7 +112,8 @@ def bench_langgraph(work: str, msgs: list[dict], delta: bool, budget: float) -> 
         if (i + 1) % 500 == 0:
             h.progress(f"langgraph/{label}: step {i + 1}/{n}, {h.fmt_bytes(sqlite_bytes(path))}")
     r = {"total": sqlite_bytes(path), "payload": sqlite_payload(conn), "step_times": times, "sizes": sizes,
-         "checkpoints": conn.execute("select count(*) from checkpoints").fetchone()[0]}
+         "checkpoints": conn.execute("select count(*) from checkpoints").fetchone()[0],
+         "put_times": [sum(p) for p in put_times if p]}
 
     # Fork at step n/2: (a) a branch from that checkpoint in the same thread, (b) a new thread.
     before = sqlite_payload(conn)
@@ -122,6 +134,145 @@ def bench_langgraph(work: str, msgs: list[dict], delta: bool, budget: float) -> 
     r["list"] = timed_listing(graph.checkpointer.list(thread), budget)
     conn.close()
     return r
+
+
+def time_puts(saver) -> list:
+    """Wrap `saver.put` so each call's time lands in the last list of the returned list."""
+    calls: list[list[float]] = [[]]
+    real = saver.put
+
+    def put(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            calls[-1].append(time.perf_counter() - start)
+
+    saver.put = put
+    return calls
+
+
+def resident_bytes() -> int:
+    """Anonymous resident memory (RssAnon): the heap, without the store's mapped file pages."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def bench_saver(work: str, msgs: list[dict], budget: float) -> dict:
+    """Issue 10: the graph over MessagesState with AgentcasSaver, one invoke per message."""
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    from agentcas.langgraph import AgentcasSaver
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", lambda state: {})  # stands in for the model call
+    builder.add_edge(START, "agent")
+    builder.add_edge("agent", END)
+    path = os.path.join(work, "saver.agentcas")
+    saver = AgentcasSaver(path)
+    store = saver.store
+    put_times = time_puts(saver)
+    graph = builder.compile(checkpointer=saver)
+    thread = {"configurable": {"thread_id": "agent"}}
+    n = len(msgs)
+    start_pages, start_payload = store.objects.used_bytes(), store_payload(store)
+    times, rss = [], {}
+    for i, m in enumerate(msgs):
+        cls = HumanMessage if m["role"] == "user" else AIMessage
+        message = cls(content=m["content"], id=m["id"])
+        put_times.append([])
+        start = time.perf_counter()
+        graph.invoke({"messages": [message]}, thread)
+        times.append(time.perf_counter() - start)
+        if i + 1 in (n // 10, n // 2, n):
+            rss[i + 1] = resident_bytes()
+        if (i + 1) % 500 == 0:
+            h.progress(f"AgentcasSaver: step {i + 1}/{n}, {h.fmt_bytes(store.objects.used_bytes())}")
+    r = {"total": store.objects.used_bytes() - start_pages, "payload": store_payload(store) - start_payload,
+         "disk": h.disk_bytes(path), "step_times": times, "put_times": [sum(p) for p in put_times if p],
+         "rss": rss, "checkpoints": len(store.log("langgraph/agent"))}
+    before_payload, before_pages = store_payload(store), store.objects.used_bytes()
+    start = time.perf_counter()
+    saver.copy_thread("agent", "agent-copy")
+    r["copy_time"] = time.perf_counter() - start
+    r["copy_bytes"] = store_payload(store) - before_payload
+    r["copy_pages"] = store.objects.used_bytes() - before_pages
+    h.progress(f"AgentcasSaver: listing the thread (at most {budget:.0f} s)")
+    r["list"] = timed_listing(saver.list(thread), budget)
+    cold = AgentcasSaver(store)  # a new process's view: index and values read from the store
+    r["list_cold"] = timed_listing(cold.list(thread), budget)
+    saver.close()
+    return r
+
+
+def median_ratio(times: list[float]) -> tuple[float, float, float]:
+    """(median of the first 10%, median of the last 10%, last/first)."""
+    k = max(1, len(times) // 10)
+    first, last = statistics.median(times[:k]), statistics.median(times[-k:])
+    return first, last, last / first
+
+
+def report_saver(n: int, saver: dict, lg: dict) -> None:
+    default, delta = lg.get("default"), lg.get("DeltaChannel")
+    f_t, l_t, ratio_t = median_ratio(saver["step_times"])
+    f_p, l_p, ratio_p = median_ratio(saver["put_times"])
+    rows = [["AgentcasSaver", h.fmt_bytes(saver["total"]), h.fmt_bytes(saver["payload"]), str(saver["checkpoints"]),
+             h.fmt_time(f_t), h.fmt_time(l_t), f"{ratio_t:.2f}", h.fmt_time(f_p), h.fmt_time(l_p)]]
+    for name, r in lg.items():
+        a, b, c = median_ratio(r["step_times"])
+        pa, pb, _ = median_ratio(r["put_times"])
+        rows.append([f"SqliteSaver, {name}", h.fmt_bytes(r["total"]), h.fmt_bytes(r["payload"]), str(r["checkpoints"]),
+                     h.fmt_time(a), h.fmt_time(b), f"{c:.2f}", h.fmt_time(pa), h.fmt_time(pb)])
+    k = max(1, n // 10)
+    h.table(f"Issue 10: LangGraph StateGraph over MessagesState, {n} steps, checkpointers side by side",
+            ["checkpointer", "total bytes", "payload bytes", "checkpoints", f"step, median of first {k}",
+             f"step, median of last {k}", "last/first", f"put per step, first {k}", f"put per step, last {k}"],
+            rows, ["Total bytes: agentcas = LMDB pages in use (data.mdb on disk: "
+                   f"{h.fmt_bytes(saver['disk'])}); SqliteSaver = the SQLite file plus its WAL. A step is one "
+                   "graph.invoke (LangGraph writes 3 checkpoints per invoke); put = the checkpointer's put "
+                   "calls of one step, timed inside the process."])
+    t_list, count, finished = saver["list"]
+    t_cold, count_cold, finished_cold = saver["list_cold"]
+    put_step1 = {name: r["put_times"][0] for name, r in lg.items()}
+    rows = []
+    if delta:
+        rows.append(["bytes ≤ 0.25× DeltaChannel on SqliteSaver",
+                     f"{h.fmt_bytes(saver['total'])} vs {h.fmt_bytes(delta['total'])} "
+                     f"({saver['total'] / delta['total']:.3f}×)", h.verdict(saver["total"] <= 0.25 * delta["total"])])
+    if default:
+        rows.append(["bytes ≤ 0.005× default SqliteSaver",
+                     f"{h.fmt_bytes(saver['total'])} vs {h.fmt_bytes(default['total'])} "
+                     f"({saver['total'] / default['total']:.4f}×)",
+                     h.verdict(saver["total"] <= 0.005 * default["total"])])
+    rows.append(["step cost flat: last-10% / first-10% median ≤ 1.2 (whole invoke)",
+                 f"{h.fmt_time(f_t)} → {h.fmt_time(l_t)} ({ratio_t:.2f})", h.verdict(ratio_t <= 1.2)])
+    rows.append(["put cost flat: last-10% / first-10% median ≤ 1.2 (the saver's puts)",
+                 f"{h.fmt_time(f_p)} → {h.fmt_time(l_p)} ({ratio_p:.2f})", h.verdict(ratio_p <= 1.2)])
+    if default:
+        rows.append(["a step's put (last 10%) ≤ SqliteSaver's at step 1",
+                     f"{h.fmt_time(l_p)} vs {h.fmt_time(put_step1['default'])}",
+                     h.verdict(l_p <= put_step1["default"])])
+    copy = max(saver["copy_bytes"], saver["copy_pages"])
+    rows.append([f"copy_thread of the {n}-step thread < 16 KiB and < 10 ms",
+                 f"{h.fmt_bytes(saver['copy_bytes'])} of keys+values ({h.fmt_bytes(saver['copy_pages'])} of pages), "
+                 f"{h.fmt_time(saver['copy_time'])}", h.verdict(copy < 16 << 10 and saver["copy_time"] < 0.010)])
+    for name, r in lg.items():
+        t, c, done = r["list"]
+        theirs = h.fmt_time(t) if done else f"> {h.fmt_time(t)} (stopped after {c})"
+        rows.append([f"list of the whole thread ≤ SqliteSaver {name}'s",
+                     f"{h.fmt_time(t_list)} ({count}{'' if finished else ', unfinished'}); cold saver "
+                     f"{h.fmt_time(t_cold)} ({count_cold}{'' if finished_cold else ', unfinished'}) vs {theirs}",
+                     h.verdict(finished and (not done or t_list <= t))])
+    rss = saver["rss"]
+    marks = sorted(rss)
+    rows.append(["memory flat (anonymous resident memory at 10% / 50% / 100% of the steps)",
+                 " / ".join(h.fmt_bytes(rss[m]) for m in marks),
+                 h.verdict(rss[marks[-1]] <= 1.2 * rss[marks[0]])])
+    h.table("Issue 10 targets (AgentcasSaver)", ["target", "measured", "met"], rows)
 
 
 def store_payload(store) -> int:
@@ -260,7 +411,65 @@ def report(n: int, a: dict, lg: dict, msg_bytes: int) -> None:
     h.table("Issue 3 targets (LangGraph workload)", ["target", "measured", "met"], rows)
 
 
+def profile_saver(work: str, n: int) -> None:
+    """`--profile`: what one step of the saver writes (keys+values by table and object kind)
+    and the median time of its put and put_writes calls (the saver alone, n steps)."""
+    import collections
+
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    from agentcas.cas import framing
+    from agentcas.cas.store import TABLES
+    from agentcas.langgraph import AgentcasSaver
+
+    def by_kind(store) -> collections.Counter:
+        out = collections.Counter()
+        with store.objects.reader() as txn:
+            for table in TABLES:
+                for k, v in txn.scan(table):
+                    name = f"object: {framing.KIND_NAMES[framing.unframe(bytes(v))[0]]}" if table == "objects" else table
+                    out[name] += len(k) + len(v)
+        return out
+
+    saver = AgentcasSaver(os.path.join(work, "profile.agentcas"))
+    calls = {"put": [], "put_writes": []}
+    for name, spent in calls.items():
+        real = getattr(saver, name)
+
+        def timed(*args, real=real, spent=spent, **kwargs):
+            start = time.perf_counter()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                spent.append(time.perf_counter() - start)
+        setattr(saver, name, timed)
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", lambda state: {})
+    builder.add_edge(START, "agent")
+    builder.add_edge("agent", END)
+    graph = builder.compile(checkpointer=saver)
+    before, pages = by_kind(saver.store), saver.store.objects.used_bytes()
+    for m in messages(n):
+        cls = HumanMessage if m["role"] == "user" else AIMessage
+        graph.invoke({"messages": [cls(content=m["content"], id=m["id"])]}, {"configurable": {"thread_id": "p"}})
+    after, pages = by_kind(saver.store), saver.store.objects.used_bytes() - pages
+    rows = [[name, f"{(after[name] - before[name]) / n:,.0f} B"] for name in sorted(after) if after[name] != before[name]]
+    rows.append(["all keys and values", f"{(sum(after.values()) - sum(before.values())) / n:,.0f} B"])
+    rows.append(["LMDB pages", f"{pages / n:,.0f} B"])
+    for name, spent in calls.items():
+        rows.append([f"{name}: median time ({len(spent) / n:.2f} calls per step)", h.fmt_time(statistics.median(spent))])
+    h.table(f"AgentcasSaver: one step of {n} (bytes per step; put times)", ["what", "per step"], rows)
+    saver.close()
+
+
 def main(argv: list[str]) -> int:
+    if "--profile" in argv:
+        with h.work_dir("langgraph-profile") as work:
+            load = h.load_note()
+            profile_saver(work, 200)
+            print(f"Load: {load} at start, {h.load_note()} at end.\n")
+        return 0
     quick = "--quick" in argv
     n = 300 if quick else 2000
     msgs = messages(n)
@@ -275,6 +484,8 @@ def main(argv: list[str]) -> int:
         except ImportError:
             print("LangGraph is not installed (pip install -e '.[bench]'): agentcas numbers only.\n")
         else:
+            h.progress(f"AgentcasSaver: {n} steps")
+            saver = bench_saver(work, msgs, 20.0 if quick else 90.0)
             for delta in (False, True):
                 h.progress(f"langgraph/{'DeltaChannel' if delta else 'default'}: {n} steps")
                 lg["DeltaChannel" if delta else "default"] = bench_langgraph(work, msgs, delta,
@@ -284,6 +495,8 @@ def main(argv: list[str]) -> int:
                     if os.path.exists(p):
                         os.unlink(p)
     report(n, a, lg, msg_bytes)
+    if lg:
+        report_saver(n, saver, lg)
     print(f"Load: {load} at start, {h.load_note()} at end.\n")
     return 0
 

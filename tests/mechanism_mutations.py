@@ -31,6 +31,8 @@ LATE_LEASE = (["    def __enter__(self) -> \"Lease\":\n        return self.acqui
 MUTATIONS = {
     "1": ("agentcas/cas/leases.py", *LATE_LEASE,
           [M + "test_commit_pin_is_live_after_its_first_batch_and_holds_gc_off"]),
+    "1-langgraph": ("agentcas/cas/leases.py", *LATE_LEASE,
+                    ["tests/test_langgraph_saver.py::test_gc_at_grace_zero_during_a_put_deletes_nothing_and_the_put_lands"]),
     "1-concurrent": ("agentcas/cas/leases.py", *LATE_LEASE,
                      ["tests/test_gc_concurrency.py::test_concurrent_writers_and_gc_at_zero_grace"]),
     "2": ("agentcas/workspace/restore.py", ["    if hasher is not None and Digest(hasher.digest()) != entry.id:"],
@@ -95,6 +97,21 @@ MUTATIONS = {
     "Ld": ("agentcas/cas/leases.py",
            ["        if self.host == (host or this_host()) and not pid_alive(self.pid):\n            return False\n"],
            [""], [M + "test_the_lease_of_a_killed_local_writer_is_dead_at_once"]),
+    # The LangGraph saver's group moves (lineage/group_moves.py): objects stored before the refs
+    # move (here: after, so a kill in between leaves a ref to missing objects), and the landing's
+    # compare-and-swap (here: a ref that moved is overwritten or its move silently dropped).
+    "G1": ("agentcas/lineage/group_moves.py",
+           ["            self.lease.refresh()\n            self.stores.objects.put_many(waiting)\n",
+            "                continue\n            return result\n"],
+           ["            self.lease.refresh()\n",
+            "                continue\n            self.stores.objects.put_many(waiting)\n            return result\n"],
+           ["tests/test_langgraph_saver.py::test_every_crash_point_of_a_put_leaves_the_old_or_the_new_checkpoint"]),
+    "G2": ("agentcas/lineage/group_moves.py",
+           ["                    if threads.read_thread(txn, name) != state:\n                        raise LostRace()\n",
+            "                    if not threads.set_if_equals(txn, name, old, new, action, message):\n"
+            "                        raise LostRace()\n"],
+           ["                    pass\n", "                    threads.set_if_equals(txn, name, old, new, action, message)\n"],
+           ["tests/test_langgraph_saver.py::test_a_ref_moved_between_planning_and_landing_makes_the_put_plan_again"]),
     "Le": ("agentcas/gc/sweep.py", ["        if time.time() > began + SWEEP_WINDOW - WINDOW_MARGIN:\n"],
            ["        if False:\n"], [M + "test_a_sweep_batch_past_its_window_deletes_nothing"]),
 }

@@ -156,9 +156,10 @@ def prepare(data: bytes, add_object, first_line: int = 1, raw_lines: bool = Fals
         return PreparedSegment(tuple(refs), end - start, hashes, sizes), objects
 
     prepared = []
-    # zstd and BLAKE3 release the GIL: a large append packs its segments on two threads.
+    # zstd and BLAKE3 release the GIL: a large append packs its segments on two threads
+    # (one segment is packed here: starting a thread costs more than a small append).
     with ThreadPoolExecutor(READ_WORKERS if len(groups) > 2 else 1) as pool:
-        for segment, objects in pool.map(pack, groups):
+        for segment, objects in (pool.map(pack, groups) if len(groups) > 1 else map(pack, groups)):
             for digest, framed in objects:
                 add_object(digest, framed)
             prepared.append(segment)

@@ -1,0 +1,948 @@
+"""AgentcasSaver: LangGraph's BaseCheckpointSaver over an agentcas Store (docs/LANGGRAPH.md).
+
+How it maps: LangGraph thread T, namespace NS -> agentcas thread `langgraph/<T>` (NS "") or
+`langgraph/<T>/ns/<NS>`; each LangGraph checkpoint is one agentcas checkpoint whose reason is
+`langgraph step <step> <source> <checkpoint id>` and whose tree holds `langgraph` (a JSON
+line, then the serde bytes of the checkpoint without its values and of the metadata) and
+`values/` (one file per channel value stored whole; an unchanged channel keeps its file id).
+A list channel whose new value extends its parent's (the message list) stores only the new
+items, as records `{"k":"item",...}` appended to the thread's rollout: its value is a base
+(a stored list, or nothing) plus the item records of that channel between `from` and the
+checkpoint's HistoryPosition. Pending writes are records `{"k":"write","cp":ID,...}` appended
+to a line (a ref) through their checkpoint, so a checkpoint's writes are the records tagged
+with its id at or after its position on the lines through it; a fork never sees them.
+
+Forks: a put whose parent is not the thread's head saves the head as `<thread>/branches/<n>`
+(forked_from = the parent, so `lineage` shows the split) and moves the thread onto the new
+checkpoint. Every write is a group move (lineage/group_moves.py, via Store.lineage_writer):
+objects stored first, then one metadata transaction that compare-and-swaps each ref it
+moves; a writer that lost the race reloads its index and retries, so two children of one
+parent become two branches, both kept.
+
+Reading: per agentcas thread an in-memory index (LangGraph id -> agentcas checkpoint) is
+built by walking parents from every head and refreshed incrementally when a head moves.
+Values are LangGraph's own serde (`dumps_typed`/`loads_typed`), so an EncryptedSerializer
+round-trips; every byte read is verified by agentcas.
+"""
+
+from __future__ import annotations
+
+import base64
+import bisect
+import json
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote, unquote
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (WRITES_IDX_MAP, BaseCheckpointSaver, ChannelVersions, Checkpoint,
+                                       CheckpointMetadata, CheckpointTuple, get_checkpoint_id,
+                                       get_checkpoint_metadata, writes_sort_key)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
+
+from agentcas.cas.digest import Digest
+from agentcas.cas.objects import EMPTY_POSITION, HistoryPosition, TreeEntry
+from agentcas.errors import ConflictError, IntegrityError
+from agentcas.refs.threads import ForkOrigin, ThreadState
+
+ROOT = "langgraph"
+RECORD = "langgraph"
+VALUES = "values"
+FORMAT = 1
+_SAFE = re.compile(r"[A-Za-z0-9_-]")
+_FILE_SAFE = re.compile(r"[a-z0-9_:-]")
+_REASON = re.compile(r"^langgraph step (\S+) (\S+) (\S+)( \+ pending writes)?$")
+SEALED = " + pending writes"
+_CACHED_CHECKPOINTS = 4
+_MAX_RETRIES = 64
+_MAX_EARLY = 256  # checkpoints whose writes wait for their put
+
+
+class CorruptCheckpoint(IntegrityError):
+    """A stored LangGraph checkpoint whose objects are damaged or inconsistent."""
+
+
+def _encode(text: str, safe=_SAFE) -> str:
+    """Percent-encode every character outside `safe` (so '.', '/', ':' never reach a ref name)."""
+    return "".join(c if safe.fullmatch(c) else "".join(f"%{b:02X}" for b in c.encode("utf-8"))
+                   for c in text)
+
+
+def _component(text: str) -> str:
+    """One ref-name component for a LangGraph id; long ids become `%h` + a hash (never a literal)."""
+    encoded = _encode(text)
+    if not encoded or len(encoded) > 80:
+        import blake3
+        return "%h" + blake3.blake3(text.encode("utf-8")).hexdigest()[:40]
+    return encoded
+
+
+def thread_root(thread_id: str) -> str:
+    return f"{ROOT}/{_component(str(thread_id))}"
+
+
+def thread_name(thread_id: str, checkpoint_ns: str = "") -> str:
+    """The agentcas thread of a LangGraph (thread, namespace)."""
+    root = thread_root(thread_id)
+    return f"{root}/ns/{_component(checkpoint_ns)}" if checkpoint_ns else root
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text.encode("ascii"), validate=True)
+
+
+def _encode_record(doc: dict, checkpoint: tuple[str, bytes], metadata: tuple[str, bytes]) -> bytes:
+    """`langgraph` file: one JSON line (ids, channels, serde types and lengths), then the
+    serde bytes of the checkpoint (without its values) and of the metadata, raw."""
+    head = dict(doc, checkpoint={"t": checkpoint[0], "n": len(checkpoint[1])},
+                metadata={"t": metadata[0], "n": len(metadata[1])})
+    return json.dumps(head, sort_keys=True, separators=(",", ":")).encode() + b"\n" + checkpoint[1] + metadata[1]
+
+
+def _decode_record(data: bytes) -> dict:
+    line, _, rest = data.partition(b"\n")
+    doc = json.loads(line)
+    n = doc["checkpoint"]["n"]
+    if n + doc["metadata"]["n"] != len(rest):
+        raise ValueError("the record's lengths do not add up")
+    doc["checkpoint"]["v"], doc["metadata"]["v"] = rest[:n], rest[n:]
+    return doc
+
+
+def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
+
+
+@dataclass(slots=True)
+class _Node:
+    """One LangGraph checkpoint as the index knows it."""
+
+    digest: Digest
+    lg_id: str
+    parents: tuple
+    history: HistoryPosition
+    tree: Digest
+    created_at: str
+
+
+@dataclass
+class _Line:
+    """The index of one agentcas thread: its refs (thread + branches) and checkpoints."""
+
+    name: str
+    refs: dict = field(default_factory=dict)      # ref name -> ThreadState
+    nodes: dict = field(default_factory=dict)     # digest raw -> _Node (LangGraph checkpoints)
+    parents: dict = field(default_factory=dict)   # digest raw -> parent digests (all walked)
+    by_id: dict = field(default_factory=dict)     # LangGraph id -> digest raw
+
+    def head(self) -> ThreadState | None:
+        return self.refs.get(self.name)
+
+    def first_version(self, node: _Node) -> _Node:
+        """The oldest agentcas checkpoint of `node`'s LangGraph checkpoint (sealed writes make
+        newer versions: same tree, the writes in their history)."""
+        while node.parents and node.parents[0].raw in self.nodes \
+                and self.nodes[node.parents[0].raw].lg_id == node.lg_id:
+            node = self.nodes[node.parents[0].raw]
+        return node
+
+    def lg_parent(self, node: _Node) -> str | None:
+        """The LangGraph id of `node`'s parent checkpoint, if it is in this thread."""
+        first = self.first_version(node)
+        if first.parents and first.parents[0].raw in self.nodes:
+            return self.nodes[first.parents[0].raw].lg_id
+        return None
+
+    def membership(self) -> dict[bytes, list[tuple[str, ThreadState]]]:
+        """For every checkpoint, the refs whose first-parent chain holds it (one walk per ref)."""
+        out: dict[bytes, list] = {}
+        for ref in sorted(self.refs, key=lambda r: (r != self.name, r)):
+            state = self.refs[ref]
+            digest = state.checkpoint
+            while digest is not None:
+                out.setdefault(digest.raw, []).append((ref, state))
+                parents = self.parents.get(digest.raw, ())
+                digest = parents[0] if parents else None
+        return out
+
+    def lines_through(self, node: _Node) -> list[tuple[str, ThreadState]]:
+        """Refs whose first-parent chain passes through `node` (the thread itself first)."""
+        out = []
+        for ref in sorted(self.refs, key=lambda r: (r != self.name, r)):
+            state = self.refs[ref]
+            digest = state.checkpoint
+            while digest is not None:
+                if digest.raw == node.digest.raw:
+                    out.append((ref, state))
+                    break
+                known = self.nodes.get(digest.raw)
+                if known is not None and known.history.seq < node.history.seq:
+                    break  # histories only grow along parents: this line left `node` behind
+                parents = self.parents.get(digest.raw, ())
+                digest = parents[0] if parents else None
+        return out
+
+
+class _Records:
+    """One line's saver records from `start`, indexed: items by channel, writes by checkpoint."""
+
+    def __init__(self, records: list[tuple[int, dict]], start: int):
+        self.start = start
+        self.item_seqs: dict[str, list[int]] = {}
+        self.item_records: dict[str, list[dict]] = {}
+        self.decoded: dict[str, list] = {}
+        self.writes: dict[str, list[tuple[int, dict]]] = {}
+        for seq, record in records:
+            if record["k"] == "item":
+                self.item_seqs.setdefault(record.get("ch"), []).append(seq)
+                self.item_records.setdefault(record.get("ch"), []).append(record)
+            else:
+                self.writes.setdefault(record.get("cp"), []).append((seq, record))
+
+    def items(self, channel: str, start: int, stop: int, load) -> list:
+        """The decoded items of `channel` with start <= seq < stop (each decoded once)."""
+        seqs = self.item_seqs.get(channel, [])
+        lo, hi = bisect.bisect_left(seqs, start), bisect.bisect_left(seqs, stop)
+        decoded = self.decoded.setdefault(channel, [None] * len(seqs))
+        records = self.item_records[channel] if seqs else []
+        for i in range(lo, hi):
+            if decoded[i] is None:
+                decoded[i] = (load(records[i]),)
+        return [d[0] for d in decoded[lo:hi]]
+
+
+class _Retry(Exception):
+    """The thread moved between reading and landing: reload and try again."""
+
+
+class AgentcasSaver(BaseCheckpointSaver[int]):
+    """A LangGraph checkpointer that keeps every thread as an agentcas thread (sync and async)."""
+
+    def __init__(self, store, *, serde: SerializerProtocol | None = None, author: str | None = None,
+                 refs: str | None = None):
+        """`store`: a Store, or a store path or s3:// URL (created if absent; a shared store
+        needs `refs`, its postgresql:// URL)."""
+        super().__init__(serde=serde)
+        from agentcas.repository import Store, default_author
+        self._owned = None
+        if isinstance(store, str) or hasattr(store, "__fspath__"):
+            store, _ = Store.init(str(store), refs=refs)
+            self._owned = store
+        self.store = store
+        self.author = author or default_author()
+        self._lock = threading.RLock()
+        self._lines: dict[str, _Line] = {}
+        self._values: OrderedDict = OrderedDict()  # digest raw -> (channels doc, {ch: list}, {file: TreeEntry})
+        self._early: dict[tuple[str, str], list] = {}  # writes for checkpoints not stored yet
+
+    # -- life cycle -----------------------------------------------------------------------------
+    @classmethod
+    @contextmanager
+    def from_path(cls, path: str, **kwargs) -> Iterator["AgentcasSaver"]:
+        """A saver on the store at `path` (created if absent), closed on exit."""
+        saver = cls(str(path), **kwargs)
+        try:
+            yield saver
+        finally:
+            saver.close()
+
+    def close(self) -> None:
+        if self._owned is not None:
+            self._owned.close()
+            self._owned = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        self.close()
+
+    # -- the index ------------------------------------------------------------------------------
+    def _refresh(self, name: str, states: dict | None = None) -> _Line:
+        """The index of agentcas thread `name`, brought up to date with its refs."""
+        if states is None:
+            states = self.store.thread_states(name)
+        refs = {ref: state for ref, state in states.items()
+                if ref == name or (ref.startswith(name + "/branches/") and "/" not in ref[len(name) + 10:])}
+        line = self._lines.get(name)
+        if line is None:
+            line = self._lines[name] = _Line(name)
+        if refs == line.refs:
+            return line
+        old_heads = {s.checkpoint.raw for s in line.refs.values() if s.checkpoint is not None}
+        heads = [s.checkpoint for s in refs.values() if s.checkpoint is not None]
+        added, boundary = [], set()
+        for digest, cp in self.store.checkpoints_from(heads, line.parents.keys()):
+            line.parents[digest.raw] = cp.parents
+            boundary.update(p.raw for p in cp.parents)
+            match = _REASON.match(cp.reason)
+            if match:
+                node = _Node(digest, unquote(match.group(3)), cp.parents, cp.history, cp.tree, cp.created_at)
+                line.nodes[digest.raw] = node
+                added.append(node)
+        line.refs = dict(refs)
+        if old_heads <= {d.raw for d in heads} | boundary:
+            # Heads only moved forward (the usual case): index just what was added, O(new).
+            for node in reversed(added):  # oldest first, so a sealed version replaces its original
+                self._index(line, node)
+        else:
+            self._mark(line)  # a head left its line (a rewrite, a deleted branch): re-index
+            line.by_id = {}
+            for node in sorted(line.nodes.values(), key=lambda n: (n.history.seq, n.created_at)):
+                self._index(line, node)
+        return line
+
+    @staticmethod
+    def _index(line: _Line, node: _Node) -> None:
+        """Point `node`'s LangGraph id at it unless a newer version of that checkpoint holds it."""
+        other = line.by_id.get(node.lg_id)
+        if other is None or other == node.digest.raw:
+            line.by_id[node.lg_id] = node.digest.raw
+            return
+        held = line.nodes.get(other)
+        # A sealed version is a child of the version before it: the descendant wins.
+        if held is None or (node.parents and node.parents[0].raw == other) or \
+                (held.history.seq, held.created_at) < (node.history.seq, node.created_at):
+            line.by_id[node.lg_id] = node.digest.raw
+
+    @staticmethod
+    def _mark(line: _Line) -> None:
+        reached, stack = set(), [s.checkpoint.raw for s in line.refs.values() if s.checkpoint is not None]
+        while stack:
+            raw = stack.pop()
+            if raw in reached:
+                continue
+            reached.add(raw)
+            stack.extend(p.raw for p in line.parents.get(raw, ()))
+        line.nodes = {raw: n for raw, n in line.nodes.items() if raw in reached}
+        line.parents = {raw: p for raw, p in line.parents.items() if raw in reached}
+
+    def _lines_of(self, thread_id: str) -> dict[str, _Line]:
+        """Every agentcas thread (root and namespaces) of a LangGraph thread, refreshed."""
+        states = self.store.thread_states(thread_root(thread_id))
+        names = [n for n in states if "/branches/" not in n[len(thread_root(thread_id)):]]
+        return {n: self._refresh(n, {k: v for k, v in states.items() if k == n or k.startswith(n + "/branches/")})
+                for n in names}
+
+    # -- reading a checkpoint -------------------------------------------------------------------
+    def _record(self, node: _Node, entries: bool = False) -> tuple[dict, dict[str, bytes], dict[str, TreeEntry]]:
+        """(record document, values files[, values entries]) of a checkpoint, verified."""
+        try:
+            files = self.store.tree_files(node.tree)
+            doc = _decode_record(files[RECORD])
+            entries = {path[len(VALUES) + 1:]: entry for path, entry in self.store.tree_files(node.tree, content=False).items()
+                       if path.startswith(VALUES + "/")} if entries else {}
+        except IntegrityError as exc:
+            raise CorruptCheckpoint(f"LangGraph checkpoint {node.lg_id} (agentcas checkpoint "
+                                    f"{node.digest.hex()}): {exc}") from None
+        except (KeyError, ValueError) as exc:
+            raise CorruptCheckpoint(f"LangGraph checkpoint {node.lg_id} (agentcas checkpoint {node.digest.hex()}) "
+                                    f"has no valid {RECORD}: {exc}") from None
+        if doc.get("format") != FORMAT or doc.get("checkpoint_id") != node.lg_id:
+            raise CorruptCheckpoint(f"agentcas checkpoint {node.digest.hex()}: {RECORD} does not describe "
+                                    f"LangGraph checkpoint {node.lg_id}")
+        values = {path[len(VALUES) + 1:]: data for path, data in files.items() if path.startswith(VALUES + "/")}
+        return doc, values, entries
+
+    def _records(self, position: HistoryPosition, start: int, node: _Node) -> list[tuple[int, dict]]:
+        """(seq, record) of the rollout records start <= seq < position.seq that the saver wrote."""
+        if start >= position.seq:
+            return []
+        try:
+            data = self.store.read_history(position, start, position.seq)
+        except IntegrityError as exc:
+            raise CorruptCheckpoint(f"LangGraph checkpoint {node.lg_id} (agentcas checkpoint "
+                                    f"{node.digest.hex()}): history: {exc}") from None
+        out = []
+        for seq, line in enumerate(data.splitlines(), start):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("k") in ("item", "write"):
+                out.append((seq, record))
+        return out
+
+    def _load(self, value: dict, data: bytes, node: _Node):
+        try:
+            return self.serde.loads_typed((value["t"], data))
+        except Exception as exc:  # noqa: BLE001 - the serializer's own errors vary by type
+            raise CorruptCheckpoint(f"LangGraph checkpoint {node.lg_id} (agentcas checkpoint "
+                                    f"{node.digest.hex()}): a value does not deserialize: {exc}") from None
+
+    def _line_records(self, ref: str, state: ThreadState, start: int, node: _Node, cache: dict | None) -> "_Records":
+        """The indexed records of line `ref` from `start` to its end (cached per listing)."""
+        if cache is not None:
+            key = (ref, state.history)
+            got = cache.get(key)
+            if got is None:
+                got = cache[key] = _Records(self._records(state.history, 0, node), 0)
+            return got
+        return _Records(self._records(state.history, start, node), start)
+
+    def _tuple(self, line: _Line, node: _Node, thread_id: str, ns: str, cache: dict | None = None,
+               record: tuple | None = None, lines: list | None = None) -> CheckpointTuple:
+        """The CheckpointTuple of `node`; `cache` keeps each line's indexed records for a listing."""
+        doc, files, _ = self._record(node) if record is None else record
+        checkpoint = self._load(doc["checkpoint"], doc["checkpoint"]["v"], node)
+        metadata = self._load(doc["metadata"], doc["metadata"]["v"], node)
+        lines = lines if lines is not None else line.lines_through(node)
+        if not lines:
+            raise CorruptCheckpoint(f"LangGraph checkpoint {node.lg_id} is on no line of thread {line.name}")
+        ref, state = lines[0]
+        since = line.first_version(node).history.seq  # sealed writes sit between the versions
+        channels = doc["channels"]
+        cached = self._values.get(node.digest.raw)
+        item_from = [c["items"]["from"] for c in channels.values() if "items" in c]
+        start = min(item_from + [since]) if cached is None and item_from else since
+        records = self._line_records(ref, state, start, node, cache)
+        values: dict[str, Any] = {}
+        for ch, how in channels.items():
+            if "file" in how:
+                if how["file"] not in files:
+                    raise CorruptCheckpoint(f"LangGraph checkpoint {node.lg_id}: value file {how['file']} is missing")
+                values[ch] = self._load(how, files[how["file"]], node)
+            elif cached is not None and ch in cached[1]:
+                values[ch] = list(cached[1][ch])
+            else:
+                items = how["items"]
+                base = items.get("base")
+                out = list(self._load(base, files[base["file"]], node)) if base else []
+                out.extend(records.items(ch, items["from"], node.history.seq, lambda r: self._load(
+                    r, _unb64(r["v"]), node)))
+                values[ch] = out
+        writes: dict[tuple[str, int], tuple] = {}
+        for other_ref, other_state in lines:
+            found = records if other_ref == ref else self._line_records(other_ref, other_state, since, node, cache)
+            for seq, r in found.writes.get(node.lg_id, ()):
+                if seq >= since:
+                    writes[(r["task"], r["idx"])] = (r.get("path", ""), r["task"], r["idx"], r["ch"], r)
+        pending_writes = [(task, ch, self._load(r, _unb64(r["v"]), node))
+                          for _, task, _, ch, r in sorted(writes.values(), key=lambda w: writes_sort_key(*w[:3]))]
+        parent_id = line.lg_parent(node) or doc.get("parent_checkpoint_id")
+        return CheckpointTuple(
+            config=_config(thread_id, ns, node.lg_id),
+            checkpoint={**checkpoint, "channel_values": values},
+            metadata=metadata,
+            parent_config=_config(thread_id, ns, parent_id) if parent_id else None,
+            pending_writes=pending_writes)
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint `config` names (or the thread's newest), or None if there is none."""
+        conf = config["configurable"]
+        thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns", "")
+        name = thread_name(thread_id, ns)
+        with self._lock:
+            line = self._refresh(name)
+            checkpoint_id = get_checkpoint_id(config)
+            if checkpoint_id:
+                raw = line.by_id.get(checkpoint_id)
+            else:
+                head = line.head()
+                raw = self._newest(line, head.checkpoint) if head is not None else None
+            if raw is None:
+                return None
+            return self._tuple(line, line.nodes[raw], thread_id, ns)
+
+    @staticmethod
+    def _newest(line: _Line, digest: Digest | None) -> bytes | None:
+        """The newest LangGraph checkpoint at or below `digest` (skipping foreign commits)."""
+        while digest is not None:
+            if digest.raw in line.nodes:
+                return digest.raw
+            parents = line.parents.get(digest.raw, ())
+            digest = parents[0] if parents else None
+        return None
+
+    def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+             before: RunnableConfig | None = None, limit: int | None = None) -> Iterator[CheckpointTuple]:
+        """Checkpoints newest first (by LangGraph id) of a thread, or of every thread."""
+        if config is None:
+            groups = self._all_threads()
+        else:
+            conf = config["configurable"]
+            ns = conf.get("checkpoint_ns")
+            with self._lock:
+                lines = self._lines_of(conf["thread_id"])
+            wanted = [n for n in lines if ns is None or n == thread_name(conf["thread_id"], ns)]
+            groups = [(conf["thread_id"], self._ns_of(conf["thread_id"], n), n) for n in wanted]
+        before_id = get_checkpoint_id(before) if before else None
+        only_id = get_checkpoint_id(config) if config else None
+        for thread_id, ns, name in groups:
+            with self._lock:
+                line = self._refresh(name)
+                # A snapshot: the listing runs outside the lock while other calls may refresh.
+                nodes = {lg_id: line.nodes[raw] for lg_id, raw in line.by_id.items()}
+                members = line.membership()
+                cache: dict = {}
+            for lg_id in sorted(nodes, reverse=True):
+                if only_id and lg_id != only_id:
+                    continue
+                if before_id and lg_id >= before_id:
+                    continue
+                node = nodes[lg_id]
+                record = self._record(node)
+                if filter:
+                    metadata = self._load(record[0]["metadata"], record[0]["metadata"]["v"], node)
+                    if not all(metadata.get(k) == v for k, v in filter.items()):
+                        continue
+                if limit is not None:
+                    if limit <= 0:
+                        return
+                    limit -= 1
+                yield self._tuple(line, node, thread_id, ns, cache, record, members.get(node.digest.raw, []))
+
+    def _all_threads(self) -> list[tuple[str, str, str]]:
+        out = []
+        for name, state in sorted(self.store.thread_states(ROOT).items()):
+            if "/branches/" in name:
+                continue
+            node_raw = None
+            line = self._refresh(name)
+            for raw in line.nodes:
+                node_raw = raw
+                break
+            if node_raw is None:
+                continue
+            doc = self._record(line.nodes[node_raw])[0]
+            out.append((doc["thread_id"], doc["checkpoint_ns"], name))
+        return out
+
+    @staticmethod
+    def _ns_of(thread_id: str, name: str) -> str:
+        root = thread_root(thread_id)
+        return "" if name == root else unquote(name[len(root) + 4:])
+
+    # -- writing --------------------------------------------------------------------------------
+    def _land(self, what: str, build):
+        """Run `build()` (one group move) again until its plan holds (no _Retry)."""
+        for _ in range(_MAX_RETRIES):
+            try:
+                return build()
+            except _Retry:
+                continue
+        raise ConflictError(f"{what}: the thread kept moving under {_MAX_RETRIES} attempts; nothing was written")
+
+    def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+            new_versions: ChannelVersions) -> RunnableConfig:
+        """Store `checkpoint` as an agentcas checkpoint on the thread; its config."""
+        conf = config["configurable"]
+        thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns", "")
+        name = thread_name(thread_id, ns)
+        parent_id = conf.get("checkpoint_id")
+        metadata = get_checkpoint_metadata(config, metadata)
+        with self._lock:
+            self._land(f"put {checkpoint['id']}", lambda: self._put_once(
+                name, thread_id, ns, parent_id, checkpoint, metadata, new_versions))
+            early = self._early.pop((name, checkpoint["id"]), [])
+        for writes, task_id, task_path in early:
+            self.put_writes(_config(thread_id, ns, checkpoint["id"]), writes, task_id, task_path)
+        return _config(thread_id, ns, checkpoint["id"])
+
+    def _parent_values(self, line: _Line, parent: _Node | None):
+        """(channels doc, {channel: list}, {file: entry}) of the parent, from cache or store."""
+        if parent is None:
+            return {}, {}, {}
+        cached = self._values.get(parent.digest.raw)
+        if cached is not None:
+            return cached
+        doc, files, entries = self._record(parent, entries=True)
+        lists = {}
+        full = None
+        for ch, how in doc["channels"].items():
+            if "items" in how:
+                if full is None:
+                    full = self._tuple(line, parent, "", "", record=(doc, files, entries))
+                lists[ch] = full.checkpoint["channel_values"].get(ch, [])
+        return doc["channels"], lists, entries
+
+    def _put_once(self, name, thread_id, ns, parent_id, checkpoint, metadata, new_versions):
+        line = self._refresh(name)
+        expected = line.head()
+        parent = line.nodes.get(line.by_id.get(parent_id)) if parent_id else None
+        parent_channels, parent_lists, parent_entries = self._parent_values(line, parent)
+        # The new history continues the line that holds the parent (the thread, or a branch it
+        # folds back), so the parent's pending writes on that line stay on a line.
+        holder = None
+        if parent is not None:
+            holder = next((ref for ref in sorted(line.refs, key=lambda r: (r != name, r))
+                           if line.refs[ref].checkpoint == parent.digest), None)
+        held = line.refs.get(holder) if holder is not None else None
+        base = held.history if held is not None else parent.history if parent is not None else EMPTY_POSITION
+        values = checkpoint["channel_values"]
+        channels: dict[str, dict] = {}
+        files: dict[str, Any] = {}
+        lists: dict[str, list] = {}
+        records: list[bytes] = []
+        for ch in checkpoint["channel_versions"]:
+            before = parent_channels.get(ch)
+            if ch not in new_versions and before is not None:
+                channels[ch] = before  # unchanged: the parent's file or items, stored once
+                if "file" in before:
+                    files[f"{VALUES}/{before['file']}"] = parent_entries[before["file"]]
+                else:
+                    base_file = before["items"].get("base")
+                    if base_file:
+                        files[f"{VALUES}/{base_file['file']}"] = parent_entries[base_file["file"]]
+                    if ch in parent_lists:
+                        lists[ch] = parent_lists[ch]
+                continue
+            if ch not in values:
+                continue  # an empty channel
+            value = values[ch]
+            previous = parent_lists.get(ch)
+            if previous is None and before is None and isinstance(value, list):
+                previous = []  # a new list channel extends the empty list: its items go to the rollout
+            if isinstance(value, list) and previous is not None and len(value) >= len(previous) \
+                    and value[:len(previous)] == previous:
+                if before is not None and "items" in before:
+                    channels[ch] = before
+                    base_file = before["items"].get("base")
+                else:  # the parent's whole stored list (or nothing) is the base these items extend
+                    base_file = before
+                    channels[ch] = {"items": {"from": base.seq + len(records), "base": base_file}}
+                if base_file:
+                    files[f"{VALUES}/{base_file['file']}"] = parent_entries[base_file["file"]]
+                for item in value[len(previous):]:
+                    kind, data = self.serde.dumps_typed(item)
+                    records.append(json.dumps({"k": "item", "ch": ch, "t": kind, "v": _b64(data)},
+                                              separators=(",", ":")).encode() + b"\n")
+                lists[ch] = list(value)
+                continue
+            kind, data = self.serde.dumps_typed(value)
+            file = _encode(ch, _FILE_SAFE)
+            files[f"{VALUES}/{file}"] = data
+            if isinstance(value, list):
+                # A list that does not extend its parent's: stored whole, as the base that the
+                # items appended after this checkpoint extend ("from" is filled in below).
+                channels[ch] = {"items": {"from": None, "base": {"file": file, "t": kind}}}
+                lists[ch] = list(value)
+            else:
+                channels[ch] = {"file": file, "t": kind}
+        # link() appends exactly these records onto `base`, and the move lands only if the
+        # thread is still at `expected`, so the new history's seq is known here.
+        end_seq = base.seq + len(records)
+        for how in channels.values():
+            if "items" in how and how["items"]["from"] is None:
+                how["items"] = {"from": end_seq, "base": how["items"]["base"]}
+        ck_kind, ck_data = self.serde.dumps_typed({k: v for k, v in checkpoint.items() if k != "channel_values"})
+        md_kind, md_data = self.serde.dumps_typed(metadata)
+        files[RECORD] = _encode_record(
+            {"format": FORMAT, "thread_id": str(thread_id), "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"],
+             "parent_checkpoint_id": parent_id, "channels": channels}, (ck_kind, ck_data), (md_kind, md_data))
+        step, source = metadata.get("step", "?"), metadata.get("source", "?")
+        reason = f"langgraph step {step} {quote(str(source), safe='')} {quote(checkpoint['id'], safe='')}"
+        parents = (parent.digest,) if parent is not None else ()
+
+        with self.store.lineage_writer(f"langgraph put {name}") as writer:
+            prepared = writer.prepare_records(b"".join(records)) if records else []
+            tree = writer.store_tree(files)
+
+            def final(view):
+                state = view.thread(name)
+                if state != expected or (holder not in (None, name) and view.thread(holder) != held):
+                    raise _Retry()
+                history = view.link(base, prepared)
+                digest = view.commit(name, tree, parents, reason, history, self.author)
+                self._move(view, name, state, parent, ThreadState(
+                    digest, history, state.forked_from if state is not None else None), reason)
+                return digest
+
+            digest = writer.land(final)
+        entries = {k[len(VALUES) + 1:]: v for k, v in self.store.tree_files(tree, content=False).items()
+                   if k.startswith(VALUES + "/")}
+        self._values[digest.raw] = (channels, lists, entries)
+        while len(self._values) > _CACHED_CHECKPOINTS:
+            self._values.popitem(last=False)
+        return digest
+
+    @staticmethod
+    def _move(view, name: str, state: ThreadState | None, parent: _Node | None, new: ThreadState,
+              reason: str) -> None:
+        """Move thread `name` to `new`; a head that is not `new`'s parent is kept as a branch."""
+        if state is not None and state.checkpoint is not None and (parent is None or state.checkpoint != parent.digest):
+            branches = view.threads(name + "/branches")
+            parent_raw = parent.digest.raw if parent is not None else None
+            if not any(s.checkpoint == state.checkpoint for s in branches.values()):
+                number = 1 + max((int(b.rsplit("/", 1)[1]) for b in branches if b.rsplit("/", 1)[1].isdigit()),
+                                 default=0)
+                origin = ForkOrigin(name, parent.digest if parent is not None else None,
+                                    parent.history.seq if parent is not None else 0)
+                view.set_thread(f"{name}/branches/{number}", None,
+                                ThreadState(state.checkpoint, state.history, origin), "langgraph-branch",
+                                f"branch kept when {name} moved to a fork")
+            for branch, bstate in branches.items():
+                if parent_raw is not None and bstate.checkpoint is not None and bstate.checkpoint.raw == parent_raw:
+                    view.set_thread(branch, bstate, None, "langgraph-branch", "the thread moved onto this branch")
+        if not view.set_thread(name, state, new, "langgraph", reason):
+            raise _Retry()
+
+    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+                   task_path: str = "") -> None:
+        """Store a task's writes against a checkpoint, as records on a line through it."""
+        conf = config["configurable"]
+        thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns", "")
+        checkpoint_id = conf["checkpoint_id"]
+        name = thread_name(thread_id, ns)
+        with self._lock:
+            line = self._refresh(name)
+            if checkpoint_id not in line.by_id:
+                # LangGraph may send a checkpoint's writes before its put lands (they run on a
+                # background executor): hold them until it does.
+                self._early.setdefault((name, checkpoint_id), []).append((list(writes), task_id, task_path))
+                while len(self._early) > _MAX_EARLY:  # a put that never came: drop the oldest
+                    del self._early[next(iter(self._early))]
+                return
+            self._land(f"put_writes {checkpoint_id}",
+                       lambda: self._put_writes_once(name, thread_id, ns, checkpoint_id, writes, task_id, task_path))
+
+    def _put_writes_once(self, name, thread_id, ns, checkpoint_id, writes, task_id, task_path):
+        line = self._refresh(name)
+        node = line.nodes[line.by_id[checkpoint_id]]
+        have = set()
+        existing_keys = self._write_keys(line, node)
+        records = []
+        for idx, (channel, value) in enumerate(writes):
+            key = (task_id, WRITES_IDX_MAP.get(channel, idx))
+            if key[1] >= 0 and key in existing_keys or key in have:
+                continue
+            have.add(key)
+            kind, data = self.serde.dumps_typed(value)
+            records.append(json.dumps({"k": "write", "cp": checkpoint_id, "task": task_id, "path": task_path,
+                                       "idx": key[1], "ch": channel, "t": kind, "v": _b64(data)},
+                                      separators=(",", ":")).encode() + b"\n")
+        if not records:
+            return
+        ref, expected = line.lines_through(node)[0]
+        # Writes that stop the graph (an interrupt, an error) are sealed into a new version of the
+        # checkpoint, so that export/sign (which carry a checkpoint's own history) carry them;
+        # other writes ride on the ref until the next put's checkpoint covers them.
+        on_head = expected.checkpoint == node.digest
+        seal = on_head and (any(c in (ERROR, INTERRUPT) for c, _ in writes)
+                            or node is not line.first_version(node))
+        with self.store.lineage_writer(f"langgraph writes {name}") as writer:
+            prepared = writer.prepare_records(b"".join(records))
+
+            def final(view):
+                state = view.thread(ref)
+                if state != expected:
+                    raise _Retry()
+                history = view.link(state.history, prepared)
+                message = f"writes of task {task_id} on {checkpoint_id}"
+                checkpoint = state.checkpoint
+                if seal:
+                    cp = view.checkpoint(node.digest)
+                    reason = cp.reason if cp.reason.endswith(SEALED) else cp.reason + SEALED
+                    checkpoint = view.commit(cp.thread, cp.tree, (node.digest,), reason, history, self.author)
+                if not view.set_thread(ref, state, ThreadState(checkpoint, history, state.forked_from),
+                                       "langgraph-writes", message):
+                    raise _Retry()
+                return checkpoint
+
+            sealed = writer.land(final)
+        if seal and node.digest.raw in self._values:
+            self._values[sealed.raw] = self._values[node.digest.raw]
+
+    def _write_keys(self, line: _Line, node: _Node) -> set:
+        keys = set()
+        for _, state in line.lines_through(node):
+            for _, record in self._records(state.history, line.first_version(node).history.seq, node):
+                if record["k"] == "write" and record.get("cp") == node.lg_id:
+                    keys.add((record["task"], record["idx"]))
+        return keys
+
+    # -- whole threads --------------------------------------------------------------------------
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete every ref of the thread (all namespaces and branches); gc reclaims the rest."""
+        root = thread_root(thread_id)
+
+        def final(view):
+            for ref, state in view.threads(root).items():
+                view.set_thread(ref, state, None, "delete", "langgraph delete_thread")
+
+        with self._lock:
+            with self.store.lineage_writer(f"langgraph delete {root}") as writer:
+                writer.land(final)
+            for name in [n for n in self._lines if n == root or n.startswith(root + "/")]:
+                del self._lines[name]
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """An agentcas fork of every ref of the thread: constant size, no values copied."""
+        source, target = thread_root(source_thread_id), thread_root(target_thread_id)
+
+        def final(view):
+            if view.threads(target):
+                raise ConflictError(f"LangGraph thread {target_thread_id!r} already exists; nothing was copied")
+            for ref, state in view.threads(source).items():
+                origin = ForkOrigin(ref, state.checkpoint, state.history.seq)
+                view.set_thread(target + ref[len(source):], None, ThreadState(state.checkpoint, state.history, origin),
+                                "fork", f"langgraph copy_thread from {ref}")
+
+        with self._lock:
+            with self.store.lineage_writer(f"langgraph copy {source}") as writer:
+                writer.land(final)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """keep_latest: each namespace keeps only its newest checkpoint; delete: drop the threads.
+        The dropped checkpoints leave every ref and reflog, so gc reclaims what no other
+        thread (a copy, a fork) still shares."""
+        if strategy not in ("keep_latest", "delete"):
+            raise ValueError(f"unknown prune strategy {strategy!r} (keep_latest or delete)")
+        for thread_id in thread_ids:
+            if strategy == "delete":
+                self.delete_thread(thread_id)
+                continue
+            with self._lock:
+                for name, line in self._lines_of(thread_id).items():
+                    head = line.head()
+                    raw = self._newest(line, head.checkpoint) if head is not None else None
+                    if raw is not None:
+                        lg_id = line.nodes[raw].lg_id
+                        self._rewrite(name, {r for r, n in line.nodes.items() if n.lg_id == lg_id})
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Drop the checkpoints whose metadata run_id is one of `run_ids`, in every thread;
+        their children are re-committed onto the nearest kept ancestor."""
+        wanted = set(run_ids)
+        if not wanted:
+            return
+        with self._lock:
+            names = [n for n in self.store.thread_states(ROOT) if "/branches/" not in n]
+            for name in names:
+                line = self._refresh(name)
+                victims = set()
+                for raw, node in line.nodes.items():
+                    doc = self._record(node)[0]
+                    metadata = self._load(doc["metadata"], doc["metadata"]["v"], node)
+                    if metadata.get("run_id") in wanted:
+                        victims.add(raw)
+                if victims:
+                    self._rewrite(name, set(line.nodes) - victims)
+
+    def _rewrite(self, name: str, keep: set) -> None:
+        """Re-commit the thread keeping only checkpoints `keep` (raw ids), each onto its nearest
+        kept ancestor; refs move to their nearest kept checkpoint (or go); reflogs restart."""
+        line = self._refresh(name)
+        order: list[bytes] = []
+        done: set = set()
+
+        def visit(raw):
+            stack = [(raw, False)]
+            while stack:
+                item, expanded = stack.pop()
+                if item in done:
+                    continue
+                if expanded:
+                    done.add(item)
+                    order.append(item)
+                    continue
+                stack.append((item, True))
+                stack.extend((p.raw, False) for p in line.parents.get(item, ()) if p.raw not in done)
+
+        for state in line.refs.values():
+            if state.checkpoint is not None:
+                visit(state.checkpoint.raw)
+        observed = dict(line.refs)
+
+        def final(view):
+            expected = dict(observed)
+            for ref, state in expected.items():
+                if view.thread(ref) != state:
+                    raise _Retry()
+            mapped: dict[bytes, Digest | None] = {}  # old id -> its nearest kept (new) checkpoint
+            for raw in order:
+                parents = line.parents.get(raw, ())
+                new_parent = mapped.get(parents[0].raw) if parents else None
+                if raw not in keep:
+                    mapped[raw] = new_parent
+                    continue
+                cp = view.checkpoint(Digest(raw))
+                if cp.parents == ((new_parent,) if new_parent is not None else ()):
+                    mapped[raw] = Digest(raw)
+                    continue
+                mapped[raw] = view.commit(cp.thread, cp.tree, (new_parent,) if new_parent is not None else (),
+                                          cp.reason, cp.history, cp.author, cp.created_at)
+            targets = {ref: mapped.get(state.checkpoint.raw) if state.checkpoint is not None else None
+                       for ref, state in expected.items()}
+            if targets.get(name) is None:  # the thread's own line went: the newest surviving branch takes over
+                for ref in sorted(targets, reverse=True):
+                    if ref != name and targets[ref] is not None:
+                        targets[name], expected[name] = targets.pop(ref), expected[ref]
+                        break
+            placed = set()
+            for ref in sorted(expected, key=lambda r: (r != name, r)):
+                state = expected[ref]
+                if view.thread(ref) is not None:
+                    view.set_thread(ref, view.thread(ref), None, "langgraph-rewrite", "langgraph prune")
+                target = targets.get(ref)
+                if target is None or target.raw in placed:
+                    continue  # nothing kept on this line, or it now ends where another does
+                placed.add(target.raw)
+                # A kept head keeps its line's history (its pending writes come after it).
+                kept_head = state.checkpoint is not None and state.checkpoint.raw in keep
+                history = state.history if kept_head else view.checkpoint(target).history
+                view.set_thread(ref, None, ThreadState(target, history, state.forked_from if ref != name else
+                                                       expected[name].forked_from), "langgraph-rewrite",
+                                "langgraph rewrite: kept checkpoints re-committed onto kept parents")
+
+        self._land(f"rewrite {name}", lambda: self._rewrite_once(name, final))
+        self._lines.pop(name, None)
+
+    def _rewrite_once(self, name, final):
+        with self.store.lineage_writer(f"langgraph rewrite {name}") as writer:
+            writer.land(final)
+
+    def get_next_version(self, current: int | None, channel: None = None) -> int:
+        """current + 1 (from 1). Values are kept per checkpoint, not per (channel, version),
+        so two branches reaching one version never collide; strings from other savers
+        (`<counter>.<random>`) continue from their counter."""
+        if current is None:
+            return 1
+        if isinstance(current, str):
+            return int(current.split(".")[0]) + 1
+        return int(current) + 1
+
+    # -- async twins (the work is local and short; they run it inline) --------------------------
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return self.get_tuple(config)
+
+    async def alist(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+                    before: RunnableConfig | None = None, limit: int | None = None) -> AsyncIterator[CheckpointTuple]:
+        for item in self.list(config, filter=filter, before=before, limit=limit):
+            yield item
+
+    async def aput(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+                   new_versions: ChannelVersions) -> RunnableConfig:
+        return self.put(config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+                          task_path: str = "") -> None:
+        return self.put_writes(config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        return self.delete_thread(thread_id)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        return self.copy_thread(source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        return self.prune(thread_ids, strategy=strategy)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        return self.delete_for_runs(run_ids)

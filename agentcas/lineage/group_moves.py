@@ -1,0 +1,277 @@
+"""Group moves: several refs moved together, with in-memory content (the LangGraph saver's writes).
+
+The shape of lineage/moves.py, for a plan that touches more than one ref (a put that
+keeps the old head as a branch, a copy of every ref of a thread, a rewrite):
+1. Under a lease, content is prepared first: in-memory files become blobs and trees
+   (`store_tree`), JSONL records become chunks (`prepare_records`); their objects wait
+   in memory (a large write flushes batches early, still under the lease).
+2. `land(plan)` runs `plan(view)` against a metadata snapshot. The view reads refs
+   (remembering each state it read), links records onto a history and builds
+   checkpoints (their objects join the waiting ones), and queues ref moves, each a
+   compare-and-swap from the state the view shows (which includes moves queued before).
+3. The waiting objects are stored in one batch (create-if-absent), then every stored
+   object the plan relies on is checked (a batched existence question).
+4. One metadata transaction: the lease still holds, every ref the plan read is still
+   at the state it read, each queued move lands by `threads.set_if_equals` with its
+   reflog row, the lease is released. A ref that moved meanwhile aborts the whole
+   transaction (nothing lands) and the plan runs again on a new snapshot; a plan may
+   also raise `LostRace` itself (it saw a state it cannot build on) to re-plan.
+Objects stored by a lost attempt are unreferenced; gc collects them after the grace
+period.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable
+
+from agentcas import testing_hooks
+from agentcas.cas import framing
+from agentcas.cas.backends import Stores
+from agentcas.cas.digest import Digest, hash_blob
+from agentcas.cas.leases import Lease
+from agentcas.cas.objects import ChunkList, ChunkRef, Checkpoint, HistoryPosition, Tree, TreeEntry
+from agentcas.cas.source import ObjectSource, unframe_verified
+from agentcas.cas.writer import BATCH_BYTES
+from agentcas.errors import ConflictError
+from agentcas.lineage import checkpoints, rollout
+from agentcas.lineage.moves import MAX_ATTEMPTS, VanishedObject
+from agentcas.refs import threads
+from agentcas.refs.names import check_thread_name
+from agentcas.refs.revisions import load_checkpoint
+from agentcas.refs.threads import ThreadState
+
+
+class LostRace(Exception):
+    """A ref the plan read or moves changed before it landed: plan again."""
+
+
+class _Overlay(ObjectSource):
+    """An ObjectSource that also sees the objects waiting to be stored."""
+
+    def __init__(self, source: ObjectSource, waiting: dict[bytes, bytes]):
+        super().__init__(source.blobs)
+        self.waiting = waiting
+
+    def raw(self, digest: Digest):
+        value = self.waiting.get(digest.raw)
+        return value if value is not None else super().raw(digest)
+
+    def load(self, digest: Digest, kind: int | None = None) -> bytes | None:
+        value = self.waiting.get(digest.raw)
+        return super().load(digest, kind) if value is None else unframe_verified(digest, value, kind)
+
+    def has(self, digest: Digest) -> bool:
+        return digest.raw in self.waiting or super().has(digest)
+
+    def missing(self, raws) -> set[bytes]:
+        return super().missing(set(raws) - self.waiting.keys())
+
+    @contextmanager
+    def reading(self, buffers: bool = False):
+        yield self  # the waiting objects stay visible (no pinned snapshot)
+
+
+def refs_under(txn, prefix: str) -> list[tuple[str, ThreadState]]:
+    """(name, state) of ref `prefix` and of every ref below it (`prefix/...`), by name."""
+    out = []
+    for key, _ in txn.scan("refs", threads.PREFIX + prefix.encode("utf-8")):
+        name = bytes(key)[len(threads.PREFIX):].decode("utf-8")
+        if name == prefix or name.startswith(prefix + "/"):
+            out.append((name, threads.read_thread(txn, name)))
+    return out
+
+
+class GroupView:
+    """What a plan may do: read refs and checkpoints, link records, build checkpoints, queue moves."""
+
+    def __init__(self, txn, objects: _Overlay, author_runtime: Callable[[], tuple[str, dict]]):
+        self._txn = txn
+        self.objects = objects
+        self._now_runtime = author_runtime
+        self.read: dict[str, ThreadState | None] = {}    # ref -> the state the snapshot showed
+        self.current: dict[str, ThreadState | None] = {}  # ref -> its state after the queued moves
+        self.moves: list[tuple] = []
+        self.needed: set[bytes] = set()
+        self._checkpoints: dict[bytes, Checkpoint] = {}
+
+    def thread(self, name: str) -> ThreadState | None:
+        if name in self.current:
+            return self.current[name]
+        state = self.read[name] = self.current[name] = threads.read_thread(self._txn, name)
+        return state
+
+    def threads(self, prefix: str) -> dict[str, ThreadState]:
+        """Ref `prefix` and every ref below it (`prefix/...`), as the queued moves leave them."""
+        for name, state in refs_under(self._txn, prefix):
+            if name not in self.current:
+                self.read[name] = self.current[name] = state
+        return {name: state for name, state in sorted(self.current.items())
+                if state is not None and (name == prefix or name.startswith(prefix + "/"))}
+
+    def checkpoint(self, digest: Digest) -> Checkpoint:
+        found = self._checkpoints.get(digest.raw)
+        return found if found is not None else load_checkpoint(self.objects, digest)
+
+    def link(self, base: HistoryPosition, prepared: list) -> HistoryPosition:
+        """Continue the history at `base` with prepared records; the new position."""
+        if not prepared:
+            return base
+        if base.segment is not None:
+            self.needed.add(base.segment.raw)
+        head, segments = rollout.link_segments(self.objects, base, prepared)
+        self.objects.waiting.update(segments)
+        return head
+
+    def commit(self, thread: str, tree: Digest, parents: tuple, reason: str, history: HistoryPosition,
+               author: str, created_at: str | None = None) -> Digest:
+        """Build a checkpoint object (stored before the refs move); its id."""
+        now, runtime = self._now_runtime()
+        generation, skip = checkpoints.index_for_child(self.objects, parents[0] if parents else None,
+                                                       self.checkpoint)
+        cp = Checkpoint(tree, tuple(parents), thread, reason, author, created_at or now, runtime, history,
+                        generation=generation, skip=skip)
+        digest = cp.digest()
+        self._checkpoints[digest.raw] = cp
+        self.objects.waiting[digest.raw] = framing.frame(framing.KIND_CHECKPOINT, cp.encode())
+        self.needed.add(tree.raw)
+        self.needed.update(p.raw for p in parents)
+        if history.segment is not None:
+            self.needed.add(history.segment.raw)
+        return digest
+
+    def set_thread(self, name: str, old: ThreadState | None, new: ThreadState | None, action: str,
+                   message: str = "") -> bool:
+        """Queue a compare-and-swap of ref `name` from `old` to `new` (None: absent / delete);
+        False (nothing queued) if the view shows another state."""
+        if self.thread(name) != old:
+            return False
+        check_thread_name(name)
+        self.moves.append((name, old, new, action, message))
+        self.current[name] = new
+        if new is not None and new.checkpoint is not None:
+            self.needed.add(new.checkpoint.raw)
+        return True
+
+
+class GroupWriter:
+    """Content first, then `land(plan)`; a context manager holding the writer's lease."""
+
+    def __init__(self, stores: Stores, what: str, author_runtime: Callable[[], tuple[str, dict]]):
+        self.stores = stores
+        self.lease = Lease(stores.meta, what)
+        self.author_runtime = author_runtime
+        self.waiting: dict[bytes, bytes] = {}
+        self._waiting_bytes = 0
+        self.needed: set[bytes] = set()
+
+    def __enter__(self) -> "GroupWriter":
+        self.lease.__enter__()  # taken before anything is stored, as every writer's (Lease.__enter__)
+        return self
+
+    def __exit__(self, *exc):
+        return self.lease.__exit__(*exc)
+
+    def _add(self, digest: Digest, framed: bytes) -> None:
+        if digest.raw in self.waiting:
+            return
+        self.waiting[digest.raw] = framed
+        self._waiting_bytes += len(framed)
+        if self._waiting_bytes >= BATCH_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        self.lease.refresh()
+        self.stores.objects.put_many(self.waiting)
+        self.needed.update(self.waiting)  # stored early: gc must not have taken them by the landing
+        self.waiting, self._waiting_bytes = {}, 0
+
+    def store_tree(self, files: dict) -> Digest:
+        """In-memory files ('dir/name' -> bytes, or a stored file's TreeEntry to reuse it) as
+        blobs and trees; the root tree's id."""
+        dirs: dict[str, list] = {"": []}
+        for path in sorted(files):
+            parts = path.split("/")
+            for depth in range(1, len(parts)):
+                parent, name, here = "/".join(parts[:depth - 1]), parts[depth - 1], "/".join(parts[:depth])
+                if here not in dirs:
+                    dirs[here] = []
+                    dirs[parent].append((name, None))
+            data, where, name = files[path], "/".join(parts[:-1]), parts[-1]
+            if isinstance(data, TreeEntry):  # a stored file, reused by id
+                if data.size:
+                    self.needed.add((data.chunks or data.id).raw)
+                dirs[where].append((name, TreeEntry(name, "file", data.id, data.mode, data.size, data.chunks)))
+            elif not data:  # the empty file: no chunk at all (as a commit stores it)
+                dirs[where].append((name, TreeEntry(name, "file", hash_blob(b""))))
+            else:
+                dirs[where].append((name, self._file_entry(name, data)))
+        ids: dict[str, Digest] = {}
+        for rel in sorted(dirs, key=lambda d: d.count("/") + (1 if d else 0), reverse=True):
+            tree = Tree.of(entry if entry is not None else
+                           TreeEntry(name, "dir", ids[f"{rel}/{name}" if rel else name])
+                           for name, entry in dirs[rel])
+            digest = tree.digest()
+            self._add(digest, framing.frame(framing.KIND_TREE, tree.encode()))
+            ids[rel] = digest
+        return ids[""]
+
+    def _file_entry(self, name: str, data: bytes) -> TreeEntry:
+        from agentcas.cas import chunking  # lazy: pyfastcdc is for writers (reading commands never load it)
+        pieces = [data] if len(data) <= chunking.MAX_SIZE else [bytes(p) for p in chunking.cut(data)]
+        refs = []
+        for piece in pieces:
+            digest = hash_blob(piece)
+            self._add(digest, framing.frame(framing.KIND_CHUNK, piece, level=framing.FILE_ZSTD_LEVEL))
+            refs.append(ChunkRef(digest, len(piece)))
+        if len(refs) < 2:
+            return TreeEntry(name, "file", refs[0].id, size=len(data))
+        chunk_list = ChunkList(tuple(refs))
+        list_id = chunk_list.digest()
+        self._add(list_id, framing.frame(framing.KIND_CHUNKLIST, chunk_list.encode()))
+        return TreeEntry(name, "file", hash_blob(data), size=len(data), chunks=list_id)
+
+    def prepare_records(self, data: bytes) -> list:
+        """Chunk JSONL records for a later `GroupView.link`."""
+        return rollout.prepare(data, self._add)
+
+    def land(self, plan: Callable[[GroupView], object]):
+        """Plan on a snapshot, store, check, one compare-and-swap transaction; `plan`'s result.
+        A lost race re-plans (the waiting content is kept; only what the plan built is redone)."""
+        content = dict(self.waiting)
+        for _ in range(MAX_ATTEMPTS):
+            waiting = dict(content)
+            with self.stores.meta.reader() as txn:
+                view = GroupView(txn, _Overlay(self.stores.objects, waiting), self.author_runtime)
+                try:
+                    result = plan(view)
+                except LostRace:
+                    continue
+            self.lease.refresh()
+            self.stores.objects.put_many(waiting)
+            needed = (self.needed | view.needed) - waiting.keys()
+            missing = self.stores.objects.missing(needed)
+            if missing:
+                raise VanishedObject(f"object {sorted(missing)[0].hex()} vanished before the write landed "
+                                     "(concurrent gc?); nothing was changed, retry")
+            if not view.moves:
+                return result
+            testing_hooks.reached("group.before_land")
+
+            def final(txn, view=view):
+                self.lease.check(txn)
+                for name, state in view.read.items():
+                    if threads.read_thread(txn, name) != state:
+                        raise LostRace()
+                for name, old, new, action, message in view.moves:
+                    if not threads.set_if_equals(txn, name, old, new, action, message):
+                        raise LostRace()
+                self.lease.release(txn)
+
+            try:
+                self.stores.meta.write(final)
+            except LostRace:
+                continue
+            return result
+        raise ConflictError(f"{self.lease.what}: the refs kept moving under {MAX_ATTEMPTS} attempts; "
+                            "nothing was changed, retry")

@@ -1,0 +1,777 @@
+"""AgentcasSaver (agentcas/langgraph): LangGraph's conformance suite, real graphs, forks,
+pending writes, several processes, crashes, corruption, and hand-over through the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("langgraph.checkpoint.conformance",
+                    reason="the langgraph extra (pip install -e '.[langgraph]'; make test installs it)")
+
+from langchain_core.messages import AIMessage, HumanMessage  # noqa: E402
+from langgraph.checkpoint.base import empty_checkpoint  # noqa: E402
+from langgraph.checkpoint.base.id import uuid6  # noqa: E402
+from langgraph.checkpoint.serde.base import CipherProtocol  # noqa: E402
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer  # noqa: E402
+from langgraph.graph import END, START, MessagesState, StateGraph  # noqa: E402
+from langgraph.types import Command, interrupt  # noqa: E402
+
+from agentcas import Store  # noqa: E402
+from agentcas.langgraph import AgentcasSaver, CorruptCheckpoint, thread_name  # noqa: E402
+
+
+def chat_graph(saver):
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", lambda state: {"messages": [AIMessage(content=f"reply {len(state['messages'])}")]})
+    builder.add_edge(START, "agent")
+    builder.add_edge("agent", END)
+    return builder.compile(checkpointer=saver)
+
+
+def asking_graph(saver):
+    def ask(state):
+        answer = interrupt("continue?")
+        return {"messages": [AIMessage(content=f"you said {answer}")]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    return builder.compile(checkpointer=saver)
+
+
+def config(thread="t", checkpoint_id=None, ns=""):
+    conf = {"thread_id": thread, "checkpoint_ns": ns}
+    if checkpoint_id:
+        conf["checkpoint_id"] = checkpoint_id
+    return {"configurable": conf}
+
+
+def put(saver, thread, parent=None, values=None, versions=None, new_versions=None, step=0, **metadata):
+    cp = empty_checkpoint()
+    cp["id"] = str(uuid6(clock_seq=step))
+    cp["channel_values"] = dict(values or {})
+    cp["channel_versions"] = dict(versions if versions is not None else {k: 1 for k in (values or {})})
+    stored = saver.put(config(thread, parent), cp, {"source": "loop", "step": step, **metadata},
+                       new_versions if new_versions is not None else dict(cp["channel_versions"]))
+    return stored["configurable"]["checkpoint_id"]
+
+
+@pytest.fixture
+def saver(tmp_path):
+    with AgentcasSaver.from_path(str(tmp_path / "store")) as s:
+        yield s
+
+
+# -- the official suite ---------------------------------------------------------------------------
+
+def test_conformance_every_capability(tmp_path):
+    from langgraph.checkpoint.conformance import checkpointer_test, validate
+    from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES
+
+    @checkpointer_test(name="AgentcasSaver")
+    async def factory():
+        with AgentcasSaver.from_path(str(tmp_path / f"s-{uuid.uuid4().hex}")) as s:
+            yield s
+
+    report = asyncio.run(validate(factory))
+    failures = {name: r.failures for name, r in report.results.items() if r.failures}
+    assert not failures
+    assert {name for name, r in report.results.items() if r.detected} == {c.value for c in ALL_CAPABILITIES}
+    assert report.passed_all() and report.conformance_level() == "FULL"
+
+
+# -- mapping and storage --------------------------------------------------------------------------
+
+def test_each_checkpoint_is_an_agentcas_checkpoint_and_messages_are_rollout_items(saver):
+    graph = chat_graph(saver)
+    for i in range(3):
+        graph.invoke({"messages": [HumanMessage(content=f"hello {i}", id=f"h{i}")]}, config())
+    state = graph.get_state(config())
+    assert [m.content for m in state.values["messages"]] == [
+        "hello 0", "reply 1", "hello 1", "reply 3", "hello 2", "reply 5"]
+    log = saver.store.log("langgraph/t")
+    listed = list(saver.list(config()))
+    assert len(log) == len(listed) == 9  # input, after __start__, after agent: per invoke
+    assert all(entry["reason"].startswith("langgraph step ") for entry in log)
+    assert [e["reason"].split()[2] for e in log[:3]] == ["7", "6", "5"]  # the steps (from -1), newest first
+    records = [json.loads(line) for line in b"".join(saver.store.rollout_read("langgraph/t")).splitlines()]
+    items = [r for r in records if r["k"] == "item"]
+    assert len(items) == 6 and {r["ch"] for r in items} == {"messages"}  # each message stored once
+    # An older checkpoint's message list is a prefix of the history, read back exactly.
+    oldest_with_two = [t for t in listed if len(t.checkpoint["channel_values"].get("messages", [])) == 2][0]
+    assert [m.content for m in oldest_with_two.checkpoint["channel_values"]["messages"]] == ["hello 0", "reply 1"]
+
+
+def test_an_unchanged_channel_is_never_stored_twice(saver):
+    big = "x" * 5000
+    first = put(saver, "u", values={"a": "v1", "b": big}, step=0)
+    second = put(saver, "u", parent=first, values={"a": "v2", "b": big}, versions={"a": 2, "b": 1},
+                 new_versions={"a": 2}, step=1)
+    trees = [saver.store.checkpoint(e["checkpoint"])[1].tree for e in saver.store.log("langgraph/u")]
+    entries = [saver.store.tree_files(tree, content=False) for tree in trees]
+    assert entries[0]["values/b"].id == entries[1]["values/b"].id
+    assert entries[0]["values/a"].id != entries[1]["values/a"].id
+    assert saver.get_tuple(config("u", second)).checkpoint["channel_values"] == {"a": "v2", "b": big}
+    assert saver.get_tuple(config("u", first)).checkpoint["channel_values"] == {"a": "v1", "b": big}
+
+
+def test_a_list_that_does_not_extend_its_parent_is_stored_whole(saver):
+    a = put(saver, "l", values={"items": [1, 2, 3]}, step=0)
+    b = put(saver, "l", parent=a, values={"items": [1, 2, 3, 4]}, versions={"items": 2}, step=1)
+    c = put(saver, "l", parent=b, values={"items": [9, 2]}, versions={"items": 3}, step=2)
+    d = put(saver, "l", parent=c, values={"items": [9, 2, 5]}, versions={"items": 4}, step=3)
+    fresh = AgentcasSaver(saver.store)  # no cache: everything from the store
+    got = {cid: fresh.get_tuple(config("l", cid)).checkpoint["channel_values"]["items"] for cid in (a, b, c, d)}
+    assert got == {a: [1, 2, 3], b: [1, 2, 3, 4], c: [9, 2], d: [9, 2, 5]}
+
+
+class AesGcm(CipherProtocol):
+    def __init__(self, key: bytes):
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+        self.aead = AESGCM(key)
+
+    def encrypt(self, plaintext: bytes) -> tuple[str, bytes]:
+        nonce = os.urandom(12)
+        return "aesgcm", nonce + self.aead.encrypt(nonce, plaintext, None)
+
+    def decrypt(self, ciphername: str, ciphertext: bytes) -> bytes:
+        assert ciphername == "aesgcm"
+        return self.aead.decrypt(ciphertext[:12], ciphertext[12:], None)
+
+
+def test_encrypted_serializer_round_trips(tmp_path):
+    key = os.urandom(32)
+    path = str(tmp_path / "enc")
+    with AgentcasSaver.from_path(path, serde=EncryptedSerializer(AesGcm(key))) as saver:
+        graph = chat_graph(saver)
+        graph.invoke({"messages": [HumanMessage(content="secret plan", id="s1")]}, config())
+        saver.put_writes(graph.get_state(config()).config, [("messages", ["pending secret"])], "task-1")
+    with AgentcasSaver.from_path(path, serde=EncryptedSerializer(AesGcm(key))) as saver:
+        state = chat_graph(saver).get_state(config())
+        assert [m.content for m in state.values["messages"]] == ["secret plan", "reply 1"]
+        assert saver.get_tuple(config()).pending_writes == [("task-1", "messages", ["pending secret"])]
+        records = [json.loads(x) for x in b"".join(saver.store.rollout_read("langgraph/t")).splitlines()]
+        assert all(r["t"].endswith("+aesgcm") for r in records)
+    with AgentcasSaver.from_path(path, serde=EncryptedSerializer(AesGcm(os.urandom(32)))) as saver:
+        with pytest.raises(CorruptCheckpoint, match="does not deserialize"):
+            saver.get_tuple(config())
+
+
+# -- forks and pending writes ---------------------------------------------------------------------
+
+def test_a_fork_moves_the_thread_and_keeps_the_old_branch(saver):
+    graph = chat_graph(saver)
+    for i in range(3):
+        graph.invoke({"messages": [HumanMessage(content=f"m{i}", id=f"h{i}")]}, config())
+    before = [t.config["configurable"]["checkpoint_id"] for t in saver.list(config())]
+    old_head = saver.store.thread("langgraph/t").checkpoint
+    past = [s for s in graph.get_state_history(config()) if len(s.values.get("messages", [])) == 2][0]
+    forked = graph.update_state(past.config, {"messages": [AIMessage(content="fork", id="f1")]})
+    graph.invoke({"messages": [HumanMessage(content="after fork", id="h9")]}, config())
+
+    assert [m.content for m in graph.get_state(config()).values["messages"]] == [
+        "m0", "reply 1", "fork", "after fork", "reply 4"]
+    after = [t.config["configurable"]["checkpoint_id"] for t in saver.list(config())]
+    assert set(before) < set(after) and len(after) == len(before) + 4
+    assert forked["configurable"]["checkpoint_id"] in after
+    branches = {n: s for n, s in saver.store.thread_states("langgraph/t").items() if "/branches/" in n}
+    assert list(branches) == ["langgraph/t/branches/1"]
+    assert branches["langgraph/t/branches/1"].checkpoint == old_head
+    tree = saver.store.lineage("langgraph/t")["threads"][0]
+    assert [c["thread"] for c in tree["children"]] == ["langgraph/t/branches/1"]
+    split = saver.store.show(tree["children"][0]["forked_from"]["checkpoint"])
+    assert split["reason"].endswith(past.config["configurable"]["checkpoint_id"])  # where the branches part
+    assert saver.store.gc(grace=0)["result"] is not None
+    # every checkpoint of the old branch is still there after a gc
+    fresh = AgentcasSaver(saver.store)
+    assert [t.config["configurable"]["checkpoint_id"] for t in fresh.list(config())] == after
+    saver.delete_thread("t")
+    assert saver.store.thread_states("langgraph/t") == {}
+
+
+def test_writes_of_an_abandoned_branch_are_never_replayed_into_a_fork(saver):
+    a = put(saver, "w", step=0)
+    b = put(saver, "w", parent=a, step=1)
+    saver.put_writes(config("w", b), [("ch", "from b")], "task-b")
+    c = put(saver, "w", parent=a, step=2)  # a fork from a: b's branch is abandoned
+    saver.put_writes(config("w", b), [("ch", "late on b")], "task-late")  # after the fork
+    d = put(saver, "w", parent=c, step=3)
+    assert saver.get_tuple(config("w", c)).pending_writes == []
+    assert saver.get_tuple(config("w", d)).pending_writes == []
+    assert saver.get_tuple(config("w")).config["configurable"]["checkpoint_id"] == d
+    assert sorted(w[2] for w in saver.get_tuple(config("w", b)).pending_writes) == ["from b", "late on b"]
+    saver.put_writes(config("w", c), [("ch", "late on c")], "task-c")  # lands after d on d's line
+    fresh = AgentcasSaver(saver.store)
+    for reader in (saver, fresh):
+        assert reader.get_tuple(config("w", d)).pending_writes == []
+        assert sorted(w[2] for w in reader.get_tuple(config("w", b)).pending_writes) == ["from b", "late on b"]
+        assert [w[2] for w in reader.get_tuple(config("w", c)).pending_writes] == ["late on c"]
+
+
+def test_a_put_racing_another_savers_write_keeps_the_write(saver):
+    a = put(saver, "r", step=0)
+    other = AgentcasSaver(saver.store)
+    real, raced = saver.store.lineage_writer, []
+
+    def racing(what):
+        if what.startswith("langgraph put") and not raced:  # between reading the thread and landing
+            raced.append(what)
+            other.put_writes(config("r", a), [("ch", "raced")], "task-r")
+        return real(what)
+
+    saver.store.lineage_writer = racing
+    b = put(saver, "r", parent=a, step=1)
+    assert raced
+    fresh = AgentcasSaver(saver.store)
+    assert [w[2] for w in fresh.get_tuple(config("r", a)).pending_writes] == ["raced"]
+    assert fresh.get_tuple(config("r")).config["configurable"]["checkpoint_id"] == b
+
+
+def test_a_ref_moved_between_planning_and_landing_makes_the_put_plan_again(saver):
+    from agentcas import testing_hooks
+    a = put(saver, "q", step=0)
+    other = AgentcasSaver(saver.store)
+    raced = []
+
+    def race():  # the put has planned and stored its objects; another saver moves the thread now
+        if not raced:
+            raced.append(True)
+            other.put_writes(config("q", a), [("ch", "raced")], "task-q")
+
+    with testing_hooks.on("group.before_land", race):
+        b = put(saver, "q", parent=a, step=1)
+    assert raced
+    fresh = AgentcasSaver(saver.store)
+    assert [w[2] for w in fresh.get_tuple(config("q", a)).pending_writes] == ["raced"]
+    assert fresh.get_tuple(config("q")).config["configurable"]["checkpoint_id"] == b
+    assert [e["action"] for e in saver.store.reflog("langgraph/q")][:2] == ["langgraph", "langgraph-writes"]
+    assert saver.store.fsck()["ok"]
+
+
+def test_gc_at_grace_zero_during_a_put_deletes_nothing_and_the_put_lands(saver):
+    """A put holds a writer lease from its first object to its ref move (cas/leases.py), so gc
+    at grace 0 in between sweeps nothing, not even the put's own unreferenced objects."""
+    from agentcas import testing_hooks
+    a = put(saver, "g", values={"v": "kept " * 200}, step=0)
+    put(saver, "doomed", values={"v": "garbage " * 200}, step=0)
+    saver.delete_thread("doomed")
+    seen = {}
+
+    def gc_meanwhile():
+        if not seen:
+            seen.update(saver.store.gc(grace=0, expire_reflog=0, wait=0)["result"])
+
+    with testing_hooks.on("group.before_land", gc_meanwhile):
+        b = put(saver, "g", parent=a, values={"v": "new " * 300}, versions={"v": 2}, step=1)
+    assert seen["deleted"]["objects"] == 0 and not seen["complete"]
+    assert [row["what"] for row in seen["blocked_by"]] == ["langgraph put langgraph/g"]
+    fresh = AgentcasSaver(saver.store)
+    assert fresh.get_tuple(config("g", b)).checkpoint["channel_values"] == {"v": "new " * 300}
+    assert saver.store.gc(grace=0, expire_reflog=0, wait=0)["result"]["deleted"]["objects"] > 0  # the garbage
+    assert fresh.get_tuple(config("g", a)).checkpoint["channel_values"] == {"v": "kept " * 200}
+    assert saver.store.fsck()["ok"]
+
+
+def test_resuming_an_old_branch_keeps_the_writes_on_its_line(saver):
+    a = put(saver, "o", step=0)
+    b = put(saver, "o", parent=a, step=1)
+    saver.put_writes(config("o", b), [("ch", "on b")], "task-b")
+    put(saver, "o", parent=a, step=2)  # fork: b's line becomes branches/1
+    c = put(saver, "o", parent=b, step=3)  # back onto b's line: it folds into the thread
+    refs = saver.store.thread_states("langgraph/o")
+    assert refs["langgraph/o"].checkpoint is not None and "langgraph/o/branches/1" not in refs
+    for reader in (saver, AgentcasSaver(saver.store)):
+        assert [w[2] for w in reader.get_tuple(config("o", b)).pending_writes] == ["on b"]
+        assert reader.get_tuple(config("o")).config["configurable"]["checkpoint_id"] == c
+        assert len(list(reader.list(config("o")))) == 4
+
+
+def test_an_interrupt_on_the_old_branch_does_not_follow_a_time_travel_fork(saver):
+    graph = asking_graph(saver)
+    graph.invoke({"messages": [HumanMessage(content="first", id="h1")]}, config())
+    graph.invoke(Command(resume="yes"), config())
+    graph.invoke({"messages": [HumanMessage(content="second", id="h2")]}, config())
+    assert graph.get_state(config()).interrupts  # waiting on the second question
+    past = [s for s in graph.get_state_history(config())
+            if [m.content for m in s.values.get("messages", [])] == ["first", "you said yes"]][0]
+    graph.update_state(past.config, {"messages": [AIMessage(content="edited", id="e1")]}, as_node="ask")
+    state = graph.get_state(config())
+    assert not state.interrupts and not state.next
+    assert [m.content for m in state.values["messages"]] == ["first", "you said yes", "edited"]
+
+
+def test_prune_and_delete_thread_let_gc_reclaim_what_no_thread_shares(saver):
+    from agentcas.errors import NotFound
+    graph = chat_graph(saver)
+    for i in range(3):
+        graph.invoke({"messages": [HumanMessage(content=f"m{i}", id=f"h{i}")]}, config())
+    saver.copy_thread("t", "kept-copy")
+    old = [e["checkpoint"] for e in saver.store.log("langgraph/t")]
+    saver.prune(["t"], strategy="keep_latest")
+    saver.store.gc(grace=0)
+    assert len(saver.store.log("langgraph/t")) == 1
+    assert [m.content for m in graph.get_state(config()).values["messages"]][-1] == "reply 5"
+    assert all(saver.store.checkpoint(d) for d in old)  # the copy still needs every one of them
+    saver.delete_thread("kept-copy")
+    saver.store.gc(grace=0)
+    for digest in old:
+        with pytest.raises(NotFound):
+            saver.store.checkpoint(digest)
+    assert len(list(saver.list(config()))) == 1
+    assert len(graph.get_state(config()).values["messages"]) == 6
+    saver.delete_thread("t")
+    saver.store.gc(grace=0)
+    assert saver.store.thread_states("langgraph") == {} and saver.store.fsck()["ok"]
+
+
+# -- the same scenario as LangGraph's own InMemorySaver ---------------------------------------------
+
+def subgraph_interrupt_graph(saver):
+    sub = StateGraph(MessagesState)
+    sub.add_node("tool", lambda s: {"messages": [AIMessage(content=f"tool saw {len(s['messages'])}", id=f"t{len(s['messages'])}")]})
+    sub.add_edge(START, "tool"); sub.add_edge("tool", END)
+    def ask(state):
+        answer = interrupt(f"ok after {len(state['messages'])}?")
+        return {"messages": [AIMessage(content=f"ask got {answer}", id=f"a{len(state['messages'])}")]}
+    b = StateGraph(MessagesState)
+    b.add_node("agent", lambda s: {"messages": [AIMessage(content=f"agent {len(s['messages'])}", id=f"g{len(s['messages'])}")]})
+    b.add_node("sub", sub.compile())
+    b.add_node("ask", ask)
+    b.add_edge(START, "agent"); b.add_edge("agent", "sub"); b.add_edge("sub", "ask"); b.add_edge("ask", END)
+    return b.compile(checkpointer=saver)
+
+def interrupt_travel_fork_scenario(saver):
+    g = subgraph_interrupt_graph(saver)
+    c = {"configurable": {"thread_id": "x"}}
+    out = []
+    def snap(tag):
+        st = g.get_state(c, subgraphs=True)
+        out.append((tag, [m.content for m in st.values.get("messages", [])], st.next, [i.value for i in st.interrupts]))
+    g.invoke({"messages": [HumanMessage(content="hi", id="h1")]}, c); snap("interrupted")
+    g.invoke(Command(resume="yes"), c); snap("resumed")
+    g.invoke({"messages": [HumanMessage(content="again", id="h2")]}, c); snap("interrupted2")
+    hist = list(g.get_state_history(c)); out.append(("history", len(hist), [h.metadata.get("source") for h in hist]))
+    past = [h for h in hist if [m.content for m in h.values.get("messages", [])] == ["hi"] and h.next == ("agent",)][0]
+    g.invoke(None, past.config); snap("time-travel replay")
+    g.invoke(Command(resume="no"), c); snap("resumed after travel")
+    past2 = [h for h in g.get_state_history(c) if h.next == ("ask",)][-1]
+    g.update_state(past2.config, {"messages": [AIMessage(content="edited", id="e1")]}, as_node="ask"); snap("update_state fork")
+    hist = list(g.get_state_history(c)); out.append(("history2", len(hist)))
+    out.append(("namespaces", len({t.config["configurable"]["checkpoint_ns"] for t in saver.list(None)})))
+    return out
+
+
+
+def test_interrupts_resume_time_travel_forks_and_subgraphs_behave_as_with_in_memory_saver(saver):
+    from langgraph.checkpoint.memory import InMemorySaver
+    expected = interrupt_travel_fork_scenario(InMemorySaver())
+    assert interrupt_travel_fork_scenario(saver) == expected
+    assert expected[-1] == ("namespaces", 4)
+
+
+# -- several processes ----------------------------------------------------------------------------
+
+WRITER = textwrap.dedent("""
+    import sys, time, os
+    from langgraph.checkpoint.base import empty_checkpoint
+    from langgraph.checkpoint.base.id import uuid6
+    from agentcas.langgraph import AgentcasSaver
+    path, thread, parent, count, go = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+    with AgentcasSaver.from_path(path) as saver:
+        while not os.path.exists(go):
+            time.sleep(0.005)
+        for i in range(count):
+            cp = empty_checkpoint()
+            cp["id"] = str(uuid6())
+            conf = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+            if parent != "-":
+                conf["configurable"]["checkpoint_id"] = parent
+            parent = saver.put(conf, cp, {"source": "loop", "step": i}, {})["configurable"]["checkpoint_id"]
+            print(parent, flush=True)
+""")
+
+
+def _writers(tmp_path, jobs):
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path / "store"), thread, parent, str(n), str(go)],
+                              stdout=subprocess.PIPE, text=True) for thread, parent, n in jobs]
+    time.sleep(0.3)
+    go.touch()
+    outs = [p.communicate(timeout=120)[0].split() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    return outs
+
+
+def test_one_thread_from_two_processes_loses_no_checkpoint(saver, tmp_path):
+    root = put(saver, "shared", step=0)
+    outs = _writers(tmp_path, [("shared", root, 25), ("shared", root, 25)])
+    fresh = AgentcasSaver(Store.open(str(tmp_path / "store")))
+    listed = {t.config["configurable"]["checkpoint_id"] for t in fresh.list(config("shared"))}
+    assert listed == {root, *outs[0], *outs[1]}
+    heads = {s.checkpoint for s in fresh.store.thread_states("langgraph/shared").values()}
+    assert len(heads) >= 2  # two children of one parent: two lines, both kept
+    assert fresh.store.fsck()["ok"]
+
+
+def test_processes_writing_different_threads(saver, tmp_path):
+    outs = _writers(tmp_path, [("p1", "-", 30), ("p2", "-", 30)])
+    fresh = AgentcasSaver(Store.open(str(tmp_path / "store")))
+    for thread, out in zip(("p1", "p2"), outs):
+        assert [t.config["configurable"]["checkpoint_id"] for t in fresh.list(config(thread))] == out[::-1]
+    assert fresh.store.fsck()["ok"]
+
+
+# -- crashes, corruption, unknown ids -------------------------------------------------------------
+
+LOOPER = textwrap.dedent("""
+    import sys
+    from langchain_core.messages import HumanMessage
+    from agentcas.langgraph import AgentcasSaver
+    from langgraph.graph import START, END, MessagesState, StateGraph
+    with AgentcasSaver.from_path(sys.argv[1]) as saver:
+        b = StateGraph(MessagesState)
+        b.add_node("agent", lambda s: {})
+        b.add_edge(START, "agent"); b.add_edge("agent", END)
+        g = b.compile(checkpointer=saver)
+        conf = {"configurable": {"thread_id": "k"}}
+        i = 0
+        while True:
+            g.invoke({"messages": [HumanMessage(content="m" * 300, id=str(i))]}, conf, durability="sync")
+            print(i, flush=True)
+            i += 1
+""")
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.013, 0.029])
+def test_sigkill_during_put_leaves_the_old_or_new_checkpoint(tmp_path, delay):
+    path = str(tmp_path / "store")
+    Store.init(path)
+    proc = subprocess.Popen([sys.executable, "-c", LOOPER, path], stdout=subprocess.PIPE, text=True)
+    done = [proc.stdout.readline() for _ in range(3)]
+    assert all(done)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    store = Store.open(path)
+    assert store.fsck()["ok"]
+    with AgentcasSaver.from_path(path) as saver:
+        latest = saver.get_tuple(config("k"))
+        count = len(latest.checkpoint["channel_values"]["messages"])
+        assert count >= 3  # every invoke that returned is there, intact
+        assert [m.id for m in latest.checkpoint["channel_values"]["messages"]] == [str(i) for i in range(count)]
+        assert len(list(saver.list(config("k")))) >= 9
+        chat = chat_graph(saver)  # and the thread goes on
+        chat.invoke({"messages": [HumanMessage(content="after", id="after")]}, config("k"))
+
+
+KILLED_IN_TXN = textwrap.dedent("""
+    import sys, time
+    from langchain_core.messages import HumanMessage
+    from agentcas.refs import threads
+    from agentcas.langgraph import AgentcasSaver
+    from langgraph.graph import START, END, MessagesState, StateGraph
+    real, calls = threads.set_if_equals, []
+
+    def set_if_equals(*args, **kwargs):  # pause inside the final transaction of the 7th move
+        calls.append(1)
+        if len(calls) == 7:
+            print("in-transaction", flush=True)
+            time.sleep(60)
+        return real(*args, **kwargs)
+
+    threads.set_if_equals = set_if_equals
+    with AgentcasSaver.from_path(sys.argv[1]) as saver:
+        b = StateGraph(MessagesState)
+        b.add_node("agent", lambda s: {})
+        b.add_edge(START, "agent"); b.add_edge("agent", END)
+        g = b.compile(checkpointer=saver)
+        for i in range(5):
+            g.invoke({"messages": [HumanMessage(content="m", id=str(i))]}, {"configurable": {"thread_id": "k"}},
+                     durability="sync")
+            print("done", i, saver.get_tuple({"configurable": {"thread_id": "k"}}).config["configurable"]["checkpoint_id"],
+                  flush=True)
+""")
+
+
+def test_sigkill_inside_the_final_transaction_keeps_the_old_checkpoint(tmp_path):
+    path = str(tmp_path / "store")
+    Store.init(path)
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_IN_TXN, path], stdout=subprocess.PIPE, text=True)
+    lines = []
+    while not lines or lines[-1].strip() != "in-transaction":
+        line = proc.stdout.readline()
+        assert line, lines
+        lines.append(line)
+    before = Store.open(path).thread("langgraph/k")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    store = Store.open(path)
+    assert store.fsck()["ok"]
+    assert store.thread("langgraph/k") == before  # the move in flight never happened
+    last_done = [line.split()[2] for line in lines if line.startswith("done")][-1]
+    with AgentcasSaver.from_path(path) as saver:
+        listed = [t.config["configurable"]["checkpoint_id"] for t in saver.list(config("k"))]
+        assert last_done in listed
+        assert saver.get_tuple(config("k")) is not None
+
+
+# Issue 14: the crash walk of a put. Each scenario builds a base store, counts the durable steps
+# (cas/crashpoints.py) of one saver call in a forked child, then for every step N: copies the
+# base, runs the call in a child killed (SIGKILL) at step N, and checks that the thread's refs
+# are exactly the old ones or the newest checkpoint is the new one, that fsck is clean, and that
+# the call then succeeds. Forked children skip the interpreter and LangGraph start-up.
+
+def _in_child(fn, env: dict) -> int:
+    """Run `fn()` in a forked child with `env` set; its wait status as a signal (-9) or exit code."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 0
+        try:
+            os.environ.update(env)
+            fn()
+        except BaseException:  # noqa: BLE001 - report, never return into pytest
+            import traceback
+            traceback.print_exc()
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def _chat_base(path):
+    with AgentcasSaver.from_path(path) as s:
+        graph = chat_graph(s)
+        for i in range(3):
+            graph.invoke({"messages": [HumanMessage(content=f"m{i}" * 50, id=f"h{i}")]}, config())
+        past = [t for t in s.list(config()) if len(t.checkpoint["channel_values"].get("messages", [])) == 2][0]
+        return s.get_tuple(config()), past
+
+
+CRASH_STEP = str(uuid6(clock_seq=77))
+
+
+def _crash_put(path, parent_id, values, versions):
+    def call():
+        with AgentcasSaver.from_path(path) as s:
+            cp = empty_checkpoint()
+            cp["id"] = CRASH_STEP
+            cp["channel_values"] = values
+            cp["channel_versions"] = versions
+            s.put(config("t", parent_id), cp, {"source": "loop", "step": 99}, dict(versions))
+    return call
+
+
+def _crash_writes(path, checkpoint_id):
+    def call():
+        with AgentcasSaver.from_path(path) as s:
+            s.put_writes(config("t", checkpoint_id), [("messages", ["written"]), ("other", 7)], "task-crash")
+    return call
+
+
+def _walk(tmp_path, make_call, landed):
+    """Kill `make_call(path, old, past)()` at each of its durable steps; `landed(saver)`: did it land?"""
+    base = tmp_path / "base"
+    old_tuple, past = _chat_base(str(base))
+    count = tmp_path / "count"
+    work = tmp_path / "w"
+    shutil.copytree(base, work)
+    assert _in_child(make_call(str(work), old_tuple, past), {"AGENTCAS_CRASH_COUNT": str(count)}) == 0
+    labels = count.read_text().split()
+    assert labels, "no durable step counted"
+    with AgentcasSaver.from_path(str(work)) as s:
+        assert landed(s) and s.store.fsck()["ok"]
+    old_refs = Store.open(str(base)).thread_states("langgraph/t")
+    outcomes = []
+    for number in range(1, len(labels) + 1):
+        shutil.rmtree(work)
+        shutil.copytree(base, work)
+        assert _in_child(make_call(str(work), old_tuple, past), {"AGENTCAS_CRASH_AT": str(number)}) == -9, number
+        store = Store.open(str(work))
+        assert store.fsck()["ok"], (number, labels[number - 1], store.fsck()["problems"])
+        with AgentcasSaver(store) as s:
+            if landed(s):
+                outcomes.append("new")
+            else:
+                assert store.thread_states("langgraph/t") == old_refs, (number, labels[number - 1])
+                assert s.get_tuple(config()).config == old_tuple.config
+                outcomes.append("old")
+        store.close()
+        assert _in_child(make_call(str(work), old_tuple, past), {}) == 0  # the call then succeeds
+        with AgentcasSaver.from_path(str(work)) as s:
+            assert landed(s) and s.store.fsck()["ok"], number
+    assert outcomes[0] == "old" and outcomes[-1] == "new"
+    return labels, outcomes
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("kind", ["append", "fork", "writes"])
+def test_every_crash_point_of_a_put_leaves_the_old_or_the_new_checkpoint(tmp_path, kind, record_property):
+    if os.access("/dev/shm", os.W_OK):  # a SIGKILL is a process crash: tmpfs makes the walk fast
+        import tempfile
+        tmp_path = Path(tempfile.mkdtemp(prefix="agentcas-lg-crash-", dir="/dev/shm"))
+    try:
+        def make_call(path, old, past):
+            head = old.checkpoint
+            messages = head["channel_values"]["messages"]
+            if kind == "append":  # the next step: one more message (a rollout item) and a value file
+                return _crash_put(path, old.config["configurable"]["checkpoint_id"],
+                                  {"messages": messages + [AIMessage(content="new" * 80, id="n1")],
+                                   "note": "x" * 600}, {"messages": 99, "note": 1})
+            if kind == "fork":  # a put onto a past checkpoint: the old head is kept as a branch
+                return _crash_put(path, past.config["configurable"]["checkpoint_id"],
+                                  {"messages": past.checkpoint["channel_values"]["messages"]
+                                   + [AIMessage(content="fork", id="f1")]}, {"messages": 99})
+            return _crash_writes(path, old.config["configurable"]["checkpoint_id"])
+
+        def landed(s):
+            latest = s.get_tuple(config())
+            if kind == "writes":
+                return any(task == "task-crash" for task, _, _ in latest.pending_writes)
+            if latest.config["configurable"]["checkpoint_id"] != CRASH_STEP:
+                return False
+            if kind == "fork":
+                assert any("/branches/" in name for name in s.store.thread_states("langgraph/t"))
+            assert latest.checkpoint["channel_values"]["messages"][-1].id in ("n1", "f1")
+            return True
+
+        labels, outcomes = _walk(tmp_path, make_call, landed)
+        record_property("crash_points", len(labels))  # summed and printed by conftest's summary
+        print(f"{kind}: {len(labels)} crash points ({' '.join(labels)}): {' '.join(outcomes)}")
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _corrupt(store: Store, raw: bytes) -> None:
+    def flip(txn):
+        value = bytearray(txn.get("objects", raw))
+        value[-1] ^= 0xFF
+        txn.put("objects", raw, bytes(value))
+    store.objects.write(flip)
+
+
+def test_a_corrupt_value_raises_a_clear_error_naming_the_object(saver):
+    first = put(saver, "c", values={"a": "a value that is long enough to be stored as is" * 3}, step=0)
+    tree = saver.store.checkpoint("langgraph/c")[1].tree
+    blob = saver.store.tree_files(tree, content=False)["values/a"].id
+    _corrupt(saver.store, blob.raw)
+    for reader in (saver, AgentcasSaver(saver.store)):
+        with pytest.raises(CorruptCheckpoint, match=blob.hex()) as err:
+            reader.get_tuple(config("c", first))
+        assert first in str(err.value)
+        with pytest.raises(CorruptCheckpoint):
+            list(reader.list(config("c")))
+    assert not saver.store.fsck()["ok"]
+
+
+def test_a_corrupt_message_in_the_history_raises_not_a_shorter_list(saver):
+    graph = chat_graph(saver)
+    graph.invoke({"messages": [HumanMessage(content="one", id="1")]}, config("h"))
+    head = saver.store.thread("langgraph/h").history
+    from agentcas.cas import framing  # the test reaches into the layer to find a chunk
+    from agentcas.cas.objects import Segment
+    segment = Segment.decode(saver.store.source.load(head.segment, framing.KIND_SEGMENT))
+    _corrupt(saver.store, segment.chunks[0].id.raw)
+    with pytest.raises(CorruptCheckpoint, match=segment.chunks[0].id.hex()):
+        AgentcasSaver(saver.store).get_tuple(config("h"))
+
+
+def test_unknown_ids_return_none(saver):
+    assert saver.get_tuple(config("nobody")) is None
+    put(saver, "known", step=0)
+    assert saver.get_tuple(config("known", str(uuid.uuid4()))) is None
+    assert list(saver.list(config("nobody"))) == []
+
+
+def test_odd_thread_ids_and_namespaces_map_to_valid_threads(saver):
+    for thread in ("with space", "a/b", "..", "x.lock", "ünï:cødé", "-dash", "z" * 300):
+        put(saver, thread, step=0)
+        put(saver, thread, step=0)
+        assert len(list(saver.list(config(thread)))) == 2
+    put(saver, "n", step=0)
+    put(saver, "n", step=0) and None
+    child = saver.put(config("n", ns="sub:1|inner:2"), empty_checkpoint(), {"step": 0}, {})
+    assert thread_name("n", "sub:1|inner:2") in saver.store.thread_states("langgraph/n")
+    assert saver.get_tuple(child).config["configurable"]["checkpoint_ns"] == "sub:1|inner:2"
+
+
+# -- a shared store (objects in S3 on a real SeaweedFS, refs in a real PostgreSQL) ---------------
+
+def test_a_shared_store_carries_a_thread_between_two_machines(tmp_path, s3_url, postgres_url, monkeypatch):
+    monkeypatch.setenv("AGENTCAS_CACHE_DIR", str(tmp_path / "cache-a"))
+    first, _ = Store.init(s3_url, refs=postgres_url)
+    with AgentcasSaver(first) as saver:
+        graph = chat_graph(saver)
+        for i in range(3):
+            graph.invoke({"messages": [HumanMessage(content=f"m{i}", id=f"h{i}")]}, config())
+        past = [s for s in graph.get_state_history(config()) if len(s.values.get("messages", [])) == 2][0]
+        graph.update_state(past.config, {"messages": [AIMessage(content="fork", id="f1")]})
+        saver.copy_thread("t", "copy")
+    first.close()
+    monkeypatch.setenv("AGENTCAS_CACHE_DIR", str(tmp_path / "cache-b"))  # another machine's cache
+    second = Store.open(s3_url, refs=postgres_url)
+    with AgentcasSaver(second) as saver:
+        graph = chat_graph(saver)
+        assert [m.content for m in graph.get_state(config()).values["messages"]] == ["m0", "reply 1", "fork"]
+        graph.invoke({"messages": [HumanMessage(content="on b", id="b1")]}, config())
+        assert [m.content for m in graph.get_state(config()).values["messages"]][-2:] == ["on b", "reply 4"]
+        assert len(list(saver.list(config("copy")))) == 10  # 3 invokes of 3, the update_state
+        assert "langgraph/t/branches/1" in second.thread_states("langgraph/t")
+    assert second.fsck()["ok"]
+    second.close()
+    with AgentcasSaver.from_path(s3_url, refs=postgres_url) as saver:  # by URL, as from_path opens a directory
+        assert [m.content for m in chat_graph(saver).get_state(config()).values["messages"]][-1] == "reply 4"
+
+
+# -- hand-over to another store through the CLI ---------------------------------------------------
+
+def test_export_signed_import_and_resume_in_another_store(tmp_path, run):
+    here, there = tmp_path / "here", tmp_path / "there"
+    with AgentcasSaver.from_path(str(here)) as saver:
+        graph = asking_graph(saver)
+        graph.invoke({"messages": [HumanMessage(content="deploy?", id="q")]}, config("job"))
+        assert graph.get_state(config("job")).interrupts
+    log = run("--json", "log", "langgraph/job", store=here)
+    assert log.code == 0 and all(e["reason"].startswith("langgraph step ") for e in log.json()["checkpoints"])
+    assert run("keygen", "alice", "--out", tmp_path).code == 0
+    r = run("export", "langgraph/job", "-o", tmp_path / "job.bundle", "--sign", tmp_path / "alice.key", store=here)
+    assert r.code == 0, r
+    assert run("init", there).code == 0
+    assert run("trust", "add", "alice", tmp_path / "alice.pub", store=there).code == 0
+    r = run("import", tmp_path / "job.bundle", store=there)
+    assert r.code == 0, r
+    with AgentcasSaver.from_path(str(there)) as saver:
+        graph = asking_graph(saver)
+        state = graph.get_state(config("job"))
+        assert [i.value for i in state.interrupts] == ["continue?"]
+        graph.invoke(Command(resume="yes"), config("job"))
+        assert [m.content for m in graph.get_state(config("job")).values["messages"]] == ["deploy?", "you said yes"]
+
+
+def test_push_and_pull_carry_a_thread_the_saver_resumes(tmp_path, run):
+    here, remote = tmp_path / "here", tmp_path / "remote"
+    with AgentcasSaver.from_path(str(here)) as saver:
+        chat_graph(saver).invoke({"messages": [HumanMessage(content="one", id="1")]}, config("sync"))
+    assert run("init", remote).code == 0
+    assert run("remote", "add", "origin", remote, store=here).code == 0
+    r = run("push", "origin", "langgraph/sync", store=here)
+    assert r.code == 0, r
+    with AgentcasSaver.from_path(str(remote)) as saver:
+        chat_graph(saver).invoke({"messages": [HumanMessage(content="two", id="2")]}, config("sync"))
+    r = run("pull", "origin", "langgraph/sync", store=here)
+    assert r.code == 0, r
+    with AgentcasSaver.from_path(str(here)) as saver:
+        messages = chat_graph(saver).get_state(config("sync")).values["messages"]
+        assert [m.content for m in messages] == ["one", "reply 1", "two", "reply 3"]
