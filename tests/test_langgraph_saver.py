@@ -683,8 +683,10 @@ def test_a_corrupt_message_in_the_history_raises_not_a_shorter_list(saver):
     from agentcas.cas import framing  # the test reaches into the layer to find a chunk
     from agentcas.cas.objects import Segment
     segment = Segment.decode(saver.store.source.load(head.segment, framing.KIND_SEGMENT))
-    _corrupt(saver.store, segment.chunks[0].id.raw)
-    with pytest.raises(CorruptCheckpoint, match=segment.chunks[0].id.hex()):
+    # A small append is stored inside its segment (format 2); a larger one in chunks.
+    damaged = segment.chunks[0].id if segment.chunks else head.segment
+    _corrupt(saver.store, damaged.raw)
+    with pytest.raises(CorruptCheckpoint, match=damaged.hex()):
         AgentcasSaver(saver.store).get_tuple(config("h"))
 
 
