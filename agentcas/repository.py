@@ -37,6 +37,7 @@ from agentcas.refs.threads import ForkOrigin, ThreadState
 
 STORE_DIR = ".agentcas"
 FORMAT_KEY = b"format"
+TOKEN_KEY_PREFIX = b"token-key/"
 INGEST_ZSTD_LEVEL = 3   # harness logs: 4x faster than the rollout level 7 here, ~3% larger
 _REFLOG_REV = re.compile(r"^(.+)@\{(\d+)\}$")
 UNRELATED_NOTE = "the target checkpoint is not in this thread's ancestry (a checkpoint of an unrelated thread)"
@@ -193,6 +194,24 @@ class Store:
 
     def _lease(self, what: str) -> Lease:
         return Lease(self.meta, what)
+
+    def token_key(self, purpose: str) -> bytes:
+        """A random 32-byte key kept in the store's metadata for `purpose`, made on first use.
+
+        For tokens that a server hands out and must recognise later, from any process on
+        this store and across restarts (MCP cursors). It guards against a client that only
+        sees the tokens, not against anyone who can read the store itself.
+        """
+        import secrets
+        key = TOKEN_KEY_PREFIX + purpose.encode("utf-8")
+        with self.meta.reader() as txn:
+            value = txn.get("meta", key)
+        if value is None:
+            fresh = seal("meta", key, secrets.token_bytes(32))
+            self.meta.write(lambda txn: txn.put_new("meta", key, fresh))   # the first writer's key wins
+            with self.meta.reader() as txn:
+                value = txn.get("meta", key)
+        return unseal("meta", key, value)
 
     # -- reading ------------------------------------------------------------------------------
     def resolve(self, rev: str) -> Digest:

@@ -124,6 +124,53 @@ def test_paging_until_done_while_another_process_commits(store_dir, workspace, t
     assert fresh["items"][0]["reason_preview"].startswith("concurrent")
 
 
+def test_cursors_resume_in_a_restarted_server_while_checkpoints_arrive(store_dir, workspace, thread_of, store):
+    """Every cursor carries its position: a second server process resumes where the first one's page ended."""
+    ids = thread_of(9)
+    for i in range(7):
+        (workspace / "memory" / f"n{i}.md").write_text(str(i))
+    files_cp = store.commit(str(workspace), "files")["checkpoint"]
+    ids.insert(0, files_cp)
+    for i in range(5):
+        store.effect_add("main", "pending", "http.request", f"https://x/{i}", "irreversible", effect_id=f"r{i}")
+    head = store.commit(str(workspace), "after effects")["checkpoint"]
+    ids.insert(0, head)
+
+    async def first_pages(s):
+        return (await ok(s, "list_checkpoints", thread="main", limit=4),
+                await ok(s, "inspect_checkpoint", checkpoint_id=files_cp, limit=3),
+                await ok(s, "diff_checkpoint", limit=2, **{"from": files_cp, "to": head}))
+    listing, inspected, diff = drive(store_dir, workspace, first_pages)   # server 1 exits here
+    # New checkpoints arrive between the servers.
+    for i in range(3):
+        (workspace / "task.json").write_text(json.dumps({"late": i}))
+        assert run_cli("commit", workspace, "-m", f"late {i}", store=store_dir).code == 0
+
+    async def rest(s):
+        seen, cursor = [], listing["next_cursor"]
+        while cursor:
+            page = await ok(s, "list_checkpoints", thread="main", limit=4, cursor=cursor)
+            seen += [i["checkpoint_id"] for i in page["items"]]
+            cursor = page["next_cursor"]
+        paths, cursor = [], inspected["files_page"]["next_cursor"]
+        while cursor:
+            page = (await ok(s, "inspect_checkpoint", checkpoint_id=files_cp, limit=3, cursor=cursor))["files_page"]
+            paths += [f["path_preview"] for f in page["items"]]
+            cursor = page["next_cursor"]
+        effects, cursor = [], diff["effects_page"]["next_cursor"]
+        while cursor:
+            page = (await ok(s, "diff_checkpoint", limit=2, cursor=cursor,
+                             **{"from": files_cp, "to": head}))["effects_page"]
+            effects += [e["id"] for e in page["items"]]
+            cursor = page["next_cursor"]
+        return seen, paths, effects
+    seen, paths, effects = drive(store_dir, workspace, rest)             # server 2: a new process
+    assert [i["checkpoint_id"] for i in listing["items"]] + seen == ids  # no gap, no repeat, no late one
+    assert [f["path_preview"] for f in inspected["files_page"]["items"]] + paths == \
+        [f["path"] for f in store.files(files_cp)]
+    assert [e["id"] for e in diff["effects_page"]["items"]] + effects == [f"r{i}" for i in reversed(range(5))]
+
+
 def test_a_larger_limit_is_shrunk_not_refused(store_dir, workspace, thread_of):
     thread_of(6)
     for i in range(9):
