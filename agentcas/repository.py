@@ -356,6 +356,11 @@ class Store:
     # -- rollouts -------------------------------------------------------------------------------
     def rollout_append(self, thread: str, data: bytes) -> dict:
         """Append JSONL records to a thread's history (creating the thread if new)."""
+        return self._append(thread, data)
+
+    def _append(self, thread: str, data: bytes, guard=None) -> dict:
+        """`rollout_append`, with `guard(state)` run on the thread state each plan sees
+        (it raises to refuse the move: the compare part of a conditional append)."""
         check_thread_name(thread)
         with self._lease(f"append {thread}") as lease:
             writer = BatchWriter(self.source, lease=lease)
@@ -363,6 +368,8 @@ class Store:
             writer.flush()
 
             def plan(state: ThreadState | None) -> Move | None:
+                if guard is not None:
+                    guard(state)
                 base = EMPTY_POSITION if state is None else state.history
                 head, segments = rollout.link_segments(self.source, base, prepared)
                 if state is not None and head == base:  # nothing to append: no ref move
@@ -822,9 +829,12 @@ class Store:
             effects.check_id(effect_id)
         existing = None
         with self.meta.reader() as txn:
-            exists = threads.read_thread(txn, thread) is not None
-        if exists and effect_id is not None:
-            existing = self._effect_lookup(thread, effect_id)
+            looked_up = threads.read_thread(txn, thread)
+        read_at = EMPTY_POSITION if looked_up is None else looked_up.history
+        if looked_up is not None and effect_id is not None:
+            line = self._effects_line(read_at, thread, True)
+            existing = self._effects_index().lookup(line, read_at.seq, effect_id)
+        testing_hooks.reached("effect.after_lookup")
         if change:
             if existing is None:
                 raise NotFound(f"no effect {effect_id!r} in the history of thread {thread!r}; "
@@ -841,9 +851,37 @@ class Store:
                                     "new state give only --id and --state); nothing was written")
             record = effects.new_effect(effect_id or effects.new_effect_id(), kind, target, state, rollback,
                                         provider, operation, utc_now())
-        appended = self.rollout_append(thread, record.to_line())
+        guard = None if effect_id is None else self._effect_guard(thread, effect_id, read_at)
+        appended = self._append(thread, record.to_line(), guard)
         return {"thread": thread, "id": record.id, "state": record.state, "new": record.is_new,
                 "seq": appended["first_seq"], "record": record.to_record(), "history": appended["history"]}
+
+    def _effect_guard(self, thread: str, effect_id: str, read_at: HistoryPosition):
+        """The compare of `effect add --id`: the append lands only if, since the history the
+        lookup read (`read_at`), no record of `effect_id` landed and the history was only
+        appended to. Records of other effects (or any others) landing meanwhile are fine:
+        the append re-plans after them. Otherwise ConflictError (exit 3), nothing written."""
+        from agentcas.lineage.effects import parse_record
+
+        def guard(state: ThreadState | None) -> None:
+            current = EMPTY_POSITION if state is None else state.history
+            if current == read_at:
+                return
+            history = rollout.History(self.source)
+            if current.seq < read_at.seq or (
+                    read_at.seq and history.position(current, read_at.seq).digest != read_at.digest):
+                raise ConflictError(f"thread {thread!r} was moved to another history (a revert?) after effect "
+                                    f"{effect_id!r} was read; nothing was written: read its state again "
+                                    "(agentcas effects) and retry")
+            seq, data = read_at.seq, b"".join(self._read_history(current, read_at.seq, None))
+            for start, end in rollout.split_lines(data):
+                record = parse_record(data[start:end])
+                if record is not None and record.id == effect_id:
+                    raise ConflictError(f"effect {effect_id!r} got state {record.state!r} (record {seq}) after "
+                                        "it was read; nothing was written: read its state again "
+                                        "(agentcas effects) and retry")
+                seq += 1
+        return guard
 
     def effects(self, rev: str, since: str | None = None, states=None, limit: int | None = None,
                 before: int | None = None, totals: bool = True) -> dict:
