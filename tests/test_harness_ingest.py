@@ -213,6 +213,23 @@ def test_fork_ingested_before_its_parent_is_linked_once_the_parent_is_stored(run
     assert tree[0]["children"][0]["thread"] == "codex/child-0002"
 
 
+def test_thread_option_on_a_codex_fork_keeps_its_link_to_the_parent(run, store_dir, tmp_path):
+    parent = CodexSession("parent-0003")
+    parent.turn("one")
+    parent.turn("two")
+    child = CodexSession("child-0003", forked_from="parent-0003")
+    child.copy_lines(parent, 20)
+    child.turn("three")
+    assert run("ingest", "codex", codex_file(tmp_path, parent), store=store_dir).code == 0
+    r = run("ingest", "codex", codex_file(tmp_path, child), "--thread", "my-fork", store=store_dir)
+    assert r.code == 0, r
+    tree = run("--json", "lineage", store=store_dir).json()["threads"]
+    assert [t["thread"] for t in tree] == ["codex/parent-0003"]
+    fork, = tree[0]["children"]
+    assert fork["thread"] == "my-fork" and fork["forked_from"]["seq"] == 20
+    assert cat(run, store_dir, "my-fork") == child.data()
+
+
 def test_claude_sessions_and_subagent_files_in_both_layouts(run, store_dir, tmp_path):
     project = tmp_path / "projects" / "-repo"
     project.mkdir(parents=True)

@@ -347,9 +347,11 @@ class Ingest:
         return _Pending(report, key, st, append, turn_seq or 0)
 
     def _identity(self, session):
-        if self.thread is not None:
-            return discovery.SessionIdentity(self.thread)
-        return discovery.identify_file(self.harness, session)
+        """The file's thread and parent link; `--thread NAME` renames the thread, keeps the link."""
+        found = discovery.identify_file(self.harness, session)
+        if self.thread is None:
+            return found
+        return discovery.SessionIdentity(self.thread, None if found is None else found.parent)
 
     def _check_prefix(self, path, handle, thread, based_on) -> None:
         """Refuse a file whose stored first and last records differ from its bytes there."""
