@@ -105,6 +105,37 @@ def test_second_run_appends_only_new_complete_lines_and_a_partial_line_waits(run
     assert cat(run, store_dir, THREAD) == path.read_bytes()
 
 
+def _edit_in_place_keeping_the_stat(path):
+    """A same-size edit with the mtime restored: only a read of the file would notice it."""
+    st = os.stat(path)
+    data = bytearray(path.read_bytes())
+    data[5:9] = b"XXXX"
+    with open(path, "r+b") as handle:
+        handle.write(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.parametrize("kind", ["memory", "shared"])
+def test_unchanged_file_costs_a_stat_on_memory_and_shared_stores_too(kind, tmp_path, request, monkeypatch):
+    """The ingest state lives in this machine's stat cache, which every kind of store has."""
+    if kind == "memory":
+        store = Store.memory()
+        again = store   # a memory store lives in one process: a --watch's later passes
+    else:
+        s3_url, refs = request.getfixturevalue("s3_url"), request.getfixturevalue("postgres_url")
+        monkeypatch.setenv("AGENTCAS_CACHE_DIR", str(tmp_path / "cache"))
+        store, _ = Store.init(s3_url, refs=refs)
+        again = Store.open(s3_url, refs=refs)   # a later run on this machine
+    path = codex_file(tmp_path, sample_codex())
+    assert Ingest(store, "codex", [str(path)]).run()[0].status == "ingested"
+    _edit_in_place_keeping_the_stat(path)
+    report = Ingest(again, "codex", [str(path)]).run()[0]
+    assert report.status == "unchanged" and report.thread == THREAD   # the file was not read
+    os.utime(path)
+    report = Ingest(again, "codex", [str(path)]).run()[0]
+    assert report.status == "refused" and "rewritten" in report.error
+
+
 def test_unchanged_file_costs_a_stat(store, tmp_path):
     """Same size, mtime and inode: the file is not even opened (a same-size in-place edit
     with its mtime restored is not noticed, where a read would refuse it as rewritten)."""
