@@ -190,6 +190,61 @@ def test_damaged_lines_are_kept_in_the_rollout_and_reported(run, store_dir, tmp_
     assert run("--json", "rollout", "cat", THREAD, store=store_dir).json()["records"][bad - 1] is None
 
 
+def test_skipped_lines_are_every_damaged_line_up_to_the_record(run, store_dir, tmp_path):
+    """Also those behind the newest compaction, which the reverse scan never reads."""
+    from agentcas.harnesses import damaged_lines, replay
+    s = CodexSession()
+    turn = s.start(prompt="one")
+    early = s.raw(b"{damaged\n")
+    s.reply("ok")
+    s.complete(turn)
+    for n in range(300):
+        s.turn(f"ask {n}")
+    middle = s.raw(b"\xff\xfe\n")
+    s.compact()
+    s.turn("after")
+    late = s.raw(b"[1]\n")
+    path = codex_file(tmp_path, s)
+    assert run("ingest", "codex", path, store=store_dir).code == 0
+    doc = run("--json", "replay", THREAD, store=store_dir).json()
+    assert doc["skipped_lines"] == [early, middle, late]
+    assert run("--json", "replay", THREAD, "--at", middle - 1, store=store_dir).json()["skipped_lines"] == [early]
+    assert run("--json", "replay", THREAD, "--at", early - 1, store=store_dir).json()["skipped_lines"] == []
+    store = Store.open(str(store_dir))
+    # Ingest left the answer in the cache: replay at the head read only the tail.
+    warm, records = replay.replay_records(store, THREAD)
+    assert warm["skipped_lines"] == [early, middle, late] and records.loaded_records < len(s.lines) // 4
+    # A lost cache costs a scan, not the answer.
+    store.stores.local.write(lambda txn: txn.delete("statcache", damaged_lines.DAMAGED_KEY + THREAD.encode()))
+    assert replay.replay(store, THREAD)["skipped_lines"] == [early, middle, late]
+    assert damaged_lines.read_row(store.stores.local, THREAD)[0].seq == len(s.lines)   # and rebuilds it
+    # A checkpoint's prefix, and a fork (another thread, no row of its own yet).
+    log = run("--json", "log", THREAD, store=store_dir).json()["checkpoints"]
+    first = min(log, key=lambda e: e["history"]["seq"])
+    assert run("--json", "replay", first["checkpoint"], store=store_dir).json()["skipped_lines"] == [early]
+    assert run("fork", THREAD, "explore", "--at", middle, store=store_dir).code == 0
+    assert run("--json", "replay", "explore", store=store_dir).json()["skipped_lines"] == [early, middle]
+
+
+@pytest.mark.parametrize("new_records", [2, 40])   # the new head shorter than the row's, and longer
+def test_a_cached_damaged_row_is_never_applied_to_another_history(run, store_dir, tmp_path, new_records):
+    """The row is matched by prefix digest: after a revert and new lines it no longer applies."""
+    s = CodexSession()
+    s.turn("one")
+    bad = s.raw(b"{damaged\n")
+    s.turn("two")
+    assert run("ingest", "codex", codex_file(tmp_path, s), store=store_dir).code == 0
+    assert run("--json", "replay", THREAD, store=store_dir).json()["skipped_lines"] == [bad]
+    log = run("--json", "log", THREAD, store=store_dir).json()["checkpoints"]
+    before = next(e["checkpoint"] for e in log if e["history"]["seq"] < bad)
+    assert run("revert", THREAD, before, store=store_dir).code == 0
+    clean = b"".join(CodexSession().lines[:1]) * new_records   # valid records
+    assert run("rollout", "append", THREAD, "-", input=clean, store=store_dir).code == 0
+    doc = run("--json", "replay", THREAD, "--format", "codex", store=store_dir).json()
+    assert doc["skipped_lines"] == [] and doc["at"] > bad
+    assert (doc["at"] < len(s.lines)) == (new_records == 2)
+
+
 @pytest.mark.parametrize("content", [b"", b"\x00\x01\x02\xff" * 1000, b"\x89PNG\r\n\x1a\n\x00\x00binary\n"])
 def test_empty_and_binary_files_write_nothing(run, store_dir, tmp_path, content):
     path = tmp_path / "rollout-x.jsonl"

@@ -244,8 +244,13 @@ def _str_or_none(value):
     return value if isinstance(value, str) else None
 
 
-def replay_codex(records) -> dict:
-    """The replay document (`replay --json`, format codex) of `records` (all of them)."""
+def replay_codex(records, damaged_lines=None) -> dict:
+    """The replay document (`replay --json`, format codex) of `records` (all of them).
+
+    `skipped_lines` are every damaged line among the records: `damaged_lines` when the
+    caller knows them (a stored history: harnesses/damaged_lines.py), else found by
+    looking at every record (which a lazily loaded sequence should not be made to do).
+    """
     at = len(records)
     skipped: set[int] = set()
     state = {"base": None, "settings": None, "reference": "never", "pending": 0}
@@ -378,7 +383,9 @@ def replay_codex(records) -> dict:
             "items": [item for item, _ in history], "item_lines": [line for _, line in history],
             "turn_context": turn_context, "turn_context_line": turn_context_line,
             "compaction_line": compaction_line, "rolled_back_turns": list(reversed(rolled_back)),
-            "interrupted_turn": interrupted, "skipped_lines": sorted(skipped)}
+            "interrupted_turn": interrupted, "skipped_lines": sorted(skipped.union(
+                damaged_lines if damaged_lines is not None
+                else (line for line, record in (records[i] for i in range(at)) if record is None)))}
 
 
 def _thread_id(records):

@@ -511,6 +511,17 @@ class Ingest:
             for item in batch:   # land the others; name the one that lost its race
                 self._land_batch([item])
             return
+        from agentcas.cas.objects import HistoryPosition
+        from agentcas.harnesses import damaged_lines
+        rows = []
+        for item, result in zip(batch, results):
+            # The damaged lines of what landed, for replay's skipped_lines (damaged_lines.py).
+            row = damaged_lines.advance(self.store.stores.local, item.append.thread, item.append.based_on,
+                                        HistoryPosition.from_doc(result["history"]),
+                                        [line - 1 for line in item.report.skipped_lines])
+            if row is not None:
+                rows.append(row)
+        damaged_lines.write_rows(self.store.stores.local, rows)
         for item, result in zip(batch, results):
             report = item.report
             report.status = "ingested"
