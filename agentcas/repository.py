@@ -800,20 +800,20 @@ class Store:
 
         Each SessionAppend's lines are stored byte for byte (no JSON check); each mark
         (records after the append's start, reason) becomes a checkpoint with an empty
-        tree at that position, chained on the thread's checkpoints. Each thread lands
-        whole or not at all (lineage/marks.py); a thread no longer at `based_on` (None:
-        must not exist) raises ConflictError and that thread lands nothing.
+        tree at that position, chained on the thread's checkpoints. The threads land
+        together or not at all, in one metadata transaction (lineage/marks.py); a thread
+        no longer at `based_on` (None: must not exist) raises ConflictError and nothing lands.
         """
-        from agentcas.lineage.marks import append_with_marks, prepare_raw
+        from agentcas.lineage.marks import append_many_with_marks, prepare_raw
         for item in appends:   # reasons are checked by Checkpoint itself, in the plan
             check_thread_name(item.thread)
         who, created_at, runtime = author or default_author(), utc_now(), runtime_description()
         with self._lease("ingest") as lease:
             writer = BatchWriter(self.source, lease=lease)
             prepared = prepare_raw([item.data for item in appends], writer, INGEST_ZSTD_LEVEL)
-            return [append_with_marks(self.stores, lease, item.thread, segments, item.marks, item.based_on,
-                                      item.forked_from, who, created_at, runtime)
-                    for item, segments in zip(appends, prepared)]
+            return append_many_with_marks(
+                self.stores, lease, [(item.thread, segments, item.marks, item.based_on, item.forked_from)
+                                     for item, segments in zip(appends, prepared)], who, created_at, runtime)
 
 
     # -- the external-effects ledger (lineage/effects.py, lineage/effects_index.py) -------

@@ -316,6 +316,24 @@ def test_thread_option_on_a_codex_fork_keeps_its_link_to_the_parent(run, store_d
     assert cat(run, store_dir, "my-fork") == child.data()
 
 
+def test_two_files_of_one_session_in_one_run_one_lands_the_other_is_refused(run, store_dir, tmp_path):
+    """Files land in batches (one transaction); a batch with a loser is retried file by file."""
+    a, other = sample_codex(), CodexSession("other-0001")
+    other.turn("unrelated")
+    copy = sample_codex()
+    copy.turn("diverges")
+    codex_file(tmp_path, a)
+    codex_file(tmp_path, other)
+    codex_file(tmp_path, copy, name="rollout-2026-11-30T22-00-00-copy.jsonl")
+    r = run("--json", "ingest", "codex", tmp_path / "sessions", store=store_dir)
+    assert r.code == 1
+    statuses = {f["path"].rsplit("/", 1)[-1]: f["status"] for f in r.json()["files"]}
+    assert sorted(statuses.values()) == ["ingested", "ingested", "refused"]
+    assert statuses["rollout-2026-11-30T21-30-12-other-0001.jsonl"] == "ingested"
+    assert cat(run, store_dir, "codex/other-0001") == other.data()
+    assert run("fsck", store=store_dir).code == 0
+
+
 def test_claude_sessions_and_subagent_files_in_both_layouts(run, store_dir, tmp_path):
     project = tmp_path / "projects" / "-repo"
     project.mkdir(parents=True)

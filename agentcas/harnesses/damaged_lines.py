@@ -89,17 +89,22 @@ def damaged_lines(store, rev: str, head: HistoryPosition, at: int, thread: str, 
     local = store.stores.local
     row = read_row(local, thread)
     history = History(store.source)
+
+    def digest_at(position: HistoryPosition, seq: int):
+        # A position's own end needs no segment loads (replay at the head: the common case).
+        return position.digest if seq == position.seq else history.position(position, seq).digest
+
     known, covered, extends = [], 0, False
     if row is not None:
         position, seqs = row
         if at <= position.seq:
-            if at == 0 or history.position(head, at).digest == history.position(position, at).digest:
+            if at == 0 or digest_at(head, at) == digest_at(position, at):
                 return [s + 1 for s in seqs if s < at]
-        elif position.seq == 0 or history.position(head, position.seq).digest == position.digest:
+        elif position.seq == 0 or digest_at(head, position.seq) == position.digest:
             known, covered, extends = seqs, position.seq, True
     found = known + scan(store, rev, covered, at)
     if is_head and (not extends or at > covered):   # a longer row, or one for the thread's new history
-        write_rows(local, [row_value(thread, history.position(head, at), found)])
+        write_rows(local, [row_value(thread, head if at == head.seq else history.position(head, at), found)])
     return [s + 1 for s in found]
 
 
