@@ -64,34 +64,11 @@ def move_thread(stores: Stores, lease: Lease, thread: str,
     threads under one lease releases it when done). Returns (the state the move started
     from, the move landed or None).
     """
-    for _ in range(MAX_ATTEMPTS):
-        state = read_state(stores, thread)
-        move = plan(state)
-        if move is None:
-            return state, None
-        stores.objects.put_many(move.objects)
-        missing = stores.objects.missing(move.needed)
-        if missing:
-            nothing = "nothing was committed" if move.action == "commit" else "nothing was changed"
-            raise VanishedObject(f"object {sorted(missing)[0].hex()} vanished before the {move.action} "
-                                 f"landed (concurrent gc?); {nothing}, retry")
-
-        def final(txn, state=state, move=move):
-            lease.check(txn)
-            if not threads.set_if_equals(txn, thread, state, move.new, move.action, move.message):
-                return False
-            if not keep_lease:
-                lease.release(txn)
-            return True
-
-        if stores.meta.write(final):
-            return state, move
-    raise ConflictError(f"thread {thread!r} kept moving under {MAX_ATTEMPTS} attempts; "
-                        "nothing was changed, retry")
+    return move_threads(stores, lease, [(thread, plan)], keep_lease)[0]
 
 
 class _LostRace(Exception):
-    """A thread of a batched move is no longer where its plan read it: abandon the transaction."""
+    """A thread of a move is no longer where its plan read it: abandon the transaction."""
 
 
 def move_threads(stores: Stores, lease: Lease, plans: list, keep_lease: bool = False) -> list:
@@ -109,16 +86,20 @@ def move_threads(stores: Stores, lease: Lease, plans: list, keep_lease: bool = F
         with stores.meta.reader() as txn:
             states = [threads.read_thread(txn, name) for name in names]
         moves = [plan(state) for (_, plan), state in zip(plans, states)]
+        landing = [move for move in moves if move is not None]
+        if not landing:
+            return list(zip(states, moves))
         objects, needed = {}, set()
-        for move in moves:
-            if move is not None:
-                objects.update(move.objects)
-                needed |= move.needed
+        for move in landing:
+            objects.update(move.objects)
+            needed |= move.needed
         stores.objects.put_many(objects)
         missing = stores.objects.missing(needed)
         if missing:
-            raise VanishedObject(f"object {sorted(missing)[0].hex()} vanished before the moves landed "
-                                 "(concurrent gc?); nothing was changed, retry")
+            action = landing[0].action if len(landing) == 1 else "moves"
+            nothing = "nothing was committed" if action == "commit" else "nothing was changed"
+            raise VanishedObject(f"object {sorted(missing)[0].hex()} vanished before the {action} "
+                                 f"landed (concurrent gc?); {nothing}, retry")
 
         def final(txn, states=states, moves=moves):
             lease.check(txn)
@@ -129,11 +110,11 @@ def move_threads(stores: Stores, lease: Lease, plans: list, keep_lease: bool = F
             if not keep_lease:
                 lease.release(txn)
 
-        if any(move is not None for move in moves) or not keep_lease:
-            try:
-                stores.meta.write(final)
-            except _LostRace:
-                continue
+        try:
+            stores.meta.write(final)
+        except _LostRace:
+            continue
         return list(zip(states, moves))
-    raise ConflictError(f"threads {', '.join(repr(n) for n in names[:3])}{' ...' if len(names) > 3 else ''} "
-                        f"kept moving under {MAX_ATTEMPTS} attempts; nothing was changed, retry")
+    shown = ", ".join(repr(n) for n in names[:3]) + (" ..." if len(names) > 3 else "")
+    raise ConflictError(f"thread{'s' if len(names) > 1 else ''} {shown} kept moving under {MAX_ATTEMPTS} "
+                        "attempts; nothing was changed, retry")
