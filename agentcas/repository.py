@@ -954,11 +954,6 @@ class Store:
                 "effects": items, "returned_count": len(items), "has_more": more,
                 "next_cursor": items[-1]["state_seq"] if more else None, "note": NOT_UNDONE_NOTE}
 
-    def _effect_lookup(self, thread: str, effect_id: str) -> dict | None:
-        head, line_name, is_thread = self._effects_source(thread)
-        line = self._effects_line(head, line_name, is_thread)
-        return self._effects_index().lookup(line, head.seq, effect_id)
-
     def open_effects_after(self, head: HistoryPosition, line_name: str, is_thread: bool,
                            target: HistoryPosition, limit: int = 100) -> dict:
         """Pending and unknown effects recorded in `head`'s history after `target` (a revert's or
