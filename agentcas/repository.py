@@ -36,6 +36,7 @@ from agentcas.refs.threads import ForkOrigin, ThreadState
 
 STORE_DIR = ".agentcas"
 FORMAT_KEY = b"format"
+TOKEN_KEY_PREFIX = b"token-key/"
 INGEST_ZSTD_LEVEL = 3   # harness logs: 4x faster than the rollout level 7 here, ~3% larger
 # Store format 2 (docs/FORMAT.md section 7): packed objects and compact reflog rows. A
 # format-1 store opens and is marked 2 on its first writable open; its objects and rows
@@ -214,6 +215,24 @@ class Store:
         """A writer's lease; with `thread`, it also brings that thread's state for the move."""
         return Lease(self.meta, what) if thread is None else lease_for(self.stores, what, thread)
 
+    def token_key(self, purpose: str) -> bytes:
+        """A random 32-byte key kept in the store's metadata for `purpose`, made on first use.
+
+        For tokens that a server hands out and must recognise later, from any process on
+        this store and across restarts (MCP cursors). It guards against a client that only
+        sees the tokens, not against anyone who can read the store itself.
+        """
+        import secrets
+        key = TOKEN_KEY_PREFIX + purpose.encode("utf-8")
+        with self.meta.reader() as txn:
+            value = txn.get("meta", key)
+        if value is None:
+            fresh = seal("meta", key, secrets.token_bytes(32))
+            self.meta.write(lambda txn: txn.put_new("meta", key, fresh))   # the first writer's key wins
+            with self.meta.reader() as txn:
+                value = txn.get("meta", key)
+        return unseal("meta", key, value)
+
     # -- reading ------------------------------------------------------------------------------
     def resolve(self, rev: str) -> Digest:
         with self.meta.reader() as txn:
@@ -357,6 +376,11 @@ class Store:
     # -- rollouts -------------------------------------------------------------------------------
     def rollout_append(self, thread: str, data: bytes) -> dict:
         """Append JSONL records to a thread's history (creating the thread if new)."""
+        return self._append(thread, data)
+
+    def _append(self, thread: str, data: bytes, guard=None) -> dict:
+        """`rollout_append`, with `guard(state)` run on the thread state each plan sees
+        (it raises to refuse the move: the compare part of a conditional append)."""
         check_thread_name(thread)
         with self._lease(f"append {thread}", thread) as lease:
             writer = BatchWriter(self.source, lease=lease)
@@ -364,6 +388,8 @@ class Store:
             writer.flush()
 
             def plan(state: ThreadState | None) -> Move | None:
+                if guard is not None:
+                    guard(state)
                 base = EMPTY_POSITION if state is None else state.history
                 head, segments = rollout.link_segments(self.source, base, prepared)
                 if state is not None and head == base:  # nothing to append: no ref move
@@ -798,20 +824,20 @@ class Store:
 
         Each SessionAppend's lines are stored byte for byte (no JSON check); each mark
         (records after the append's start, reason) becomes a checkpoint with an empty
-        tree at that position, chained on the thread's checkpoints. Each thread lands
-        whole or not at all (lineage/marks.py); a thread no longer at `based_on` (None:
-        must not exist) raises ConflictError and that thread lands nothing.
+        tree at that position, chained on the thread's checkpoints. The threads land
+        together or not at all, in one metadata transaction (lineage/marks.py); a thread
+        no longer at `based_on` (None: must not exist) raises ConflictError and nothing lands.
         """
-        from agentcas.lineage.marks import append_with_marks, prepare_raw
+        from agentcas.lineage.marks import append_many_with_marks, prepare_raw
         for item in appends:   # reasons are checked by Checkpoint itself, in the plan
             check_thread_name(item.thread)
         who, created_at, runtime = author or default_author(), utc_now(), runtime_description()
         with self._lease("ingest") as lease:
             writer = BatchWriter(self.source, lease=lease)
             prepared = prepare_raw([item.data for item in appends], writer, INGEST_ZSTD_LEVEL)
-            return [append_with_marks(self.stores, lease, item.thread, segments, item.marks, item.based_on,
-                                      item.forked_from, who, created_at, runtime)
-                    for item, segments in zip(appends, prepared)]
+            return append_many_with_marks(
+                self.stores, lease, [(item.thread, segments, item.marks, item.based_on, item.forked_from)
+                                     for item, segments in zip(appends, prepared)], who, created_at, runtime)
 
 
     # -- the external-effects ledger (lineage/effects.py, lineage/effects_index.py) -------
@@ -827,9 +853,12 @@ class Store:
             effects.check_id(effect_id)
         existing = None
         with self.meta.reader() as txn:
-            exists = threads.read_thread(txn, thread) is not None
-        if exists and effect_id is not None:
-            existing = self._effect_lookup(thread, effect_id)
+            looked_up = threads.read_thread(txn, thread)
+        read_at = EMPTY_POSITION if looked_up is None else looked_up.history
+        if looked_up is not None and effect_id is not None:
+            line = self._effects_line(read_at, thread, True)
+            existing = self._effects_index().lookup(line, read_at.seq, effect_id)
+        testing_hooks.reached("effect.after_lookup")
         if change:
             if existing is None:
                 raise NotFound(f"no effect {effect_id!r} in the history of thread {thread!r}; "
@@ -846,9 +875,37 @@ class Store:
                                     "new state give only --id and --state); nothing was written")
             record = effects.new_effect(effect_id or effects.new_effect_id(), kind, target, state, rollback,
                                         provider, operation, utc_now())
-        appended = self.rollout_append(thread, record.to_line())
+        guard = None if effect_id is None else self._effect_guard(thread, effect_id, read_at)
+        appended = self._append(thread, record.to_line(), guard)
         return {"thread": thread, "id": record.id, "state": record.state, "new": record.is_new,
                 "seq": appended["first_seq"], "record": record.to_record(), "history": appended["history"]}
+
+    def _effect_guard(self, thread: str, effect_id: str, read_at: HistoryPosition):
+        """The compare of `effect add --id`: the append lands only if, since the history the
+        lookup read (`read_at`), no record of `effect_id` landed and the history was only
+        appended to. Records of other effects (or any others) landing meanwhile are fine:
+        the append re-plans after them. Otherwise ConflictError (exit 3), nothing written."""
+        from agentcas.lineage.effects import parse_record
+
+        def guard(state: ThreadState | None) -> None:
+            current = EMPTY_POSITION if state is None else state.history
+            if current == read_at:
+                return
+            history = rollout.History(self.source)
+            if current.seq < read_at.seq or (
+                    read_at.seq and history.position(current, read_at.seq).digest != read_at.digest):
+                raise ConflictError(f"thread {thread!r} was moved to another history (a revert?) after effect "
+                                    f"{effect_id!r} was read; nothing was written: read its state again "
+                                    "(agentcas effects) and retry")
+            seq, data = read_at.seq, b"".join(self._read_history(current, read_at.seq, None))
+            for start, end in rollout.split_lines(data):
+                record = parse_record(data[start:end])
+                if record is not None and record.id == effect_id:
+                    raise ConflictError(f"effect {effect_id!r} got state {record.state!r} (record {seq}) after "
+                                        "it was read; nothing was written: read its state again "
+                                        "(agentcas effects) and retry")
+                seq += 1
+        return guard
 
     def effects(self, rev: str, since: str | None = None, states=None, limit: int | None = None,
                 before: int | None = None, totals: bool = True) -> dict:
@@ -920,11 +977,6 @@ class Store:
                 "totals": index.totals(line, head.seq, since_seq) if totals else None,
                 "effects": items, "returned_count": len(items), "has_more": more,
                 "next_cursor": items[-1]["state_seq"] if more else None, "note": NOT_UNDONE_NOTE}
-
-    def _effect_lookup(self, thread: str, effect_id: str) -> dict | None:
-        head, line_name, is_thread = self._effects_source(thread)
-        line = self._effects_line(head, line_name, is_thread)
-        return self._effects_index().lookup(line, head.seq, effect_id)
 
     def open_effects_after(self, head: HistoryPosition, line_name: str, is_thread: bool,
                            target: HistoryPosition, limit: int = 100) -> dict:

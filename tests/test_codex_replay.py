@@ -222,6 +222,35 @@ def test_unknown_record_types_and_fields_are_tolerated():
     assert doc["items"][-1]["future"] == [1] and doc["skipped_lines"] == []
 
 
+def test_inter_agent_messages_are_model_input_and_user_turns():
+    s = CodexSession()
+    s.turn("split the work")
+    turn = s.start()   # a turn the worker's message starts (no user prompt in it)
+    plain = s.record("inter_agent_communication", {"author": "/root/worker", "recipient": "/root",
+                                                   "other_recipients": [], "content": "worker: tests pass",
+                                                   "trigger_turn": True})
+    s.record("inter_agent_communication_metadata", {"trigger_turn": True})
+    sealed = s.record("inter_agent_communication", {"id": "mail_7", "author": "/root/worker", "recipient": "/root",
+                                                    "content": "", "encrypted_content": "ciphertext",
+                                                    "trigger_turn": False})
+    unreadable = s.record("inter_agent_communication", {"author": "/root/worker", "content": 3})
+    s.complete(turn)
+    doc = replay(s)
+    first, second = doc["items"][-2:]
+    assert first == {"type": "agent_message", "author": "/root/worker", "recipient": "/root",
+                     "content": [{"type": "input_text", "text": "worker: tests pass"}]}
+    assert second == {"type": "agent_message", "id": "mail_7", "author": "/root/worker", "recipient": "/root",
+                      "content": [{"type": "input_text", "text": "Message Type: MESSAGE\nTask name: /root\n"
+                                                                  "Sender: /root/worker\nPayload:\n"},
+                                  {"type": "encrypted_content", "encrypted_content": "ciphertext"}]}
+    assert doc["item_lines"][-2:] == [plain, sealed] and unreadable not in doc["item_lines"]
+    # Each message is a user turn boundary: a rollback of one turn drops the newest one only.
+    s.rollback(1)
+    after = replay(s)
+    assert after["items"] == doc["items"][:-1] and after["item_lines"][-1] == plain
+    assert after["rolled_back_turns"] == [turn]   # the scan counts the turn the messages make a user turn
+
+
 def test_the_chapter_example_staging_survives_production_is_rolled_back():
     """§10.3.1 of the Codex persistence chapter, in the real record shapes."""
     s = CodexSession("thread-A")
@@ -279,6 +308,6 @@ def test_replay_reads_only_the_tail_after_the_newest_compaction():
     s.compact()
     s.turn("after", model="m-after")
     records = CountingRecords(parse_records(s.data()))
-    doc = replay_codex(records)
+    doc = replay_codex(records, damaged_lines=[])   # a stored history's are known (damaged_lines.py)
     assert doc["turn_context"]["model"] == "m-after"
     assert min(records.read - {0}) > len(s.lines) - 40     # line 1 for the id, then only the tail

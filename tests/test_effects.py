@@ -7,12 +7,12 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from agentcas import Store
+from agentcas import Store, testing_hooks
 from agentcas.errors import ConflictError, NotFound, UsageError
 from agentcas.lineage import effects
 from agentcas.lineage.effects_index import INDEX_FILE
 
-from conftest import store_rows
+from conftest import run_cli, store_rows
 
 
 def add(store, thread, **kw):
@@ -87,6 +87,64 @@ def test_a_state_for_an_unknown_id_writes_nothing(store):
     with pytest.raises(effects.BadEffect, match="needs --target, --rollback"):
         store.effect_add("main", "pending", kind="k")
     assert list(store.rollout_read("main")) == before
+
+
+def _racing(store_dir, *cli_args):
+    """A callback that lands a racing `agentcas effect add ...` (another process) once."""
+    codes = []
+
+    def race():
+        if not codes:
+            codes.append(run_cli("effect", "add", *cli_args, store=store_dir).code)
+    return race, codes
+
+
+def test_two_racing_state_updates_one_wins_the_other_conflicts(store_dir, store):
+    add(store, "main", effect_id="pay-1")
+    race, codes = _racing(store_dir, "main", "--id", "pay-1", "--state", "failed")
+    with testing_hooks.on("effect.after_lookup", race):
+        with pytest.raises(ConflictError, match="pay-1.*got state 'failed'.*nothing was written"):
+            store.effect_add("main", "done", effect_id="pay-1")
+    assert codes == [0]                       # the other update won
+    assert store.thread("main").history.seq == 2   # and only its record landed
+    latest, = store.effects("main")["effects"]
+    assert latest["state"] == "failed"
+    assert store.effect_add("main", "done", effect_id="pay-1")["state"] == "done"   # a re-read then succeeds
+
+
+def test_a_new_effect_with_an_id_racing_the_same_id_conflicts(store_dir, store):
+    add(store, "main", effect_id="other")
+    race, codes = _racing(store_dir, "main", "--id", "job-9", "--kind", "k", "--target", "t", "--state",
+                          "pending", "--rollback", "irreversible")
+    with testing_hooks.on("effect.after_lookup", race):
+        with pytest.raises(ConflictError, match="job-9"):
+            add(store, "main", effect_id="job-9")
+    assert codes == [0] and store.thread("main").history.seq == 2
+
+
+def test_records_of_other_effects_landing_meanwhile_do_not_conflict(store_dir, store):
+    add(store, "main", effect_id="a")
+    add(store, "main", effect_id="b")
+    race, codes = _racing(store_dir, "main", "--id", "b", "--state", "done")
+    with testing_hooks.on("effect.after_lookup", race):
+        assert store.effect_add("main", "failed", effect_id="a")["seq"] == 3   # after the other's record
+    assert codes == [0]
+    assert {e["id"]: e["state"] for e in store.effects("main")["effects"]} == {"a": "failed", "b": "done"}
+
+
+def test_a_revert_landing_between_lookup_and_append_conflicts(store_dir, store, workspace):
+    base = store.commit(str(workspace), "base")["checkpoint"]
+    add(store, "main", effect_id="pay-2")
+    store.commit(str(workspace), "after")
+    codes = []
+
+    def race():
+        if not codes:
+            codes.append(run_cli("revert", "main", base, store=store_dir).code)
+    with testing_hooks.on("effect.after_lookup", race):
+        with pytest.raises(ConflictError, match="another history"):
+            store.effect_add("main", "done", effect_id="pay-2")
+    assert codes == [0] and store.thread("main").history.seq == 0
 
 
 def test_paging_resumes_and_the_last_page_ends(store):

@@ -105,6 +105,37 @@ def test_second_run_appends_only_new_complete_lines_and_a_partial_line_waits(run
     assert cat(run, store_dir, THREAD) == path.read_bytes()
 
 
+def _edit_in_place_keeping_the_stat(path):
+    """A same-size edit with the mtime restored: only a read of the file would notice it."""
+    st = os.stat(path)
+    data = bytearray(path.read_bytes())
+    data[5:9] = b"XXXX"
+    with open(path, "r+b") as handle:
+        handle.write(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.parametrize("kind", ["memory", "shared"])
+def test_unchanged_file_costs_a_stat_on_memory_and_shared_stores_too(kind, tmp_path, request, monkeypatch):
+    """The ingest state lives in this machine's stat cache, which every kind of store has."""
+    if kind == "memory":
+        store = Store.memory()
+        again = store   # a memory store lives in one process: a --watch's later passes
+    else:
+        s3_url, refs = request.getfixturevalue("s3_url"), request.getfixturevalue("postgres_url")
+        monkeypatch.setenv("AGENTCAS_CACHE_DIR", str(tmp_path / "cache"))
+        store, _ = Store.init(s3_url, refs=refs)
+        again = Store.open(s3_url, refs=refs)   # a later run on this machine
+    path = codex_file(tmp_path, sample_codex())
+    assert Ingest(store, "codex", [str(path)]).run()[0].status == "ingested"
+    _edit_in_place_keeping_the_stat(path)
+    report = Ingest(again, "codex", [str(path)]).run()[0]
+    assert report.status == "unchanged" and report.thread == THREAD   # the file was not read
+    os.utime(path)
+    report = Ingest(again, "codex", [str(path)]).run()[0]
+    assert report.status == "refused" and "rewritten" in report.error
+
+
 def test_unchanged_file_costs_a_stat(store, tmp_path):
     """Same size, mtime and inode: the file is not even opened (a same-size in-place edit
     with its mtime restored is not noticed, where a read would refuse it as rewritten)."""
@@ -159,6 +190,61 @@ def test_damaged_lines_are_kept_in_the_rollout_and_reported(run, store_dir, tmp_
     assert run("--json", "rollout", "cat", THREAD, store=store_dir).json()["records"][bad - 1] is None
 
 
+def test_skipped_lines_are_every_damaged_line_up_to_the_record(run, store_dir, tmp_path):
+    """Also those behind the newest compaction, which the reverse scan never reads."""
+    from agentcas.harnesses import damaged_lines, replay
+    s = CodexSession()
+    turn = s.start(prompt="one")
+    early = s.raw(b"{damaged\n")
+    s.reply("ok")
+    s.complete(turn)
+    for n in range(300):
+        s.turn(f"ask {n}")
+    middle = s.raw(b"\xff\xfe\n")
+    s.compact()
+    s.turn("after")
+    late = s.raw(b"[1]\n")
+    path = codex_file(tmp_path, s)
+    assert run("ingest", "codex", path, store=store_dir).code == 0
+    doc = run("--json", "replay", THREAD, store=store_dir).json()
+    assert doc["skipped_lines"] == [early, middle, late]
+    assert run("--json", "replay", THREAD, "--at", middle - 1, store=store_dir).json()["skipped_lines"] == [early]
+    assert run("--json", "replay", THREAD, "--at", early - 1, store=store_dir).json()["skipped_lines"] == []
+    store = Store.open(str(store_dir))
+    # Ingest left the answer in the cache: replay at the head read only the tail.
+    warm, records = replay.replay_records(store, THREAD)
+    assert warm["skipped_lines"] == [early, middle, late] and records.loaded_records < len(s.lines) // 4
+    # A lost cache costs a scan, not the answer.
+    store.stores.local.write(lambda txn: txn.delete("statcache", damaged_lines.DAMAGED_KEY + THREAD.encode()))
+    assert replay.replay(store, THREAD)["skipped_lines"] == [early, middle, late]
+    assert damaged_lines.read_row(store.stores.local, THREAD)[0].seq == len(s.lines)   # and rebuilds it
+    # A checkpoint's prefix, and a fork (another thread, no row of its own yet).
+    log = run("--json", "log", THREAD, store=store_dir).json()["checkpoints"]
+    first = min(log, key=lambda e: e["history"]["seq"])
+    assert run("--json", "replay", first["checkpoint"], store=store_dir).json()["skipped_lines"] == [early]
+    assert run("fork", THREAD, "explore", "--at", middle, store=store_dir).code == 0
+    assert run("--json", "replay", "explore", store=store_dir).json()["skipped_lines"] == [early, middle]
+
+
+@pytest.mark.parametrize("new_records", [2, 40])   # the new head shorter than the row's, and longer
+def test_a_cached_damaged_row_is_never_applied_to_another_history(run, store_dir, tmp_path, new_records):
+    """The row is matched by prefix digest: after a revert and new lines it no longer applies."""
+    s = CodexSession()
+    s.turn("one")
+    bad = s.raw(b"{damaged\n")
+    s.turn("two")
+    assert run("ingest", "codex", codex_file(tmp_path, s), store=store_dir).code == 0
+    assert run("--json", "replay", THREAD, store=store_dir).json()["skipped_lines"] == [bad]
+    log = run("--json", "log", THREAD, store=store_dir).json()["checkpoints"]
+    before = next(e["checkpoint"] for e in log if e["history"]["seq"] < bad)
+    assert run("revert", THREAD, before, store=store_dir).code == 0
+    clean = b"".join(CodexSession().lines[:1]) * new_records   # valid records
+    assert run("rollout", "append", THREAD, "-", input=clean, store=store_dir).code == 0
+    doc = run("--json", "replay", THREAD, "--format", "codex", store=store_dir).json()
+    assert doc["skipped_lines"] == [] and doc["at"] > bad
+    assert (doc["at"] < len(s.lines)) == (new_records == 2)
+
+
 @pytest.mark.parametrize("content", [b"", b"\x00\x01\x02\xff" * 1000, b"\x89PNG\r\n\x1a\n\x00\x00binary\n"])
 def test_empty_and_binary_files_write_nothing(run, store_dir, tmp_path, content):
     path = tmp_path / "rollout-x.jsonl"
@@ -211,6 +297,41 @@ def test_fork_ingested_before_its_parent_is_linked_once_the_parent_is_stored(run
     tree = run("--json", "lineage", store=store_dir).json()["threads"]
     assert [t["thread"] for t in tree] == ["codex/parent-0002"]
     assert tree[0]["children"][0]["thread"] == "codex/child-0002"
+
+
+def test_thread_option_on_a_codex_fork_keeps_its_link_to_the_parent(run, store_dir, tmp_path):
+    parent = CodexSession("parent-0003")
+    parent.turn("one")
+    parent.turn("two")
+    child = CodexSession("child-0003", forked_from="parent-0003")
+    child.copy_lines(parent, 20)
+    child.turn("three")
+    assert run("ingest", "codex", codex_file(tmp_path, parent), store=store_dir).code == 0
+    r = run("ingest", "codex", codex_file(tmp_path, child), "--thread", "my-fork", store=store_dir)
+    assert r.code == 0, r
+    tree = run("--json", "lineage", store=store_dir).json()["threads"]
+    assert [t["thread"] for t in tree] == ["codex/parent-0003"]
+    fork, = tree[0]["children"]
+    assert fork["thread"] == "my-fork" and fork["forked_from"]["seq"] == 20
+    assert cat(run, store_dir, "my-fork") == child.data()
+
+
+def test_two_files_of_one_session_in_one_run_one_lands_the_other_is_refused(run, store_dir, tmp_path):
+    """Files land in batches (one transaction); a batch with a loser is retried file by file."""
+    a, other = sample_codex(), CodexSession("other-0001")
+    other.turn("unrelated")
+    copy = sample_codex()
+    copy.turn("diverges")
+    codex_file(tmp_path, a)
+    codex_file(tmp_path, other)
+    codex_file(tmp_path, copy, name="rollout-2026-11-30T22-00-00-copy.jsonl")
+    r = run("--json", "ingest", "codex", tmp_path / "sessions", store=store_dir)
+    assert r.code == 1
+    statuses = {f["path"].rsplit("/", 1)[-1]: f["status"] for f in r.json()["files"]}
+    assert sorted(statuses.values()) == ["ingested", "ingested", "refused"]
+    assert statuses["rollout-2026-11-30T21-30-12-other-0001.jsonl"] == "ingested"
+    assert cat(run, store_dir, "codex/other-0001") == other.data()
+    assert run("fsck", store=store_dir).code == 0
 
 
 def test_claude_sessions_and_subagent_files_in_both_layouts(run, store_dir, tmp_path):

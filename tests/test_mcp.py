@@ -124,20 +124,115 @@ def test_paging_until_done_while_another_process_commits(store_dir, workspace, t
     assert fresh["items"][0]["reason_preview"].startswith("concurrent")
 
 
+def test_cursors_resume_in_a_restarted_server_while_checkpoints_arrive(store_dir, workspace, thread_of, store):
+    """Every cursor carries its position: a second server process resumes where the first one's page ended."""
+    ids = thread_of(9)
+    for i in range(7):
+        (workspace / "memory" / f"n{i}.md").write_text(str(i))
+    files_cp = store.commit(str(workspace), "files")["checkpoint"]
+    ids.insert(0, files_cp)
+    for i in range(5):
+        store.effect_add("main", "pending", "http.request", f"https://x/{i}", "irreversible", effect_id=f"r{i}")
+    head = store.commit(str(workspace), "after effects")["checkpoint"]
+    ids.insert(0, head)
+
+    async def first_pages(s):
+        return (await ok(s, "list_checkpoints", thread="main", limit=4),
+                await ok(s, "inspect_checkpoint", checkpoint_id=files_cp, limit=3),
+                await ok(s, "diff_checkpoint", limit=2, **{"from": files_cp, "to": head}))
+    listing, inspected, diff = drive(store_dir, workspace, first_pages)   # server 1 exits here
+    # New checkpoints arrive between the servers.
+    for i in range(3):
+        (workspace / "task.json").write_text(json.dumps({"late": i}))
+        assert run_cli("commit", workspace, "-m", f"late {i}", store=store_dir).code == 0
+
+    async def rest(s):
+        seen, cursor = [], listing["next_cursor"]
+        while cursor:
+            page = await ok(s, "list_checkpoints", thread="main", limit=4, cursor=cursor)
+            seen += [i["checkpoint_id"] for i in page["items"]]
+            cursor = page["next_cursor"]
+        paths, cursor = [], inspected["files_page"]["next_cursor"]
+        while cursor:
+            page = (await ok(s, "inspect_checkpoint", checkpoint_id=files_cp, limit=3, cursor=cursor))["files_page"]
+            paths += [f["path_preview"] for f in page["items"]]
+            cursor = page["next_cursor"]
+        effects, cursor = [], diff["effects_page"]["next_cursor"]
+        while cursor:
+            page = (await ok(s, "diff_checkpoint", limit=2, cursor=cursor,
+                             **{"from": files_cp, "to": head}))["effects_page"]
+            effects += [e["id"] for e in page["items"]]
+            cursor = page["next_cursor"]
+        return seen, paths, effects
+    seen, paths, effects = drive(store_dir, workspace, rest)             # server 2: a new process
+    assert [i["checkpoint_id"] for i in listing["items"]] + seen == ids  # no gap, no repeat, no late one
+    assert [f["path_preview"] for f in inspected["files_page"]["items"]] + paths == \
+        [f["path"] for f in store.files(files_cp)]
+    assert [e["id"] for e in diff["effects_page"]["items"]] + effects == [f"r{i}" for i in reversed(range(5))]
+
+
 def test_a_larger_limit_is_shrunk_not_refused(store_dir, workspace, thread_of):
     thread_of(6)
     for i in range(9):
         (workspace / f"extra{i}.txt").write_text(str(i))
     cp = Store.open(str(store_dir)).commit(str(workspace), "many files")["checkpoint"]
 
+    store = Store.open(str(store_dir))
+    for i in range(5):
+        store.effect_add("main", "pending", "http.request", f"https://x/{i}", "irreversible", effect_id=f"e{i}")
+    (workspace / "extra-late.txt").write_text("late")
+    late = store.commit(str(workspace), "late")["checkpoint"]
+
     async def body(s):
         listing = await ok(s, "list_checkpoints", thread="main", limit=10_000)
         files = await ok(s, "inspect_checkpoint", checkpoint_id=cp, limit=10_000)
-        return listing, files
-    listing, files = drive(store_dir, workspace, body, "--limit", "3")
+        diff = await ok(s, "diff_checkpoint", limit=10_000, **{"from": thread_ids[-1], "to": late})
+        return listing, files, diff
+    thread_ids = [e["checkpoint"] for e in store.log("main")]
+    listing, files, diff = drive(store_dir, workspace, body, "--limit", "3")
     assert listing["returned_count"] == 3 and listing["limit_applied"] == 3 and listing["has_more"]
     page = files["files_page"]
     assert page["returned_count"] == 3 and page["truncated"] and page["count"] == files["file_count"] == 13
+    assert diff["files"]["added"]["count"] == 10 and len(diff["files"]["added"]["preview"]) == 3
+    assert diff["effects_page"]["returned_count"] == 3 and diff["effects_page"]["has_more"]
+    assert diff["effects_page"]["count"] == 5
+
+
+def test_pages_cut_by_bytes_say_so_and_resume_at_the_first_item_left_out(store_dir, workspace, tmp_path):
+    """With a host --limit of 1000 items, the byte bound (not the count) ends a page."""
+    store = Store.open(str(store_dir))
+    small = tmp_path / "small"
+    small.mkdir()
+    (small / "a").write_text("a")
+    reason = "r" * 500
+    ids = [store.commit(str(small), f"{i:03d} {reason}", "long")["checkpoint"] for i in range(220)][::-1]
+    for i in range(900):
+        (workspace / "memory" / (f"{i:04d}-" + "n" * 200)).write_text("x")
+    cp = store.commit(str(workspace), "many long names")["checkpoint"]
+    expected_paths = [f["path"] for f in store.files(cp)]
+
+    async def body(s):
+        pages, cursor = [], None
+        while True:
+            page = await ok(s, "list_checkpoints", thread="long", limit=1000, **({"cursor": cursor} if cursor else {}))
+            pages.append(page)
+            if not page["has_more"]:
+                break
+            cursor = page["next_cursor"]
+        files, cursor = [], None
+        while True:
+            doc = await ok(s, "inspect_checkpoint", checkpoint_id=cp, limit=1000,
+                           **({"cursor": cursor} if cursor else {}))
+            files.append(doc["files_page"])
+            if not doc["files_page"]["truncated"]:
+                break
+            cursor = doc["files_page"]["next_cursor"]
+        return pages, files
+    pages, files = drive(store_dir, workspace, body, "--limit", "1000")
+    assert len(pages) > 1 and pages[0]["limit_applied"] == 1000 and pages[0]["returned_count"] < 220
+    assert [i["checkpoint_id"] for p in pages for i in p["items"]] == ids   # no gap, no repeat
+    assert len(files) > 1 and files[0]["returned_count"] < files[0]["count"] == len(expected_paths)
+    assert [f["path_preview"] for p in files for f in p["items"]] == expected_paths
 
 
 def test_inspect_pages_every_file_exactly_once(store_dir, workspace, store):
@@ -174,6 +269,7 @@ def test_create_checkpoint_returns_a_truncated_preview_of_the_full_reason(store_
 
 def test_restore_is_refused_without_allow_restore(store_dir, workspace, thread_of, store):
     old, = thread_of(1)[-1:]
+    store.effect_add("main", "unknown", "email.send", "ops@example.com", "irreversible", effect_id="mail-1")
     head = thread_of(1)[0]
 
     async def body(s):
@@ -184,6 +280,8 @@ def test_restore_is_refused_without_allow_restore(store_dir, workspace, thread_o
     for doc in (revert, restore):
         assert doc["performed"] is False and doc["status"] == "host_decision"
         assert "host's decision" in doc["message"] and doc["host_command"][0] == "agentcas"
+        # The host is shown what restoring would not undo, before it decides.
+        assert [e["id"] for e in doc["open_effects"]["items"]] == ["mail-1"] and doc["open_effects"]["count"] == 1
     assert revert["host_command"][-3:] == ["revert", "main", old]
     assert store.thread("main").checkpoint.hex() == head  # nothing moved
     assert not (workspace / "restored").exists()

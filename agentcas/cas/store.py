@@ -231,19 +231,20 @@ class TableBlobStore(BlobStore):
 
     def list_from(self, start):
         # Streamed in read transactions of bounded length, so a long listing (gc's scan)
-        # does not pin old pages for its whole duration.
-        after = start
+        # does not pin old pages for its whole duration. Batches start small and grow, so
+        # a caller that stops early (prefix resolution reads a key or two) reads a few rows.
+        after, size = start, 64
         while True:
             batch = []
             with self.env.reader() as txn:
                 for info in _list_objects(txn, after):
                     batch.append(info)
-                    if len(batch) >= 65536:
+                    if len(batch) >= size:
                         break
             yield from batch
-            if len(batch) < 65536:
+            if len(batch) < size:
                 return
-            after = batch[-1].key + b"\0"
+            after, size = batch[-1].key + b"\0", min(size * 8, 65536)
 
     def count(self):
         with self.env.reader() as txn:

@@ -17,6 +17,8 @@ core/src/session/rollout_reconstruction.rs @0cf88612) and `ContextManager`
 2. Forward replay from the base over the records after it (the suffix starts after the
    newest compaction-with-history any segment met, exactly as Codex slices it):
    `response_item` appends API items (no `system` messages, no unknown types);
+   `inter_agent_communication` appends its model input item (an `agent_message`, a user
+   turn boundary, so a rollback drops it with its turn; see inter_agent_item);
    `compacted` replaces (legacy, without history: the collected real user messages plus
    the summary); `thread_rolled_back` runs `drop_last_n_user_turns` with its trim of
    contextual developer/user items directly above the cut.
@@ -24,7 +26,8 @@ core/src/session/rollout_reconstruction.rs @0cf88612) and `ContextManager`
    `turn_context` (None if a compaction cleared it or a legacy compaction was replayed).
 
 Items are reported exactly as in the file (Codex truncates tool outputs only when it
-builds the prompt). `records` needs only `len()` and indexing, so a caller can load it
+builds the prompt), except the items of inter-agent records, which are the item Codex
+derives from the record. `records` needs only `len()` and indexing, so a caller can load it
 lazily from the end.
 """
 
@@ -120,6 +123,41 @@ def _user_message_text(item) -> str | None:
     return "".join(_texts(content))
 
 
+def inter_agent_item(payload) -> dict | None:
+    """The model input item of an `inter_agent_communication` record, or None if Codex
+    could not read the record (its required fields missing or of the wrong type).
+
+    `InterAgentCommunication::to_model_input_item` (codex-rs/protocol; the records are
+    written by `Session::record_inter_agent_communication`, which records this same item
+    into history): an `agent_message` item with the record's author, recipient and id; its
+    content is the plain text as one `input_text`, or for an encrypted message a header
+    `input_text` ("Message Type: NEW_TASK|MESSAGE" by `trigger_turn`, the recipient as task
+    name, the author as sender) followed by the `encrypted_content` part.
+    """
+    if not isinstance(payload, dict):
+        return None
+    author, recipient, text = payload.get("author"), payload.get("recipient"), payload.get("content")
+    trigger = payload.get("trigger_turn")
+    if not (isinstance(author, str) and isinstance(recipient, str) and isinstance(text, str)
+            and isinstance(trigger, bool)):
+        return None
+    encrypted = payload.get("encrypted_content")
+    if isinstance(encrypted, str):
+        header = (f"Message Type: {'NEW_TASK' if trigger else 'MESSAGE'}\nTask name: {recipient}\n"
+                  f"Sender: {author}\nPayload:\n")
+        content = [{"type": "input_text", "text": header},
+                   {"type": "encrypted_content", "encrypted_content": encrypted}]
+    else:
+        content = [{"type": "input_text", "text": text}]
+    item = {"type": "agent_message"}
+    if payload.get("id") is not None:
+        item["id"] = payload["id"]
+    item.update(author=author, recipient=recipient, content=content)
+    if payload.get("internal_chat_message_metadata_passthrough") is not None:
+        item["internal_chat_message_metadata_passthrough"] = payload["internal_chat_message_metadata_passthrough"]
+    return item
+
+
 # --- forward replay (ContextManager) -----------------------------------------------------------
 
 def drop_last_n_user_turns(history: list, num_turns: int) -> list:
@@ -206,8 +244,13 @@ def _str_or_none(value):
     return value if isinstance(value, str) else None
 
 
-def replay_codex(records) -> dict:
-    """The replay document (`replay --json`, format codex) of `records` (all of them)."""
+def replay_codex(records, damaged_lines=None) -> dict:
+    """The replay document (`replay --json`, format codex) of `records` (all of them).
+
+    `skipped_lines` are every damaged line among the records: `damaged_lines` when the
+    caller knows them (a stored history: harnesses/damaged_lines.py), else found by
+    looking at every record (which a lazily loaded sequence should not be made to do).
+    """
     at = len(records)
     skipped: set[int] = set()
     state = {"base": None, "settings": None, "reference": "never", "pending": 0}
@@ -313,6 +356,10 @@ def replay_codex(records) -> dict:
             item = record.get("payload")
             if is_api_item(item):
                 history.append((item, line))
+        elif kind == "inter_agent_communication":
+            item = inter_agent_item(record.get("payload"))
+            if item is not None:
+                history.append((item, line))
         elif kind == "compacted":
             payload = _payload(record)
             compaction_line = line
@@ -336,7 +383,9 @@ def replay_codex(records) -> dict:
             "items": [item for item, _ in history], "item_lines": [line for _, line in history],
             "turn_context": turn_context, "turn_context_line": turn_context_line,
             "compaction_line": compaction_line, "rolled_back_turns": list(reversed(rolled_back)),
-            "interrupted_turn": interrupted, "skipped_lines": sorted(skipped)}
+            "interrupted_turn": interrupted, "skipped_lines": sorted(skipped.union(
+                damaged_lines if damaged_lines is not None
+                else (line for line, record in (records[i] for i in range(at)) if record is None)))}
 
 
 def _thread_id(records):

@@ -3,8 +3,8 @@
 A thread's rollout is its file's complete lines, stored as they are (a damaged line is
 kept, so `rollout cat` equals the file, and reported; replay skips it). Each run, per file:
 
-1. `stat`. If size, mtime and inode equal what the last run recorded (the sealed
-   `ingest-state` file in the store directory), the file is unchanged: nothing else.
+1. `stat`. If size, mtime and inode equal what the last run recorded (IngestState: rows
+   of this machine's stat cache), the file is unchanged: nothing else.
 2. Otherwise the thread (named from the content, discovery.py) must hold a prefix of
    the file: the file is not shorter than the stored bytes, and the stored first and
    last records equal the file's bytes there. A file that fails this was rewritten or
@@ -14,8 +14,8 @@ kept, so `rollout cat` equals the file, and reported; replay skips it). Each run
    record (Codex `task_complete`/`turn_aborted`; Claude: a new real user prompt closes
    the turn before it) and one at the end of what was read, each with a bounded reason.
 4. New lines and checkpoints of many files land through `Store.ingest_append` in a few
-   transactions (all or nothing each); then the state file is rewritten (it is only a
-   cache: the threads are the truth, so a lost state file costs a re-check, not data).
+   transactions (all or nothing each); then the state rows are written (they are only a
+   cache: the threads are the truth, so a lost row costs a re-check, not data).
 
 SIGKILL at any point leaves whole lines only (the transaction either landed or not).
 """
@@ -25,6 +25,8 @@ from __future__ import annotations
 import json
 import os
 import time
+
+import blake3
 from dataclasses import dataclass, field
 
 from agentcas.cas.sealed import seal, unseal
@@ -34,7 +36,7 @@ from agentcas.harnesses.records import CLAUDE, CODEX, FORMATS, iter_lines, parse
 from agentcas.refs.names import check_thread_name
 from agentcas.refs.threads import ForkOrigin
 
-STATE_FILE = "ingest-state"
+STATE_KEY = b"\x01ingest\0"      # statcache rows of ingest (the snapshot's start with "/" or NUL)
 BATCH_BYTES = 64 * 1024 * 1024
 BATCH_FILES = 512
 CONTEXT_BYTES = 4 * 1024 * 1024     # re-read of an open turn, for its prompt in the reason
@@ -154,18 +156,42 @@ def turn_tracker(harness: str):
 # --- the state file ---------------------------------------------------------------------------
 
 class IngestState:
-    """Per-file ingest state (size, mtime, inode, bytes ingested, thread, head digest): a cache."""
+    """Per-file ingest state (size, mtime, inode, bytes ingested, thread, head digest): a cache.
 
-    def __init__(self, path: str | None):
-        self.path = path
+    Rows of this machine's stat cache (`statcache` of `Stores.local`, beside the workspace
+    snapshot's rows, sealed like them), keyed by the file's absolute path: the LMDB
+    environment of a directory store, this machine's cache of a shared store, the memory
+    of a `memory://` store (so a `--watch` there stats only, too). A stat describes a file
+    on this machine, so the state is per machine, never in the shared metadata.
+    """
+
+    def __init__(self, local):
+        self.local = local
         self.entries: dict = {}
-        self.dirty = False
-        if path and os.path.exists(path):
-            try:
-                with open(path, "rb") as handle:
-                    self.entries = json.loads(unseal(STATE_FILE, b"v1", handle.read()))
-            except (OSError, ValueError, IntegrityError):
-                self.entries = {}   # a damaged cache is rebuilt from the threads
+        self._dirty: set = set()
+
+    @staticmethod
+    def _key(path: str) -> bytes:
+        key = STATE_KEY + os.fsencode(path)
+        # LMDB keys hold at most 511 bytes: a longer path's key is its hash.
+        return key if len(key) <= 480 else STATE_KEY + b"#" + blake3.blake3(key).digest()
+
+    def load(self, paths) -> None:
+        """Read the rows of `paths` (absolute) in one read transaction."""
+        with self.local.reader() as txn:
+            for path in paths:
+                if path in self.entries:
+                    continue
+                key = self._key(path)
+                value = txn.get("statcache", key)
+                if value is None:
+                    continue
+                try:
+                    entry = json.loads(unseal("statcache", key, value))
+                except (ValueError, IntegrityError):
+                    continue   # a damaged row only costs a re-check of the file
+                if isinstance(entry, dict) and entry.get("path") == path:
+                    self.entries[path] = entry
 
     def unchanged(self, key: str, st: os.stat_result) -> bool:
         entry = self.entries.get(key)
@@ -173,20 +199,25 @@ class IngestState:
             (st.st_size, st.st_mtime_ns, st.st_ino)
 
     def record(self, key: str, st: os.stat_result, thread: str, history: dict, turn_seq: int) -> None:
-        self.entries[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino,
+        self.entries[key] = {"path": key, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino,
                              "thread": thread, "bytes": history["offset"], "seq": history["seq"],
                              "digest": history["digest"], "turn_seq": turn_seq}
-        self.dirty = True
+        self._dirty.add(key)
 
     def save(self) -> None:
-        if not self.path or not self.dirty:
+        if not self._dirty:
             return
-        tmp = f"{self.path}.{os.getpid()}.tmp"
-        payload = json.dumps(self.entries, sort_keys=True, separators=(",", ":")).encode()
-        with open(tmp, "wb") as handle:
-            handle.write(seal(STATE_FILE, b"v1", payload))
-        os.replace(tmp, self.path)
-        self.dirty = False
+        rows = []
+        for path in sorted(self._dirty):
+            key = self._key(path)
+            payload = json.dumps(self.entries[path], sort_keys=True, separators=(",", ":")).encode()
+            rows.append((key, seal("statcache", key, payload)))
+
+        def put(txn):
+            for key, value in rows:
+                txn.put("statcache", key, value)
+        self.local.write(put)
+        self._dirty.clear()
 
 
 # --- one run -----------------------------------------------------------------------------------
@@ -212,7 +243,7 @@ class Ingest:
         self.thread = thread
         if thread is not None:
             check_thread_name(thread)
-        self.state = IngestState(os.path.join(store.path, STATE_FILE) if store.path else None)
+        self.state = IngestState(store.stores.local)
         self._inflight = None   # (executor, future) of the batch landing in the background
 
     def run(self) -> list[FileReport]:
@@ -222,6 +253,7 @@ class Ingest:
             raise UsageError(f"--thread names one session, but {len(files)} files were found")
         reports = [FileReport(path, status="refused", error=f"no such file or directory: {path}")
                    for path in missing]
+        self.state.load([os.path.abspath(session.path) for session in files])
         pending: list[_Pending] = []
         forks: list[_Pending] = []
         pending_bytes = 0
@@ -347,9 +379,11 @@ class Ingest:
         return _Pending(report, key, st, append, turn_seq or 0)
 
     def _identity(self, session):
-        if self.thread is not None:
-            return discovery.SessionIdentity(self.thread)
-        return discovery.identify_file(self.harness, session)
+        """The file's thread and parent link; `--thread NAME` renames the thread, keeps the link."""
+        found = discovery.identify_file(self.harness, session)
+        if self.thread is None:
+            return found
+        return discovery.SessionIdentity(self.thread, None if found is None else found.parent)
 
     def _check_prefix(self, path, handle, thread, based_on) -> None:
         """Refuse a file whose stored first and last records differ from its bytes there."""
@@ -477,6 +511,17 @@ class Ingest:
             for item in batch:   # land the others; name the one that lost its race
                 self._land_batch([item])
             return
+        from agentcas.cas.objects import HistoryPosition
+        from agentcas.harnesses import damaged_lines
+        rows = []
+        for item, result in zip(batch, results):
+            # The damaged lines of what landed, for replay's skipped_lines (damaged_lines.py).
+            row = damaged_lines.advance(self.store.stores.local, item.append.thread, item.append.based_on,
+                                        HistoryPosition.from_doc(result["history"]),
+                                        [line - 1 for line in item.report.skipped_lines])
+            if row is not None:
+                rows.append(row)
+        damaged_lines.write_rows(self.store.stores.local, rows)
         for item, result in zip(batch, results):
             report = item.report
             report.status = "ingested"

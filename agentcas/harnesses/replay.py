@@ -3,7 +3,8 @@
 `StoredRecords` is a sequence of (1-based line, record | None) over the first `at` records
 of a history, loaded in blocks by `Store.rollout_read` only when an index is asked for.
 The Codex reducer scans backwards from the end and stops at the newest surviving
-compaction, so replay at the head of a long session reads its tail, not the whole file.
+compaction, so replay at the head of a long session reads its tail, not the whole file;
+its `skipped_lines` then come from damaged_lines.py (a cached scan of the whole prefix).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from agentcas.errors import AgentcasError, UsageError
 from agentcas.harnesses.claude_replay import replay_claude
 from agentcas.harnesses.codex_replay import replay_codex
+from agentcas.harnesses.damaged_lines import damaged_lines
 from agentcas.harnesses.records import CODEX, detect_format, iter_lines, parse_line, preview
 
 BLOCK_RECORDS = 256
@@ -54,16 +56,22 @@ class StoredRecords:
         return block[index - base]
 
 
-def history_length(store, rev: str) -> int:
-    """How many records `rev` names: a thread's head, else the checkpoint's prefix."""
+def rev_history(store, rev: str):
+    """(history, thread, is the thread's head) that `rev` names: a thread's head, else the
+    checkpoint's prefix on the thread it was made on."""
     from agentcas.refs.names import check_thread_name
     try:
         check_thread_name(rev)
-        return store.thread(rev).history.seq
+        return store.thread(rev).history, rev, True
     except AgentcasError:
         pass
     _, checkpoint = store.checkpoint(rev)
-    return checkpoint.history.seq
+    return checkpoint.history, checkpoint.thread, False
+
+
+def history_length(store, rev: str) -> int:
+    """How many records `rev` names: a thread's head, else the checkpoint's prefix."""
+    return rev_history(store, rev)[0].seq
 
 
 def replay(store, rev: str, at: int | None = None, fmt: str | None = None) -> dict:
@@ -73,7 +81,8 @@ def replay(store, rev: str, at: int | None = None, fmt: str | None = None) -> di
 
 def replay_records(store, rev: str, at: int | None = None, fmt: str | None = None):
     """(replay document, the StoredRecords it read) of `rev` at record `at`."""
-    length = history_length(store, rev)
+    head, thread, is_head = rev_history(store, rev)
+    length = head.seq
     if at is None:
         at = length
     if at < 0 or at > length:
@@ -84,7 +93,10 @@ def replay_records(store, rev: str, at: int | None = None, fmt: str | None = Non
         if fmt is None:
             raise UnknownFormat(f"{rev!r} is neither a Codex rollout nor a Claude Code transcript "
                                 f"(first {min(at, DETECT_RECORDS)} records); name one with --format codex|claude")
-    return (replay_codex(records) if fmt == CODEX else replay_claude(records)), records
+    if fmt != CODEX:
+        return replay_claude(records), records
+    # Every damaged line up to `at`, not only those the reducer reads (damaged_lines.py).
+    return replay_codex(records, damaged_lines(store, rev, head, at, thread, is_head)), records
 
 
 # --- text transcripts --------------------------------------------------------------------------

@@ -7,7 +7,8 @@ record. The positions are computed from the prepared record hashes while the seg
 are linked (rollout.link_segments_at), so a whole file's new lines and all its
 checkpoints are one move of the thread (lineage/moves.py): planned against the state
 read, re-planned if that state was stale, a conflict if the thread is no longer where
-the ingest state said it was (`based_on`).
+the ingest state said it was (`based_on`). A batch of files is one `move_threads`: one
+object write and one metadata transaction for all of them.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from agentcas.cas.source import ObjectSource
 from agentcas.cas.writer import BatchWriter
 from agentcas.errors import ConflictError
 from agentcas.lineage import checkpoints, rollout
-from agentcas.lineage.moves import Move, move_thread
+from agentcas.lineage.moves import Move, move_thread, move_threads
 from agentcas.refs.threads import ForkOrigin, ThreadState
 
 EMPTY_TREE = Tree.of([])
@@ -52,6 +53,36 @@ def append_with_marks(stores: Stores, lease: Lease, thread: str, segments: list,
                       based_on: HistoryPosition | None, forked_from: ForkOrigin | None,
                       who: str, created_at: str, runtime: dict) -> dict:
     """Land `segments` on `thread` with a checkpoint at each (records, reason) mark."""
+    plan = _marks_plan(stores, thread, segments, marks, based_on, forked_from, who, created_at, runtime)
+    state, move = move_thread(stores, lease, thread, plan, keep_lease=True)
+    return _landed(thread, state, move)
+
+
+def append_many_with_marks(stores: Stores, lease: Lease, items: list, who: str, created_at: str,
+                           runtime: dict) -> list[dict]:
+    """`append_with_marks` of several threads, landing in one move (lineage/moves.move_threads).
+
+    `items`: (thread, segments, marks, based_on, forked_from). All land or none; a thread
+    no longer at its `based_on` raises ConflictError for the batch.
+    """
+    plans = [(thread, _marks_plan(stores, thread, segments, marks, based_on, forked_from, who, created_at,
+                                  runtime))
+             for thread, segments, marks, based_on, forked_from in items]
+    landed = move_threads(stores, lease, plans, keep_lease=True)
+    return [_landed(thread, state, move) for (thread, _), (state, move) in zip(plans, landed)]
+
+
+def _landed(thread: str, state, move) -> dict:
+    if move is None:
+        base = EMPTY_POSITION if state is None else state.history
+        return {"thread": thread, "appended": 0, "first_seq": base.seq, "checkpoints": [],
+                "history": base.to_doc()}
+    return move.result
+
+
+def _marks_plan(stores: Stores, thread: str, segments: list, marks, based_on: HistoryPosition | None,
+                forked_from: ForkOrigin | None, who: str, created_at: str, runtime: dict):
+    """The move plan of `append_with_marks` (see there)."""
     tree_id = EMPTY_TREE.digest()
 
     def plan(state: ThreadState | None) -> Move | None:
@@ -85,12 +116,7 @@ def append_with_marks(stores: Stores, lease: Lease, thread: str, segments: list,
                     f"ingest {head.seq - base.seq} records, {len(made)} checkpoints", new_objects,
                     result=result)
 
-    state, move = move_thread(stores, lease, thread, plan, keep_lease=True)
-    if move is None:
-        base = EMPTY_POSITION if state is None else state.history
-        return {"thread": thread, "appended": 0, "first_seq": base.seq, "checkpoints": [],
-                "history": base.to_doc()}
-    return move.result
+    return plan
 
 
 def _index_in_chain(objects: ObjectSource, chain: list) -> tuple[int, Digest | None]:

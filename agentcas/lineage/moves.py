@@ -8,6 +8,10 @@ A move never needs one transaction spanning objects and refs:
    object relied on is still stored (a batched existence question).
 3. One metadata transaction: the lease still holds, the thread is still at the state
    read in 1 (compare-and-swap), move it with its reflog row, release the lease.
+`move_threads` lands the moves of several threads the same way with one object write
+and one metadata transaction (all or none: a lost compare-and-swap on any thread
+abandons the transaction and every plan runs again), so a batch of N harness sessions
+costs two durable writes, not 2N.
 A race lost in 3 re-plans from 1, so a move defined against the head (an append, a
 commit without --expect) lands on whatever the head became, while a move that named
 what it expected (--expect, a rollout file's stored prefix, "must not exist") raises
@@ -120,3 +124,56 @@ def _land(stores: Stores, lease: Lease, base: threads.MoveBase, move: Move, keep
     if applied and not keep_lease:
         lease.released = True
     return applied
+
+
+class _LostRace(Exception):
+    """A thread of a move is no longer where its plan read it: abandon the transaction."""
+
+
+def move_threads(stores: Stores, lease: Lease, plans: list, keep_lease: bool = False) -> list:
+    """`move_thread` for several threads at once: [(thread, plan)] -> [(state read, move or None)].
+
+    The threads' moves land in one metadata transaction or not at all; a lost race on any
+    of them re-plans all. A plan that raises refuses the whole batch (a caller that wants
+    the others to land retries them one by one).
+    """
+    names = [name for name, _ in plans]
+    if len(set(names)) != len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise ConflictError(f"thread {twice!r} is moved twice in one batch; nothing was changed")
+    for _ in range(MAX_ATTEMPTS):
+        with stores.meta.reader() as txn:
+            states = [threads.read_thread(txn, name) for name in names]
+        moves = [plan(state) for (_, plan), state in zip(plans, states)]
+        landing = [move for move in moves if move is not None]
+        if not landing:
+            return list(zip(states, moves))
+        objects, needed = {}, set()
+        for move in landing:
+            objects.update(move.objects)
+            needed |= move.needed
+        stores.objects.put_many(objects)
+        missing = stores.objects.missing(needed)
+        if missing:
+            action = landing[0].action if len(landing) == 1 else "moves"
+            nothing = "nothing was committed" if action == "commit" else "nothing was changed"
+            raise VanishedObject(f"object {sorted(missing)[0].hex()} vanished before the {action} "
+                                 f"landed (concurrent gc?); {nothing}, retry")
+
+        def final(txn, states=states, moves=moves):
+            lease.check(txn)
+            for name, state, move in zip(names, states, moves):
+                if move is not None and not threads.set_if_equals(txn, name, state, move.new, move.action,
+                                                                  move.message, move.history_implied):
+                    raise _LostRace(name)
+            if not keep_lease:
+                lease.release(txn)
+
+        try:
+            stores.meta.write(final)
+        except _LostRace:
+            continue
+        return list(zip(states, moves))
+    shown = ", ".join(repr(n) for n in names[:3]) + (" ..." if len(names) > 3 else "")
+    raise ConflictError(f"thread{'s' if len(names) > 1 else ''} {shown} kept moving under {MAX_ATTEMPTS} "
+                        "attempts; nothing was changed, retry")

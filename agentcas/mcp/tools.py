@@ -12,12 +12,15 @@ Rules every answer keeps (after agent-libos's checkpoint tool guide, with cursor
     data fields, cut to a preview that ends in "…[truncated]" with a *_truncated flag;
     no answer text is composed from it.
   - Full counts are the completeness signal; previews are capped and say so.
-  - Cursors are opaque: the page's resume point (the last checkpoint id returned, a
-    file index, an effect seq) sealed with an HMAC key of this server process, so a
-    cursor cannot be forged to start a walk outside the host's scope. A list cursor
-    names the last checkpoint returned, and the next page walks first parents from
-    it: commits arriving meanwhile never shift it, and the last page costs what the
-    first does. Cursors die with the server process (start again without one).
+  - Cursors are opaque but carry their whole position: the tool, its target and the
+    page's resume point (the last checkpoint id returned, a file index in the tree's
+    sorted file list, an effect record's seq), sealed with an HMAC key kept in the
+    store's metadata (`Store.token_key`), so a cursor cannot be forged to start a walk
+    outside the host's scope. Nothing of a walk is kept in the server: a cursor resumes
+    in any server process on the same store, after a restart too. A list cursor names
+    the last checkpoint returned and the next page walks first parents from it:
+    commits arriving meanwhile never shift it, and the last page costs what the first
+    does. File and effect positions index immutable things (a tree, a history prefix).
   - Scope: threads must match a --thread glob; a checkpoint is in scope when the
     thread it was made on is. restore/revert only with --allow-restore; otherwise the
     answer is that restore is the host's decision, with the command the host would run.
@@ -41,6 +44,7 @@ from agentcas.lineage.effects import NOT_UNDONE_NOTE, OPEN_STATES
 
 TRUNCATED = "…[truncated]"
 MAX_ANSWER_BYTES = 64 * 1024
+CURSOR_KEY_PURPOSE = "mcp-cursors"
 DEFAULT_LIMIT = 50
 MAX_HOST_LIMIT = 1000
 REASON_PREVIEW_CHARS = 160
@@ -120,7 +124,7 @@ class ToolHost:
     allow_restore: bool = False
     limit: int = DEFAULT_LIMIT
     workspace_root: str = field(default_factory=os.getcwd)
-    _key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    _key: bytes | None = None     # the cursor key: the store's (see the module doc)
     _trees: OrderedDict = field(default_factory=OrderedDict)
     _summaries: OrderedDict = field(default_factory=OrderedDict)
     _diffs: OrderedDict = field(default_factory=OrderedDict)
@@ -130,6 +134,13 @@ class ToolHost:
             raise UsageError(f"--limit must be 1..{MAX_HOST_LIMIT}, got {self.limit}")
         self.globs = tuple(self.globs) or ("*",)
         self.workspace_root = os.path.realpath(self.workspace_root)
+        if self._key is None:
+            try:
+                self._key = self.store.token_key(CURSOR_KEY_PURPOSE)
+            except AgentcasError:
+                # A store this process cannot write (read-only): cursors then last as long as
+                # this server process, and say so when refused.
+                self._key = secrets.token_bytes(32)
 
     # -- the tool list -------------------------------------------------------------------------
     def specs(self) -> list[ToolSpec]:
@@ -271,8 +282,8 @@ class ToolHost:
         except (AttributeError, ValueError, TypeError):
             doc = None
         if doc is None:
-            raise ToolError("cursor is not one this server issued (altered, or from a server that has since "
-                            "restarted): start again without a cursor")
+            raise ToolError("cursor is not one this server issued (altered, or issued for another store): "
+                            "start again without a cursor")
         if doc[0] != tool or doc[1] != key:
             raise ToolError(f"cursor belongs to another {doc[0]} call, not to this one")
         return doc[2]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from agentcas.cas import framing
-from agentcas.cas.digest import Digest
+from agentcas.cas.digest import DIGEST_SIZE, Digest
 from agentcas.cas.objects import Checkpoint
 from agentcas.cas.metastore.base import MetaTxn as Txn
 from agentcas.cas.source import ObjectSource, load_object
@@ -87,6 +87,11 @@ def _resolve_base(txn: Txn, objects: ObjectSource, base: str, rev: str) -> Diges
             raise UnknownRevision(f"thread {base!r} has no checkpoint yet")
         return state.checkpoint
     if _HEX.match(base.lower()):  # ids are written in lowercase; git accepts either case
+        if len(base) == 2 * DIGEST_SIZE:   # a whole id: one lookup, not a listing
+            digest = Digest(bytes.fromhex(base))
+            if objects.kind(digest) != framing.KIND_CHECKPOINT:
+                raise UnknownRevision(f"unknown revision {rev!r}")
+            return digest
         return _resolve_prefix(objects, base.lower(), rev)
     raise UnknownRevision(f"unknown revision {rev!r}")
 
