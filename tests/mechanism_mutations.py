@@ -27,14 +27,18 @@ LATE_LEASE = (["    def __enter__(self) -> \"Lease\":\n        return self.acqui
                "        txn.put(\"leases\", self.key, self._row(time.time()).encode())\n"
                "        value = txn.get(\"leases\", self.key, for_update=True)\n"])
 
+# ... and a one-thread move's landing (lineage/moves.py) takes its lease row in its exchange.
+LATE_LEASE_MOVE = ("agentcas/lineage/moves.py", ["    lease.check_clock()\n"],
+                   ["    lease.row, lease.value = lease._row(__import__('time').time()), None\n"])
+
 # name: (file, [original text], [mutated text], tests that must fail[, (file, [original], [mutated])...])
 MUTATIONS = {
     "1": ("agentcas/cas/leases.py", *LATE_LEASE,
-          [M + "test_commit_pin_is_live_after_its_first_batch_and_holds_gc_off"]),
+          [M + "test_commit_pin_is_live_after_its_first_batch_and_holds_gc_off"], LATE_LEASE_MOVE),
     "1-langgraph": ("agentcas/cas/leases.py", *LATE_LEASE,
                     ["tests/test_langgraph_saver.py::test_gc_at_grace_zero_during_a_put_deletes_nothing_and_the_put_lands"]),
     "1-concurrent": ("agentcas/cas/leases.py", *LATE_LEASE,
-                     ["tests/test_gc_concurrency.py::test_concurrent_writers_and_gc_at_zero_grace"]),
+                     ["tests/test_gc_concurrency.py::test_concurrent_writers_and_gc_at_zero_grace"], LATE_LEASE_MOVE),
     "2": ("agentcas/workspace/restore.py", ["    if hasher is not None and Digest(hasher.digest()) != entry.id:"],
           ["    if False:"], [M + "test_checkout_refuses_a_chunk_list_of_other_bytes_with_the_same_sizes"]),
     "3": ("agentcas/exchange/bundle_format.py",
@@ -48,8 +52,8 @@ MUTATIONS = {
     "5": ("agentcas/gc/sweep.py", ["previous is not None and previous[0] == name and previous[2] < cutoff"],
           ["previous is not None and previous[2] < cutoff"],
           [M + "test_expire_reflog_now_keeps_each_threads_newest_entry"]),
-    "6": ("agentcas/lineage/moves.py", ["        missing = stores.objects.missing(needed)\n        if missing:\n"],
-          ["        missing = stores.objects.missing(needed)\n        if False:\n"],
+    "6": ("agentcas/lineage/moves.py", ["        missing = stores.objects.missing(move.needed)\n        if missing:\n"],
+          ["        missing = stores.objects.missing(move.needed)\n        if False:\n"],
           [M + "test_commit_reusing_only_old_garbage_fails_cleanly_when_gc_runs_before_it_lands"]),
     "7": ("agentcas/repository.py", ["                if expect is not None and current != expected:"], ["                if False:"],
           [M + "test_commit_expect_is_rechecked_when_the_thread_moves_during_the_snapshot"]),
@@ -82,17 +86,19 @@ MUTATIONS = {
            ["tests/test_rollout.py::test_appends_load_log_n_segments"]),
     # The lease protocol (cas/leases.py): gc and writers without one transaction spanning both.
     "La": ("agentcas/lineage/moves.py",
-           ["            lease.check(txn)\n            for name, state, move in zip("],
-           ["            for name, state, move in zip("],
+           ["    lease.check_clock()\n", "    expect.append(lease.expect())\n"], ["", ""],
            [M + "test_a_writer_whose_lease_is_lost_fails_with_lease_expired_and_moves_nothing[deleted]",
             M + "test_a_writer_whose_lease_is_lost_fails_with_lease_expired_and_moves_nothing[expired]"]),
     "Lb": ("agentcas/cas/leases.py", ["        if row.live(now):\n            live.append(row)\n"],
            ["        if row.live(now):\n            pass\n"],
            [M + "test_gc_at_grace_zero_deletes_nothing_while_a_lease_is_live"]),
     "Lc": ("agentcas/cas/leases.py",
-           ["            txn.put(\"leases\", self.key, row.encode())\n            return (\"wait\" if active else \"held\"), row\n"],
+           ["            txn.put(\"leases\", self.key, row.encode())\n            return (\"wait\" if active else \"held\"), row\n",
+            "            return \"defer\", None\n        return (\"wait\" if active else \"held\"), row\n"],
            ["            if not active:\n                txn.put(\"leases\", self.key, row.encode())\n"
-            "            return (\"wait\" if active else \"held\"), row\n"],
+            "            return (\"wait\" if active else \"held\"), row\n",
+            "            return \"defer\", None\n        if active:\n            self.meta.exchange(writes=[(\"leases\", self.key, None)])\n"
+            "        return (\"wait\" if active else \"held\"), row\n"],
            [M + "test_a_writer_waiting_for_a_sweep_batch_already_holds_off_the_next_batch"]),
     "Ld": ("agentcas/cas/leases.py",
            ["        if self.host == (host or this_host()) and not pid_alive(self.pid):\n            return False\n"],
