@@ -51,7 +51,28 @@ def _move(txn, worker: int, lock: bool) -> bool:
     return True
 
 
-def _cas_worker(url: str, env: dict, worker: int, moves: int, lock: bool, ready, go, queue) -> None:
+_SEEN: dict = {}  # worker's last view of the ref: a landing that lost says what it found
+
+
+def _exchange_move(store, worker: int) -> bool:
+    """A move as lineage/moves.py lands it: one exchange lands the new value only if the ref
+    and the next reflog key are as last seen, and reads both (so a lost race re-plans from
+    its answer, with no separate read)."""
+    from agentcas.cas.metastore.base import Read
+    reads = [Read("refs", b"threads/bench"), Read("reflog", b"threads/bench\x00", last=True)]
+    if "ref" not in _SEEN:
+        _SEEN["ref"] = store.exchange(reads=reads)[1][0]
+    current = _SEEN["ref"]
+    new = struct.pack(">Q", struct.unpack(">Q", current)[0] + 1)
+    log_key = b"threads/bench\x00" + new
+    applied, values = store.exchange(reads=reads,
+                                     expect=[("refs", b"threads/bench", current), ("reflog", log_key, None)],
+                                     writes=[("refs", b"threads/bench", new), ("reflog", log_key, b"%d" % worker)])
+    _SEEN["ref"] = new if applied else values[0]
+    return applied
+
+
+def _cas_worker(url: str, env: dict, worker: int, moves: int, lock, ready, go, queue) -> None:
     os.environ.update(env)
     from agentcas.cas.metastore.postgres import PostgresMetadataStore
     store = PostgresMetadataStore(url)
@@ -61,7 +82,7 @@ def _cas_worker(url: str, env: dict, worker: int, moves: int, lock: bool, ready,
     done = lost = 0
     started = time.perf_counter()
     while done < moves:
-        if store.write(lambda txn: _move(txn, worker, lock)):
+        if (_exchange_move(store, worker) if lock == "exchange" else store.write(lambda txn: _move(txn, worker, lock))):
             done += 1
         else:
             lost += 1
@@ -95,7 +116,8 @@ def cas_throughput(pg: PostgresServer, workers: int, moves: int, lock: bool) -> 
         logged = txn.count("reflog")
     store.close()
     ok = counter == total == logged == workers * moves
-    how = "SELECT ... FOR UPDATE, then CAS" if lock else "plain read, then CAS (optimistic)"
+    how = {"exchange": "one exchange per attempt (land if unchanged, read what is there), as a real move",
+           True: "SELECT ... FOR UPDATE, then CAS", False: "plain read, then CAS (optimistic)"}[lock]
     rows = [[f"{workers} processes x {moves} moves, one ref: {how}", f"{total:,}", f"{lost:,}", fmt_time(wall),
              f"{total / wall:,.0f}", f"{'none' if ok else 'LOST'} (counter {counter:,}, reflog rows {logged:,})"]]
     return rows, sum(r[4] for r in results) / max(1, total + lost)
@@ -226,11 +248,12 @@ def main(argv=None) -> int:
     try:
         if "cas" in parts:
             rows = []
-            for lock in (False, True):
+            for lock in (False, True, "exchange"):
                 got, per_attempt = cas_throughput(pg, workers=8, moves=150 if args.quick else 500, lock=lock)
                 rows += got
             more = ["each move: BEGIN, SELECT [FOR UPDATE], UPDATE ... WHERE value = old (the row count decides), "
-                    "INSERT reflog row, COMMIT: one transaction; BEGIN goes with the SELECT and the INSERT with the COMMIT (3 round trips; 2 with FOR UPDATE, whose UPDATE goes with the COMMIT too)"]
+                    "INSERT reflog row, COMMIT: one transaction; BEGIN goes with the SELECT and the INSERT with the COMMIT (3 round trips; 2 with FOR UPDATE, whose UPDATE goes with the COMMIT too)",
+                    "exchange: one agentcas_exchange call lands the move only if the ref and the next reflog key are as last seen, and reads both, so a lost race plans again from its answer (1 round trip an attempt; what every commit, append, fork and revert does)"]
             print(table("Ref CAS throughput (PostgreSQL metadata store, localhost)",
                         ["run", "moves", "lost CAS attempts", "wall", "moves/s", "moves lost"], rows, more + notes))
         if "gc" in parts:

@@ -74,19 +74,21 @@ def move_thread(stores: Stores, lease: Lease, thread: str,
     and the next reflog entry are as read (a deletion, which clears the reflog, is one
     transaction instead). A lease from `lease_for(..., thread)` brings the first state.
     """
-    base = None
+    base, early = None, False  # early: the state as the lease found it, maybe since moved
     if lease.prefetched is not None and lease.reads == threads.base_reads(thread):
-        base = threads.decode_base(thread, lease.prefetched)
+        base, early = threads.decode_base(thread, lease.prefetched), True
         lease.prefetched = None
     for _ in range(MAX_ATTEMPTS):
-        prefetched, base = base is not None, base or threads.read_base(stores.meta, thread)
+        if base is None:
+            base = threads.read_base(stores.meta, thread)
         try:
             move = plan(base.state)
         except ConflictError:
-            if prefetched:  # judged on the state as the lease found it: judge the current one
-                base = None
+            if early:  # judged on the state as the lease found it: judge the current one
+                base, early = None, False
                 continue
             raise
+        early = False
         if move is None:
             return base.state, None
         stores.objects.put_many(move.objects)
@@ -95,15 +97,18 @@ def move_thread(stores: Stores, lease: Lease, thread: str,
             nothing = "nothing was committed" if move.action == "commit" else "nothing was changed"
             raise VanishedObject(f"object {sorted(missing)[0].hex()} vanished before the {move.action} "
                                  f"landed (concurrent gc?); {nothing}, retry")
-        if _land(stores, lease, base, move, keep_lease):
+        landed, base = _land(stores, lease, base, move, keep_lease)
+        if landed:
             return base.state, move
-        base = None
     raise ConflictError(f"thread {thread!r} kept moving under {MAX_ATTEMPTS} attempts; "
                         "nothing was changed, retry")
 
 
-def _land(stores: Stores, lease: Lease, base: threads.MoveBase, move: Move, keep_lease: bool) -> bool:
-    """The move's final step; False if the thread moved since `base` was read."""
+def _land(stores: Stores, lease: Lease, base: threads.MoveBase, move: Move,
+          keep_lease: bool) -> tuple[bool, threads.MoveBase | None]:
+    """The move's final step: (True, base) if it landed, else (False, the thread as it is
+    now, or None to read it again). The landing reads the thread too, so a move that
+    lost a race plans again without another request."""
     if move.new is None:
         def final(txn):
             lease.check(txn)
@@ -112,18 +117,21 @@ def _land(stores: Stores, lease: Lease, base: threads.MoveBase, move: Move, keep
             if not keep_lease:
                 lease.release(txn)
             return True
-        return stores.meta.write(final)
+        return (True, base) if stores.meta.write(final) else (False, None)
     lease.check_clock()
     expect, writes = threads.move_rows(base, move.new, move.action, move.message, move.history_implied)
     expect.append(lease.expect())
     if not keep_lease:
         writes.append(("leases", lease.key, None))
-    applied, (held,) = stores.meta.exchange(reads=[Read("leases", lease.key)], expect=expect, writes=writes)
-    if not applied and held != lease.value:
+    reads = [Read("leases", lease.key)] + threads.base_reads(base.name)
+    applied, values = stores.meta.exchange(reads=reads, expect=expect, writes=writes)
+    if applied:
+        if not keep_lease:
+            lease.released = True
+        return True, base
+    if values[0] != lease.value:
         lease.raise_expired()
-    if applied and not keep_lease:
-        lease.released = True
-    return applied
+    return False, threads.decode_base(base.name, values[1:])
 
 
 class _LostRace(Exception):
