@@ -28,6 +28,16 @@ caller sees the new value instead of the old one).
 
 Connections: a small per-process pool (one connection per concurrent transaction,
 kept idle for reuse, at most POOL_SIZE idle); after a fork the child opens its own.
+A hung server (it accepts connections but never answers, or stops answering inside a
+transaction) is bounded three ways, all from $AGENTCAS_PG_TIMEOUT (T, default 15 s):
+connecting (TCP, TLS, authentication) gives up after CONNECT_SECONDS (libpq's
+`connect_timeout`, unless the URL sets one); the server cancels a statement running
+longer than T (`statement_timeout`, e.g. a lock held by a hung client) and ends a
+session left idle inside a transaction for 4T (`idle_in_transaction_session_timeout`:
+a client that hung holding row locks frees them); and every wait for an answer ends
+after T + ANSWER_GRACE on the client (`_BoundedConnection.wait`), which closes the
+connection, since a stopped server cancels nothing. Each is a retryable error, so
+the operation is retried until $AGENTCAS_RETRY_SECONDS, then MetadataUnavailable.
 `statements` and `connections` count what was sent (benchmarks, request budgets).
 """
 
@@ -55,11 +65,38 @@ _MIGRATION_LOCK = 0x61676E74636173  # pg_advisory_xact_lock key: "agntcas"
 SCAN_PAGE = 1000
 POOL_SIZE = 8
 CONNECT_SECONDS = 5
+TIMEOUT_SECONDS = 15.0  # $AGENTCAS_PG_TIMEOUT: statement_timeout, and the client's wait (+ ANSWER_GRACE)
+ANSWER_GRACE = 2.0      # a live server's own cancel (statement_timeout) arrives before the client gives up
 
 
 def retry_seconds() -> float:
     """How long a failing operation is retried before the service is called unavailable."""
     return float(os.environ.get("AGENTCAS_RETRY_SECONDS", "20"))
+
+
+def timeout_seconds() -> float:
+    """How long one statement may take ($AGENTCAS_PG_TIMEOUT, seconds; 0 turns the bounds off)."""
+    return float(os.environ.get("AGENTCAS_PG_TIMEOUT", str(TIMEOUT_SECONDS)))
+
+
+class NoAnswer(psycopg.OperationalError):
+    """The server sent no answer in time: the connection was closed (a retryable error)."""
+
+
+class _BoundedConnection(psycopg.Connection):
+    """A connection whose every wait for the server (a statement, a pipeline sync, a
+    COMMIT) ends after `answer_seconds`: a hung server becomes a dropped connection."""
+
+    answer_seconds: float | None = None
+
+    def wait(self, gen, interval=getattr(psycopg.connection, "_WAIT_INTERVAL", 0.1), timeout=None):
+        if timeout is None:
+            timeout = self.answer_seconds
+        try:
+            return super().wait(gen, interval=interval, timeout=timeout)
+        except psycopg.errors._WaitTimeout:
+            self.close()  # its state is unknown: never reused, never sent a ROLLBACK
+            raise NoAnswer(f"no answer within {timeout:g}s (server hung or overloaded)") from None
 
 
 class SchemaMissing(MetadataUnavailable):
@@ -237,6 +274,7 @@ class PostgresMetadataStore(MetadataStore):
         except psycopg.ProgrammingError:
             raise MetadataUnavailable("not a valid PostgreSQL URL (postgresql://USER@HOST:PORT/DB)") from None
         self._dsn = dsn
+        self._params = params
         self._secrets = [s for s in (params.get("password"), os.environ.get("PGPASSWORD")) if s]
         host = str(params.get("host") or os.environ.get("PGHOST") or "localhost")
         port = str(params.get("port") or os.environ.get("PGPORT") or "5432")
@@ -272,8 +310,19 @@ class PostgresMetadataStore(MetadataStore):
 
     def _connect(self) -> psycopg.Connection:
         self.connections += 1
-        return psycopg.connect(self._dsn, autocommit=True, connect_timeout=CONNECT_SECONDS,
-                               application_name="agentcas")
+        bound = timeout_seconds()
+        options = {}
+        if "connect_timeout" not in self._params:
+            options["connect_timeout"] = CONNECT_SECONDS
+        if bound > 0:
+            # Ours first: settings the URL gives in its own `options` come later and win.
+            ms = max(1, int(bound * 1000))
+            options["options"] = " ".join(filter(None, (
+                f"-c statement_timeout={ms} -c idle_in_transaction_session_timeout={4 * ms}",
+                self._params.get("options"))))
+        conn = _BoundedConnection.connect(self._dsn, autocommit=True, application_name="agentcas", **options)
+        conn.answer_seconds = bound + ANSWER_GRACE if bound > 0 else None
+        return conn
 
     def _acquire(self) -> psycopg.Connection:
         with self._pool_lock:
