@@ -27,6 +27,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from agentcas.cas import crashpoints
 from agentcas.cas.sealed import seal, unseal
 from agentcas.errors import AgentcasError, ConflictError, IntegrityError, NotFound, UsageError
 from agentcas.harnesses import discovery
@@ -185,7 +186,9 @@ class IngestState:
         payload = json.dumps(self.entries, sort_keys=True, separators=(",", ":")).encode()
         with open(tmp, "wb") as handle:
             handle.write(seal(STATE_FILE, b"v1", payload))
+        crashpoints.reached("ingest.state.write")
         os.replace(tmp, self.path)
+        crashpoints.reached("ingest.state.replace")
         self.dirty = False
 
 
