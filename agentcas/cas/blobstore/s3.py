@@ -7,6 +7,14 @@ the first write of a key wins and a key's bytes never change. A gateway that ans
 501 to the condition (or `AGENTCAS_S3_CONDITIONAL_PUT=0`) gets HEAD-then-PUT instead:
 racing writers then may both write, harmless because both write the same bytes.
 
+A damaged leftover counts as absent: SeaweedFS (measured here) keeps an EMPTY object
+when a PUT's connection closes after its headers and before any body byte (a writer
+killed mid-upload), and If-None-Match then refuses every later write of that key. An
+object shorter than a frame header can be no object, so it is absent to every read
+(get, header, has_many, list: fsck and gc never see it) and a 412 on a key whose
+stored object is that short is answered by writing the bytes over it
+(unconditionally: they are the right bytes for that id).
+
 Existence is batched: a few keys are HEADed in parallel; many keys are answered from
 ListObjectsV2 over their key range, the sorted keys split into one segment per worker,
 each segment paged with `StartAfter` jumping straight to its next unanswered key, so a
@@ -23,6 +31,8 @@ only (any credential text in a message is masked). Unreachable, timed-out or 5xx
 requests are retried with exponential backoff for at most $AGENTCAS_RETRY_SECONDS
 (20 s), then BlobUnavailable("S3 at ENDPOINT (bucket B) ...").
 `requests` counts the HTTP requests sent, by operation (benchmarks, request budgets).
+Crash points (cas/crashpoints.py): `s3.put` after each object written, `s3.delete`
+after each DeleteObjects request.
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from datetime import datetime
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Iterator, Mapping, Sequence
 
+from agentcas.cas import crashpoints, framing
 from agentcas.cas.blobstore.base import KEY_SIZE, BlobInfo, BlobStore, BlobUnavailable
 
 POOL_SIZE = int(os.environ.get("AGENTCAS_S3_CONNECTIONS", "16"))
@@ -226,7 +237,8 @@ class S3BlobStore(BlobStore):
 
         def attempt():
             try:
-                return self._client.get_object(Bucket=self.bucket, Key=name)["Body"].read()
+                body = self._client.get_object(Bucket=self.bucket, Key=name)["Body"].read()
+                return body if len(body) >= framing.HEADER_SIZE else None  # a damaged leftover
             except self._exceptions.ClientError as exc:
                 if self._missing(exc):
                     return None
@@ -243,16 +255,16 @@ class S3BlobStore(BlobStore):
         return {k: v for k, v in zip(keys, self._pool.map(self.get, keys)) if v is not None}
 
     def header(self, key):
-        from agentcas.cas import framing
         name = self._name(key)
 
         def attempt():
             try:
                 response = self._client.get_object(Bucket=self.bucket, Key=name,
                                                    Range=f"bytes=0-{framing.HEADER_SIZE - 1}")
-                return response["Body"].read()[:framing.HEADER_SIZE]
+                head = response["Body"].read()[:framing.HEADER_SIZE]
+                return head if len(head) == framing.HEADER_SIZE else None  # a damaged leftover
             except self._exceptions.ClientError as exc:
-                if self._missing(exc):
+                if self._missing(exc) or self._status(exc)[0] == 416:  # 416: an empty leftover
                     return None
                 raise
         try:
@@ -261,15 +273,17 @@ class S3BlobStore(BlobStore):
             raise self._refused(exc, f"to read {name}") from None
 
     def _head(self, key: bytes) -> bool:
-        name = self._name(key)
+        """Whether the object is stored whole enough to be an object (the module doc: damaged leftovers)."""
+        size = self._stored_size(self._name(key))
+        return size is not None and size >= framing.HEADER_SIZE
 
+    def _stored_size(self, name: str) -> int | None:
         def attempt():
             try:
-                self._client.head_object(Bucket=self.bucket, Key=name)
-                return True
+                return int(self._client.head_object(Bucket=self.bucket, Key=name)["ContentLength"])
             except self._exceptions.ClientError as exc:
                 if self._missing(exc):
-                    return False
+                    return None
                 raise
         try:
             return self._call(attempt)
@@ -306,7 +320,8 @@ class S3BlobStore(BlobStore):
             except self._exceptions.ClientError as exc:
                 raise self._refused(exc, f"to list {self._objects_prefix}") from None
             names = [item["Key"] for item in page.get("Contents", [])]
-            listed = {self._key(name) for name in names}
+            listed = {self._key(item["Key"]) for item in page.get("Contents", [])
+                      if int(item["Size"]) >= framing.HEADER_SIZE}  # a shorter one is damaged: absent
             if not names:
                 return present
             last_name = names[-1]
@@ -324,15 +339,22 @@ class S3BlobStore(BlobStore):
         if not self.conditional_put and self._head(key):
             return False
 
+        def write(options):
+            self._client.put_object(Bucket=self.bucket, Key=name, Body=value, **options)
+            crashpoints.reached("s3.put")
+            return True
+
         def attempt():
             options = {"IfNoneMatch": "*"} if self.conditional_put else {}
             try:
-                self._client.put_object(Bucket=self.bucket, Key=name, Body=value, **options)
-                return True
+                return write(options)
             except self._exceptions.ClientError as exc:
                 status, code = self._status(exc)
                 if status == 412 or code == "PreconditionFailed":
-                    return False
+                    # Already there, unless what is there is a damaged leftover (the module doc):
+                    # then these bytes, right for this id, replace it.
+                    size = self._stored_size(name)
+                    return size is not None and size < framing.HEADER_SIZE and write({})
                 raise
         try:
             return self._call(attempt)
@@ -361,6 +383,7 @@ class S3BlobStore(BlobStore):
 
         def attempt():
             errors = self._client.delete_objects(Bucket=self.bucket, Delete=request).get("Errors", [])
+            crashpoints.reached("s3.delete")
             failed = [e for e in errors if e.get("Code") not in ("NoSuchKey",)]
             if failed:
                 raise self._exceptions.ClientError(
@@ -390,7 +413,7 @@ class S3BlobStore(BlobStore):
         out = []
         for item in page.get("Contents", []):
             key = self._key(item["Key"])
-            if key is not None:
+            if key is not None and int(item["Size"]) >= framing.HEADER_SIZE:  # else a damaged leftover
                 out.append(BlobInfo(key, int(item["Size"]), item["LastModified"].timestamp(), None))
         return out
 

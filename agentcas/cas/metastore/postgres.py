@@ -39,6 +39,7 @@ after T + ANSWER_GRACE on the client (`_BoundedConnection.wait`), which closes t
 connection, since a stopped server cancels nothing. Each is a retryable error, so
 the operation is retried until $AGENTCAS_RETRY_SECONDS, then MetadataUnavailable.
 `statements` and `connections` count what was sent (benchmarks, request budgets).
+Crash points (cas/crashpoints.py): `pg.open` before a write's COMMIT, `pg.commit` after it.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
 
+from agentcas.cas import crashpoints
 from agentcas.cas.metastore.base import TABLES, MetadataStore, MetadataUnavailable, MetaTxn
 
 SCHEMA_VERSION = 1
@@ -377,11 +379,13 @@ class PostgresMetadataStore(MetadataStore):
                 txn = _PgTxn(self, conn, writable=True, begin=f"BEGIN ISOLATION LEVEL {isolation}")
                 try:
                     result = attempt(txn)
+                    crashpoints.reached("pg.open")  # the changes made, not committed
                     txn.commit()
                 except BaseException:
                     self._rollback(conn)
                     raise
                 self._release(conn)
+                crashpoints.reached("pg.commit")
                 return result
             except _RETRYABLE as exc:
                 if conn is not None:
