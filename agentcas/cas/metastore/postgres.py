@@ -32,12 +32,12 @@ A hung server (it accepts connections but never answers, or stops answering insi
 transaction) is bounded three ways, all from $AGENTCAS_PG_TIMEOUT (T, default 15 s):
 connecting (TCP, TLS, authentication) gives up after CONNECT_SECONDS (libpq's
 `connect_timeout`, unless the URL sets one); the server cancels a statement running
-longer than T (`statement_timeout`, e.g. a lock held by a hung client) and ends a
-session left idle inside a transaction for 4T (`idle_in_transaction_session_timeout`:
-a client that hung holding row locks frees them); and every wait for an answer ends
-after T + ANSWER_GRACE on the client (`_BoundedConnection.wait`), which closes the
-connection, since a stopped server cancels nothing. Each is a retryable error, so
-the operation is retried until $AGENTCAS_RETRY_SECONDS, then MetadataUnavailable.
+longer than T (`statement_timeout`: e.g. waiting for a row lock that a hung client
+holds); and every wait for an answer ends after T + ANSWER_GRACE on the client
+(`_BoundedConnection.wait`), which closes the connection, since a stopped server
+cancels nothing. Each is a retryable error, so the operation is retried until
+$AGENTCAS_RETRY_SECONDS, then MetadataUnavailable. (No idle-in-transaction bound: gc
+plans inside one long read-only transaction while it lists the bucket.)
 `statements` and `connections` count what was sent (benchmarks, request budgets).
 Crash points (cas/crashpoints.py): `pg.open` before a write's COMMIT, `pg.commit` after it.
 """
@@ -110,7 +110,7 @@ class SchemaTooNew(MetadataUnavailable):
 
 
 _RETRYABLE = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, psycopg.OperationalError,
-              psycopg.InterfaceError)
+              psycopg.InterfaceError, pg_errors.IdleInTransactionSessionTimeout)  # the last: a server's own bound
 # Connection errors no retry can fix.
 _FINAL_MARKERS = ("authentication failed", "does not exist", "no password supplied", "permission denied",
                   "no pg_hba.conf entry", "role ")
@@ -320,7 +320,7 @@ class PostgresMetadataStore(MetadataStore):
             # Ours first: settings the URL gives in its own `options` come later and win.
             ms = max(1, int(bound * 1000))
             options["options"] = " ".join(filter(None, (
-                f"-c statement_timeout={ms} -c idle_in_transaction_session_timeout={4 * ms}",
+                f"-c statement_timeout={ms}",
                 self._params.get("options"))))
         conn = _BoundedConnection.connect(self._dsn, autocommit=True, application_name="agentcas", **options)
         conn.answer_seconds = bound + ANSWER_GRACE if bound > 0 else None
