@@ -282,6 +282,7 @@ def cli_commits(work: str, s3: SeaweedServer, pg: PostgresServer, files: int, to
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
+    parser.add_argument("--gc-sizes", default=None, help="object counts of the whole-gc runs (default 10000,100000)")
     parser.add_argument("--only", choices=("cas", "gc", "gc-full", "commit"), action="append", default=[])
     args = parser.parse_args(argv)
     parts = args.only or ["cas", "gc", "gc-full", "commit"]
@@ -309,7 +310,9 @@ def main(argv=None) -> int:
         if "gc-full" in parts:
             rows = []
             with work_dir("shared-gc") as work:
-                for n in ((2_000, 10_000) if args.quick else (10_000, 100_000)):
+                sizes = [int(n) for n in args.gc_sizes.split(",")] if args.gc_sizes else \
+                    ((2_000, 10_000) if args.quick else (10_000, 100_000))
+                for n in sizes:
                     rows.append(full_gc(work, s3, pg, n))
             print(table("A whole gc on the shared store (`agentcas --json gc --grace 0s --expire-reflog now`)",
                         ["store", "wall", "peak RSS (gc process)", "S3 requests (by type)", "PostgreSQL statements",

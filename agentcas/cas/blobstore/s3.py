@@ -272,6 +272,13 @@ class S3BlobStore(BlobStore):
         except self._exceptions.ClientError as exc:
             raise self._refused(exc, f"to read {name}") from None
 
+    def headers(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        """Ranged reads of many headers, in parallel on the pool (gc reads one per candidate)."""
+        keys = list(dict.fromkeys(bytes(k) for k in keys))
+        if len(keys) <= 1:
+            return super().headers(keys)
+        return {k: h for k, h in zip(keys, self._pool.map(self.header, keys)) if h is not None}
+
     def _head(self, key: bytes) -> bool:
         """Whether the object is stored whole enough to be an object (the module doc: damaged leftovers)."""
         size = self._stored_size(self._name(key))
