@@ -47,7 +47,7 @@ FUZZ_RUNS ?= 1000000
 fuzz: setup
 	PYTHONWARNINGS=ignore $(BIN)/pip install --quiet -e '.[test,fuzz]' --config-settings editable_mode=strict
 	$(BIN)/python fuzz/run_all.py --runs $(FUZZ_RUNS)
-	AGENTCAS_FAULT_EVERY=1 AGENTCAS_FAULT_BOTH=1 $(BIN)/python -m pytest -n 2 tests/test_crashpoints.py tests/test_faults.py
+	AGENTCAS_FAULT_EVERY=1 AGENTCAS_FAULT_BOTH=1 $(BIN)/python -m pytest -n 2 tests/test_crashpoints.py tests/test_crashpoints_shared.py tests/test_faults.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -8,6 +8,8 @@
    Python memory by tracemalloc, at N/10 and N to show it does not grow), their
    existence checked in one batch, and half of them deleted; requests counted by the
    gateway (its Prometheus metrics), not by the client.
+2b. A whole `agentcas gc` on a shared store of 10,000 and 100,000 objects (--quick: 2,000
+   and 10,000): wall time, peak RSS, S3 requests by type and PostgreSQL statements.
 3. Through the CLI, once `agentcas --store s3://... --refs postgresql://...` exists:
    first commit of 1 GiB in 1,000 files (--quick: 64 MiB in 100) beside `restic backup`
    to a restic repository on the same SeaweedFS, then an unchanged recommit: objects
@@ -21,8 +23,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
+import random
 import shutil
 import struct
 import subprocess
@@ -38,6 +42,7 @@ from harness import AGENTCAS, env_for, fmt_bytes, fmt_time, load_note, machine_n
 from services import PostgresServer, SeaweedServer  # noqa: E402
 
 from agentcas.cas import framing  # noqa: E402
+from agentcas.cas.digest import hash_blob  # noqa: E402
 
 
 # --- 1. ref CAS throughput -----------------------------------------------------------------
@@ -173,6 +178,68 @@ def blob_gc_side(s3: SeaweedServer, objects: int) -> tuple[list, list]:
     return rows, notes
 
 
+# --- 2b. a whole gc on the shared store ----------------------------------------------------------
+
+GC_MEASURE = r"""
+import json, resource, subprocess, sys, time
+start = time.perf_counter()
+proc = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+print(json.dumps({"rc": proc.returncode, "seconds": time.perf_counter() - start,
+                  "max_rss": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
+                  "out": proc.stdout.decode(errors="replace")[-20000:], "err": proc.stderr.decode(errors="replace")[-2000:]}))
+"""
+
+
+def _small_files(root: str, count: int, seed: int) -> None:
+    rng = random.Random(seed)
+    for i in range(count):
+        path = os.path.join(root, f"d{i % 50:02d}", f"f{i:06d}.txt")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as handle:
+            handle.write(rng.randbytes(60 + i % 200))
+
+
+def full_gc(work: str, s3: SeaweedServer, pg: PostgresServer, objects: int) -> list:
+    """`agentcas --json gc --grace 0s --expire-reflog now` on a shared store of `objects`
+    objects: a fifth live (one thread's commit of small files), the rest garbage (chunks
+    uploaded and never referenced). Run from a second machine's empty cache, so marking
+    downloads the live closure. Wall time, peak RSS of the gc process, requests by type."""
+    from agentcas.cas.blobstore.s3 import S3BlobStore
+    env = env_for(work)
+    env.update(s3.env())
+    env.update(pg.env())
+    env["AGENTCAS_STORE"], env["AGENTCAS_REFS"] = s3.url(f"gcfull-{objects}-{os.getpid()}"), pg.create_database()
+    env["AGENTCAS_CACHE_DIR"] = os.path.join(work, f"cache-a-{objects}")
+    subprocess.run([AGENTCAS, "init"], env=env, check=True, capture_output=True)
+    data = os.path.join(work, f"live-{objects}")
+    _small_files(data, objects // 5, seed=objects)
+    subprocess.run([AGENTCAS, "commit", data, "-m", "live"], env=env, check=True, capture_output=True)
+    os.environ["AGENTCAS_CACHE_DIR"] = env["AGENTCAS_CACHE_DIR"]
+    blobs = S3BlobStore(env["AGENTCAS_STORE"])
+    live = sum(1 for _ in blobs.list())
+    rng = random.Random(-objects)
+    garbage = objects - live
+    for start in range(0, garbage, 2000):
+        chunk = [rng.randbytes(100) for _ in range(min(2000, garbage - start))]
+        blobs.put_many({bytes(hash_blob(b).raw): framing.frame(framing.KIND_CHUNK, b) for b in chunk})
+    stored = sum(1 for _ in blobs.list())
+    env["AGENTCAS_CACHE_DIR"] = os.path.join(work, f"cache-b-{objects}")  # another machine
+    s3_before, pg_before = s3.request_counts(), pg.logged_statements()
+    doc = json.loads(subprocess.run([sys.executable, "-c", GC_MEASURE, AGENTCAS, "--json", "gc", "--grace", "0s",
+                                     "--expire-reflog", "now"], env=env, capture_output=True, check=True).stdout)
+    if doc["rc"]:
+        raise RuntimeError(f"gc exited {doc['rc']}: {doc['err']}")
+    time.sleep(0.5)  # the server log is written asynchronously
+    s3_after, pg_after = s3.request_counts(), pg.logged_statements()
+    after = sum(1 for _ in blobs.list())
+    blobs.close()
+    by_type = {k: s3_after.get(k, 0) - s3_before.get(k, 0) for k in s3_after}
+    s3_text = ", ".join(f"{k} {v:,}" for k, v in sorted(by_type.items()) if v)
+    assert after == live, f"gc left {after:,} objects, {live:,} are live"
+    return [f"{stored:,} objects ({live:,} live)", fmt_time(doc["seconds"]), fmt_bytes(doc["max_rss"]),
+            f"{sum(by_type.values()):,} ({s3_text})", f"{pg_after - pg_before:,}", f"{stored - after:,}"]
+
+
 # --- 3. commits through the CLI --------------------------------------------------------------
 
 def cli_has_shared_store() -> bool:
@@ -237,11 +304,13 @@ def cli_commits(work: str, s3: SeaweedServer, pg: PostgresServer, files: int, to
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
-    parser.add_argument("--only", choices=("cas", "gc", "commit"), action="append", default=[])
+    parser.add_argument("--gc-sizes", default=None, help="object counts of the whole-gc runs (default 10000,100000)")
+    parser.add_argument("--only", choices=("cas", "gc", "gc-full", "commit"), action="append", default=[])
     args = parser.parse_args(argv)
-    parts = args.only or ["cas", "gc", "commit"]
+    parts = args.only or ["cas", "gc", "gc-full", "commit"]
     notes = [machine_note(), load_note()]
-    pg = PostgresServer(options=("log_statement=all",)) if "commit" in parts else PostgresServer()
+    logged = "commit" in parts or "gc-full" in parts
+    pg = PostgresServer(options=("log_statement=all",)) if logged else PostgresServer()
     s3 = SeaweedServer()
     os.environ.update(pg.env())
     os.environ.update(s3.env())
@@ -261,6 +330,19 @@ def main(argv=None) -> int:
             print(table("Blob-store side of gc on S3 (SeaweedFS, localhost)",
                         ["store", "write", "list (time / requests)", "list peak memory", "has_many",
                          "delete half"], rows, more + notes))
+        if "gc-full" in parts:
+            rows = []
+            with work_dir("shared-gc") as work:
+                sizes = [int(n) for n in args.gc_sizes.split(",")] if args.gc_sizes else \
+                    ((2_000, 10_000) if args.quick else (10_000, 100_000))
+                for n in sizes:
+                    rows.append(full_gc(work, s3, pg, n))
+            print(table("A whole gc on the shared store (`agentcas --json gc --grace 0s --expire-reflog now`)",
+                        ["store", "wall", "peak RSS (gc process)", "S3 requests (by type)", "PostgreSQL statements",
+                         "objects deleted"], rows,
+                        ["a fifth of the objects live (one commit of small files), the rest unreferenced chunks; "
+                         "gc runs from a second machine's empty cache (marking downloads the live closure); "
+                         "requests counted by the servers (gateway metrics, log_statement=all)"] + notes))
         if "commit" in parts:
             if not cli_has_shared_store():
                 print(table("Shared-store commits", ["run"], [["skipped: this agentcas has no --refs option yet"]]))

@@ -147,11 +147,12 @@ def serve() -> None:
 
 # --- what a child reports about a store (CliForks.call("cli_forks:observe", path)) ----------
 
-def observe(store_path: str) -> dict:
-    """fsck's verdict and every thread's state (ids, tree, reason, history) of one store."""
+def observe(store_path: str, refs: str | None = None) -> dict:
+    """fsck's verdict and every thread's state (ids, tree, reason, history) of one store
+    (a shared store: its objects' URL and `refs`, the PostgreSQL URL)."""
     from agentcas import Store
     from agentcas.errors import AgentcasError
-    store = Store.open(store_path)
+    store = Store.open(store_path, refs)
     doc = store.fsck()
     threads = {}
     for row in store.threads():

@@ -169,6 +169,26 @@ class _Server:
     def resume(self) -> None:
         if self.running:
             self.proc.send_signal(signal.SIGCONT)
+        for pid in getattr(self, "_stopped", ()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        self._stopped = []
+
+    def hang(self) -> None:
+        """SIGSTOP the server and every process it started (PostgreSQL's backends): open
+        connections stay open and new ones are accepted by the kernel, but nothing answers."""
+        if not self.running:
+            return
+        self.pause()
+        self._stopped = []
+        todo = [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            with contextlib.suppress(OSError):
+                for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+                    os.kill(int(child), signal.SIGSTOP)
+                    self._stopped.append(int(child))
+                    todo.append(int(child))
 
     def restart(self) -> None:
         self.stop()

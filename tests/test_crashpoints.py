@@ -81,6 +81,10 @@ class Scenario:
     retry_ok: tuple = (0,)      # exit codes a retry may give once the command had landed
     same_objects: bool = False  # after the retry, the object count equals the clean run's (gc)
     again: bool = True          # retried even once it landed (not an append: that appends twice)
+    steps: bool = False         # moves a ref several times (ingest: a checkpoint per turn), so a
+                                # crash may leave any state the command passes through; the
+                                # retry must converge to the clean run's
+    check: str | None = None    # "module:function(W)" run after the retry; returns a list of problems
 
 
 def ok(result, *codes):
@@ -192,6 +196,54 @@ def setup_export(forks, W):
     base_store(forks, W, files=60, seed=15, history=60)
 
 
+def setup_ingest_codex(forks, W):
+    from harness_samples import CodexSession
+    ok(forks.run("init", W / "store"))
+    session = CodexSession()
+    session.turn("fix the login timeout", "fixed", tools=2)
+    session.compact()
+    session.turn("deploy to staging")
+    session.turn("and the docs", tools=0)
+    day = W / "sessions" / "2026" / "11" / "30"
+    day.mkdir(parents=True)
+    (day / f"rollout-2026-11-30T21-30-12-{session.thread_id}.jsonl").write_bytes(session.data())
+
+
+def setup_ingest_claude(forks, W):
+    from harness_samples import ClaudeSession
+    ok(forks.run("init", W / "store"))
+    project = W / "projects" / "-repo"
+    (project / "s-1" / "subagents").mkdir(parents=True)
+    main = ClaudeSession("s-1")
+    main.prompt("one")
+    main.say("a")
+    main.sidechain("inline task", "inline answer")
+    main.prompt("two")
+    main.say("b")
+    (project / "s-1.jsonl").write_bytes(main.data())
+    agent = ClaudeSession("s-1", agent_id="b222")
+    agent.prompt("agent task", isSidechain=True)
+    (project / "s-1" / "subagents" / "agent-b222.jsonl").write_bytes(agent.data())
+
+
+INGESTED = {"ingest-codex": {"codex/0199a0b1-0000-7000-8000-000000000001":
+                              "sessions/2026/11/30/rollout-2026-11-30T21-30-12-0199a0b1-0000-7000-8000-000000000001.jsonl"},
+            "ingest-claude": {"claude/s-1": "projects/-repo/s-1.jsonl",
+                              "claude/s-1/agents/b222": "projects/-repo/s-1/subagents/agent-b222.jsonl"}}
+
+
+def ingested_files_read_back(W, scenario) -> list | None:
+    """Problems: each ingested session file whose thread's `rollout cat` differs from it."""
+    from agentcas import Store
+    store = Store.open(str(Path(W) / "store"))
+    problems = []
+    for thread, rel in INGESTED[scenario].items():
+        data = b"".join(store.rollout_read(thread))
+        if data != (Path(W) / rel).read_bytes():
+            problems.append(f"{thread}: rollout cat is {len(data)} bytes, the file {(Path(W) / rel).stat().st_size}")
+    return problems or None
+
+
 SCENARIOS = [
     Scenario("commit", setup_commit, ["--store", "{W}/store", "commit", "{W}/ws", "-m", "first"]),
     Scenario("commit-many", setup_commit_many, ["--store", "{W}/store", "commit", "{W}/many", "-m", "many files",
@@ -213,6 +265,10 @@ SCENARIOS = [
     Scenario("checkout", setup_checkout, ["--store", "{W}/store", "checkout", "main", "{W}/out"], dest="out"),
     Scenario("export", setup_export, ["--store", "{W}/store", "export", "main", "-o", "{W}/out.bundle"],
              bundle="out.bundle"),
+    Scenario("ingest-codex", setup_ingest_codex, ["--store", "{W}/store", "ingest", "codex", "{W}/sessions"],
+             steps=True, check="test_crashpoints:ingested_files_read_back"),
+    Scenario("ingest-claude", setup_ingest_claude, ["--store", "{W}/store", "ingest", "claude", "{W}/projects"],
+             steps=True, check="test_crashpoints:ingested_files_read_back"),
 ]
 
 
@@ -274,7 +330,7 @@ class Walk:
                                          self.bundle, None if self.s.again else new_states))
             after, retry, final = checked.value["after"], checked.value["retry"], checked.value["final"]
             self.assert_clean(after, point)
-            landed = self.check_old_or_new(after, old_states, new_states, new, point)
+            landed = self.s.steps or self.check_old_or_new(after, old_states, new_states, new, point)
             if retry is not None:
                 allowed = (0,) + self.s.retry_ok if landed else (0,)
                 assert retry["code"] in allowed or (landed and (self.dest or self.bundle)), \
@@ -286,6 +342,9 @@ class Walk:
                     [s["objects"] for s in new["stores"].values()], f"{self.s.name} {point}: gc retry"
             for name in ("dest", "bundle"):
                 assert final.get(name) == new.get(name), f"{self.s.name} {point}: {name} after the retry"
+            if self.s.check:
+                problems = ok(self.forks.call(self.s.check, str(self.W), self.s.name)).value
+                assert problems is None, f"{self.s.name} {point}: {problems}"
         print(f"{self.s.name}: {len(numbers)} of {len(labels)} points: " + " ".join(
             f"{label} x{labels.count(label)}" for label in sorted(set(labels))))
         return len(numbers)

@@ -105,7 +105,9 @@ class FaultWalk(Walk):
         return injected
 
 
-FAULT_SCENARIOS = [s for s in SCENARIOS]
+# Not ingest (`steps`): it moves its thread once per turn, so a failed step leaves the turns
+# before it, which this walk's old-or-new rule does not allow; its crash walk covers it.
+FAULT_SCENARIOS = [s for s in SCENARIOS if not s.steps]
 
 
 @pytest.mark.parametrize("scenario", FAULT_SCENARIOS, ids=[s.name for s in FAULT_SCENARIOS])

@@ -14,6 +14,7 @@ import pytest
 
 from agentcas.cas.metastore.base import MetadataUnavailable
 from agentcas.cas.metastore.postgres import SCHEMA_VERSION, PostgresMetadataStore, SchemaMissing, SchemaTooNew
+from conftest import run_cli
 from services import PG_PASSWORD, PostgresServer
 
 
@@ -119,3 +120,109 @@ def test_a_server_killed_inside_a_write_reruns_the_whole_write(own_postgres, mon
 def test_the_url_must_be_postgresql():
     with pytest.raises(ValueError):
         PostgresMetadataStore("mysql://x@y/z")
+
+
+# --- a hung server: it accepts connections (the kernel does) but never answers ----------------
+
+@pytest.fixture
+def hung_postgres(own_postgres, monkeypatch):
+    """own_postgres with a 1 s statement bound ($AGENTCAS_PG_TIMEOUT); resumed at the end."""
+    monkeypatch.setenv("AGENTCAS_PG_TIMEOUT", "1")
+    yield own_postgres
+    own_postgres.resume()
+
+
+def assert_named_unavailable(raised, server, began) -> None:
+    message = str(raised.value)
+    assert message.startswith(f"PostgreSQL at 127.0.0.1:{server.port}/") and "unavailable after" in message
+    assert "\n" not in message and PG_PASSWORD not in message
+    assert time.monotonic() - began < 30  # bounded (retry 3 s + one connect or answer bound)
+
+
+def test_a_hung_server_gives_a_bounded_wait_then_names_postgresql(hung_postgres):
+    url = hung_postgres.create_database()
+    store = PostgresMetadataStore(url, create=True)
+    store.write(lambda txn: txn.put("refs", b"t", b"1"))  # a pooled connection, open when it hangs
+    hung_postgres.hang()
+    for operation in (lambda: store.write(lambda txn: txn.put("refs", b"t", b"2")),
+                      lambda: store.reader().__enter__(), lambda: PostgresMetadataStore(url)):
+        began = time.monotonic()
+        with pytest.raises(MetadataUnavailable) as raised:
+            operation()
+        assert_named_unavailable(raised, hung_postgres, began)
+        assert "no answer within" in str(raised.value) or "timeout expired" in str(raised.value)
+    hung_postgres.resume()
+    with store.reader() as txn:  # the abandoned connections are replaced
+        # The first write's BEGIN, INSERT and COMMIT went out in one pipeline before the
+        # server stopped: it reads them when it resumes, and may commit what the client
+        # called failed (a COMMIT whose answer is lost: the module doc's unknown outcome).
+        assert txn.get("refs", b"t") in (b"1", b"2")
+    store.write(lambda txn: txn.put("refs", b"t", b"3"))
+    store.close()
+
+
+def test_a_server_that_stops_answering_mid_transaction(hung_postgres):
+    store = PostgresMetadataStore(hung_postgres.create_database(), create=True)
+    store.write(lambda txn: txn.put("refs", b"t", b"old"))
+    runs = []
+
+    def move(txn):
+        runs.append(1)
+        assert txn.get("refs", b"t", for_update=True) == b"old"  # the row locked, the transaction open
+        if len(runs) == 1:
+            hung_postgres.hang()
+        assert txn.compare_and_set("refs", b"t", b"old", b"new")
+        txn.put("reflog", b"entry", b"old -> new")
+        txn.get("refs", b"other")  # waits for an answer that does not come
+        return "moved"
+    began = time.monotonic()
+    with pytest.raises(MetadataUnavailable) as raised:
+        store.write(move)
+    assert_named_unavailable(raised, hung_postgres, began)
+    hung_postgres.resume()
+    with store.reader() as txn:  # the open transaction never committed
+        assert txn.get("refs", b"t") == b"old" and txn.get("reflog", b"entry") is None
+    assert store.write(move) == "moved"  # and its lock is gone
+    store.close()
+
+
+def test_a_hung_client_holding_a_row_lock_is_bounded_by_the_server(hung_postgres):
+    """A client that stopped inside a transaction holding the ref's row lock: the server
+    cancels the waiting statement (statement_timeout), so the move fails in bounded time
+    naming PostgreSQL; once the holder is gone the move lands."""
+    store = PostgresMetadataStore(hung_postgres.create_database(), create=True)
+    store.write(lambda txn: txn.put("refs", b"t", b"old"))
+    holder = PostgresMetadataStore(store.url)._connect()  # with agentcas's session settings
+    holder.execute("BEGIN")
+    holder.execute("SELECT value FROM agentcas_kv WHERE tbl = 'refs' AND key = 't' FOR UPDATE")
+    began = time.monotonic()
+    with pytest.raises(MetadataUnavailable) as raised:
+        store.write(lambda txn: txn.compare_and_set("refs", b"t", b"old", b"new"))
+    assert_named_unavailable(raised, hung_postgres, began)
+    assert "statement timeout" in str(raised.value)
+    holder.close()
+    assert store.write(lambda txn: txn.compare_and_set("refs", b"t", b"old", b"new"))
+    store.close()
+
+
+def test_a_commit_to_a_shared_store_on_a_hung_server(hung_postgres, s3_url, workspace, tmp_path):
+    """The CLI: one line naming PostgreSQL, exit 1, nothing landed; after the server
+    resumes, the rerun commits and fsck is clean."""
+    env = {"AGENTCAS_STORE": s3_url, "AGENTCAS_REFS": hung_postgres.create_database(),
+           "AGENTCAS_CACHE_DIR": str(tmp_path / "cache")}
+    assert run_cli("init", env=env).code == 0
+    assert run_cli("commit", workspace, "-m", "before", env=env).code == 0
+    (workspace / "new.txt").write_text("after the hang\n")
+    hung_postgres.hang()
+    began = time.monotonic()
+    hung = run_cli("commit", workspace, "-m", "during", env=env, timeout=90)
+    assert hung.code == 1 and hung.out == "", hung
+    assert hung.err.count("\n") == 1 and hung.err.startswith(
+        f"agentcas: error: PostgreSQL at 127.0.0.1:{hung_postgres.port}/"), hung.err
+    assert "unavailable after" in hung.err and PG_PASSWORD not in hung.err
+    assert time.monotonic() - began < 60
+    hung_postgres.resume()
+    log = run_cli("--json", "log", "main", env=env).json()
+    assert [c["reason"] for c in log["checkpoints"]] == ["before"]
+    assert run_cli("commit", workspace, "-m", "after", env=env).code == 0
+    assert run_cli("--json", "fsck", env=env).json()["ok"]

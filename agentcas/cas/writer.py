@@ -2,8 +2,15 @@
 
 One durable transaction (or one round of uploads) costs a fixed fee, so objects are
 collected and written in batches of about BATCH_BYTES. Objects already stored are
-skipped (one batched existence question, then put-if-absent). Each flush refreshes
-the writer's lease (cas/leases.py), so a long commit keeps gc from sweeping.
+skipped: one batched existence question, then put-if-absent. The question is asked
+only while it pays: a batch in which fewer than 1/PAYS_EVERY of the objects asked
+about were stored makes the next batches skip it (put-if-absent alone keeps the
+stored bytes; on S3 the question lists every stored key in the batch's range, so a
+first commit would list the store once per batch), and a batch whose put-if-absent
+found that many already stored turns it back on. Each flush refreshes the writer's
+lease (cas/leases.py), so a long commit keeps gc from sweeping. A writer made with
+`background` (a shared store's commit) writes each full batch on a thread while the
+caller goes on adding, one batch in flight at a time; flush() waits for it.
 """
 
 from __future__ import annotations
@@ -16,13 +23,14 @@ from agentcas.cas.source import ObjectSource
 
 BATCH_BYTES = 64 * 1024 * 1024  # measured here: 32 MiB 0.9 s, 64 MiB 0.55 s, 256 MiB 0.85 s per 256 MB
 BATCH_OBJECTS = crashpoints.batch_objects(4096)  # a test-only override makes more crash points
+PAYS_EVERY = 16  # the existence question pays while at least 1 in 16 objects asked about is stored
 
 
 class BatchWriter:
     """Collects framed objects and writes them in a few large batches."""
 
     def __init__(self, objects: ObjectSource, batch_bytes: int = BATCH_BYTES, lease: Lease | None = None,
-                 known=None):
+                 known=None, background: bool = False):
         # `known(keys)`: objects this machine knows are stored (a shared store's local cache),
         # skipped without asking the server; only for writers that re-check everything they
         # rely on before their ref moves (a commit's `needed`).
@@ -34,6 +42,13 @@ class BatchWriter:
         self._pending_bytes = 0
         self.written_objects = 0
         self.written_bytes = 0
+        self.asking = True  # ask which objects are stored before writing (see the module doc)
+        # `background`: a full batch is written on a thread while the caller goes on adding
+        # (uploads to a remote store overlap hashing); at most one batch is in flight, and
+        # flush() waits for it, so everything added is stored when flush() returns.
+        self.background = background
+        self._pool = None
+        self._in_flight = None
 
     def add(self, digest: Digest, framed: bytes) -> None:
         if digest.raw in self._pending:
@@ -41,18 +56,40 @@ class BatchWriter:
         self._pending[digest.raw] = framed
         self._pending_bytes += len(framed)
         if self._pending_bytes >= self.batch_bytes or len(self._pending) >= BATCH_OBJECTS:
-            self.flush()
+            self._flush(wait=not self.background)
 
     def flush(self) -> None:
+        """Store everything added so far (waiting for a batch still being written)."""
+        self._flush(wait=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def _flush(self, wait: bool) -> None:
+        if self._in_flight is not None:  # the previous batch first: its error is raised here
+            in_flight, self._in_flight = self._in_flight, None
+            in_flight.result()
         if not self._pending:
             return
         batch = self._pending
-        present = self.known(batch.keys()) if self.known is not None else set()
-        if len(present) < len(batch):
-            present |= self.objects.blobs.has_many([raw for raw in batch if raw not in present])
-        batch = {raw: framed for raw, framed in batch.items() if raw not in present}
         self._pending = {}
         self._pending_bytes = 0
+        if wait:
+            self._write(batch)
+            return
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="agentcas-writer")
+        self._in_flight = self._pool.submit(self._write, batch)
+
+    def _write(self, batch: dict) -> None:
+        present = self.known(batch.keys()) if self.known is not None else set()
+        if self.asking and len(present) < len(batch):
+            asked = [raw for raw in batch if raw not in present]
+            stored = self.objects.blobs.has_many(asked)
+            present |= stored
+            self.asking = len(stored) * PAYS_EVERY >= len(asked)
+        batch = {raw: framed for raw, framed in batch.items() if raw not in present}
         if self.lease is not None:
             self.lease.refresh()
         if not batch:
@@ -60,4 +97,6 @@ class BatchWriter:
         count, size = self.objects.put_many(batch)
         self.written_objects += count
         self.written_bytes += size
+        if (len(batch) - count) * PAYS_EVERY >= len(batch):
+            self.asking = True
         testing_hooks.reached("writer.after_batch")

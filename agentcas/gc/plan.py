@@ -6,7 +6,8 @@
    shared set of raw 32-byte digests. A missing or damaged object reachable from a
    root aborts gc (GcAborted, exit 4) before anything is deleted.
 2. Scan: the blob store is listed in key order (kind and written_at from each
-   value's 22-byte header, or from the listing where the backend gives them). An object is live (marked), held by grace (written less than
+   value's 22-byte header, read a window of objects at a time, or from the listing
+   where the backend gives them). An object is live (marked), held by grace (written less than
    `grace` ago: a `recent` root whose closure is then marked too), or a candidate.
    Candidates are kept as packed 32-byte keys in one bytearray per sweep level, so
    the plan costs ~32 bytes per garbage object and no Python object per object.
@@ -120,11 +121,32 @@ class GcPlan:
                 "notes": list(self.notes)}
 
 
-def _kind_and_age(objects, info) -> tuple[int | None, int]:
+HEADER_WINDOW = 1024  # listed objects whose headers are read together (in parallel on S3)
+
+
+def _with_headers(objects, listing, seen):
+    """(info, header) of each listed object, in order; header None where the listing gives
+    the kind or the object is marked. Headers are read HEADER_WINDOW objects at a time
+    (one request each on S3, so in parallel), so memory stays at one window."""
+    window = []
+
+    def flush():
+        need = [bytes(i.key) for i in window if i.kind is None and i.key not in seen]
+        got = objects.blobs.headers(need) if need else {}
+        for info in window:
+            yield info, got.get(bytes(info.key))
+        window.clear()
+    for info in listing:
+        window.append(info)
+        if len(window) >= HEADER_WINDOW:
+            yield from flush()
+    yield from flush()
+
+
+def _kind_and_age(info, header) -> tuple[int | None, int]:
     """(kind, written_at) of a listed object; kind None if it is gone since the listing."""
     if info.kind is not None:
         return info.kind, int(info.written_at)
-    header = objects.blobs.header(info.key)
     if header is None:
         return None, 0
     kind, _, _, written_at = framing.read_header(header)
@@ -166,7 +188,7 @@ def plan_gc(stores: Stores, now: float | None = None, grace: int = DEFAULT_GRACE
         signatures = mark_signatures(txn, objects, seen)
 
         young_interior: list[tuple[bytes, int]] = []
-        for info in stores.blobs.list():
+        for info, header in _with_headers(objects, stores.blobs.list(), seen):
             key = info.key
             total += 1
             pages.tick()
@@ -175,7 +197,7 @@ def plan_gc(stores: Stores, now: float | None = None, grace: int = DEFAULT_GRACE
                 live["bytes"] += info.size
                 continue
             try:
-                kind, written_at = _kind_and_age(objects, info)
+                kind, written_at = _kind_and_age(info, header)
             except IntegrityError as exc:
                 raise GcAborted(f"object {bytes(key).hex()} is corrupt ({exc}); gc deleted nothing "
                                 "(run 'agentcas fsck')") from None

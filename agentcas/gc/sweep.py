@@ -142,13 +142,14 @@ def _doomed(objects: ObjectSource, plan: GcPlan, keys: bytes, pages, sizes=None)
     """The batch's candidates still unmarked, still stored and still old; (keys, bytes)."""
     doomed, freed = [], 0
     marked = plan.marked
-    for index, start in enumerate(range(0, len(keys), KEY_SIZE)):
-        raw = keys[start:start + KEY_SIZE]
+    asked = [bytes(keys[start:start + KEY_SIZE]) for start in range(0, len(keys), KEY_SIZE)]
+    headers = objects.blobs.headers([raw for raw in asked if raw not in marked])  # in parallel on S3
+    for index, raw in enumerate(asked):
         if raw in marked:
             continue
         if pages is not None:
             pages.tick()
-        header = objects.blobs.header(raw)
+        header = headers.get(raw)
         if header is None:
             continue
         try:

@@ -29,6 +29,7 @@ import time
 import blake3
 from dataclasses import dataclass, field
 
+from agentcas.cas import crashpoints
 from agentcas.cas.sealed import seal, unseal
 from agentcas.errors import AgentcasError, ConflictError, IntegrityError, NotFound, UsageError
 from agentcas.harnesses import discovery
@@ -217,6 +218,7 @@ class IngestState:
             for key, value in rows:
                 txn.put("statcache", key, value)
         self.local.write(put)
+        crashpoints.reached("ingest.state.write")
         self._dirty.clear()
 
 

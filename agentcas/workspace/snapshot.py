@@ -166,7 +166,8 @@ class Snapshotter:
         # so a concurrent gc that removed an old object we deduplicated against is caught.
         self.needed: set[bytes] = set()
         self.allowed_secrets: set[str] = set()
-        self.writer = BatchWriter(objects, lease=lease, known=known)
+        # A shared store's writer uploads in the background while the workers go on hashing.
+        self.writer = BatchWriter(objects, lease=lease, known=known, background=known is not None)
         self._ignores: dict[str, object] = {}  # directory rel path -> its .agentcasignore spec
         self._started_ns = time.time_ns()
         self._buffers = threading.local()  # one read buffer per worker thread

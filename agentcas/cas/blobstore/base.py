@@ -80,6 +80,15 @@ class BlobStore(ABC):
         value = self.get(key)
         return None if value is None else bytes(value[:framing.HEADER_SIZE])
 
+    def headers(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        """{key: header} of the stored ones among `keys` (a remote backend asks in parallel)."""
+        found = {}
+        for key in keys:
+            head = self.header(key)
+            if head is not None:
+                found[bytes(key)] = head
+        return found
+
     def count(self) -> int:
         return sum(1 for _ in self.list())
 

@@ -230,6 +230,20 @@ class CachedBlobStore(BlobStore):
                 return bytes(got[:framing.HEADER_SIZE])
         return self.remote.header(key)
 
+    def headers(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        from agentcas.cas import framing
+        found, missing = {}, []
+        with self.local.reader() as txn:
+            for key in dict.fromkeys(bytes(k) for k in keys):
+                got = txn.get("objects", key)
+                if got is None:
+                    missing.append(key)
+                else:
+                    found[key] = bytes(got[:framing.HEADER_SIZE])
+        if missing:
+            found.update(self.remote.headers(missing))
+        return found
+
     def count(self) -> int:
         return self.remote.count()
 

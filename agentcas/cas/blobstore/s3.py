@@ -7,6 +7,14 @@ the first write of a key wins and a key's bytes never change. A gateway that ans
 501 to the condition (or `AGENTCAS_S3_CONDITIONAL_PUT=0`) gets HEAD-then-PUT instead:
 racing writers then may both write, harmless because both write the same bytes.
 
+A damaged leftover counts as absent: SeaweedFS (measured here) keeps an EMPTY object
+when a PUT's connection closes after its headers and before any body byte (a writer
+killed mid-upload), and If-None-Match then refuses every later write of that key. An
+object shorter than a frame header can be no object, so it is absent to every read
+(get, header, has_many, list: fsck and gc never see it) and a 412 on a key whose
+stored object is that short is answered by writing the bytes over it
+(unconditionally: they are the right bytes for that id).
+
 Existence is batched: a few keys are HEADed in parallel; many keys are answered from
 ListObjectsV2 over their key range, the sorted keys split into one segment per worker,
 each segment paged with `StartAfter` jumping straight to its next unanswered key, so a
@@ -23,6 +31,8 @@ only (any credential text in a message is masked). Unreachable, timed-out or 5xx
 requests are retried with exponential backoff for at most $AGENTCAS_RETRY_SECONDS
 (20 s), then BlobUnavailable("S3 at ENDPOINT (bucket B) ...").
 `requests` counts the HTTP requests sent, by operation (benchmarks, request budgets).
+Crash points (cas/crashpoints.py): `s3.put` after each object written, `s3.delete`
+after each DeleteObjects request.
 """
 
 from __future__ import annotations
@@ -33,9 +43,11 @@ import random
 import threading
 import time
 from collections import Counter
+from datetime import datetime
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Iterator, Mapping, Sequence
 
+from agentcas.cas import crashpoints, framing
 from agentcas.cas.blobstore.base import KEY_SIZE, BlobInfo, BlobStore, BlobUnavailable
 
 POOL_SIZE = int(os.environ.get("AGENTCAS_S3_CONNECTIONS", "16"))
@@ -54,6 +66,20 @@ _MISSING_CODES = {"404", "NoSuchKey", "NotFound"}
 def retry_seconds() -> float:
     """How long a failing request is retried before the service is called unavailable."""
     return float(os.environ.get("AGENTCAS_RETRY_SECONDS", "20"))
+
+
+def _parse_timestamp(text):
+    """An S3 timestamp (ISO 8601 in listings, else RFC 1123) as an aware datetime, fast."""
+    try:
+        return datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        from botocore.utils import parse_timestamp
+        return parse_timestamp(text)
+
+
+def _no_expect(request, **_):
+    if "Expect" in request.headers:
+        del request.headers["Expect"]
 
 
 def parse_url(url: str) -> tuple[str, str]:
@@ -91,10 +117,15 @@ class S3BlobStore(BlobStore):
             s3={"addressing_style": "path"} if self.endpoint else {})
         try:
             session = boto3.session.Session()
+            # A listing page carries 1,000 timestamps: dateutil's parser took most of a has_many's CPU.
+            session._session.get_component("response_parser_factory").set_parser_defaults(
+                timestamp_parser=_parse_timestamp)
             self._client = session.client("s3", endpoint_url=self.endpoint, region_name=self.region, config=config)
         except self._exceptions.BotoCoreError as exc:
             raise BlobUnavailable(f"{self.name}: {self._reason(exc)}") from None
         self._client.meta.events.register("before-send.s3", self._count_request)
+        # botocore asks before every PUT body (`Expect: 100-continue`): a round trip per object.
+        self._client.meta.events.register("before-sign.s3.PutObject", _no_expect)
         self._pool = ThreadPoolExecutor(max_workers=POOL_SIZE, thread_name_prefix="agentcas-s3")
         self._open_bucket(create)
 
@@ -206,7 +237,8 @@ class S3BlobStore(BlobStore):
 
         def attempt():
             try:
-                return self._client.get_object(Bucket=self.bucket, Key=name)["Body"].read()
+                body = self._client.get_object(Bucket=self.bucket, Key=name)["Body"].read()
+                return body if len(body) >= framing.HEADER_SIZE else None  # a damaged leftover
             except self._exceptions.ClientError as exc:
                 if self._missing(exc):
                     return None
@@ -223,16 +255,16 @@ class S3BlobStore(BlobStore):
         return {k: v for k, v in zip(keys, self._pool.map(self.get, keys)) if v is not None}
 
     def header(self, key):
-        from agentcas.cas import framing
         name = self._name(key)
 
         def attempt():
             try:
                 response = self._client.get_object(Bucket=self.bucket, Key=name,
                                                    Range=f"bytes=0-{framing.HEADER_SIZE - 1}")
-                return response["Body"].read()[:framing.HEADER_SIZE]
+                head = response["Body"].read()[:framing.HEADER_SIZE]
+                return head if len(head) == framing.HEADER_SIZE else None  # a damaged leftover
             except self._exceptions.ClientError as exc:
-                if self._missing(exc):
+                if self._missing(exc) or self._status(exc)[0] == 416:  # 416: an empty leftover
                     return None
                 raise
         try:
@@ -240,16 +272,25 @@ class S3BlobStore(BlobStore):
         except self._exceptions.ClientError as exc:
             raise self._refused(exc, f"to read {name}") from None
 
-    def _head(self, key: bytes) -> bool:
-        name = self._name(key)
+    def headers(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        """Ranged reads of many headers, in parallel on the pool (gc reads one per candidate)."""
+        keys = list(dict.fromkeys(bytes(k) for k in keys))
+        if len(keys) <= 1:
+            return super().headers(keys)
+        return {k: h for k, h in zip(keys, self._pool.map(self.header, keys)) if h is not None}
 
+    def _head(self, key: bytes) -> bool:
+        """Whether the object is stored whole enough to be an object (the module doc: damaged leftovers)."""
+        size = self._stored_size(self._name(key))
+        return size is not None and size >= framing.HEADER_SIZE
+
+    def _stored_size(self, name: str) -> int | None:
         def attempt():
             try:
-                self._client.head_object(Bucket=self.bucket, Key=name)
-                return True
+                return int(self._client.head_object(Bucket=self.bucket, Key=name)["ContentLength"])
             except self._exceptions.ClientError as exc:
                 if self._missing(exc):
-                    return False
+                    return None
                 raise
         try:
             return self._call(attempt)
@@ -286,7 +327,8 @@ class S3BlobStore(BlobStore):
             except self._exceptions.ClientError as exc:
                 raise self._refused(exc, f"to list {self._objects_prefix}") from None
             names = [item["Key"] for item in page.get("Contents", [])]
-            listed = {self._key(name) for name in names}
+            listed = {self._key(item["Key"]) for item in page.get("Contents", [])
+                      if int(item["Size"]) >= framing.HEADER_SIZE}  # a shorter one is damaged: absent
             if not names:
                 return present
             last_name = names[-1]
@@ -304,15 +346,22 @@ class S3BlobStore(BlobStore):
         if not self.conditional_put and self._head(key):
             return False
 
+        def write(options):
+            self._client.put_object(Bucket=self.bucket, Key=name, Body=value, **options)
+            crashpoints.reached("s3.put")
+            return True
+
         def attempt():
             options = {"IfNoneMatch": "*"} if self.conditional_put else {}
             try:
-                self._client.put_object(Bucket=self.bucket, Key=name, Body=value, **options)
-                return True
+                return write(options)
             except self._exceptions.ClientError as exc:
                 status, code = self._status(exc)
                 if status == 412 or code == "PreconditionFailed":
-                    return False
+                    # Already there, unless what is there is a damaged leftover (the module doc):
+                    # then these bytes, right for this id, replace it.
+                    size = self._stored_size(name)
+                    return size is not None and size < framing.HEADER_SIZE and write({})
                 raise
         try:
             return self._call(attempt)
@@ -341,6 +390,7 @@ class S3BlobStore(BlobStore):
 
         def attempt():
             errors = self._client.delete_objects(Bucket=self.bucket, Delete=request).get("Errors", [])
+            crashpoints.reached("s3.delete")
             failed = [e for e in errors if e.get("Code") not in ("NoSuchKey",)]
             if failed:
                 raise self._exceptions.ClientError(
@@ -370,7 +420,7 @@ class S3BlobStore(BlobStore):
         out = []
         for item in page.get("Contents", []):
             key = self._key(item["Key"])
-            if key is not None:
+            if key is not None and int(item["Size"]) >= framing.HEADER_SIZE:  # else a damaged leftover
                 out.append(BlobInfo(key, int(item["Size"]), item["LastModified"].timestamp(), None))
         return out
 

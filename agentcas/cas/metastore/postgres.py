@@ -34,7 +34,19 @@ caller sees the new value instead of the old one).
 
 Connections: a small per-process pool (one connection per concurrent transaction,
 kept idle for reuse, at most POOL_SIZE idle); after a fork the child opens its own.
+A hung server (it accepts connections but never answers, or stops answering inside a
+transaction) is bounded three ways, all from $AGENTCAS_PG_TIMEOUT (T, default 15 s):
+connecting (TCP, TLS, authentication) gives up after CONNECT_SECONDS (libpq's
+`connect_timeout`, unless the URL sets one); the server cancels a statement running
+longer than T (`statement_timeout`: e.g. waiting for a row lock that a hung client
+holds); and every wait for an answer ends after T + ANSWER_GRACE on the client
+(`_BoundedConnection.wait`), which closes the connection, since a stopped server
+cancels nothing. Each is a retryable error, so the operation is retried until
+$AGENTCAS_RETRY_SECONDS, then MetadataUnavailable. (No idle-in-transaction bound: gc
+plans inside one long read-only transaction while it lists the bucket.)
 `statements` and `connections` count what was sent (benchmarks, request budgets).
+Crash points (cas/crashpoints.py): `pg.open` before a write's COMMIT (or before an exchange
+that writes is sent), `pg.commit` after it.
 """
 
 from __future__ import annotations
@@ -50,6 +62,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
 
+from agentcas.cas import crashpoints
 from agentcas.cas.metastore.base import (TABLES, MetadataStore, MetadataUnavailable, MetaTxn, Read,
                                          prefix_end)
 
@@ -116,11 +129,38 @@ _MIGRATION_LOCK = 0x61676E74636173  # pg_advisory_xact_lock key: "agntcas"
 SCAN_PAGE = 1000
 POOL_SIZE = 8
 CONNECT_SECONDS = 5
+TIMEOUT_SECONDS = 15.0  # $AGENTCAS_PG_TIMEOUT: statement_timeout, and the client's wait (+ ANSWER_GRACE)
+ANSWER_GRACE = 2.0      # a live server's own cancel (statement_timeout) arrives before the client gives up
 
 
 def retry_seconds() -> float:
     """How long a failing operation is retried before the service is called unavailable."""
     return float(os.environ.get("AGENTCAS_RETRY_SECONDS", "20"))
+
+
+def timeout_seconds() -> float:
+    """How long one statement may take ($AGENTCAS_PG_TIMEOUT, seconds; 0 turns the bounds off)."""
+    return float(os.environ.get("AGENTCAS_PG_TIMEOUT", str(TIMEOUT_SECONDS)))
+
+
+class NoAnswer(psycopg.OperationalError):
+    """The server sent no answer in time: the connection was closed (a retryable error)."""
+
+
+class _BoundedConnection(psycopg.Connection):
+    """A connection whose every wait for the server (a statement, a pipeline sync, a
+    COMMIT) ends after `answer_seconds`: a hung server becomes a dropped connection."""
+
+    answer_seconds: float | None = None
+
+    def wait(self, gen, interval=getattr(psycopg.connection, "_WAIT_INTERVAL", 0.1), timeout=None):
+        if timeout is None:
+            timeout = self.answer_seconds
+        try:
+            return super().wait(gen, interval=interval, timeout=timeout)
+        except psycopg.errors._WaitTimeout:
+            self.close()  # its state is unknown: never reused, never sent a ROLLBACK
+            raise NoAnswer(f"no answer within {timeout:g}s (server hung or overloaded)") from None
 
 
 class SchemaMissing(MetadataUnavailable):
@@ -132,7 +172,7 @@ class SchemaTooNew(MetadataUnavailable):
 
 
 _RETRYABLE = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, psycopg.OperationalError,
-              psycopg.InterfaceError)
+              psycopg.InterfaceError, pg_errors.IdleInTransactionSessionTimeout)  # the last: a server's own bound
 # Connection errors no retry can fix.
 _FINAL_MARKERS = ("authentication failed", "does not exist", "no password supplied", "permission denied",
                   "no pg_hba.conf entry", "role ")
@@ -291,6 +331,7 @@ class PostgresMetadataStore(MetadataStore):
         except psycopg.ProgrammingError:
             raise MetadataUnavailable("not a valid PostgreSQL URL (postgresql://USER@HOST:PORT/DB)") from None
         self._dsn = dsn
+        self._params = params
         self._secrets = [s for s in (params.get("password"), os.environ.get("PGPASSWORD")) if s]
         host = str(params.get("host") or os.environ.get("PGHOST") or "localhost")
         port = str(params.get("port") or os.environ.get("PGPORT") or "5432")
@@ -331,8 +372,19 @@ class PostgresMetadataStore(MetadataStore):
 
     def _connect(self) -> psycopg.Connection:
         self.connections += 1
-        return psycopg.connect(self._dsn, autocommit=True, connect_timeout=CONNECT_SECONDS,
-                               application_name="agentcas")
+        bound = timeout_seconds()
+        options = {}
+        if "connect_timeout" not in self._params:
+            options["connect_timeout"] = CONNECT_SECONDS
+        if bound > 0:
+            # Ours first: settings the URL gives in its own `options` come later and win.
+            ms = max(1, int(bound * 1000))
+            options["options"] = " ".join(filter(None, (
+                f"-c statement_timeout={ms}",
+                self._params.get("options"))))
+        conn = _BoundedConnection.connect(self._dsn, autocommit=True, application_name="agentcas", **options)
+        conn.answer_seconds = bound + ANSWER_GRACE if bound > 0 else None
+        return conn
 
     def _acquire(self) -> psycopg.Connection:
         with self._pool_lock:
@@ -387,11 +439,13 @@ class PostgresMetadataStore(MetadataStore):
                 txn = _PgTxn(self, conn, writable=True, begin=f"BEGIN ISOLATION LEVEL {isolation}")
                 try:
                     result = attempt(txn)
+                    crashpoints.reached("pg.open")  # the changes made, not committed
                     txn.commit()
                 except BaseException:
                     self._rollback(conn)
                     raise
                 self._release(conn)
+                crashpoints.reached("pg.commit")
                 return result
             except _RETRYABLE as exc:
                 if conn is not None:
@@ -486,7 +540,12 @@ class PostgresMetadataStore(MetadataStore):
         def attempt(conn):
             self.statements += 1
             self.round_trips += 1
-            return conn.execute(sql, params).fetchone()
+            if writes:
+                crashpoints.reached("pg.open")  # nothing sent yet: the exchange is one statement
+            row = conn.execute(sql, params).fetchone()
+            if writes:
+                crashpoints.reached("pg.commit")
+            return row
 
         try:
             applied, schema, keys, vals = self._autocommit_retrying(attempt)
