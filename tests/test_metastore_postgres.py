@@ -54,13 +54,14 @@ def test_the_url_and_errors_never_carry_the_password(postgres_server, postgres_u
     store = PostgresMetadataStore(with_password, create=True)
     assert PG_PASSWORD not in store.url and store.url == postgres_url
     wrong = "not-the-password-x1"
+    monkeypatch.setenv("AGENTCAS_RETRY_SECONDS", "120")  # a retrying client would take this long
     started = time.monotonic()
     with pytest.raises(MetadataUnavailable) as raised:
         PostgresMetadataStore(f"postgresql://agentcas:{wrong}@{host_part}")
     message = str(raised.value)
     assert message.startswith(f"PostgreSQL at 127.0.0.1:{postgres_server.port}/")
     assert "authentication failed" in message and wrong not in message and "\n" not in message
-    assert time.monotonic() - started < 3  # a refusal is final: no retries
+    assert time.monotonic() - started < 60  # a refusal is final: no retries (they would take 120 s)
     store.close()
 
 
@@ -88,7 +89,7 @@ def test_a_stopped_server_is_retried_then_named(own_postgres):
         message = str(raised.value)
         assert message.startswith(f"PostgreSQL at 127.0.0.1:{own_postgres.port}/") and "unavailable after" in message
         assert "\n" not in message and PG_PASSWORD not in message
-        assert 2.5 <= elapsed < 10
+        assert 2.5 <= elapsed < 40  # slack for a loaded machine
     own_postgres.start()
     with store.reader() as txn:  # the same store: its dead pooled connections are replaced
         assert txn.get("refs", b"t") == b"1"
