@@ -62,6 +62,8 @@ SEALED = " + pending writes"
 _CACHED_CHECKPOINTS = 4
 _MAX_RETRIES = 64
 _MAX_EARLY = 256  # checkpoints whose writes wait for their put
+_RECENT_RECORDS = 16  # a put looks this far back for bytes its new items repeat
+_MIN_REFERENCE = 48  # shorter items are stored inline (a reference is ~30 bytes)
 
 
 class CorruptCheckpoint(IntegrityError):
@@ -117,6 +119,17 @@ def _decode_record(data: bytes) -> dict:
         raise ValueError("the record's lengths do not add up")
     doc["checkpoint"]["v"], doc["metadata"]["v"] = rest[:n], rest[n:]
     return doc
+
+
+def _item_record(channel: str, kind: str, data: bytes, earlier) -> dict:
+    """An item record: the serde bytes inline (base64), or, when an earlier record of the same
+    history holds exactly these bytes, where: `"r"` its seq, `"o"` the offset, `"n"` the length."""
+    if len(data) >= _MIN_REFERENCE:
+        for seq, value in earlier():
+            at = value.find(data)
+            if at >= 0:
+                return {"k": "item", "ch": channel, "t": kind, "r": seq, "o": at, "n": len(data)}
+    return {"k": "item", "ch": channel, "t": kind, "v": _b64(data)}
 
 
 def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
@@ -202,6 +215,7 @@ class _Records:
         self.item_records: dict[str, list[dict]] = {}
         self.decoded: dict[str, list] = {}
         self.writes: dict[str, list[tuple[int, dict]]] = {}
+        self.by_seq: dict[int, dict] = dict(records)  # what an item's reference ("r") names
         for seq, record in records:
             if record["k"] == "item":
                 self.item_seqs.setdefault(record.get("ch"), []).append(seq)
@@ -360,12 +374,15 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         values = {path[len(VALUES) + 1:]: data for path, data in files.items() if path.startswith(VALUES + "/")}
         return doc, values, entries
 
-    def _records(self, position: HistoryPosition, start: int, node: _Node) -> list[tuple[int, dict]]:
-        """(seq, record) of the rollout records start <= seq < position.seq that the saver wrote."""
-        if start >= position.seq:
+    def _records(self, position: HistoryPosition, start: int, node: _Node,
+                 stop: int | None = None) -> list[tuple[int, dict]]:
+        """(seq, record) of the rollout records start <= seq < stop (default: position.seq)
+        that the saver wrote."""
+        stop = position.seq if stop is None else min(stop, position.seq)
+        if start >= stop:
             return []
         try:
-            data = self.store.read_history(position, start, position.seq)
+            data = self.store.read_history(position, start, stop)
         except IntegrityError as exc:
             raise CorruptCheckpoint(f"LangGraph checkpoint {node.lg_id} (agentcas checkpoint "
                                     f"{node.digest.hex()}): history: {exc}") from None
@@ -378,6 +395,25 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
             if isinstance(record, dict) and record.get("k") in ("item", "write"):
                 out.append((seq, record))
         return out
+
+    def _item_bytes(self, record: dict, records: "_Records", position: HistoryPosition, node: _Node) -> bytes:
+        """An item record's serde bytes: inline, or the slice of the earlier record it names."""
+        if "r" not in record:
+            return _unb64(record["v"])
+        try:
+            seq, at, n = record["r"], record["o"], record["n"]
+            if not all(type(x) is int and x >= 0 for x in (seq, at, n)):
+                raise ValueError("a reference is not three counts")
+            target = records.by_seq.get(seq)
+            if target is None:  # before the indexed range: read just that record
+                target = dict(self._records(position, seq, node, seq + 1)).get(seq)
+            data = _unb64(target["v"])[at:at + n]
+            if len(data) != n:
+                raise ValueError(f"record {seq} is shorter than the slice named")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptCheckpoint(f"LangGraph checkpoint {node.lg_id} (agentcas checkpoint {node.digest.hex()}): "
+                                    f"an item's reference to an earlier record is broken: {exc}") from None
+        return data
 
     def _load(self, value: dict, data: bytes, node: _Node):
         try:
@@ -425,7 +461,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                 base = items.get("base")
                 out = list(self._load(base, files[base["file"]], node)) if base else []
                 out.extend(records.items(ch, items["from"], node.history.seq, lambda r: self._load(
-                    r, _unb64(r["v"]), node)))
+                    r, self._item_bytes(r, records, state.history, node), node)))
                 values[ch] = out
         writes: dict[tuple[str, int], tuple] = {}
         for other_ref, other_state in lines:
@@ -548,10 +584,18 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         parent_id = conf.get("checkpoint_id")
         metadata = get_checkpoint_metadata(config, metadata)
         with self._lock:
-            self._land(f"put {checkpoint['id']}", lambda: self._put_once(
-                name, thread_id, ns, parent_id, checkpoint, metadata, new_versions))
             early = self._early.pop((name, checkpoint["id"]), [])
-        for writes, task_id, task_path in early:
+            # Writes that came before their checkpoint land in the put's own move (one ref move,
+            # one segment), unless they stop the graph: those are sealed by put_writes.
+            inline = early if not any(c in (ERROR, INTERRUPT) for w, _, _ in early for c, _ in w) else []
+            try:
+                self._land(f"put {checkpoint['id']}", lambda: self._put_once(
+                    name, thread_id, ns, parent_id, checkpoint, metadata, new_versions, inline))
+            except BaseException:
+                if early:
+                    self._early[(name, checkpoint["id"])] = early
+                raise
+        for writes, task_id, task_path in early if not inline else []:
             self.put_writes(_config(thread_id, ns, checkpoint["id"]), writes, task_id, task_path)
         return _config(thread_id, ns, checkpoint["id"])
 
@@ -572,7 +616,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                 lists[ch] = full.checkpoint["channel_values"].get(ch, [])
         return doc["channels"], lists, entries
 
-    def _put_once(self, name, thread_id, ns, parent_id, checkpoint, metadata, new_versions):
+    def _put_once(self, name, thread_id, ns, parent_id, checkpoint, metadata, new_versions, early=()):
         line = self._refresh(name)
         expected = line.head()
         parent = line.nodes.get(line.by_id.get(parent_id)) if parent_id else None
@@ -586,6 +630,12 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         held = line.refs.get(holder) if holder is not None else None
         base = held.history if held is not None else parent.history if parent is not None else EMPTY_POSITION
         values = checkpoint["channel_values"]
+        recent: list = []
+
+        def earlier():  # read only when a list grew
+            if not recent:
+                recent.append(self._recent_values(line, parent, base))
+            return recent[0]
         channels: dict[str, dict] = {}
         files: dict[str, Any] = {}
         lists: dict[str, list] = {}
@@ -621,7 +671,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                     files[f"{VALUES}/{base_file['file']}"] = parent_entries[base_file["file"]]
                 for item in value[len(previous):]:
                     kind, data = self.serde.dumps_typed(item)
-                    records.append(json.dumps({"k": "item", "ch": ch, "t": kind, "v": _b64(data)},
+                    records.append(json.dumps(_item_record(ch, kind, data, earlier),
                                               separators=(",", ":")).encode() + b"\n")
                 lists[ch] = list(value)
                 continue
@@ -649,6 +699,8 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         step, source = metadata.get("step", "?"), metadata.get("source", "?")
         reason = f"langgraph step {step} {quote(str(source), safe='')} {quote(checkpoint['id'], safe='')}"
         parents = (parent.digest,) if parent is not None else ()
+        items = len(records)
+        records += self._write_records(checkpoint["id"], early)
 
         with self.store.lineage_writer(f"langgraph put {name}") as writer:
             prepared = writer.prepare_records(b"".join(records)) if records else []
@@ -658,10 +710,12 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                 state = view.thread(name)
                 if state != expected or (holder not in (None, name) and view.thread(holder) != held):
                     raise _Retry()
-                history = view.link(base, prepared)
-                digest = view.commit(name, tree, parents, reason, history, self.author)
+                # The checkpoint's own position ends its items; the writes that came early follow it.
+                history, (own,) = view.link_marked(base, prepared, (items,))
+                digest = view.commit(name, tree, parents, reason, own, self.author)
                 self._move(view, name, state, parent, ThreadState(
-                    digest, history, state.forked_from if state is not None else None), reason)
+                    digest, history, state.forked_from if state is not None else None), f"step {step}",
+                    history == own)
                 return digest
 
             digest = writer.land(final)
@@ -674,7 +728,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
 
     @staticmethod
     def _move(view, name: str, state: ThreadState | None, parent: _Node | None, new: ThreadState,
-              reason: str) -> None:
+              reason: str, history_implied: bool = False) -> None:
         """Move thread `name` to `new`; a head that is not `new`'s parent is kept as a branch."""
         if state is not None and state.checkpoint is not None and (parent is None or state.checkpoint != parent.digest):
             branches = view.threads(name + "/branches")
@@ -690,7 +744,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
             for branch, bstate in branches.items():
                 if parent_raw is not None and bstate.checkpoint is not None and bstate.checkpoint.raw == parent_raw:
                     view.set_thread(branch, bstate, None, "langgraph-branch", "the thread moved onto this branch")
-        if not view.set_thread(name, state, new, "langgraph", reason):
+        if not view.set_thread(name, state, new, "langgraph", reason, history_implied):
             raise _Retry()
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
@@ -715,18 +769,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
     def _put_writes_once(self, name, thread_id, ns, checkpoint_id, writes, task_id, task_path):
         line = self._refresh(name)
         node = line.nodes[line.by_id[checkpoint_id]]
-        have = set()
-        existing_keys = self._write_keys(line, node)
-        records = []
-        for idx, (channel, value) in enumerate(writes):
-            key = (task_id, WRITES_IDX_MAP.get(channel, idx))
-            if key[1] >= 0 and key in existing_keys or key in have:
-                continue
-            have.add(key)
-            kind, data = self.serde.dumps_typed(value)
-            records.append(json.dumps({"k": "write", "cp": checkpoint_id, "task": task_id, "path": task_path,
-                                       "idx": key[1], "ch": channel, "t": kind, "v": _b64(data)},
-                                      separators=(",", ":")).encode() + b"\n")
+        records = self._write_records(checkpoint_id, [(writes, task_id, task_path)], self._write_keys(line, node))
         if not records:
             return
         ref, expected = line.lines_through(node)[0]
@@ -744,7 +787,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                 if state != expected:
                     raise _Retry()
                 history = view.link(state.history, prepared)
-                message = f"writes of task {task_id} on {checkpoint_id}"
+                message = f"{len(records)} writes"
                 checkpoint = state.checkpoint
                 if seal:
                     cp = view.checkpoint(node.digest)
@@ -758,6 +801,37 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
             sealed = writer.land(final)
         if seal and node.digest.raw in self._values:
             self._values[sealed.raw] = self._values[node.digest.raw]
+
+    def _write_records(self, checkpoint_id: str, batches, existing: set = frozenset()) -> list[bytes]:
+        """The write records of put_writes batches [(writes, task_id, task_path)] against
+        `checkpoint_id`, deduplicated by (task, idx) as LangGraph's savers do: a regular
+        write already stored (`existing`, or an earlier batch) is not stored again."""
+        seen, records = set(existing), []
+        for writes, task_id, task_path in batches:
+            have = set()
+            for idx, (channel, value) in enumerate(writes):
+                key = (task_id, WRITES_IDX_MAP.get(channel, idx))
+                if key[1] >= 0 and key in seen or key in have:
+                    continue
+                have.add(key)
+                kind, data = self.serde.dumps_typed(value)
+                records.append(json.dumps({"k": "write", "cp": checkpoint_id, "task": task_id, "path": task_path,
+                                           "idx": key[1], "ch": channel, "t": kind, "v": _b64(data)},
+                                          separators=(",", ":")).encode() + b"\n")
+            seen |= have
+        return records
+
+    def _recent_values(self, line: _Line, parent: "_Node | None", base: HistoryPosition) -> list[tuple[int, bytes]]:
+        """(seq, value bytes) of the write records between the parent's position and `base`
+        (its pending writes on the line this put continues): the bytes a new list item may
+        name instead of repeating them (a message is usually its input's write)."""
+        if parent is None:
+            return []
+        start = line.first_version(parent).history.seq
+        if not 0 < base.seq - start <= _RECENT_RECORDS:
+            return []
+        return [(seq, _unb64(r["v"])) for seq, r in self._records(base, start, parent)
+                if r["k"] == "write" and isinstance(r.get("v"), str)]
 
     def _write_keys(self, line: _Line, node: _Node) -> set:
         keys = set()
