@@ -63,6 +63,7 @@ _CACHED_CHECKPOINTS = 4
 _MAX_RETRIES = 64
 _MAX_EARLY = 256  # checkpoints whose writes wait for their put
 _RECENT_RECORDS = 8  # a new record looks this many records back for bytes it repeats
+_CACHED_TAILS = 16
 _MIN_REFERENCE = 48  # shorter items are stored inline (a reference is ~30 bytes)
 _RECORD_VALUE_BYTES = 4096  # a whole value up to this size is a record; a larger one a file (deduplicated)
 
@@ -279,6 +280,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         self._lines: dict[str, _Line] = {}
         self._values: OrderedDict = OrderedDict()  # digest raw -> (channels doc, {ch: list}, {file: TreeEntry})
         self._early: dict[tuple[str, str], list] = {}  # writes for checkpoints not stored yet
+        self._tails: OrderedDict = OrderedDict()  # history position -> its last records' inline bytes
 
     # -- life cycle -----------------------------------------------------------------------------
     @classmethod
@@ -755,14 +757,17 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                 if state != expected or (holder not in (None, name) and view.thread(holder) != held):
                     raise _Retry()
                 # The checkpoint's own position ends its items; the writes that came early follow it.
-                history, (own,) = view.link_marked(base, prepared, (items,))
-                digest = view.commit(name, tree, parents, reason, own, self.author)
+                history, (position,) = view.link_marked(base, prepared, (items,))
+                digest = view.commit(name, tree, parents, reason, position, self.author)
                 self._move(view, name, state, parent, ThreadState(
                     digest, history, state.forked_from if state is not None else None), f"step {step}",
-                    history == own)
+                    history == position)
+                landed[:] = [history]
                 return digest
 
+            landed: list = []
             digest = writer.land(final)
+            self._remember_tail(base, landed[0], records)
         entries = {k[len(VALUES) + 1:]: v for k, v in self.store.tree_files(tree, content=False).items()
                    if k.startswith(VALUES + "/")}
         self._values[digest.raw] = (channels, lists, entries)
@@ -838,6 +843,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                 if state != expected:
                     raise _Retry()
                 history = view.link(state.history, prepared)
+                landed[:] = [state.history, history]
                 message = f"{len(records)} writes"
                 checkpoint = state.checkpoint
                 if seal:
@@ -849,7 +855,9 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                     raise _Retry()
                 return checkpoint
 
+            landed: list = []
             sealed = writer.land(final)
+            self._remember_tail(*landed, records)
         if seal and node.digest.raw in self._values:
             self._values[sealed.raw] = self._values[node.digest.raw]
 
@@ -872,9 +880,29 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
             seen |= have
         return records
 
+    def _remember_tail(self, base: HistoryPosition, head: HistoryPosition, records: list[bytes]) -> None:
+        """Keep the inline bytes of the records this saver just appended (base -> head), so the
+        next write on that head need not read them back from the store."""
+        if head.seq != base.seq + len(records):
+            return
+        new = []
+        for i, line in enumerate(records):
+            record = json.loads(line)
+            if "x" in record:
+                new.append((base.seq + i, _value_bytes(record)))
+        before = self._tails.pop(base, [])
+        self._tails[head] = (new[::-1] + before)[:_RECENT_RECORDS] if head.seq - base.seq < _RECENT_RECORDS \
+            else new[::-1][:_RECENT_RECORDS]
+        while len(self._tails) > _CACHED_TAILS:
+            self._tails.popitem(last=False)
+
     def _recent_values(self, position: HistoryPosition, node: _Node) -> list[tuple[int, bytes]]:
         """(seq, inline bytes) of the saver records among the last _RECENT_RECORDS of the history
-        at `position`, newest first: what a new record may name instead of repeating it."""
+        at `position`, newest first: what a new record may name instead of repeating it (from
+        what this saver appended there, else read back)."""
+        kept = self._tails.get(position)
+        if kept is not None:
+            return [(seq, data) for seq, data in kept if seq >= position.seq - _RECENT_RECORDS]
         out = []
         for seq, r in self._records(position, max(0, position.seq - _RECENT_RECORDS), node):
             if "x" in r or "v" in r:
