@@ -116,16 +116,90 @@ def test_each_checkpoint_is_an_agentcas_checkpoint_and_messages_are_rollout_item
 
 
 def test_an_unchanged_channel_is_never_stored_twice(saver):
-    big = "x" * 5000
-    first = put(saver, "u", values={"a": "v1", "b": big}, step=0)
-    second = put(saver, "u", parent=first, values={"a": "v2", "b": big}, versions={"a": 2, "b": 1},
+    """A large value is a file (an unchanged one keeps its blob); a small one a record in the
+    history (an unchanged one keeps naming that record)."""
+    big, small = "x" * 5000, "kept " * 20
+    first = put(saver, "u", values={"a": "v1", "b": big, "c": small}, versions={"a": 1, "b": 1, "c": 1}, step=0)
+    second = put(saver, "u", parent=first, values={"a": "v2", "b": big, "c": small}, versions={"a": 2, "b": 1, "c": 1},
                  new_versions={"a": 2}, step=1)
     trees = [saver.store.checkpoint(e["checkpoint"])[1].tree for e in saver.store.log("langgraph/u")]
     entries = [saver.store.tree_files(tree, content=False) for tree in trees]
     assert entries[0]["values/b"].id == entries[1]["values/b"].id
-    assert entries[0]["values/a"].id != entries[1]["values/a"].id
-    assert saver.get_tuple(config("u", second)).checkpoint["channel_values"] == {"a": "v2", "b": big}
-    assert saver.get_tuple(config("u", first)).checkpoint["channel_values"] == {"a": "v1", "b": big}
+    assert not {"values/a", "values/c"} & (entries[0].keys() | entries[1].keys())
+    records = [json.loads(line) for line in b"".join(saver.store.rollout_read("langgraph/u")).splitlines()]
+    assert [r["ch"] for r in records if r["k"] == "val"] == ["a", "c", "a"]  # c once, a per version
+    for reader in (saver, AgentcasSaver(saver.store)):
+        assert reader.get_tuple(config("u", second)).checkpoint["channel_values"] == {"a": "v2", "b": big, "c": small}
+        assert reader.get_tuple(config("u", first)).checkpoint["channel_values"] == {"a": "v1", "b": big, "c": small}
+
+
+def _saved(tuples):
+    return [(t.config["configurable"]["checkpoint_id"], [(m.id, m.content) for m in t.checkpoint["channel_values"].get(
+        "messages", [])], [(task, ch, getattr(v, "__len__", None) and len(v)) for task, ch, v in t.pending_writes])
+            for t in tuples]
+
+
+def test_a_message_is_stored_once_its_write_and_item_name_those_bytes(saver):
+    """The input checkpoint's value holds the message; its pending write and the next
+    checkpoint's list item name that record's bytes (seq, offset, length) instead of
+    repeating them, and every reader (a cold one too, after a run is deleted and gc ran)
+    gets the same messages and writes back."""
+    graph = chat_graph(saver)
+    for i in range(3):
+        graph.invoke({"messages": [HumanMessage(content=f"question {i} " + "words " * 60, id=f"q{i}")]},
+                     {"configurable": {"thread_id": "once", "run_id": f"run-{i}"}})
+    raw = b"".join(saver.store.rollout_read("langgraph/once"))
+    records = [json.loads(line) for line in raw.splitlines()]
+    for i in range(3):
+        holding = [r for r in records if f"question {i} " in r.get("x", "")]  # latin-1 text of the bytes
+        assert [r["k"] for r in holding] == ["val"]  # the message's bytes, once
+    named = [r for r in records if "r" in r]
+    assert {r["k"] for r in named} == {"write", "item"} and all("x" not in r and "v" not in r for r in named)
+    expected = _saved(saver.list(config("once")))
+    assert len(expected) == 9 and expected[0][1][-2][1].startswith("question 2 ")
+    assert _saved(AgentcasSaver(saver.store).list(config("once"))) == expected
+    cold = AgentcasSaver(saver.store)  # one checkpoint at a time: a named record before the range read
+    assert _saved(cold.get_tuple(config("once", cp_id)) for cp_id, _, _ in expected) == expected
+    # The first run's checkpoints go and gc runs: the later ones still read their messages,
+    # whose bytes the deleted input checkpoint's record held (records stay in the history).
+    saver.delete_for_runs(["run-0"])
+    saver.store.gc(grace=0, expire_reflog=0, wait=0)
+    assert saver.store.fsck()["ok"]
+    kept = _saved(AgentcasSaver(saver.store).list(config("once")))
+    assert len(kept) == 6 and [m for _, m, _ in kept] == [m for _, m, _ in expected[:6]]
+    assert kept[0][1][0] == ("q0", "question 0 " + "words " * 60)
+
+
+def test_a_reference_to_no_record_raises_a_clear_error(saver, monkeypatch):
+    from agentcas.langgraph import saver as saver_module
+    first = put(saver, "bad", values={"v": 1}, step=0)
+    monkeypatch.setattr(saver_module, "_value_fields", lambda data, earlier: {"r": 10 ** 6, "o": 0, "n": 5})
+    saver.put_writes(config("bad", first), [("ch", "a value")], "task-1")
+    monkeypatch.undo()
+    for reader in (saver, AgentcasSaver(saver.store)):
+        with pytest.raises(CorruptCheckpoint, match=f"{first}.*names no record"):
+            reader.get_tuple(config("bad", first))
+
+
+def test_writes_sent_before_their_put_land_in_its_move(saver):
+    """LangGraph may send a checkpoint's writes before its put: they land in the put's own ref
+    move (one reflog entry), after the checkpoint's own position, so a fork from the
+    checkpoint does not inherit them and every reader sees them as its pending writes."""
+    a = put(saver, "early", step=0)
+    b_id = str(uuid6(clock_seq=1))
+    saver.put_writes(config("early", b_id), [("ch", "sent early"), ("other", "too")], "task-e")
+    moves = len(saver.store.reflog("langgraph/early"))
+    cp = empty_checkpoint()
+    cp["id"] = b_id
+    saver.put(config("early", a), cp, {"source": "loop", "step": 1}, {})
+    assert len(saver.store.reflog("langgraph/early")) == moves + 1
+    state = saver.store.thread("langgraph/early")
+    own = saver.store.checkpoint("langgraph/early")[1].history
+    assert state.history.seq == own.seq + 2  # the writes follow the checkpoint's position
+    for reader in (saver, AgentcasSaver(saver.store)):
+        assert [(t, c, v) for t, c, v in reader.get_tuple(config("early", b_id)).pending_writes] == \
+            [("task-e", "ch", "sent early"), ("task-e", "other", "too")]
+    assert saver.store.fsck()["ok"]
 
 
 def test_a_list_that_does_not_extend_its_parent_is_stored_whole(saver):
@@ -663,7 +737,7 @@ def _corrupt(store: Store, raw: bytes) -> None:
 
 
 def test_a_corrupt_value_raises_a_clear_error_naming_the_object(saver):
-    first = put(saver, "c", values={"a": "a value that is long enough to be stored as is" * 3}, step=0)
+    first = put(saver, "c", values={"a": "a value that is long enough to be stored as a file " * 100}, step=0)
     tree = saver.store.checkpoint("langgraph/c")[1].tree
     blob = saver.store.tree_files(tree, content=False)["values/a"].id
     _corrupt(saver.store, blob.raw)

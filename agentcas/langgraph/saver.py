@@ -62,6 +62,10 @@ SEALED = " + pending writes"
 _CACHED_CHECKPOINTS = 4
 _MAX_RETRIES = 64
 _MAX_EARLY = 256  # checkpoints whose writes wait for their put
+_RECENT_RECORDS = 8  # a new record looks this many records back for bytes it repeats
+_CACHED_TAILS = 16
+_MIN_REFERENCE = 48  # shorter items are stored inline (a reference is ~30 bytes)
+_RECORD_VALUE_BYTES = 4096  # a whole value up to this size is a record; a larger one a file (deduplicated)
 
 
 class CorruptCheckpoint(IntegrityError):
@@ -93,12 +97,29 @@ def thread_name(thread_id: str, checkpoint_ns: str = "") -> str:
     return f"{root}/ns/{_component(checkpoint_ns)}" if checkpoint_ns else root
 
 
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
 def _unb64(text: str) -> bytes:
     return base64.b64decode(text.encode("ascii"), validate=True)
+
+
+def _record_value(data: bytes) -> dict:
+    """A record's value field: the serde bytes as a latin-1 string ("x": one character per
+    byte, JSON-escaped only where it must be; serde bytes are mostly text, so this stays
+    near their size and compresses like them, where base64 costs 4/3 and compresses badly)."""
+    return {"x": data.decode("latin-1")}
+
+
+def _value_bytes(record: dict) -> bytes:
+    """A record's serde bytes: "x" (latin-1 text) or "v" (base64, records written before)."""
+    if "x" in record:
+        text = record["x"]
+        if not isinstance(text, str):
+            raise ValueError("a record's value is not a string")
+        return text.encode("latin-1")  # a character above U+00FF raises ValueError
+    return _unb64(record["v"])
+
+
+def _jsonl(record: dict) -> bytes:
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
 
 
 def _encode_record(doc: dict, checkpoint: tuple[str, bytes], metadata: tuple[str, bytes]) -> bytes:
@@ -117,6 +138,18 @@ def _decode_record(data: bytes) -> dict:
         raise ValueError("the record's lengths do not add up")
     doc["checkpoint"]["v"], doc["metadata"]["v"] = rest[:n], rest[n:]
     return doc
+
+
+def _value_fields(data: bytes, earlier) -> dict:
+    """A record's value: the serde bytes inline, or, when an earlier record of the same history
+    (`earlier()`: [(seq, its inline bytes)]) holds exactly these bytes, where: `"r"` its seq,
+    `"o"` the offset, `"n"` the length (a message is its input's value, then a write, then an item)."""
+    if len(data) >= _MIN_REFERENCE:
+        for seq, value in earlier():
+            at = value.find(data)
+            if at >= 0:
+                return {"r": seq, "o": at, "n": len(data)}
+    return _record_value(data)
 
 
 def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
@@ -202,7 +235,10 @@ class _Records:
         self.item_records: dict[str, list[dict]] = {}
         self.decoded: dict[str, list] = {}
         self.writes: dict[str, list[tuple[int, dict]]] = {}
+        self.by_seq: dict[int, dict] = dict(records)  # what an item's reference ("r") names
         for seq, record in records:
+            if record["k"] == "val":
+                continue  # a channel value: read by seq
             if record["k"] == "item":
                 self.item_seqs.setdefault(record.get("ch"), []).append(seq)
                 self.item_records.setdefault(record.get("ch"), []).append(record)
@@ -244,6 +280,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         self._lines: dict[str, _Line] = {}
         self._values: OrderedDict = OrderedDict()  # digest raw -> (channels doc, {ch: list}, {file: TreeEntry})
         self._early: dict[tuple[str, str], list] = {}  # writes for checkpoints not stored yet
+        self._tails: OrderedDict = OrderedDict()  # history position -> its last records' inline bytes
 
     # -- life cycle -----------------------------------------------------------------------------
     @classmethod
@@ -360,12 +397,15 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         values = {path[len(VALUES) + 1:]: data for path, data in files.items() if path.startswith(VALUES + "/")}
         return doc, values, entries
 
-    def _records(self, position: HistoryPosition, start: int, node: _Node) -> list[tuple[int, dict]]:
-        """(seq, record) of the rollout records start <= seq < position.seq that the saver wrote."""
-        if start >= position.seq:
+    def _records(self, position: HistoryPosition, start: int, node: _Node,
+                 stop: int | None = None) -> list[tuple[int, dict]]:
+        """(seq, record) of the rollout records start <= seq < stop (default: position.seq)
+        that the saver wrote."""
+        stop = position.seq if stop is None else min(stop, position.seq)
+        if start >= stop:
             return []
         try:
-            data = self.store.read_history(position, start, position.seq)
+            data = self.store.read_history(position, start, stop)
         except IntegrityError as exc:
             raise CorruptCheckpoint(f"LangGraph checkpoint {node.lg_id} (agentcas checkpoint "
                                     f"{node.digest.hex()}): history: {exc}") from None
@@ -375,9 +415,37 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                 record = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(record, dict) and record.get("k") in ("item", "write"):
+            if isinstance(record, dict) and record.get("k") in ("item", "write", "val"):
                 out.append((seq, record))
         return out
+
+    def _record_at(self, seq, records: "_Records | None", position: HistoryPosition, node: _Node) -> dict:
+        """The saver record at `seq` of the history at `position` (from `records` if indexed)."""
+        if type(seq) is not int or seq < 0:
+            raise ValueError(f"{seq!r} is not a seq")
+        target = records.by_seq.get(seq) if records is not None else None
+        if target is None:  # before the indexed range: read just that record
+            target = dict(self._records(position, seq, node, seq + 1)).get(seq)
+        if target is None:
+            raise ValueError(f"the history holds no saver record at seq {seq}")
+        return target
+
+    def _value_of(self, record: dict, records: "_Records | None", position: HistoryPosition, node: _Node) -> bytes:
+        """A record's serde bytes: inline, or the slice of the earlier record it names
+        ({"r": seq, "o": offset, "n": length}; the named record holds its bytes inline)."""
+        try:
+            if "r" not in record:
+                return _value_bytes(record)
+            at, n = record["o"], record["n"]
+            if not all(type(x) is int and x >= 0 for x in (at, n)):
+                raise ValueError("a reference's offset and length are not counts")
+            data = _value_bytes(self._record_at(record["r"], records, position, node))[at:at + n]
+            if len(data) != n:
+                raise ValueError(f"record {record['r']} is shorter than the slice named")
+            return data
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptCheckpoint(f"LangGraph checkpoint {node.lg_id} (agentcas checkpoint {node.digest.hex()}): "
+                                    f"a value in the history is damaged or names no record: {exc}") from None
 
     def _load(self, value: dict, data: bytes, node: _Node):
         try:
@@ -414,7 +482,10 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         records = self._line_records(ref, state, start, node, cache)
         values: dict[str, Any] = {}
         for ch, how in channels.items():
-            if "file" in how:
+            if "rec" in how:  # a small value stored whole, as a record before the checkpoint's position
+                values[ch] = self._load(how, self._value_of({"r": how["rec"], "o": 0, "n": how.get("n")}, records,
+                                                            node.history, node), node)
+            elif "file" in how:
                 if how["file"] not in files:
                     raise CorruptCheckpoint(f"LangGraph checkpoint {node.lg_id}: value file {how['file']} is missing")
                 values[ch] = self._load(how, files[how["file"]], node)
@@ -425,16 +496,18 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                 base = items.get("base")
                 out = list(self._load(base, files[base["file"]], node)) if base else []
                 out.extend(records.items(ch, items["from"], node.history.seq, lambda r: self._load(
-                    r, _unb64(r["v"]), node)))
+                    r, self._value_of(r, records, state.history, node), node)))
                 values[ch] = out
         writes: dict[tuple[str, int], tuple] = {}
         for other_ref, other_state in lines:
             found = records if other_ref == ref else self._line_records(other_ref, other_state, since, node, cache)
             for seq, r in found.writes.get(node.lg_id, ()):
                 if seq >= since:
-                    writes[(r["task"], r["idx"])] = (r.get("path", ""), r["task"], r["idx"], r["ch"], r)
-        pending_writes = [(task, ch, self._load(r, _unb64(r["v"]), node))
-                          for _, task, _, ch, r in sorted(writes.values(), key=lambda w: writes_sort_key(*w[:3]))]
+                    writes[(r["task"], r["idx"])] = (r.get("path", ""), r["task"], r["idx"], r["ch"], r, found,
+                                                     other_state.history)
+        pending_writes = [(task, ch, self._load(r, self._value_of(r, found, position, node), node))
+                          for _, task, _, ch, r, found, position in sorted(writes.values(),
+                                                                           key=lambda w: writes_sort_key(*w[:3]))]
         parent_id = line.lg_parent(node) or doc.get("parent_checkpoint_id")
         return CheckpointTuple(
             config=_config(thread_id, ns, node.lg_id),
@@ -548,10 +621,18 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         parent_id = conf.get("checkpoint_id")
         metadata = get_checkpoint_metadata(config, metadata)
         with self._lock:
-            self._land(f"put {checkpoint['id']}", lambda: self._put_once(
-                name, thread_id, ns, parent_id, checkpoint, metadata, new_versions))
             early = self._early.pop((name, checkpoint["id"]), [])
-        for writes, task_id, task_path in early:
+            # Writes that came before their checkpoint land in the put's own move (one ref move,
+            # one segment), unless they stop the graph: those are sealed by put_writes.
+            inline = early if not any(c in (ERROR, INTERRUPT) for w, _, _ in early for c, _ in w) else []
+            try:
+                self._land(f"put {checkpoint['id']}", lambda: self._put_once(
+                    name, thread_id, ns, parent_id, checkpoint, metadata, new_versions, inline))
+            except BaseException:
+                if early:
+                    self._early[(name, checkpoint["id"])] = early
+                raise
+        for writes, task_id, task_path in early if not inline else []:
             self.put_writes(_config(thread_id, ns, checkpoint["id"]), writes, task_id, task_path)
         return _config(thread_id, ns, checkpoint["id"])
 
@@ -572,7 +653,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                 lists[ch] = full.checkpoint["channel_values"].get(ch, [])
         return doc["channels"], lists, entries
 
-    def _put_once(self, name, thread_id, ns, parent_id, checkpoint, metadata, new_versions):
+    def _put_once(self, name, thread_id, ns, parent_id, checkpoint, metadata, new_versions, early=()):
         line = self._refresh(name)
         expected = line.head()
         parent = line.nodes.get(line.by_id.get(parent_id)) if parent_id else None
@@ -586,6 +667,13 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         held = line.refs.get(holder) if holder is not None else None
         base = held.history if held is not None else parent.history if parent is not None else EMPTY_POSITION
         values = checkpoint["channel_values"]
+        recent: list = []
+        own: list[tuple[int, bytes]] = []  # this put's value records
+
+        def earlier():  # the history read only when a value may repeat one
+            if not recent:
+                recent.append(self._recent_values(base, parent) if parent is not None else [])
+            return own + recent[0]
         channels: dict[str, dict] = {}
         files: dict[str, Any] = {}
         lists: dict[str, list] = {}
@@ -593,8 +681,10 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         for ch in checkpoint["channel_versions"]:
             before = parent_channels.get(ch)
             if ch not in new_versions and before is not None:
-                channels[ch] = before  # unchanged: the parent's file or items, stored once
-                if "file" in before:
+                channels[ch] = before  # unchanged: the parent's record, file or items, stored once
+                if "rec" in before:
+                    pass
+                elif "file" in before:
                     files[f"{VALUES}/{before['file']}"] = parent_entries[before["file"]]
                 else:
                     base_file = before["items"].get("base")
@@ -621,11 +711,17 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                     files[f"{VALUES}/{base_file['file']}"] = parent_entries[base_file["file"]]
                 for item in value[len(previous):]:
                     kind, data = self.serde.dumps_typed(item)
-                    records.append(json.dumps({"k": "item", "ch": ch, "t": kind, "v": _b64(data)},
-                                              separators=(",", ":")).encode() + b"\n")
+                    records.append(_jsonl({"k": "item", "ch": ch, "t": kind, **_value_fields(data, earlier)}))
                 lists[ch] = list(value)
                 continue
             kind, data = self.serde.dumps_typed(value)
+            if not isinstance(value, list) and len(data) <= _RECORD_VALUE_BYTES:
+                # A small value: a record in the history (no blob, no tree entry), so the
+                # writes and items that repeat its bytes can name them.
+                channels[ch] = {"rec": base.seq + len(records), "n": len(data), "t": kind}
+                own.append((base.seq + len(records), data))
+                records.append(_jsonl({"k": "val", "ch": ch, "t": kind, **_record_value(data)}))
+                continue
             file = _encode(ch, _FILE_SAFE)
             files[f"{VALUES}/{file}"] = data
             if isinstance(value, list):
@@ -649,6 +745,8 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         step, source = metadata.get("step", "?"), metadata.get("source", "?")
         reason = f"langgraph step {step} {quote(str(source), safe='')} {quote(checkpoint['id'], safe='')}"
         parents = (parent.digest,) if parent is not None else ()
+        items = len(records)
+        records += self._write_records(checkpoint["id"], early, earlier=earlier)
 
         with self.store.lineage_writer(f"langgraph put {name}") as writer:
             prepared = writer.prepare_records(b"".join(records)) if records else []
@@ -658,13 +756,18 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                 state = view.thread(name)
                 if state != expected or (holder not in (None, name) and view.thread(holder) != held):
                     raise _Retry()
-                history = view.link(base, prepared)
-                digest = view.commit(name, tree, parents, reason, history, self.author)
+                # The checkpoint's own position ends its items; the writes that came early follow it.
+                history, (position,) = view.link_marked(base, prepared, (items,))
+                digest = view.commit(name, tree, parents, reason, position, self.author)
                 self._move(view, name, state, parent, ThreadState(
-                    digest, history, state.forked_from if state is not None else None), reason)
+                    digest, history, state.forked_from if state is not None else None), f"step {step}",
+                    history == position)
+                landed[:] = [history]
                 return digest
 
+            landed: list = []
             digest = writer.land(final)
+            self._remember_tail(base, landed[0], records)
         entries = {k[len(VALUES) + 1:]: v for k, v in self.store.tree_files(tree, content=False).items()
                    if k.startswith(VALUES + "/")}
         self._values[digest.raw] = (channels, lists, entries)
@@ -674,7 +777,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
 
     @staticmethod
     def _move(view, name: str, state: ThreadState | None, parent: _Node | None, new: ThreadState,
-              reason: str) -> None:
+              reason: str, history_implied: bool = False) -> None:
         """Move thread `name` to `new`; a head that is not `new`'s parent is kept as a branch."""
         if state is not None and state.checkpoint is not None and (parent is None or state.checkpoint != parent.digest):
             branches = view.threads(name + "/branches")
@@ -690,7 +793,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
             for branch, bstate in branches.items():
                 if parent_raw is not None and bstate.checkpoint is not None and bstate.checkpoint.raw == parent_raw:
                     view.set_thread(branch, bstate, None, "langgraph-branch", "the thread moved onto this branch")
-        if not view.set_thread(name, state, new, "langgraph", reason):
+        if not view.set_thread(name, state, new, "langgraph", reason, history_implied):
             raise _Retry()
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
@@ -715,21 +818,17 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
     def _put_writes_once(self, name, thread_id, ns, checkpoint_id, writes, task_id, task_path):
         line = self._refresh(name)
         node = line.nodes[line.by_id[checkpoint_id]]
-        have = set()
-        existing_keys = self._write_keys(line, node)
-        records = []
-        for idx, (channel, value) in enumerate(writes):
-            key = (task_id, WRITES_IDX_MAP.get(channel, idx))
-            if key[1] >= 0 and key in existing_keys or key in have:
-                continue
-            have.add(key)
-            kind, data = self.serde.dumps_typed(value)
-            records.append(json.dumps({"k": "write", "cp": checkpoint_id, "task": task_id, "path": task_path,
-                                       "idx": key[1], "ch": channel, "t": kind, "v": _b64(data)},
-                                      separators=(",", ":")).encode() + b"\n")
+        ref, expected = line.lines_through(node)[0]
+        recent: list = []
+
+        def earlier():
+            if not recent:
+                recent.append(self._recent_values(expected.history, node))
+            return recent[0]
+        records = self._write_records(checkpoint_id, [(writes, task_id, task_path)], self._write_keys(line, node),
+                                      earlier)
         if not records:
             return
-        ref, expected = line.lines_through(node)[0]
         # Writes that stop the graph (an interrupt, an error) are sealed into a new version of the
         # checkpoint, so that export/sign (which carry a checkpoint's own history) carry them;
         # other writes ride on the ref until the next put's checkpoint covers them.
@@ -744,7 +843,8 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                 if state != expected:
                     raise _Retry()
                 history = view.link(state.history, prepared)
-                message = f"writes of task {task_id} on {checkpoint_id}"
+                landed[:] = [state.history, history]
+                message = f"{len(records)} writes"
                 checkpoint = state.checkpoint
                 if seal:
                     cp = view.checkpoint(node.digest)
@@ -755,9 +855,62 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                     raise _Retry()
                 return checkpoint
 
+            landed: list = []
             sealed = writer.land(final)
+            self._remember_tail(*landed, records)
         if seal and node.digest.raw in self._values:
             self._values[sealed.raw] = self._values[node.digest.raw]
+
+    def _write_records(self, checkpoint_id: str, batches, existing: set = frozenset(),
+                       earlier=lambda: ()) -> list[bytes]:
+        """The write records of put_writes batches [(writes, task_id, task_path)] against
+        `checkpoint_id`, deduplicated by (task, idx) as LangGraph's savers do: a regular
+        write already stored (`existing`, or an earlier batch) is not stored again."""
+        seen, records = set(existing), []
+        for writes, task_id, task_path in batches:
+            have = set()
+            for idx, (channel, value) in enumerate(writes):
+                key = (task_id, WRITES_IDX_MAP.get(channel, idx))
+                if key[1] >= 0 and key in seen or key in have:
+                    continue
+                have.add(key)
+                kind, data = self.serde.dumps_typed(value)
+                records.append(_jsonl({"k": "write", "cp": checkpoint_id, "task": task_id, "path": task_path,
+                                       "idx": key[1], "ch": channel, "t": kind, **_value_fields(data, earlier)}))
+            seen |= have
+        return records
+
+    def _remember_tail(self, base: HistoryPosition, head: HistoryPosition, records: list[bytes]) -> None:
+        """Keep the inline bytes of the records this saver just appended (base -> head), so the
+        next write on that head need not read them back from the store."""
+        if head.seq != base.seq + len(records):
+            return
+        new = []
+        for i, line in enumerate(records):
+            record = json.loads(line)
+            if "x" in record:
+                new.append((base.seq + i, _value_bytes(record)))
+        before = self._tails.pop(base, [])
+        self._tails[head] = (new[::-1] + before)[:_RECENT_RECORDS] if head.seq - base.seq < _RECENT_RECORDS \
+            else new[::-1][:_RECENT_RECORDS]
+        while len(self._tails) > _CACHED_TAILS:
+            self._tails.popitem(last=False)
+
+    def _recent_values(self, position: HistoryPosition, node: _Node) -> list[tuple[int, bytes]]:
+        """(seq, inline bytes) of the saver records among the last _RECENT_RECORDS of the history
+        at `position`, newest first: what a new record may name instead of repeating it (from
+        what this saver appended there, else read back)."""
+        kept = self._tails.get(position)
+        if kept is not None:
+            return [(seq, data) for seq, data in kept if seq >= position.seq - _RECENT_RECORDS]
+        out = []
+        for seq, r in self._records(position, max(0, position.seq - _RECENT_RECORDS), node):
+            if "x" in r or "v" in r:
+                try:
+                    out.append((seq, _value_bytes(r)))
+                except (KeyError, TypeError, ValueError):
+                    continue  # a damaged record is reported by the reads that need it
+        return out[::-1]
 
     def _write_keys(self, line: _Line, node: _Node) -> set:
         keys = set()

@@ -115,13 +115,19 @@ class GroupView:
 
     def link(self, base: HistoryPosition, prepared: list) -> HistoryPosition:
         """Continue the history at `base` with prepared records; the new position."""
+        return self.link_marked(base, prepared, ())[0]
+
+    def link_marked(self, base: HistoryPosition, prepared: list, marks) -> tuple[HistoryPosition, list]:
+        """`link`, also returning the position after each of `marks` new records (ascending
+        counts), e.g. a checkpoint's own position inside the segment that also holds the
+        records after it: (new head, [positions])."""
         if not prepared:
-            return base
+            return base, [base for _ in marks]
         if base.segment is not None:
             self.needed.add(base.segment.raw)
-        head, segments = rollout.link_segments(self.objects, base, prepared)
+        head, segments, positions = rollout.link_segments_at(self.objects, base, prepared, marks)
         self.objects.waiting.update(segments)
-        return head
+        return head, positions
 
     def commit(self, thread: str, tree: Digest, parents: tuple, reason: str, history: HistoryPosition,
                author: str, created_at: str | None = None) -> Digest:
@@ -141,13 +147,17 @@ class GroupView:
         return digest
 
     def set_thread(self, name: str, old: ThreadState | None, new: ThreadState | None, action: str,
-                   message: str = "") -> bool:
+                   message: str = "", history_implied: bool = False) -> bool:
         """Queue a compare-and-swap of ref `name` from `old` to `new` (None: absent / delete);
-        False (nothing queued) if the view shows another state."""
+        False (nothing queued) if the view shows another state. `history_implied`: `new.history`
+        is `new.checkpoint`'s own (the reflog row leaves it out, as a commit's does)."""
         if self.thread(name) != old:
             return False
         check_thread_name(name)
-        self.moves.append((name, old, new, action, message))
+        if history_implied and (new is None or new.checkpoint is None
+                                or self.checkpoint(new.checkpoint).history != new.history):
+            raise ValueError(f"the history of {name}'s new state is not its checkpoint's own")
+        self.moves.append((name, old, new, action, message, history_implied))
         self.current[name] = new
         if new is not None and new.checkpoint is not None:
             self.needed.add(new.checkpoint.raw)
@@ -263,8 +273,8 @@ class GroupWriter:
                 for name, state in view.read.items():
                     if threads.read_thread(txn, name) != state:
                         raise LostRace()
-                for name, old, new, action, message in view.moves:
-                    if not threads.set_if_equals(txn, name, old, new, action, message):
+                for name, old, new, action, message, implied in view.moves:
+                    if not threads.set_if_equals(txn, name, old, new, action, message, implied):
                         raise LostRace()
                 self.lease.release(txn)
 
