@@ -336,15 +336,21 @@ def test_eight_processes_moving_one_ref_lose_no_move(shared_meta):
     _race(store, spawn, workers=8, moves=25)
 
 
-@pytest.mark.parametrize("lock", [False, True], ids=["optimistic", "for-update"])
+@pytest.mark.parametrize("lock", [False, True, "exchange"], ids=["optimistic", "for-update", "exchange"])
 def test_eight_threads_moving_one_ref_lose_no_move(meta, lock):
+    """Moves by transaction (compare_and_set, with or without FOR UPDATE) or by exchange."""
+    def one_move(worker) -> bool:
+        if lock == "exchange":
+            return _exchange_move(meta, worker)
+        return meta.write(lambda txn: _move(txn, worker, lock))
+
     def spawn(workers, moves):
         results = []
 
         def run(worker):
             done = lost = 0
             while done < moves:
-                if meta.write(lambda txn: _move(txn, worker, lock)):
+                if one_move(worker):
                     done += 1
                 else:
                     lost += 1
@@ -402,24 +408,3 @@ def _exchange_move(store, worker: int) -> bool:
     applied, _ = store.exchange(expect=[("refs", b"counter", current), ("reflog", new, None)],
                                 writes=[("refs", b"counter", new), ("reflog", new, b"%d" % worker)])
     return applied
-
-
-def test_eight_threads_moving_one_ref_by_exchange_lose_no_move(meta):
-    def spawn(workers, moves):
-        results = []
-
-        def run(worker):
-            done = lost = 0
-            while done < moves:
-                if _exchange_move(meta, worker):
-                    done += 1
-                else:
-                    lost += 1
-            results.append((worker, done, lost))
-        threads = [threading.Thread(target=run, args=(w,)) for w in range(workers)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        return results
-    _race(meta, spawn, workers=8, moves=20)

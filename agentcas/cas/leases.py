@@ -137,13 +137,21 @@ def sweep_active(txn: MetaTxn, now: float, lock: bool = False) -> bool:
     that lease takers and batch starters really lock the same row: on PostgreSQL a
     `SELECT ... FOR UPDATE` of an absent row locks nothing.
     """
-    return _fence(txn, lock)["until"] / 1000 + CLOCK_MARGIN >= now
+    return _batch_active(_fence(txn, lock), now)
+
+
+def _batch_active(fence: dict, now: float) -> bool:
+    return fence["until"] / 1000 + CLOCK_MARGIN >= now
+
+
+def _gc_waiting(fence: dict, now: float) -> bool:
+    requested = fence.get("requested", 0) / 1000
+    return bool(requested) and now - requested < REQUEST_GRACE
 
 
 def sweep_requested(txn: MetaTxn, now: float, lock: bool = False) -> bool:
     """Whether a gc is waiting for a gap between leases (for less than REQUEST_GRACE)."""
-    requested = _fence(txn, lock).get("requested", 0) / 1000
-    return bool(requested) and now - requested < REQUEST_GRACE
+    return _gc_waiting(_fence(txn, lock), now)
 
 
 def begin_sweep(txn: MetaTxn, now: float) -> tuple[list[LeaseRow], int]:
@@ -249,9 +257,8 @@ class Lease:
             return None, None
         self.prefetched = values[1:]
         fence = encoding.decode(unseal("meta", SWEEP_KEY, values[0]))
-        active = fence["until"] / 1000 + CLOCK_MARGIN >= now
-        requested = fence.get("requested", 0) / 1000
-        if not active and self.row is None and requested and now - requested < REQUEST_GRACE:
+        active = _batch_active(fence, now)
+        if not active and self.row is None and _gc_waiting(fence, now):
             self.meta.exchange(writes=[("leases", self.key, None)])
             return "defer", None
         return ("wait" if active else "held"), row

@@ -91,17 +91,22 @@ def move_thread(stores: Stores, lease: Lease, thread: str,
         early = False
         if move is None:
             return base.state, None
-        stores.objects.put_many(move.objects)
-        missing = stores.objects.missing(move.needed)
-        if missing:
-            nothing = "nothing was committed" if move.action == "commit" else "nothing was changed"
-            raise VanishedObject(f"object {sorted(missing)[0].hex()} vanished before the {move.action} "
-                                 f"landed (concurrent gc?); {nothing}, retry")
+        _store_objects(stores, move.objects, move.needed, move.action)
         landed, base = _land(stores, lease, base, move, keep_lease)
         if landed:
             return base.state, move
     raise ConflictError(f"thread {thread!r} kept moving under {MAX_ATTEMPTS} attempts; "
                         "nothing was changed, retry")
+
+
+def _store_objects(stores: Stores, objects: dict, needed: set, action: str) -> None:
+    """Step 2 of a move: store its new objects, then check that what it relies on is stored."""
+    stores.objects.put_many(objects)
+    missing = stores.objects.missing(needed)
+    if missing:
+        nothing = "nothing was committed" if action == "commit" else "nothing was changed"
+        raise VanishedObject(f"object {sorted(missing)[0].hex()} vanished before the {action} "
+                             f"landed (concurrent gc?); {nothing}, retry")
 
 
 def _land(stores: Stores, lease: Lease, base: threads.MoveBase, move: Move,
@@ -160,13 +165,7 @@ def move_threads(stores: Stores, lease: Lease, plans: list, keep_lease: bool = F
         for move in landing:
             objects.update(move.objects)
             needed |= move.needed
-        stores.objects.put_many(objects)
-        missing = stores.objects.missing(needed)
-        if missing:
-            action = landing[0].action if len(landing) == 1 else "moves"
-            nothing = "nothing was committed" if action == "commit" else "nothing was changed"
-            raise VanishedObject(f"object {sorted(missing)[0].hex()} vanished before the {action} "
-                                 f"landed (concurrent gc?); {nothing}, retry")
+        _store_objects(stores, objects, needed, landing[0].action if len(landing) == 1 else "moves")
 
         def final(txn, states=states, moves=moves):
             lease.check(txn)

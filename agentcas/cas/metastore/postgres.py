@@ -428,6 +428,24 @@ class PostgresMetadataStore(MetadataStore):
 
     def _run_retrying(self, attempt, isolation: str):
         """attempt(txn) in one transaction at `isolation`, retried on the retryable errors."""
+        def in_transaction(conn):
+            txn = _PgTxn(self, conn, writable=True, begin=f"BEGIN ISOLATION LEVEL {isolation}")
+            try:
+                result = attempt(txn)
+                crashpoints.reached("pg.open")  # the changes made, not committed
+                txn.commit()
+            except BaseException:
+                self._rollback(conn)
+                raise
+            return result
+
+        result = self._with_connection(in_transaction)
+        crashpoints.reached("pg.commit")
+        return result
+
+    def _with_connection(self, attempt):
+        """attempt(conn) on a pooled connection, retried on the retryable errors (on a fresh
+        connection, with backoff) for retry_seconds(), then MetadataUnavailable."""
         began = time.monotonic()
         deadline = began + retry_seconds()
         tries = 0
@@ -436,16 +454,8 @@ class PostgresMetadataStore(MetadataStore):
             conn = None
             try:
                 conn = self._acquire()
-                txn = _PgTxn(self, conn, writable=True, begin=f"BEGIN ISOLATION LEVEL {isolation}")
-                try:
-                    result = attempt(txn)
-                    crashpoints.reached("pg.open")  # the changes made, not committed
-                    txn.commit()
-                except BaseException:
-                    self._rollback(conn)
-                    raise
+                result = attempt(conn)
                 self._release(conn)
-                crashpoints.reached("pg.commit")
                 return result
             except _RETRYABLE as exc:
                 if conn is not None:
@@ -453,6 +463,10 @@ class PostgresMetadataStore(MetadataStore):
                 if self._final(exc) or time.monotonic() >= deadline:
                     raise self._unavailable(exc, tries, began) from None
                 self._backoff(tries, deadline)
+            except BaseException:
+                if conn is not None:
+                    self._release(conn)  # closed unless it is idle (rolled back, or autocommit)
+                raise
 
     @staticmethod
     def _backoff(tries: int, deadline: float) -> None:
@@ -548,7 +562,7 @@ class PostgresMetadataStore(MetadataStore):
             return row
 
         try:
-            applied, schema, keys, vals = self._autocommit_retrying(attempt)
+            applied, schema, keys, vals = self._with_connection(attempt)
         except (pg_errors.UndefinedFunction, pg_errors.UndefinedTable):
             self._check_schema()  # names what is missing (no schema, or an older one)
             raise
@@ -562,30 +576,6 @@ class PostgresMetadataStore(MetadataStore):
             else:
                 values.append((bytes(key), bytes(value)) if read.last else bytes(value))
         return bool(applied), values
-
-    def _autocommit_retrying(self, attempt):
-        """attempt(conn) on a pooled connection outside any transaction, retried like writes."""
-        began = time.monotonic()
-        deadline = began + retry_seconds()
-        tries = 0
-        while True:
-            tries += 1
-            conn = None
-            try:
-                conn = self._acquire()
-                result = attempt(conn)
-                self._release(conn)
-                return result
-            except _RETRYABLE as exc:
-                if conn is not None:
-                    self._release(conn, broken=True)
-                if self._final(exc) or time.monotonic() >= deadline:
-                    raise self._unavailable(exc, tries, began) from None
-                self._backoff(tries, deadline)
-            except BaseException:
-                if conn is not None:
-                    self._release(conn, broken=True)
-                raise
 
     @contextmanager
     def reader(self):
