@@ -113,6 +113,7 @@ class Store:
         self.blobs = stores.blobs
         self.meta = stores.meta
         self.source: ObjectSource = stores.objects
+        self._segments = rollout.SegmentCache()  # decoded segments, kept across reads
         # The embedded table environment (LMDB or memory), for tools and tests that look
         # at raw tables; None for a shared store.
         self.objects = stores.embedded
@@ -433,7 +434,7 @@ class Store:
         # buffers=True: chunk values are views into the map (LMDB), decompressed from there by
         # the workers, instead of a copy of every compressed chunk made in this thread first.
         with self.source.reading(buffers=True) as objects:
-            yield from rollout.History(objects).read(head, start, stop, whole_records)
+            yield from rollout.History(objects, self._segments).read(head, start, stop, whole_records)
 
     # -- moves on threads -----------------------------------------------------------------------
     def _move(self, thread: str, what: str, plan):
@@ -484,7 +485,7 @@ class Store:
                                  f"({head.seq} records)")
             if state is not None:
                 raise ConflictError(f"thread {name!r} already exists")
-            position = rollout.History(self.source).position(head, head.seq if at is None else at)
+            position = rollout.History(self.source, self._segments).position(head, head.seq if at is None else at)
             checkpoint = checkpoints.newest_at_or_before(self.source, tip, position.seq)
             new = ThreadState(checkpoint, position, ForkOrigin(origin, checkpoint, position.seq))
             return Move(new, "fork", f"fork of {source} at {position.seq}",
@@ -549,7 +550,7 @@ class Store:
         with self.source.reading() as objects:
             files1 = {p: e for p, e in list_files(objects, c1.tree) if e.type == "file"}
             files2 = {p: e for p, e in list_files(objects, c2.tree) if e.type == "file"}
-            history = rollout.History(objects)
+            history = rollout.History(objects, self._segments)
             common = _common_prefix(history, c1.history, c2.history)
         added = [{"path": p, "size": files2[p].size} for p in sorted(files2.keys() - files1.keys())]
         removed = [{"path": p, "size": files1[p].size} for p in sorted(files1.keys() - files2.keys())]
@@ -891,7 +892,7 @@ class Store:
             current = EMPTY_POSITION if state is None else state.history
             if current == read_at:
                 return
-            history = rollout.History(self.source)
+            history = rollout.History(self.source, self._segments)
             if current.seq < read_at.seq or (
                     read_at.seq and history.position(current, read_at.seq).digest != read_at.digest):
                 raise ConflictError(f"thread {thread!r} was moved to another history (a revert?) after effect "
@@ -927,7 +928,7 @@ class Store:
         since_seq = 0
         if since is not None:
             since_head, _, _ = self._effects_source(since)
-            since_seq = _common_prefix(rollout.History(self.source), head, since_head)
+            since_seq = _common_prefix(rollout.History(self.source, self._segments), head, since_head)
         return self._effects_page(head, line_name, is_thread, since_seq, states, limit, before,
                                   rev=rev, totals=totals)
 
@@ -957,10 +958,10 @@ class Store:
         from agentcas.lineage.effects_index import HistorySource
 
         def position(at, seq):
-            return rollout.History(self.source).position(at, seq)
+            return rollout.History(self.source, self._segments).position(at, seq)
 
         def common(a, b):
-            return _common_prefix(rollout.History(self.source), a, b)
+            return _common_prefix(rollout.History(self.source, self._segments), a, b)
 
         source = HistorySource(position, lambda at, start: self._read_history(at, start, None), common)
         return self._effects_index().sync(line_name, head, source, may_truncate=is_thread)
@@ -982,7 +983,7 @@ class Store:
                            target: HistoryPosition, limit: int = 100) -> dict:
         """Pending and unknown effects recorded in `head`'s history after `target` (a revert's or
         checkout's target): what moving to `target` does not undo."""
-        since = _common_prefix(rollout.History(self.source), head, target)
+        since = _common_prefix(rollout.History(self.source, self._segments), head, target)
         from agentcas.lineage.effects import OPEN_STATES
         page = self._effects_page(head, line_name, is_thread, since, OPEN_STATES, limit, None)
         counts = page["totals"]["by_state"]

@@ -203,12 +203,36 @@ def skip_index(n: int) -> int:
     return drop_lowest(drop_lowest(n - 1)) + 1 if n & 1 else drop_lowest(n)
 
 
-class History:
-    """Reads over the segment chain through one object source, with a small cache."""
+class SegmentCache:
+    """Decoded segments by id, bounded in bytes: a segment is immutable (its id is its
+    content's hash, verified when it was loaded), so a process that reads the same history
+    again and again (a LangGraph listing, an MCP server) may keep them across reads."""
 
-    def __init__(self, objects: ObjectSource):
+    MAX_BYTES = 32 * 1024 * 1024
+
+    def __init__(self):
+        self.segments: dict[bytes, Segment] = {}
+        self.bytes = 0
+
+    def get(self, raw: bytes) -> Segment | None:
+        return self.segments.get(raw)
+
+    def put(self, raw: bytes, segment: Segment) -> None:
+        size = 200 + len(segment.inline) + 40 * len(segment.chunks)  # roughly what it holds
+        if self.bytes + size > self.MAX_BYTES:
+            self.segments.clear()
+            self.bytes = 0
+        self.segments[raw] = segment
+        self.bytes += size
+
+
+class History:
+    """Reads over the segment chain through one object source, with a cache of segments
+    (its own, or a longer-lived `SegmentCache` the caller keeps)."""
+
+    def __init__(self, objects: ObjectSource, cache: SegmentCache | None = None):
         self.objects = objects
-        self._segments: dict[bytes, Segment] = {}
+        self._segments = SegmentCache() if cache is None else cache
 
     def segment(self, digest: Digest) -> Segment:
         cached = self._segments.get(digest.raw)
@@ -218,9 +242,7 @@ class History:
         if data is None:
             raise MissingHistory(f"rollout segment {digest.hex()} is missing from the store")
         segment = Segment.decode(data)
-        if len(self._segments) > 4096:
-            self._segments.clear()
-        self._segments[digest.raw] = segment
+        self._segments.put(digest.raw, segment)
         return segment
 
     def ancestor_at_index(self, digest: Digest, index: int) -> Digest:
