@@ -8,9 +8,16 @@ STAMP  := $(VENV)/.installed
 # package's directories as prerequisites; PYTHONWARNINGS hides strict mode's notice.
 PKGDIRS := $(shell find agentcas -type d -not -name __pycache__)
 
-.PHONY: setup demo test bench fuzz clean services services-stop
+.PHONY: setup bytecode demo test bench fuzz clean services services-stop
 
-setup: $(STAMP)
+setup: $(STAMP) bytecode
+
+# Byte-compile the package where it is imported from (the strict editable tree under build/):
+# with PYTHONDONTWRITEBYTECODE set, as on CI, nothing else writes those .pyc files, and every
+# `agentcas` process would compile each module it imports (~25 ms of every command's start).
+# compileall only rewrites what changed since, so this costs ~0.2 s when nothing did.
+bytecode: $(STAMP)
+	@$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -I -c 'import agentcas, os; print(os.path.dirname(agentcas.__file__))')" >/dev/null
 
 $(STAMP): pyproject.toml $(PKGDIRS)
 	$(PYTHON) -m venv $(VENV)
