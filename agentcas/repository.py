@@ -350,8 +350,8 @@ class Store:
                 generation, skip_to = checkpoints.index_for_child(self.source, current)
                 cp = Checkpoint(tree, (current,) if current else (), thread, reason, who, created_at,
                                 runtime, history, generation=generation, skip=skip_to)
-                digest = cp.digest()
-                new_objects[digest.raw] = framing.frame(framing.KIND_CHECKPOINT, cp.encode())
+                body, digest = cp.encode_with_id()
+                new_objects[digest.raw] = framing.frame(framing.KIND_CHECKPOINT, body)
                 # The parent's own tree is held by the ref we compare against; anything
                 # else the snapshot reused must still be stored.
                 same_tree = current is not None and revisions.load_checkpoint(self.source, current).tree == tree

@@ -88,9 +88,14 @@ def hash_object(kind: str, body: bytes) -> Digest:
 
 def chain_prefix(previous: Digest, record_hash: bytes) -> Digest:
     """One step of the history-prefix chain: H_ctx(previous || BLAKE3(record))."""
+    return Digest(chain_raw(previous.raw, record_hash))
+
+
+def chain_raw(previous: bytes, record_hash: bytes) -> bytes:
+    """`chain_prefix` on raw 32-byte values, for loops over many records (no Digest per step)."""
     hasher = _PREFIX_HASHER.copy()  # the derived context key is computed once, not per record
-    hasher.update(previous.raw + record_hash)
-    return Digest(hasher.digest())
+    hasher.update(previous + record_hash)
+    return hasher.digest()
 
 
 class DigestMismatch(IntegrityError):

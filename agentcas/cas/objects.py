@@ -525,6 +525,11 @@ class Checkpoint:
     def digest(self) -> Digest:
         return hash_object("checkpoint", self.encode())
 
+    def encode_with_id(self) -> tuple[bytes, Digest]:
+        """(canonical bytes, id) with one encoding: a writer stores the one and keys by the other."""
+        body = self.encode()
+        return body, hash_object("checkpoint", body)
+
     @classmethod
     def decode(cls, data: bytes) -> "Checkpoint":
         if not _is_json(data):

@@ -137,9 +137,9 @@ class GroupView:
                                                        self.checkpoint)
         cp = Checkpoint(tree, tuple(parents), thread, reason, author, created_at or now, runtime, history,
                         generation=generation, skip=skip)
-        digest = cp.digest()
+        body, digest = cp.encode_with_id()
         self._checkpoints[digest.raw] = cp
-        self.objects.waiting[digest.raw] = framing.frame(framing.KIND_CHECKPOINT, cp.encode())
+        self.objects.waiting[digest.raw] = framing.frame(framing.KIND_CHECKPOINT, body)
         self.needed.add(tree.raw)
         self.needed.update(p.raw for p in parents)
         if history.segment is not None:

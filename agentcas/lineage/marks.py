@@ -103,9 +103,9 @@ def _marks_plan(stores: Stores, thread: str, segments: list, marks, based_on: Hi
                 generation, skip = _index_in_chain(stores.objects, chain)
             cp = Checkpoint(tree_id, (current,) if current else (), thread, reason,
                             who, created_at, runtime, position, generation=generation, skip=skip)
-            current = cp.digest()
+            body, current = cp.encode_with_id()
             chain.append((current, cp))
-            new_objects[current.raw] = framing.frame(framing.KIND_CHECKPOINT, cp.encode())
+            new_objects[current.raw] = framing.frame(framing.KIND_CHECKPOINT, body)
             made.append(current.hex())
         result = {"thread": thread, "appended": head.seq - base.seq, "first_seq": base.seq,
                   "checkpoints": made, "history": head.to_doc()}

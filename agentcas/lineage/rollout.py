@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import blake3
 
 from agentcas.cas import framing
-from agentcas.cas.digest import Digest, chain_prefix, hash_blob
+from agentcas.cas.digest import Digest, chain_prefix, chain_raw, hash_blob, hash_object
 from agentcas.cas.objects import EMPTY_POSITION, ChunkRef, HistoryPosition, Segment
 from agentcas.cas.source import ObjectSource, load_object, verify_object
 from agentcas.errors import AgentcasError, IntegrityError, UsageError
@@ -524,19 +524,20 @@ def link_segments_at(objects: ObjectSource, head: HistoryPosition, prepared: lis
         skip = None
         if index >= 2:
             skip = _ancestor_at_index(segment_of, head.segment, skip_index(index))
-        digest, seq, inside = head.digest, head.seq, []
+        chain, seq, inside = head.digest.raw, head.seq, []
         for number, record_hash in enumerate(item.record_hashes):
-            digest = chain_prefix(digest, record_hash)
+            chain = chain_raw(chain, record_hash)
             if marks and marks[0] == seq + number + 1 - start_seq:
                 offset = head.offset + sum(item.record_sizes[:number + 1])
                 while marks and marks[0] == seq + number + 1 - start_seq:
-                    inside.append((seq + number + 1, offset, digest))
+                    inside.append((seq + number + 1, offset, Digest(chain)))
                     marks.pop(0)
-        segment = Segment(head, index, skip, len(item.record_hashes), item.length, digest, item.chunks,
+        segment = Segment(head, index, skip, len(item.record_hashes), item.length, Digest(chain), item.chunks,
                           item.inline)
-        segment_id = segment.digest_id()
+        body = segment.encode()
+        segment_id = hash_object("segment", body)
         level = framing.ROLLOUT_ZSTD_LEVEL if item.inline else framing.ZSTD_LEVEL
-        new_objects[segment_id.raw] = framing.frame(framing.KIND_SEGMENT, segment.encode(), level=level)
+        new_objects[segment_id.raw] = framing.frame(framing.KIND_SEGMENT, body, level=level)
         pending[segment_id.raw] = segment
         positions += [HistoryPosition(segment_id, s, o, d) for s, o, d in inside]
         head = segment.end(segment_id)
