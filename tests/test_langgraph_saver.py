@@ -851,3 +851,30 @@ def test_push_and_pull_carry_a_thread_the_saver_resumes(tmp_path, run):
     with AgentcasSaver.from_path(str(here)) as saver:
         messages = chat_graph(saver).get_state(config("sync")).values["messages"]
         assert [m.content for m in messages] == ["one", "reply 1", "two", "reply 3"]
+
+
+# --- the decoded-items index of a listing (saver._Records) -----------------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from agentcas.langgraph.saver import _Records  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(count=st.integers(0, 12),
+       requests=st.lists(st.tuples(st.integers(-2, 14), st.integers(-2, 14)), max_size=12))
+def test_records_items_answer_every_range_exactly_and_decode_each_item_once(count, requests):
+    """Whatever ranges a listing asks for, in any order, `items` returns exactly the decoded
+    items of that range (never a placeholder), and decodes each item at most once."""
+    records = [(seq, {"k": "item", "ch": "messages", "n": seq}) for seq in range(count)]
+    index = _Records(records, 0)
+    loads = []
+
+    def load(record):
+        loads.append(record["n"])
+        return ("decoded", record["n"])
+
+    for start, stop in requests:
+        got = index.items("messages", start, stop, load)
+        assert got == [("decoded", n) for n in range(max(0, start), min(count, stop))]
+    assert len(loads) == len(set(loads))

@@ -266,8 +266,9 @@ class _Records:
             for i in range(lo, hi):
                 if decoded[i] is _UNDECODED:
                     decoded[i] = load(records[i])
-            if done_lo == done_hi or (lo <= done_hi and hi >= done_lo):  # the ranges touch: one range
-                self.done[channel] = (min(lo, done_lo) if done_lo < done_hi else lo, max(hi, done_hi))
+            if hi > lo:
+                touching = done_lo < done_hi and lo <= done_hi and hi >= done_lo
+                self.done[channel] = (min(lo, done_lo), max(hi, done_hi)) if touching else (lo, hi)
         return decoded[lo:hi]
 
 
