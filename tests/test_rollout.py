@@ -382,3 +382,21 @@ def test_deep_fork_chains_read_right_with_cost_in_depth(monkeypatch):
             loads.count = 0
             assert b"".join(rollout.History(txn).read(head, seq, seq + 1)) == model[seq]
             assert loads.count <= 6 * math.log2(41) + 8
+
+
+def test_a_store_keeps_decoded_segments_across_reads_within_a_byte_bound(tmp_path, monkeypatch):
+    """Store reads share one SegmentCache: a second read of the same history decodes no
+    segment again, and the cache empties itself rather than grow past MAX_BYTES."""
+    store, _ = Store.init(str(tmp_path / "s"))
+    for i in range(6):
+        store.rollout_append("t", b"".join(b'{"n":%d,"pad":"%s"}\n' % (i * 10 + j, b"x" * 300) for j in range(10)))
+    expected = b"".join(store.rollout_read("t"))
+    decoded = []
+    real = rollout.Segment.decode
+    monkeypatch.setattr(rollout.Segment, "decode", classmethod(lambda cls, data: decoded.append(1) or real(data)))
+    assert b"".join(store.rollout_read("t")) == expected
+    assert decoded == []  # every segment came from the cache
+    monkeypatch.setattr(rollout.SegmentCache, "MAX_BYTES", 8_000)  # about two of these segments
+    store._segments = rollout.SegmentCache()
+    assert b"".join(store.rollout_read("t")) == expected
+    assert len(decoded) == 6 and store._segments.bytes <= 8_000 and 0 < len(store._segments.segments) < 6

@@ -219,6 +219,8 @@ class SegmentCache:
 
     def put(self, raw: bytes, segment: Segment) -> None:
         size = 200 + len(segment.inline) + 40 * len(segment.chunks)  # roughly what it holds
+        if size > self.MAX_BYTES:
+            return
         if self.bytes + size > self.MAX_BYTES:
             self.segments.clear()
             self.bytes = 0
