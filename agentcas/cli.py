@@ -809,6 +809,31 @@ def drill(ctx, rev, keep):
         ctx.emit(report.to_json())
 
 
+def _set_json(click_ctx, _param, value) -> None:
+    if value:
+        click_ctx.find_object(Context).as_json = True
+
+
+def _accept_json_after_the_command(group: click.Group) -> None:
+    """Every command takes `--json` after its name as well as before it.
+
+    The issues write `agentcas replay REV --json` and `agentcas effects REV --json`; the
+    option is the global one: it sets the Context's `as_json` when the subcommand's
+    arguments are parsed (the group's callback, which makes the Context, has run by then).
+    A command with its own `--json` (scan) keeps it.
+    """
+    for command in group.commands.values():
+        if not any("--json" in getattr(p, "opts", ()) for p in command.params):
+            command.params.append(click.Option(["--json"], is_flag=True, expose_value=False,
+                                               callback=_set_json,
+                                               help="Print one JSON document (as the global --json)."))
+        if isinstance(command, click.Group):
+            _accept_json_after_the_command(command)
+
+
+_accept_json_after_the_command(cli)
+
+
 def main(argv=None) -> int:
     debug = os.environ.get("AGENTCAS_DEBUG") == "1"
     try:

@@ -286,6 +286,11 @@ class Store:
                 digest = cp.parents[0] if cp.parents else None
         return out
 
+    def thread_names(self) -> set[str]:
+        """Every thread's name (cheaper than `threads`: no ref row is decoded)."""
+        with self.meta.reader() as txn:
+            return threads.thread_names(txn)
+
     def threads(self) -> list[dict]:
         with self.meta.reader() as txn:
             return [{"thread": name, "checkpoint": None if s.checkpoint is None else s.checkpoint.hex(),

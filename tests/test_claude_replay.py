@@ -89,6 +89,10 @@ def test_meta_records_in_the_chain_are_not_visible_but_stay_in_the_chain():
     doc = replay(c)
     assert doc["chain"] == [meta, p, a]
     assert doc["visible"] == [p, a]
+    # ... but Claude Code sends meta text to the model (agent-logs.md 2.3): it is in messages.
+    assert doc["messages"][0]["role"] == "user"
+    assert [b["text"] for b in doc["messages"][0]["content"]] == [
+        "<local-command-caveat>Caveat: local commands</local-command-caveat>", "go"]
 
 
 def test_inline_sidechains_show_up_and_stay_out_of_the_chain():

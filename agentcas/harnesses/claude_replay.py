@@ -16,11 +16,17 @@ follows anthropics/claude-agent-sdk-python `_internal/sessions.py` @005d7596
 5. Visible messages are chain user/assistant records that are not `isMeta`,
    `isSidechain` or `teamName` (`isCompactSummary` records are kept).
 
+A subagent's own transcript (`agent-<id>.jsonl`: every record carries `agentId`, and is
+`isSidechain`) follows the SDK's subagent rules instead (`_build_subagent_chain`,
+`_entries_to_subagent_messages`): the leaf is the last user/assistant record in the file,
+and every user/assistant record of its chain is a message (none is hidden as sidechain).
+
 Beyond the SDK (agentcas conventions, docs/HARNESSES.md): `abandoned` lists non-sidechain
 nodes on branches not chosen (not the chain, not the history before a compaction, which
 is reached through `logicalParentUuid`); `sidechains` lists each inline subagent tree
 (root without a sidechain parent, its newest terminal user/assistant leaf, the path);
-`messages` is the Messages-API view of the visible records.
+`messages` is the Messages-API view of the chain's user/assistant records: system
+records dropped, `isMeta` text kept (Claude Code sends it to the model; agent-logs.md 2.3).
 """
 
 from __future__ import annotations
@@ -73,6 +79,25 @@ def build_chain(entries: list[dict]) -> list[dict]:
     return chain
 
 
+def build_subagent_chain(entries: list[dict]) -> list[dict]:
+    """`_build_subagent_chain`: from the last user/assistant record back to the root."""
+    by_uuid = {e["uuid"]: e for e in entries}
+    leaf = next((e for e in reversed(entries) if e.get("type") in ("user", "assistant")), None)
+    if leaf is None:
+        return []
+    chain = list(_walk(leaf, by_uuid))
+    chain.reverse()
+    return chain
+
+
+def is_subagent_transcript(entries: list[dict]) -> bool:
+    """A subagent's own file: its first chain node is a sidechain record carrying an
+    `agentId` (a session's own records are not sidechains; the inline layout's sidechain
+    records, in the session's file, carry no `agentId`)."""
+    first = entries[0] if entries else {}
+    return bool(first.get("isSidechain")) and isinstance(first.get("agentId"), str) and bool(first["agentId"])
+
+
 def is_visible(entry: dict) -> bool:
     """`_is_visible_message`."""
     if entry.get("type") not in ("user", "assistant"):
@@ -86,11 +111,14 @@ def _blocks(content) -> list:
     return list(content) if isinstance(content, list) else []
 
 
-def messages_view(visible: list[dict]) -> list[dict]:
-    """Messages-API view: one message.id's assistant records merged, consecutive users merged."""
+def messages_view(records: list[dict]) -> list[dict]:
+    """Messages-API view of user/assistant records (others dropped): one message.id's
+    assistant records merged, consecutive users merged."""
     out: list[dict] = []
     last_id = None
-    for entry in visible:
+    for entry in records:
+        if entry.get("type") not in ("user", "assistant"):
+            continue
         message = entry.get("message") if isinstance(entry.get("message"), dict) else {}
         content = message.get("content")
         if entry["type"] == "assistant":
@@ -171,15 +199,19 @@ def replay_claude(records) -> dict:
             session_id = record["sessionId"]
         if _is_node(record):
             entries.append(record)
-    chain = build_chain(entries)
+    subagent = is_subagent_transcript(entries)
+    chain = build_subagent_chain(entries) if subagent else build_chain(entries)
     by_uuid = {e["uuid"]: e for e in entries}
     in_chain = {e["uuid"] for e in chain}
     replaced = _before_compaction(chain, by_uuid)
-    visible = [e for e in chain if is_visible(e)]
+    if subagent:
+        visible = [e for e in chain if e.get("type") in ("user", "assistant")]
+    else:
+        visible = [e for e in chain if is_visible(e)]
     abandoned, listed = [], set()
     for e in entries:
         uid = e["uuid"]
-        if uid in in_chain or uid in replaced or uid in listed or e.get("isSidechain"):
+        if uid in in_chain or uid in replaced or uid in listed or (e.get("isSidechain") and not subagent):
             continue
         listed.add(uid)
         abandoned.append(uid)
@@ -189,5 +221,5 @@ def replay_claude(records) -> dict:
     return {"format": "claude", "session_id": session_id, "at": at,
             "leaf": chain[-1]["uuid"] if chain else None, "chain": [e["uuid"] for e in chain],
             "visible": [e["uuid"] for e in visible], "abandoned": abandoned,
-            "sidechains": _sidechains(entries), "compaction": compaction,
-            "messages": messages_view(visible)}
+            "sidechains": [] if subagent else _sidechains(entries), "compaction": compaction,
+            "messages": messages_view(chain)}

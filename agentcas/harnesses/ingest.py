@@ -4,7 +4,8 @@ A thread's rollout is its file's complete lines, stored as they are (a damaged l
 kept, so `rollout cat` equals the file, and reported; replay skips it). Each run, per file:
 
 1. `stat`. If size, mtime and inode equal what the last run recorded (IngestState: rows
-   of this machine's stat cache), the file is unchanged: nothing else.
+   of this machine's stat cache) and its thread still exists (one listing of the thread names
+   a run), the file is unchanged: nothing else.
 2. Otherwise the thread (named from the content, discovery.py) must hold a prefix of
    the file: the file is not shorter than the stored bytes, and the stored first and
    last records equal the file's bytes there. A file that fails this was rewritten or
@@ -259,7 +260,7 @@ class Ingest:
         pending: list[_Pending] = []
         forks: list[_Pending] = []
         pending_bytes = 0
-        threads = None
+        threads = names = None
         for session in files:
             report = FileReport(session.path)
             reports.append(report)
@@ -270,9 +271,13 @@ class Ingest:
                 continue
             key = os.path.abspath(session.path)
             if self.state.unchanged(key, st):
+                if names is None:   # one listing a run: a stat-unchanged file's thread must still exist
+                    names = self.store.thread_names()
                 entry = self.state.entries[key]
-                report.thread, report.seq, report.first_seq = entry["thread"], entry["seq"], entry["seq"]
-                continue
+                if entry["thread"] in names:
+                    report.thread, report.seq, report.first_seq = entry["thread"], entry["seq"], entry["seq"]
+                    continue
+                # its thread was deleted: the state is only a cache, the file is ingested again
             if threads is None:
                 threads = {row["thread"]: row for row in self.store.threads()}
             try:

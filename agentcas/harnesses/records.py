@@ -70,7 +70,8 @@ def detect_format(records) -> str | None:
         kind = record.get("type")
         if kind in CODEX_TYPES and "payload" in record:
             return CODEX
-        if "sessionId" in record or (kind in CLAUDE_TYPES and ("uuid" in record or "leafUuid" in record)):
+        if "sessionId" in record or (kind in CLAUDE_TYPES and ("uuid" in record or "leafUuid" in record
+                                                                 or "messageId" in record)):
             return CLAUDE
     return None
 

@@ -89,10 +89,14 @@ def replay_records(store, rev: str, at: int | None = None, fmt: str | None = Non
         raise UsageError(f"--at {at} is beyond the end of {rev!r} ({length} records)")
     records = StoredRecords(store, rev, at)
     if fmt is None:
-        fmt = detect_format(records[i] for i in range(min(at, DETECT_RECORDS)))
+        # The format is REV's, not the cut's: `--at 1` of a transcript whose first line
+        # (a file-history-snapshot, a summary) names no session is still that transcript.
+        head_records = records if at >= min(length, DETECT_RECORDS) else StoredRecords(store, rev, length)
+        seen = min(length, DETECT_RECORDS)
+        fmt = detect_format(head_records[i] for i in range(seen))
         if fmt is None:
             raise UnknownFormat(f"{rev!r} is neither a Codex rollout nor a Claude Code transcript "
-                                f"(first {min(at, DETECT_RECORDS)} records); name one with --format codex|claude")
+                                f"(first {seen} records); name one with --format codex|claude")
     if fmt != CODEX:
         return replay_claude(records), records
     # Every damaged line up to `at`, not only those the reducer reads (damaged_lines.py).

@@ -115,6 +115,11 @@ def read_thread(txn: Txn, name: str) -> ThreadState | None:
     return None if value is None else _decode_state(_key(name), value)
 
 
+def thread_names(txn: Txn) -> set[str]:
+    """The names of every thread: the ref rows' keys, none of them unsealed or decoded."""
+    return {bytes(key)[len(PREFIX):].decode("utf-8") for key, _ in txn.scan("refs", PREFIX)}
+
+
 def list_threads(txn: Txn) -> list[tuple[str, ThreadState]]:
     return [(key[len(PREFIX):].decode("utf-8"), _decode_state(bytes(key), value))
             for key, value in txn.scan("refs", PREFIX)]
