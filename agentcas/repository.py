@@ -565,7 +565,10 @@ class Store:
         return {"from": d1.hex(), "to": d2.hex(), "added": added, "removed": removed, "changed": changed,
                 "records": {"from_seq": c1.history.seq, "to_seq": c2.history.seq, "common": common,
                             "added": c2.history.seq - common, "added_range": [common, c2.history.seq],
-                            "removed": c1.history.seq - common}}
+                            "removed": c1.history.seq - common,
+                            # A history only grows: no record is changed in place. Past the common
+                            # prefix, `from`'s records count as removed and `to`'s as added.
+                            "changed": 0}}
 
     def lineage(self, thread: str | None = None) -> dict:
         rows = self.threads()

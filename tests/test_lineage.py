@@ -296,7 +296,7 @@ def test_diff_reports_files_and_records(store, replay):
                             "added_range": [19, 25], "removed": 0}
     back = store.diff(end, staging)
     assert back["removed"] == [{"path": "log.txt", "size": 10}]
-    assert back["records"]["added"] == 0 and back["records"]["removed"] == 6
+    assert back["records"]["added"] == 0 and back["records"]["removed"] == 6 and back["records"]["changed"] == 0
 
 
 def test_diff_of_diverged_histories(store, ws, replay):
