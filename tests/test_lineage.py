@@ -293,7 +293,7 @@ def test_diff_reports_files_and_records(store, replay):
     assert d["removed"] == []
     assert d["changed"] == [{"path": "plan.md", "old_size": 8, "new_size": 19}]
     assert d["records"] == {"from_seq": 19, "to_seq": 25, "common": 19, "added": 6,
-                            "added_range": [19, 25], "removed": 0}
+                            "added_range": [19, 25], "removed": 0, "changed": 0}
     back = store.diff(end, staging)
     assert back["removed"] == [{"path": "log.txt", "size": 10}]
     assert back["records"]["added"] == 0 and back["records"]["removed"] == 6 and back["records"]["changed"] == 0
@@ -306,7 +306,7 @@ def test_diff_of_diverged_histories(store, ws, replay):
     alt = store.commit(str(ws.set(**{"plan.md": "staging\n"}).root), "alt", "alt")["checkpoint"]
     d = store.diff(end, alt)
     assert d["records"] == {"from_seq": 25, "to_seq": 23, "common": 19, "added": 4,
-                            "added_range": [19, 23], "removed": 6}
+                            "added_range": [19, 23], "removed": 6, "changed": 0}
     assert d["added"] == [] and d["removed"] == [{"path": "log.txt", "size": 10}]
     assert store.diff(alt, alt)["records"]["added"] == 0
 
