@@ -244,3 +244,14 @@ def test_a_tool_loop_with_interrupts_forks_and_subgraphs_matches_in_memory_saver
             graph.invoke(Command(resume="same answer"), cfg)
         assert _seen(theirs.get_state(cfg)) == _seen(mine.get_state(cfg))
     assert run("--json", "fsck", store=other).json()["ok"]
+
+
+@pytest.mark.parametrize("refs", ["postgresql://agentcas@127.0.0.1:xx/db", "postgresql://agentcas@127.0.0.1:99999/db",
+                                  "postgresql://agentcas@[::1/db"])
+def test_a_malformed_refs_url_is_a_usage_error_at_once(refs, tmp_path):
+    """A URL that cannot name a server is exit 2 with one line, not exit 1 after every retry."""
+    bad = run_cli("--store", "s3://bucket/prefix", "--refs", refs, "log",
+                  env={"AGENTCAS_CACHE_DIR": str(tmp_path / "cache"), "AGENTCAS_RETRY_SECONDS": "30"}, timeout=20)
+    assert bad.code == 2, bad
+    assert bad.err.startswith("agentcas: error: not a valid PostgreSQL URL") and bad.err.count("\n") == 1, bad.err
+    assert not (tmp_path / "cache").exists()
