@@ -255,3 +255,15 @@ def test_a_malformed_refs_url_is_a_usage_error_at_once(refs, tmp_path):
     assert bad.code == 2, bad
     assert bad.err.startswith("agentcas: error: not a valid PostgreSQL URL") and bad.err.count("\n") == 1, bad.err
     assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("name,value", [("AGENTCAS_CACHE_BYTES", "abc"), ("AGENTCAS_CACHE_BYTES", "-5"),
+                                        ("AGENTCAS_RETRY_SECONDS", "zz"), ("AGENTCAS_PG_TIMEOUT", "nan"),
+                                        ("AGENTCAS_S3_READ_TIMEOUT", "-1")])
+def test_a_malformed_shared_store_setting_is_refused_by_name(team, tmp_path, name, value):
+    env, _, _ = team
+    cache = tmp_path / "cache-new"
+    bad = run_cli("log", "main", env=dict(env, AGENTCAS_CACHE_DIR=str(cache), **{name: value}))
+    assert bad.code == 2, bad
+    assert bad.err.startswith(f"agentcas: error: ${name} must be ") and bad.err.count("\n") == 1, bad.err
+    assert "internal error" not in bad.err and not cache.exists()

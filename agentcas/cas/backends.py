@@ -98,6 +98,8 @@ def shared_stores(store_url: str, refs_url: str | None, create: bool = False) ->
         raise UsageError(f"--refs must be a postgresql:// URL, not {refs_url.split(':', 1)[0]}:")
     import hashlib
 
+    from agentcas.cas import settings
+    settings.check_shared_store_settings()
     from agentcas.cas.blobstore.cached import CachedBlobStore, default_cache_dir
     from agentcas.cas.blobstore.s3 import S3BlobStore
     from agentcas.cas.lmdb_store import open_lmdb

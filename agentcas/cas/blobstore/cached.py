@@ -32,6 +32,7 @@ import struct
 import time
 from typing import Iterable, Iterator, Mapping, Sequence
 
+from agentcas.cas import settings
 from agentcas.cas.blobstore.base import BlobInfo, BlobStore
 
 DEFAULT_MAX_BYTES = 4 << 30
@@ -66,8 +67,8 @@ class CachedBlobStore(BlobStore):
         self.local = local
         self.url = remote.url
         self.cache_dir = getattr(local, "path", None)
-        self.max_bytes = max_bytes if max_bytes is not None else int(
-            os.environ.get("AGENTCAS_CACHE_BYTES", str(DEFAULT_MAX_BYTES)))
+        self.max_bytes = max_bytes if max_bytes is not None else settings.whole_number(
+            "AGENTCAS_CACHE_BYTES", DEFAULT_MAX_BYTES)
         self.hits = self.misses = 0
         self.clock = time.time  # read times (a test may set its own clock)
 

@@ -49,7 +49,7 @@ from datetime import datetime
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Iterator, Mapping, Sequence
 
-from agentcas.cas import crashpoints, framing
+from agentcas.cas import crashpoints, framing, settings
 from agentcas.cas.blobstore.base import KEY_SIZE, BlobInfo, BlobStore, BlobUnavailable
 from agentcas.errors import UsageError
 
@@ -69,7 +69,7 @@ MARKER = "agentcas-store.json"
 
 def retry_seconds() -> float:
     """How long a failing request is retried before the service is called unavailable."""
-    return float(os.environ.get("AGENTCAS_RETRY_SECONDS", "20"))
+    return settings.number("AGENTCAS_RETRY_SECONDS", 20.0)
 
 
 def _parse_timestamp(text):
@@ -117,7 +117,7 @@ class S3BlobStore(BlobStore):
         config = botocore.config.Config(
             max_pool_connections=POOL_SIZE, retries={"total_max_attempts": 1},
             connect_timeout=CONNECT_SECONDS,
-            read_timeout=float(os.environ.get("AGENTCAS_S3_READ_TIMEOUT", READ_SECONDS)),
+            read_timeout=settings.number("AGENTCAS_S3_READ_TIMEOUT", READ_SECONDS),
             request_checksum_calculation="when_required", response_checksum_validation="when_required",
             s3={"addressing_style": "path"} if self.endpoint else {})
         try:

@@ -62,7 +62,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
 
-from agentcas.cas import crashpoints
+from agentcas.cas import crashpoints, settings
 from agentcas.cas.metastore.base import (TABLES, MetadataStore, MetadataUnavailable, MetaTxn, Read,
                                          prefix_end)
 from agentcas.errors import UsageError
@@ -136,12 +136,12 @@ ANSWER_GRACE = 2.0      # a live server's own cancel (statement_timeout) arrives
 
 def retry_seconds() -> float:
     """How long a failing operation is retried before the service is called unavailable."""
-    return float(os.environ.get("AGENTCAS_RETRY_SECONDS", "20"))
+    return settings.number("AGENTCAS_RETRY_SECONDS", 20.0)
 
 
 def timeout_seconds() -> float:
     """How long one statement may take ($AGENTCAS_PG_TIMEOUT, seconds; 0 turns the bounds off)."""
-    return float(os.environ.get("AGENTCAS_PG_TIMEOUT", str(TIMEOUT_SECONDS)))
+    return settings.number("AGENTCAS_PG_TIMEOUT", TIMEOUT_SECONDS)
 
 
 class NoAnswer(psycopg.OperationalError):
