@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from agentcas import __version__, testing_hooks
 from agentcas.cas import encoding, framing
-from agentcas.cas.backends import Stores, embedded_stores, is_shared_url, memory_stores, shared_stores
+from agentcas.cas.backends import (STORE_KEY, Stores, check_binding, claim_prefix, embedded_stores, is_shared_url,
+                                   mark_prefix, memory_stores, shared_stores)
 from agentcas.cas.digest import Digest
 from agentcas.cas.leases import Lease, sweep_active
 from agentcas.cas.lmdb_store import StoreUnavailable, open_lmdb
@@ -78,13 +79,15 @@ def _within(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
-def _write_format(stores: Stores) -> bool:
-    """Write the store's format record (and gc's idle fence row) unless present; True if
-    this made the store."""
+def _write_format(stores: Stores, binding: bytes | None = None) -> bool:
+    """Write the store's format record (and gc's idle fence row; a shared store's binding
+    row, cas/backends.py) unless present; True if this made the store."""
     doc = encoding.encode({"format": STORE_FORMAT, "created_at": utc_now()})
 
     def create(txn: Txn) -> bool:
         sweep_active(txn, 0.0, lock=True)  # writes the fence row leases lock (cas/leases.py)
+        if binding is not None:
+            txn.put_new("meta", STORE_KEY, binding)
         return txn.put_new("meta", FORMAT_KEY, seal("meta", FORMAT_KEY, doc))
 
     return stores.meta.write(create)
@@ -162,7 +165,14 @@ class Store:
     @classmethod
     def _init_shared(cls, url: str, refs: str | None) -> tuple["Store", bool]:
         stores = shared_stores(url, refs, create=True)
-        created = _write_format(stores)
+        try:
+            binding = claim_prefix(stores)  # refuses another store's prefix or database first
+            created = _write_format(stores, binding)
+            _, (binding,) = stores.meta.exchange(reads=[Read("meta", STORE_KEY)])
+            mark_prefix(stores, binding)
+        except BaseException:
+            stores.close()
+            raise
         return cls(stores, None), created
 
     @classmethod
@@ -188,7 +198,9 @@ class Store:
         self.stores.close()
 
     def _check_format(self) -> None:
-        _, (value,) = self.meta.exchange(reads=[Read("meta", FORMAT_KEY)])  # one request
+        _, (value, binding) = self.meta.exchange(reads=[Read("meta", FORMAT_KEY), Read("meta", STORE_KEY)])  # one request
+        if self.stores.shared:
+            check_binding(self.stores, binding)
         if value is None:
             raise StoreUnavailable(f"not an agentcas store (no format record): {self.path or self.url}")
         doc = encoding.decode(unseal("meta", FORMAT_KEY, value))

@@ -18,6 +18,7 @@ import pytest
 from agentcas.cas import framing
 from agentcas.cas.blobstore.base import BlobUnavailable
 from agentcas.cas.blobstore.s3 import HEAD_MAX, S3BlobStore, parse_url
+from agentcas.errors import UsageError
 from services import S3_ACCESS_KEY, S3_BUCKET, S3_SECRET_KEY, SeaweedServer
 
 
@@ -43,9 +44,9 @@ def own_gateway(monkeypatch):
 def test_parse_url():
     assert parse_url("s3://bucket/a/b/") == ("bucket", "a/b")
     assert parse_url("s3://bucket") == ("bucket", "")
-    with pytest.raises(ValueError):
+    with pytest.raises(UsageError):  # exit 2 in the CLI, one line
         parse_url("s3:///prefix")
-    with pytest.raises(ValueError):
+    with pytest.raises(UsageError):
         parse_url("http://bucket/prefix")
 
 

@@ -11,18 +11,38 @@ shared store `known(keys)` says which objects this machine knows to be stored wi
 asking a server: the local cache answers (a commit then re-checks what it relies on against the bucket before its
 ref moves). Backends are imported only when their URL is used, so an embedded store
 never loads boto3 or psycopg.
+
+A shared store's two halves are bound together, so a mistyped prefix or a second refs
+database can never pair refs with objects they do not name (a ref to objects the bucket
+lacks; two databases each collecting the other's objects): `init` records
+`{"id", "objects": s3://BUCKET/PREFIX}` in the metadata (`meta/store`) and the same id in the
+prefix's marker (`PREFIX/agentcas-store.json`, create-if-absent). `init` refuses a prefix
+whose marker names another id, and a database bound to another prefix whose marker is not
+here, before writing anything. Every open compares the database's id with the marker's:
+one S3 GET the first time this machine opens the pair, then remembered in its cache
+(`meta` row `store/verified`), so a warm open costs no extra request. A copy of a store
+(objects and marker copied to another prefix, the database cloned) opens, since the ids
+agree. Stores made before this have no row and are not checked; their next `init` binds
+them.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 from dataclasses import dataclass
 
+from agentcas.cas import encoding
 from agentcas.cas.blobstore.base import BlobStore
-from agentcas.cas.metastore.base import MetadataStore
+from agentcas.cas.metastore.base import MetadataStore, Read
+from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.source import ObjectSource
 from agentcas.cas.store import MemoryObjectStore, ObjectStore, TableBlobStore, TableMetadataStore
-from agentcas.errors import UsageError
+from agentcas.errors import ConflictError, UsageError
+
+STORE_KEY = b"store"  # meta row of a shared store: {"id", "objects"} (the module doc)
+VERIFIED_KEY = b"store/verified"  # this machine's cache: the store id it found in the marker
 
 
 @dataclass
@@ -78,6 +98,8 @@ def shared_stores(store_url: str, refs_url: str | None, create: bool = False) ->
         raise UsageError(f"--refs must be a postgresql:// URL, not {refs_url.split(':', 1)[0]}:")
     import hashlib
 
+    from agentcas.cas import settings
+    settings.check_shared_store_settings()
     from agentcas.cas.blobstore.cached import CachedBlobStore, default_cache_dir
     from agentcas.cas.blobstore.s3 import S3BlobStore
     from agentcas.cas.lmdb_store import open_lmdb
@@ -91,3 +113,66 @@ def shared_stores(store_url: str, refs_url: str | None, create: bool = False) ->
                       create=True)
     blobs = CachedBlobStore(remote, local)
     return Stores(blobs, meta, local, store_url, None, None)
+
+
+# -- binding a shared store's refs database to its prefix ------------------------------------------
+
+def _binding(value: bytes | None) -> dict | None:
+    return None if value is None else encoding.decode(unseal("meta", STORE_KEY, value))
+
+
+def _marker_id(data: bytes) -> str | None:
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return None
+    return doc.get("store") if isinstance(doc, dict) else None
+
+
+def check_binding(stores: Stores, value: bytes | None) -> None:
+    """At open: the database (its `meta/store` row, `value`) and the prefix's marker must
+    name the same store (asked of S3 once per machine, then remembered)."""
+    bound = _binding(value)
+    if bound is None:
+        return
+    with stores.local.reader() as txn:
+        if txn.get("meta", VERIFIED_KEY) == bound["id"].encode():
+            return
+    marker = stores.blobs.read_marker()
+    if marker is None or _marker_id(marker) != bound["id"]:
+        from agentcas.cas.lmdb_store import StoreUnavailable
+        what = "holds no agentcas store" if marker is None else "holds another agentcas store"
+        raise StoreUnavailable(
+            f"{stores.blobs.url} {what}, but {getattr(stores.meta, 'name', 'the refs database')} holds the "
+            f"refs of the store made at {bound.get('objects')}: check --store and --refs; nothing was changed")
+    stores.local.write(lambda txn: txn.put("meta", VERIFIED_KEY, bound["id"].encode()))
+
+
+def claim_prefix(stores: Stores) -> bytes:
+    """At init, before anything is written: the sealed `meta/store` row that binds the
+    database to this prefix (the existing one, or a new id); ConflictError if the prefix or
+    the database already belongs to another store."""
+    url = stores.blobs.url
+    _, (value,) = stores.meta.exchange(reads=[Read("meta", STORE_KEY)])
+    bound = _binding(value)
+    marker = stores.blobs.read_marker()
+    name = getattr(stores.meta, "name", "the refs database")
+    if bound is not None and marker is None and bound.get("objects") != url:
+        raise ConflictError(f"{name} already holds the refs of the store at {bound.get('objects')}, "
+                            f"not {url}; nothing was written")
+    if marker is not None and (bound is None or _marker_id(marker) != bound.get("id")):
+        raise ConflictError(f"{url} already holds the objects of another agentcas store (its refs are "
+                            f"in another database than {name}); nothing was written")
+    if value is not None:
+        return value
+    return seal("meta", STORE_KEY, encoding.encode({"id": secrets.token_hex(16), "objects": url}))
+
+
+def mark_prefix(stores: Stores, value: bytes) -> None:
+    """At init, after the database holds `value`: write the prefix's marker with its id
+    (create-if-absent; a marker written meanwhile by another init must name the same id)."""
+    bound = _binding(value)
+    data = json.dumps({"store": bound["id"], "format": "agentcas store marker 1"}).encode()
+    if not stores.blobs.create_marker(data) and _marker_id(stores.blobs.read_marker() or b"") != bound["id"]:
+        raise ConflictError(f"{stores.blobs.url} was claimed by another agentcas store while this one was "
+                            "made; use another prefix")

@@ -34,7 +34,6 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, unquote
@@ -276,6 +275,28 @@ class _Retry(Exception):
     """The thread moved between reading and landing: reload and try again."""
 
 
+class _Opened:
+    """What `from_path` returns: a context manager, sync or async, that opens the saver on
+    entry and closes it on exit."""
+
+    def __init__(self, make):
+        self._make = make
+        self._saver = None
+
+    def __enter__(self) -> "AgentcasSaver":
+        self._saver = self._make()
+        return self._saver
+
+    def __exit__(self, *exc) -> None:
+        self._saver.close()
+
+    async def __aenter__(self) -> "AgentcasSaver":
+        return self.__enter__()
+
+    async def __aexit__(self, *exc) -> None:
+        self.__exit__(*exc)
+
+
 class AgentcasSaver(BaseCheckpointSaver[int]):
     """A LangGraph checkpointer that keeps every thread as an agentcas thread (sync and async)."""
 
@@ -299,14 +320,10 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
 
     # -- life cycle -----------------------------------------------------------------------------
     @classmethod
-    @contextmanager
-    def from_path(cls, path: str, **kwargs) -> Iterator["AgentcasSaver"]:
-        """A saver on the store at `path` (created if absent), closed on exit."""
-        saver = cls(str(path), **kwargs)
-        try:
-            yield saver
-        finally:
-            saver.close()
+    def from_path(cls, path: str, **kwargs) -> "_Opened":
+        """A saver on the store at `path` (created if absent), closed on exit: `with
+        AgentcasSaver.from_path(p) as saver:`, or `async with` like LangGraph's async savers."""
+        return _Opened(lambda: cls(str(path), **kwargs))
 
     def close(self) -> None:
         if self._owned is not None:
@@ -1114,3 +1131,8 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         return self.delete_for_runs(run_ids)
+
+
+# One class has both the sync and the async methods; the async name is the same saver, for
+# code written against LangGraph's pairs (SqliteSaver / AsyncSqliteSaver).
+AsyncAgentcasSaver = AgentcasSaver

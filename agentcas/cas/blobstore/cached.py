@@ -4,7 +4,9 @@ The cache keeps every object this machine read or wrote in the `objects` table o
 machine's table environment (`local`: the LMDB environment at $AGENTCAS_CACHE_DIR,
 default ~/.cache/agentcas/<hash of the store URL>, which also holds the stat cache),
 bounded by `max_bytes` ($AGENTCAS_CACHE_BYTES, default 4 GiB): when the cached values
-pass the bound, the least recently read are evicted (down to 90% of it). Reads stamp
+pass the bound, the least recently read are evicted (down to 90% of it), and one batch
+caches at most 90% of it (its smallest values first), so the LMDB file on disk stays
+within a few times the bound however large a commit or checkout is. Reads stamp
 an entry with the time, at most once a minute per entry, so reading stays read-only.
 Its bookkeeping lives in the environment's `meta` table under `cache/`:
 
@@ -30,6 +32,7 @@ import struct
 import time
 from typing import Iterable, Iterator, Mapping, Sequence
 
+from agentcas.cas import settings
 from agentcas.cas.blobstore.base import BlobInfo, BlobStore
 
 DEFAULT_MAX_BYTES = 4 << 30
@@ -64,8 +67,8 @@ class CachedBlobStore(BlobStore):
         self.local = local
         self.url = remote.url
         self.cache_dir = getattr(local, "path", None)
-        self.max_bytes = max_bytes if max_bytes is not None else int(
-            os.environ.get("AGENTCAS_CACHE_BYTES", str(DEFAULT_MAX_BYTES)))
+        self.max_bytes = max_bytes if max_bytes is not None else settings.whole_number(
+            "AGENTCAS_CACHE_BYTES", DEFAULT_MAX_BYTES)
         self.hits = self.misses = 0
         self.clock = time.time  # read times (a test may set its own clock)
 
@@ -118,7 +121,7 @@ class CachedBlobStore(BlobStore):
         return size
 
     def _store(self, items: Mapping[bytes, bytes]) -> None:
-        items = {bytes(k): v for k, v in items.items() if len(v) <= self.max_bytes}
+        items = self._within_bound(items)
         if not items:
             return
         now = int(self.clock())
@@ -132,6 +135,23 @@ class CachedBlobStore(BlobStore):
             total = self._evict_oldest(txn, total, self.max_bytes)
             txn.put("meta", _TOTAL, _U64.pack(total))
         self.local.write(put)
+
+    def _within_bound(self, items: Mapping[bytes, bytes]) -> dict[bytes, bytes]:
+        """The part of one batch to cache: at most 90% of the bound, smallest values first
+        (checkpoints, trees and chunk lists before file chunks). A transaction's new pages
+        are the data file's high-water mark (LMDB reuses freed pages only after commit), so
+        caching the whole of a 64 MiB commit batch under a smaller bound would grow the
+        file on disk far past the bound even though eviction then trims the contents."""
+        room = self.max_bytes * 9 // 10
+        if sum(len(v) for v in items.values()) <= room:
+            return {bytes(k): v for k, v in items.items()}
+        kept, size = {}, 0
+        for key, value in sorted(items.items(), key=lambda item: len(item[1])):
+            if size + len(value) > room:
+                break
+            kept[bytes(key)] = value
+            size += len(value)
+        return kept
 
     def _evict_oldest(self, txn, total: int, bound: int) -> int:
         """Drop the least recently read entries until `total` is at most 90% of `bound`."""
@@ -249,6 +269,14 @@ class CachedBlobStore(BlobStore):
 
     def used_bytes(self) -> int:
         return self.remote.used_bytes()
+
+    # -- the store's marker (s3.py): not an object, never cached ---------------------------
+
+    def read_marker(self) -> bytes | None:
+        return self.remote.read_marker()
+
+    def create_marker(self, data: bytes) -> bool:
+        return self.remote.create_marker(data)
 
     def close(self) -> None:
         self.remote.close()

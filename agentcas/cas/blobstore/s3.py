@@ -1,7 +1,9 @@
 """The S3 blob store (boto3): one immutable S3 object per agentcas object.
 
 Layout: `s3://BUCKET/PREFIX` keeps object `ID` (raw 32 bytes) at `PREFIX/objects/<64 hex>`,
-its framed value as the body; lexicographic key order is id order. Writes are
+its framed value as the body; lexicographic key order is id order. `PREFIX/agentcas-store.json`
+is the store's marker, written once by `init` (create-if-absent): the id of the store whose
+refs database owns the prefix (cas/backends.py checks the two belong together). Writes are
 create-if-absent (`PUT` with `If-None-Match: *`; 412 means it was already there), so
 the first write of a key wins and a key's bytes never change. A gateway that answers
 501 to the condition (or `AGENTCAS_S3_CONDITIONAL_PUT=0`) gets HEAD-then-PUT instead:
@@ -47,8 +49,9 @@ from datetime import datetime
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Iterator, Mapping, Sequence
 
-from agentcas.cas import crashpoints, framing
+from agentcas.cas import crashpoints, framing, settings
 from agentcas.cas.blobstore.base import KEY_SIZE, BlobInfo, BlobStore, BlobUnavailable
+from agentcas.errors import UsageError
 
 POOL_SIZE = int(os.environ.get("AGENTCAS_S3_CONNECTIONS", "16"))
 HEAD_MAX = 32           # up to this many keys: parallel HEADs; more: listing
@@ -61,11 +64,12 @@ _RETRY_STATUS = {500, 502, 503, 504, 409}  # 409: a conditional write racing ano
 _RETRY_CODES = {"SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout", "Throttling",
                 "ThrottlingException", "RequestTimeTooSkewed", "OperationAborted", "ConditionalRequestConflict"}
 _MISSING_CODES = {"404", "NoSuchKey", "NotFound"}
+MARKER = "agentcas-store.json"
 
 
 def retry_seconds() -> float:
     """How long a failing request is retried before the service is called unavailable."""
-    return float(os.environ.get("AGENTCAS_RETRY_SECONDS", "20"))
+    return settings.number("AGENTCAS_RETRY_SECONDS", 20.0)
 
 
 def _parse_timestamp(text):
@@ -85,10 +89,10 @@ def _no_expect(request, **_):
 def parse_url(url: str) -> tuple[str, str]:
     """(bucket, prefix) of `s3://BUCKET/PREFIX` (the prefix without slashes at its ends)."""
     if not url.startswith("s3://"):
-        raise ValueError("an S3 blob store URL starts with s3://")
+        raise UsageError("an S3 blob store URL starts with s3://")
     bucket, _, prefix = url[len("s3://"):].partition("/")
     if not bucket:
-        raise ValueError("an S3 store URL names a bucket: s3://BUCKET/PREFIX")
+        raise UsageError(f"an S3 store URL names a bucket: s3://BUCKET/PREFIX, not {url}")
     return bucket, prefix.strip("/")
 
 
@@ -103,6 +107,7 @@ class S3BlobStore(BlobStore):
         self.bucket, self.prefix = parse_url(url)
         self.url = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
         self._objects_prefix = f"{self.prefix}/objects/" if self.prefix else "objects/"
+        self._marker = f"{self.prefix}/{MARKER}" if self.prefix else MARKER
         self.endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
         self.region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
         self.name = f"S3 at {self.endpoint or 'the default AWS endpoint'} (bucket {self.bucket})"
@@ -112,7 +117,7 @@ class S3BlobStore(BlobStore):
         config = botocore.config.Config(
             max_pool_connections=POOL_SIZE, retries={"total_max_attempts": 1},
             connect_timeout=CONNECT_SECONDS,
-            read_timeout=float(os.environ.get("AGENTCAS_S3_READ_TIMEOUT", READ_SECONDS)),
+            read_timeout=settings.number("AGENTCAS_S3_READ_TIMEOUT", READ_SECONDS),
             request_checksum_calculation="when_required", response_checksum_validation="when_required",
             s3={"addressing_style": "path"} if self.endpoint else {})
         try:
@@ -211,6 +216,47 @@ class S3BlobStore(BlobStore):
         except self._exceptions.ClientError as exc:
             if self._status(exc)[1] not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                 raise self._refused(exc, f"to create bucket {self.bucket}") from None
+
+    # -- the store's marker --------------------------------------------------------------
+
+    def read_marker(self) -> bytes | None:
+        """The marker's bytes, or None if the prefix has none (no store was made here)."""
+        def attempt():
+            try:
+                return self._client.get_object(Bucket=self.bucket, Key=self._marker)["Body"].read()
+            except self._exceptions.ClientError as exc:
+                if self._missing(exc):
+                    return None
+                raise
+        try:
+            return self._call(attempt)
+        except self._exceptions.ClientError as exc:
+            raise self._refused(exc, f"to read {self._marker}") from None
+
+    def create_marker(self, data: bytes) -> bool:
+        """Write the marker unless one exists (If-None-Match: *); True if written now."""
+        def attempt():
+            if not self.conditional_put:
+                if self.read_marker() is not None:
+                    return False
+                self._client.put_object(Bucket=self.bucket, Key=self._marker, Body=data)
+                return True
+            try:
+                self._client.put_object(Bucket=self.bucket, Key=self._marker, Body=data, IfNoneMatch="*")
+                return True
+            except self._exceptions.ClientError as exc:
+                status, code = self._status(exc)
+                if status == 412 or code == "PreconditionFailed":
+                    return False
+                raise
+        try:
+            return self._call(attempt)
+        except self._exceptions.ClientError as exc:
+            status, code = self._status(exc)
+            if self.conditional_put and (status == 501 or code == "NotImplemented"):
+                self.conditional_put = False
+                return self.create_marker(data)
+            raise self._refused(exc, f"to write {self._marker}") from None
 
     # -- keys ----------------------------------------------------------------------------
 

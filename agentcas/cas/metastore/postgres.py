@@ -62,9 +62,10 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
 
-from agentcas.cas import crashpoints
+from agentcas.cas import crashpoints, settings
 from agentcas.cas.metastore.base import (TABLES, MetadataStore, MetadataUnavailable, MetaTxn, Read,
                                          prefix_end)
+from agentcas.errors import UsageError
 
 SCHEMA_VERSION = 2
 # agentcas_exchange: MetadataStore.exchange as one statement (one round trip). Point reads
@@ -135,12 +136,12 @@ ANSWER_GRACE = 2.0      # a live server's own cancel (statement_timeout) arrives
 
 def retry_seconds() -> float:
     """How long a failing operation is retried before the service is called unavailable."""
-    return float(os.environ.get("AGENTCAS_RETRY_SECONDS", "20"))
+    return settings.number("AGENTCAS_RETRY_SECONDS", 20.0)
 
 
 def timeout_seconds() -> float:
     """How long one statement may take ($AGENTCAS_PG_TIMEOUT, seconds; 0 turns the bounds off)."""
-    return float(os.environ.get("AGENTCAS_PG_TIMEOUT", str(TIMEOUT_SECONDS)))
+    return settings.number("AGENTCAS_PG_TIMEOUT", TIMEOUT_SECONDS)
 
 
 class NoAnswer(psycopg.OperationalError):
@@ -329,7 +330,13 @@ class PostgresMetadataStore(MetadataStore):
         try:
             params = conninfo_to_dict(dsn)
         except psycopg.ProgrammingError:
-            raise MetadataUnavailable("not a valid PostgreSQL URL (postgresql://USER@HOST:PORT/DB)") from None
+            raise UsageError("not a valid PostgreSQL URL (postgresql://USER@HOST:PORT/DB)") from None
+        # A malformed URL is the user's to fix, not a server to wait for: libpq would only
+        # refuse the port at connect time, after every retry.
+        for port in str(params.get("port") or "").split(",") if params.get("port") else ():
+            if not (port.isdigit() and 0 < int(port) < 65536):
+                raise UsageError(f"not a valid PostgreSQL URL: port {port!r} is not a number in 1..65535 "
+                                 "(postgresql://USER@HOST:PORT/DB)")
         self._dsn = dsn
         self._params = params
         self._secrets = [s for s in (params.get("password"), os.environ.get("PGPASSWORD")) if s]
