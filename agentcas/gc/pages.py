@@ -1,5 +1,7 @@
 """Keep a whole-store scan from holding the whole LMDB map in this process's memory.
 
+(The same for gc's on-disk mark table, markset.py: `PageReleaser(None, data_file=...)`.)
+
 gc and fsck read every page of the store once. LMDB maps its data file read-only and
 shared; every page read stays mapped in the process (counted in its resident size)
 until the kernel reclaims it, so scanning a 400 MB store would show as 400 MB more RSS
@@ -26,9 +28,12 @@ MAPPED_BUDGET = 256 * 1024 * 1024  # file-backed resident bytes tolerated before
 class PageReleaser:
     """Call `tick()` per object read; the mapping is released when it grows past the budget."""
 
-    def __init__(self, objects, every: int = CHECK_EVERY, budget: int = MAPPED_BUDGET):
+    def __init__(self, objects, every: int = CHECK_EVERY, budget: int = MAPPED_BUDGET,
+                 data_file: str | None = None):
         path = getattr(objects, "path", None)
-        self.data_file = os.path.realpath(os.path.join(path, "data.mdb")) if path else None
+        if data_file is None and path:
+            data_file = os.path.join(path, "data.mdb")
+        self.data_file = os.path.realpath(data_file) if data_file else None
         self.every = every
         self.budget_pages = budget // os.sysconf("SC_PAGE_SIZE")
         self.count = 0

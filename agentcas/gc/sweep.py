@@ -196,33 +196,32 @@ def execute(stores: Stores, plan: GcPlan, wait: float = DEFAULT_WAIT,
     blocked: tuple = ()
     waited_since = None
     complete = True
-    total = sum(len(keys) for keys in plan.candidates) // KEY_SIZE
+    total = sum(len(spool) for spool in plan.candidates)
     done = 0
     pages = PageReleaser(stores)
-    for level, keys in enumerate(plan.candidates):
-        step = batch * KEY_SIZE
-        start = 0
-        while start < len(keys) and complete:
-            chunk = bytes(keys[start:start + step])
-            testing_hooks.reached("gc.sweep.before_batch")
-            first = start // KEY_SIZE
-            outcome = sweep_batch(stores, plan, chunk, level, pages,
-                                  plan.sizes[level][first:first + len(chunk) // KEY_SIZE])
-            dropped += outcome.dropped_pins
-            if outcome.busy or outcome.expired:
+    for level, spool in enumerate(plan.candidates):
+        if not complete:
+            break
+        for chunk, sizes in spool.batches(batch):
+            while True:
+                testing_hooks.reached("gc.sweep.before_batch")
+                outcome = sweep_batch(stores, plan, chunk, level, pages, sizes)
+                dropped += outcome.dropped_pins
+                if not (outcome.busy or outcome.expired):
+                    break
                 now = time.monotonic()
                 waited_since = waited_since or now
                 if now - waited_since >= wait:
                     complete, blocked = False, outcome.busy
                     break
                 time.sleep(BUSY_SLEEP)
-                continue
+            if not complete:
+                break
             waited_since = None
             batches += 1
             deleted += outcome.deleted
             freed += outcome.freed
             remarked += outcome.remarked
-            start += step
             done += len(chunk) // KEY_SIZE
             if progress:
                 progress(done, total)
