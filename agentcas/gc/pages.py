@@ -1,6 +1,8 @@
 """Keep a whole-store scan from holding the whole LMDB map in this process's memory.
 
-(The same for gc's on-disk mark table, markset.py: `PageReleaser(None, data_file=...)`.)
+(The same for gc's on-disk mark table, markset.py: `PageReleaser(None, data_file=...)`;
+that mapping is shared and writable, and dropping it loses nothing either: the kernel
+keeps dirty pages in the page cache and writes them back.)
 
 gc and fsck read every page of the store once. LMDB maps its data file read-only and
 shared; every page read stays mapped in the process (counted in its resident size)
@@ -22,7 +24,7 @@ import sys
 
 MADV_DONTNEED = 4
 CHECK_EVERY = 512  # objects read between two looks at the resident size
-MAPPED_BUDGET = 256 * 1024 * 1024  # file-backed resident bytes tolerated before a release
+MAPPED_BUDGET = 64 * 1024 * 1024  # file-backed resident bytes tolerated before a release
 
 
 class PageReleaser:
