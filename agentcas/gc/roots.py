@@ -14,9 +14,9 @@ Leases (cas/leases.py: writers in progress) name no object; no sweep batch runs
 while one is live (see sweep.py). A dead lease (expired, or of a dead local pid) is
 dropped.
 
-Mark: one `MarkWalker` (lineage/closure.Walker) shares a single `seen` set of raw
-32-byte digests across all roots, so each object is visited once however many threads
-share it. Interior objects (checkpoints, trees, chunk lists, segments) decide what
+Mark: one `MarkWalker` (lineage/closure.Walker) shares a single `seen` mark set of raw
+32-byte digests across all roots (a markset.MarkSet in gc: bounded memory, spilling to
+disk), so each object is visited once however many threads share it. Interior objects (checkpoints, trees, chunk lists, segments) decide what
 else is alive, so they are verified against their ids; chunks are leaves and are only
 checked for presence. A history is followed back through segment `base` links only,
 so a fork that shares the first N records of a deleted parent keeps exactly the
