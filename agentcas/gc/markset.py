@@ -53,12 +53,18 @@ def _table_bytes(capacity: int) -> int:
 class MarkSet:
     """A set of 32-byte ids (`in`, `add`, `len`) in at most ~`budget` bytes of memory."""
 
-    def __init__(self, budget: int | None = None):
+    def __init__(self, budget: int | None = None, expected: int = 0):
+        """`expected`: about how many ids will be added (0: unknown), so the table can start
+        at the size it would grow to (within the budget) instead of growing step by step."""
         self.budget = MEMORY_BUDGET if budget is None else budget
         self._count = 0          # ids held, both tables
         self._has_zero = False
-        self._capacity = _MIN_SLOTS
-        self._table = bytearray(_table_bytes(_MIN_SLOTS))
+        capacity = _MIN_SLOTS
+        while capacity * 3 // 4 < expected and \
+                _table_bytes(capacity + capacity // 2) + _table_bytes(capacity) <= self.budget:
+            capacity += capacity // 2
+        self._capacity = capacity
+        self._table = bytearray(_table_bytes(capacity))
         self._in_table = 0       # ids in the in-memory table
         self._env = self._reader = None
         self._dir = None

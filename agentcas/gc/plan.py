@@ -151,6 +151,14 @@ def _with_headers(objects, listing, seen):
     yield from flush()
 
 
+def _ticking(listing, pages: PageReleaser):
+    """The listing, ticking `pages` as each object is listed: reading ahead a window of
+    headers must not map a window's worth of store pages before the next look."""
+    for info in listing:
+        pages.tick()
+        yield info
+
+
 def _kind_and_age(info, header) -> tuple[int | None, int]:
     """(kind, written_at) of a listed object; kind None if it is gone since the listing."""
     if info.kind is not None:
@@ -178,7 +186,8 @@ def plan_gc(stores: Stores, now: float | None = None, grace: int = DEFAULT_GRACE
         raise UsageError("--grace and --expire-reflog must not be negative")
     now = time.time() if now is None else now
     grace_cutoff = now - grace
-    seen = MarkSet()
+    # An embedded store counts its objects at no cost: the mark table starts that large.
+    seen = MarkSet(expected=0 if stores.shared else stores.blobs.count())
     notes: list[str] = []
     live, held, reclaimable = _tally(), _tally(), _tally()
     held.update(oldest_written_at=None, newest_written_at=None)
@@ -195,17 +204,16 @@ def plan_gc(stores: Stores, now: float | None = None, grace: int = DEFAULT_GRACE
                              for k, v in txn.scan("refs", threads.PREFIX)}}
         roots, reflog_entries, expiring = all_roots(txn, now - expire_reflog)
         pins = tuple(read_pins(txn))
-        walker = MarkWalker(objects, seen)
         pages = PageReleaser(stores)
+        walker = MarkWalker(objects, seen, pages)
         for root in roots:
-            pages.tick(mark_root(walker, root))
+            mark_root(walker, root)
         signatures = mark_signatures(txn, objects, seen)
 
         young_interior = KeySpool()  # (key, kind)
-        for info, header in _with_headers(objects, stores.blobs.list(), seen):
+        for info, header in _with_headers(objects, _ticking(stores.blobs.list(), pages), seen):
             key = info.key
             total += 1
-            pages.tick()
             if key in seen:
                 live["objects"] += 1
                 live["bytes"] += info.size

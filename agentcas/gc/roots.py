@@ -145,8 +145,14 @@ class MarkWalker(Walker):
     re-validates every object in full). A malformed one still stops gc (GcAborted).
     """
 
-    def __init__(self, objects: ObjectSource, seen: set | None = None):
+    def __init__(self, objects: ObjectSource, seen: set | None = None, pages=None):
         super().__init__(objects, seen, verify=True, follow_parents=True)
+        self.pages = pages  # a gc.pages.PageReleaser ticked per object read, or None
+
+    def _data(self, digest: Digest, kind: int, referrer: Digest | None) -> bytes:
+        if self.pages is not None:
+            self.pages.tick()
+        return super()._data(digest, kind, referrer)
 
     def tree(self, digest: Digest, referrer: Digest | None = None) -> Iterator[tuple]:
         seen, stack = self.seen, [(digest, referrer)]
@@ -206,6 +212,8 @@ class MarkWalker(Walker):
         if digest.raw in self.seen:
             return
         self.seen.add(digest.raw)
+        if self.pages is not None:
+            self.pages.tick()
         if not self.objects.has(digest):
             raise MissingObject(digest, kind, referrer)
         yield digest, kind, referrer
