@@ -172,7 +172,7 @@ def _doomed(objects: ObjectSource, plan: GcPlan, keys: bytes, pages, sizes=None,
     return doomed, freed
 
 
-EMBEDDED_DELETES = 1024  # objects an embedded store deletes per write transaction (~4 MiB dirty)
+EMBEDDED_DELETES = 256  # objects an embedded store deletes per write transaction (each maps ~200 KiB)
 
 
 def _delete(stores: Stores, doomed: list[bytes], pages) -> int:
