@@ -639,10 +639,13 @@ class Store:
         """Plan and (unless dry_run) execute a gc: {"dry_run", "plan", "result"[, "report"]}."""
         from agentcas.gc.report import build_report
         plan = self.gc_plan(grace, expire_reflog, now)
-        result = None if dry_run else self.gc_execute(plan, wait, progress, batch)
-        doc = {"dry_run": dry_run, "plan": plan.to_json(), "result": result}
-        if report:
-            doc["report"] = build_report(self.stores, plan, result)
+        try:
+            result = None if dry_run else self.gc_execute(plan, wait, progress, batch)
+            doc = {"dry_run": dry_run, "plan": plan.to_json(), "result": result}
+            if report:
+                doc["report"] = build_report(self.stores, plan, result)
+        finally:
+            plan.close()  # its marks and candidates may hold temporary files
         return doc
 
     def gc_explain(self, object_id: str, grace: int = 3600, expire_reflog: int = 90 * 86400) -> dict:

@@ -9,7 +9,9 @@
    existence checked in one batch, and half of them deleted; requests counted by the
    gateway (its Prometheus metrics), not by the client.
 2b. A whole `agentcas gc` on a shared store of 10,000 and 100,000 objects (--quick: 2,000
-   and 10,000): wall time, peak RSS, S3 requests by type and PostgreSQL statements.
+   and 10,000; --gc-sizes N,N,...): wall time, peak RSS and its growth per stored object
+   from one size to the next (bounded memory: it falls towards 0), S3 requests by type
+   and PostgreSQL statements.
 3. Through the CLI, once `agentcas --store s3://... --refs postgresql://...` exists:
    first commit of 1 GiB in 1,000 files (--quick: 64 MiB in 100) beside `restic backup`
    to a restic repository on the same SeaweedFS, then an unchanged recommit: objects
@@ -236,8 +238,17 @@ def full_gc(work: str, s3: SeaweedServer, pg: PostgresServer, objects: int) -> l
     by_type = {k: s3_after.get(k, 0) - s3_before.get(k, 0) for k in s3_after}
     s3_text = ", ".join(f"{k} {v:,}" for k, v in sorted(by_type.items()) if v)
     assert after == live, f"gc left {after:,} objects, {live:,} are live"
-    return [f"{stored:,} objects ({live:,} live)", fmt_time(doc["seconds"]), fmt_bytes(doc["max_rss"]),
-            f"{sum(by_type.values()):,} ({s3_text})", f"{pg_after - pg_before:,}", f"{stored - after:,}"]
+    return {"stored": stored, "max_rss": doc["max_rss"],
+            "row": [f"{stored:,} objects ({live:,} live)", fmt_time(doc["seconds"]), fmt_bytes(doc["max_rss"]),
+                    f"{sum(by_type.values()):,} ({s3_text})", f"{pg_after - pg_before:,}", f"{stored - after:,}"]}
+
+
+def growth_per_object(runs: list) -> list[str]:
+    """Peak RSS added per stored object from each run to the next (bytes), '-' for the first."""
+    out = ["-"]
+    for before, after in zip(runs, runs[1:]):
+        out.append(f"{(after['max_rss'] - before['max_rss']) / max(1, after['stored'] - before['stored']):,.0f} B")
+    return out
 
 
 # --- 3. commits through the CLI --------------------------------------------------------------
@@ -331,15 +342,15 @@ def main(argv=None) -> int:
                         ["store", "write", "list (time / requests)", "list peak memory", "has_many",
                          "delete half"], rows, more + notes))
         if "gc-full" in parts:
-            rows = []
             with work_dir("shared-gc") as work:
                 sizes = [int(n) for n in args.gc_sizes.split(",")] if args.gc_sizes else \
                     ((2_000, 10_000) if args.quick else (10_000, 100_000))
-                for n in sizes:
-                    rows.append(full_gc(work, s3, pg, n))
+                runs = [full_gc(work, s3, pg, n) for n in sizes]
+                rows = [run["row"][:3] + [growth] + run["row"][3:]
+                        for run, growth in zip(runs, growth_per_object(runs))]
             print(table("A whole gc on the shared store (`agentcas --json gc --grace 0s --expire-reflog now`)",
-                        ["store", "wall", "peak RSS (gc process)", "S3 requests (by type)", "PostgreSQL statements",
-                         "objects deleted"], rows,
+                        ["store", "wall", "peak RSS (gc process)", "RSS growth per object (from the row above)",
+                         "S3 requests (by type)", "PostgreSQL statements", "objects deleted"], rows,
                         ["a fifth of the objects live (one commit of small files), the rest unreferenced chunks; "
                          "gc runs from a second machine's empty cache (marking downloads the live closure); "
                          "requests counted by the servers (gateway metrics, log_statement=all)"] + notes))

@@ -121,6 +121,12 @@ MUTATIONS = {
            ["tests/test_langgraph_saver.py::test_a_ref_moved_between_planning_and_landing_makes_the_put_plan_again"]),
     "Le": ("agentcas/gc/sweep.py", ["        if time.time() > began + SWEEP_WINDOW - WINDOW_MARGIN:\n"],
            ["        if False:\n"], [M + "test_a_sweep_batch_past_its_window_deletes_nothing"]),
+    # gc's mark set moves its ids to disk past its memory budget (gc/markset.py): drop them instead.
+    "Gm": ("agentcas/gc/markset.py",
+           ["            txn.cursor().putmulti(((raw, b\"\") for raw in self._slots(self._table)), overwrite=False)\n"],
+           ["            pass\n"],
+           ["tests/test_gc_markset.py::test_markset_spills_past_its_budget_and_finds_every_id_in_both_tables",
+            "tests/test_gc_markset.py::test_gc_with_a_tiny_memory_budget_deletes_exactly_the_garbage_on_lmdb"]),
 }
 
 

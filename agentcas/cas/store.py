@@ -171,6 +171,9 @@ class _SnapshotBlobs(BlobStore):
         return self._txn.count("objects")
 
 
+LIST_BATCH = 1024  # objects listed per read transaction (see TableBlobStore.list_from)
+
+
 def _list_objects(txn: Txn, start: bytes | None = None) -> Iterator[BlobInfo]:
     for key, value in txn.scan("objects", start=start):
         try:
@@ -232,7 +235,10 @@ class TableBlobStore(BlobStore):
     def list_from(self, start):
         # Streamed in read transactions of bounded length, so a long listing (gc's scan)
         # does not pin old pages for its whole duration. Batches start small and grow, so
-        # a caller that stops early (prefix resolution reads a key or two) reads a few rows.
+        # a caller that stops early (prefix resolution reads a key or two) reads a few rows;
+        # at most LIST_BATCH, so the batch a caller has not yet seen (BlobInfo objects, and
+        # the store pages its reading mapped: gc's PageReleaser looks only between objects
+        # it is given) stays small.
         after, size = start, 64
         while True:
             batch = []
@@ -244,7 +250,7 @@ class TableBlobStore(BlobStore):
             yield from batch
             if len(batch) < size:
                 return
-            after, size = batch[-1].key + b"\0", min(size * 8, 65536)
+            after, size = batch[-1].key + b"\0", min(size * 8, LIST_BATCH)
 
     def count(self):
         with self.env.reader() as txn:

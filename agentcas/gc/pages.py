@@ -1,5 +1,9 @@
 """Keep a whole-store scan from holding the whole LMDB map in this process's memory.
 
+(The same for gc's on-disk mark table, markset.py: `PageReleaser(None, data_file=...)`;
+that mapping is shared and writable, and dropping it loses nothing either: the kernel
+keeps dirty pages in the page cache and writes them back.)
+
 gc and fsck read every page of the store once. LMDB maps its data file read-only and
 shared; every page read stays mapped in the process (counted in its resident size)
 until the kernel reclaims it, so scanning a 400 MB store would show as 400 MB more RSS
@@ -19,22 +23,26 @@ import os
 import sys
 
 MADV_DONTNEED = 4
-CHECK_EVERY = 512  # objects read between two looks at the resident size
-MAPPED_BUDGET = 256 * 1024 * 1024  # file-backed resident bytes tolerated before a release
+CHECK_EVERY = 32  # objects read between two looks (a random read maps ~200 KiB: B-tree path, fault-around)
+MAPPED_BUDGET = 64 * 1024 * 1024  # file-backed resident bytes tolerated before a release
 
 
 class PageReleaser:
     """Call `tick()` per object read; the mapping is released when it grows past the budget."""
 
-    def __init__(self, objects, every: int = CHECK_EVERY, budget: int = MAPPED_BUDGET):
+    def __init__(self, objects, every: int = CHECK_EVERY, budget: int = MAPPED_BUDGET,
+                 data_file: str | None = None):
         path = getattr(objects, "path", None)
-        self.data_file = os.path.realpath(os.path.join(path, "data.mdb")) if path else None
+        if data_file is None and path:
+            data_file = os.path.join(path, "data.mdb")
+        self.data_file = os.path.realpath(data_file) if data_file else None
         self.every = every
         self.budget_pages = budget // os.sysconf("SC_PAGE_SIZE")
         self.count = 0
         self._cached: list | None = None
         self._releases = 0
         self._madvise = None
+        self._statm: int | None = None
         if self.data_file and sys.platform.startswith("linux"):
             try:
                 libc = ctypes.CDLL(None, use_errno=True)
@@ -51,13 +59,21 @@ class PageReleaser:
                 self.release()
 
     def _mapped_pages(self) -> int:
-        """Resident file-backed (shared) pages of this process."""
+        """Resident file-backed (shared) pages of this process (statm kept open, re-read)."""
         try:
-            with open("/proc/self/statm") as statm:
-                return int(statm.read().split()[2])
+            if self._statm is None:
+                self._statm = os.open("/proc/self/statm", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            return int(os.pread(self._statm, 128, 0).split()[2])
         except (OSError, ValueError, IndexError):
             self._madvise = None
             return 0
+
+    def __del__(self):
+        if getattr(self, "_statm", None) is not None:
+            try:
+                os.close(self._statm)
+            except OSError:
+                pass
 
     def _ranges(self) -> list[tuple[int, int]]:
         with open("/proc/self/maps") as maps:

@@ -3,14 +3,17 @@
 `plan_gc(stores, now, grace, expire_reflog) -> GcPlan` reads the metadata in one snapshot:
 1. Roots (roots.py): every thread ref, the reflog entries that will be kept, and
    signature objects of live checkpoints. A `MarkWalker` marks their closures into one
-   shared set of raw 32-byte digests. A missing or damaged object reachable from a
-   root aborts gc (GcAborted, exit 4) before anything is deleted.
+   shared `MarkSet` of raw 32-byte digests (markset.py: packed in memory up to a fixed
+   budget, then on disk, so marks cost bounded memory). A missing or damaged object
+   reachable from a root aborts gc (GcAborted, exit 4) before anything is deleted.
 2. Scan: the blob store is listed in key order (kind and written_at from each
    value's 22-byte header, read a window of objects at a time, or from the listing
    where the backend gives them). An object is live (marked), held by grace (written less than
    `grace` ago: a `recent` root whose closure is then marked too), or a candidate.
-   Candidates are kept as packed 32-byte keys in one bytearray per sweep level, so
-   the plan costs ~32 bytes per garbage object and no Python object per object.
+   Candidates (and the young interior objects, roots below) are kept in a `KeySpool`
+   per sweep level: packed (key, stored size) pairs, in memory up to a fixed size and
+   in a temporary file beyond, so the plan holds no Python object per stored object
+   and its memory does not grow with the store.
 3. Sweep levels put referrers before what they refer to (checkpoints and signatures,
    then trees and segments, then chunk lists, then chunks), so even a gc killed
    half-way never leaves a stored object whose own references are gone.
@@ -22,7 +25,6 @@ read is caught by the sweep's ref comparison (and by the grace re-check).
 
 from __future__ import annotations
 
-import array
 import re
 import time
 from dataclasses import dataclass, field
@@ -33,6 +35,7 @@ from agentcas.cas.backends import Stores
 from agentcas.errors import IntegrityError, UsageError
 from agentcas.lineage.closure import MissingObject
 from agentcas.refs import threads
+from agentcas.gc.markset import KeySpool, MarkSet
 from agentcas.gc.pages import PageReleaser
 from agentcas.gc.roots import (GcAborted, MarkWalker, all_roots, mark_root, mark_signatures,
                                read_pins, young_closure)
@@ -84,9 +87,8 @@ class GcPlan:
     held_by_grace: dict        # {"objects", "bytes", "oldest_written_at", "newest_written_at"}
     reclaimable: dict          # {"objects", "bytes", "by_kind": {kind: {"objects", "bytes"}}}
     notes: tuple
-    marked: set = field(repr=False, compare=False)
-    candidates: tuple = field(repr=False, compare=False)   # one bytearray of keys per level
-    sizes: tuple = field(repr=False, compare=False)        # stored bytes per candidate, per level
+    marked: MarkSet = field(repr=False, compare=False)
+    candidates: tuple = field(repr=False, compare=False)   # one KeySpool (key, stored bytes) per level
     tracking: dict = field(repr=False, compare=False)      # {"generation", "refs": name -> value}
     root_list: tuple = field(repr=False, compare=False)
 
@@ -103,9 +105,15 @@ class GcPlan:
         return written_at > self.grace_cutoff
 
     def candidate_keys(self, level: int):
-        keys = self.candidates[level]
-        for start in range(0, len(keys), KEY_SIZE):
-            yield bytes(keys[start:start + KEY_SIZE])
+        for keys, _ in self.candidates[level].batches(HEADER_WINDOW):
+            for start in range(0, len(keys), KEY_SIZE):
+                yield keys[start:start + KEY_SIZE]
+
+    def close(self) -> None:
+        """Drop the marks and candidates (and their temporary files): the plan is spent."""
+        self.marked.close()
+        for spool in self.candidates:
+            spool.close()
 
     def to_json(self) -> dict:
         held = dict(self.held_by_grace)
@@ -143,6 +151,14 @@ def _with_headers(objects, listing, seen):
     yield from flush()
 
 
+def _ticking(listing, pages: PageReleaser):
+    """The listing, ticking `pages` as each object is listed: reading ahead a window of
+    headers must not map a window's worth of store pages before the next look."""
+    for info in listing:
+        pages.tick()
+        yield info
+
+
 def _kind_and_age(info, header) -> tuple[int | None, int]:
     """(kind, written_at) of a listed object; kind None if it is gone since the listing."""
     if info.kind is not None:
@@ -151,6 +167,13 @@ def _kind_and_age(info, header) -> tuple[int | None, int]:
         return None, 0
     kind, _, _, written_at = framing.read_header(header)
     return kind, written_at
+
+
+def _pairs(spool: KeySpool):
+    """Each (key, number) of a spool, in order."""
+    for keys, numbers in spool.batches(HEADER_WINDOW):
+        for index, number in enumerate(numbers):
+            yield keys[index * KEY_SIZE:(index + 1) * KEY_SIZE], number
 
 
 def plan_gc(stores: Stores, now: float | None = None, grace: int = DEFAULT_GRACE,
@@ -163,13 +186,13 @@ def plan_gc(stores: Stores, now: float | None = None, grace: int = DEFAULT_GRACE
         raise UsageError("--grace and --expire-reflog must not be negative")
     now = time.time() if now is None else now
     grace_cutoff = now - grace
-    seen: set = set()
+    # An embedded store counts its objects at no cost: the mark table starts that large.
+    seen = MarkSet(expected=0 if stores.shared else stores.blobs.count())
     notes: list[str] = []
     live, held, reclaimable = _tally(), _tally(), _tally()
     held.update(oldest_written_at=None, newest_written_at=None)
     by_kind = {name: _tally() for name in framing.KIND_NAMES.values()}
-    candidates = tuple(bytearray() for _ in SWEEP_LEVELS)
-    sizes = tuple(array.array("Q") for _ in SWEEP_LEVELS)  # stored bytes, parallel to candidates
+    candidates = tuple(KeySpool() for _ in SWEEP_LEVELS)
     total = 0
 
     def young(written_at: int) -> bool:
@@ -181,17 +204,16 @@ def plan_gc(stores: Stores, now: float | None = None, grace: int = DEFAULT_GRACE
                              for k, v in txn.scan("refs", threads.PREFIX)}}
         roots, reflog_entries, expiring = all_roots(txn, now - expire_reflog)
         pins = tuple(read_pins(txn))
-        walker = MarkWalker(objects, seen)
         pages = PageReleaser(stores)
+        walker = MarkWalker(objects, seen, pages)
         for root in roots:
-            pages.tick(mark_root(walker, root))
+            mark_root(walker, root)
         signatures = mark_signatures(txn, objects, seen)
 
-        young_interior: list[tuple[bytes, int]] = []
-        for info, header in _with_headers(objects, stores.blobs.list(), seen):
+        young_interior = KeySpool()  # (key, kind)
+        for info, header in _with_headers(objects, _ticking(stores.blobs.list(), pages), seen):
             key = info.key
             total += 1
-            pages.tick()
             if key in seen:
                 live["objects"] += 1
                 live["bytes"] += info.size
@@ -212,10 +234,9 @@ def plan_gc(stores: Stores, now: float | None = None, grace: int = DEFAULT_GRACE
                 if held["newest_written_at"] is None or written_at > held["newest_written_at"]:
                     held["newest_written_at"] = written_at
                 if kind != framing.KIND_CHUNK:
-                    young_interior.append((bytes(key), kind))
+                    young_interior.append(bytes(key), kind)
             else:
-                candidates[LEVEL_OF_KIND[kind]].extend(key)
-                sizes[LEVEL_OF_KIND[kind]].append(size)
+                candidates[LEVEL_OF_KIND[kind]].append(bytes(key), size)
                 reclaimable["objects"] += 1
                 reclaimable["bytes"] += size
                 tally = by_kind[framing.KIND_NAMES[kind]]
@@ -224,7 +245,7 @@ def plan_gc(stores: Stores, now: float | None = None, grace: int = DEFAULT_GRACE
 
         # Recent objects are roots too: what they refer to stays while they do.
         recent_roots = 0
-        for raw, kind in young_interior:
+        for raw, kind in _pairs(young_interior):
             if raw in seen:
                 continue
             recent_roots += 1
@@ -244,6 +265,7 @@ def plan_gc(stores: Stores, now: float | None = None, grace: int = DEFAULT_GRACE
             except (MissingObject, IntegrityError) as exc:
                 notes.append(f"recent {framing.KIND_NAMES[kind]} {raw.hex()} is incomplete ({exc}); "
                              "kept as it is")
+        young_interior.close()
         signatures += mark_signatures(txn, objects, seen)
     pages.release()
 
@@ -259,6 +281,6 @@ def plan_gc(stores: Stores, now: float | None = None, grace: int = DEFAULT_GRACE
                   roots=root_counts, reflog={"entries": reflog_entries, "expiring": expiring},
                   pins=pins, objects=total, live=live, held_by_grace=held,
                   reclaimable=dict(reclaimable, by_kind={k: v for k, v in by_kind.items() if v["objects"]}),
-                  notes=tuple(notes), marked=seen, candidates=candidates, sizes=sizes, tracking=tracking,
+                  notes=tuple(notes), marked=seen, candidates=candidates, tracking=tracking,
                   root_list=tuple(roots))
 

@@ -14,9 +14,9 @@ Leases (cas/leases.py: writers in progress) name no object; no sweep batch runs
 while one is live (see sweep.py). A dead lease (expired, or of a dead local pid) is
 dropped.
 
-Mark: one `MarkWalker` (lineage/closure.Walker) shares a single `seen` set of raw
-32-byte digests across all roots, so each object is visited once however many threads
-share it. Interior objects (checkpoints, trees, chunk lists, segments) decide what
+Mark: one `MarkWalker` (lineage/closure.Walker) shares a single `seen` mark set of raw
+32-byte digests across all roots (a markset.MarkSet in gc: bounded memory, spilling to
+disk), so each object is visited once however many threads share it. Interior objects (checkpoints, trees, chunk lists, segments) decide what
 else is alive, so they are verified against their ids; chunks are leaves and are only
 checked for presence. A history is followed back through segment `base` links only,
 so a fork that shares the first N records of a deleted parent keeps exactly the
@@ -145,8 +145,14 @@ class MarkWalker(Walker):
     re-validates every object in full). A malformed one still stops gc (GcAborted).
     """
 
-    def __init__(self, objects: ObjectSource, seen: set | None = None):
+    def __init__(self, objects: ObjectSource, seen: set | None = None, pages=None):
         super().__init__(objects, seen, verify=True, follow_parents=True)
+        self.pages = pages  # a gc.pages.PageReleaser ticked per object read, or None
+
+    def _data(self, digest: Digest, kind: int, referrer: Digest | None) -> bytes:
+        if self.pages is not None:
+            self.pages.tick()
+        return super()._data(digest, kind, referrer)
 
     def tree(self, digest: Digest, referrer: Digest | None = None) -> Iterator[tuple]:
         seen, stack = self.seen, [(digest, referrer)]
@@ -206,6 +212,8 @@ class MarkWalker(Walker):
         if digest.raw in self.seen:
             return
         self.seen.add(digest.raw)
+        if self.pages is not None:
+            self.pages.tick()
         if not self.objects.has(digest):
             raise MissingObject(digest, kind, referrer)
         yield digest, kind, referrer

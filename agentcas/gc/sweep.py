@@ -40,7 +40,7 @@ from agentcas.cas.metastore.base import MetaTxn as Txn
 from agentcas.cas.source import ObjectSource
 from agentcas.errors import IntegrityError
 from agentcas.gc.pages import PageReleaser
-from agentcas.gc.plan import KEY_SIZE, SWEEP_LEVELS, GcPlan
+from agentcas.gc.plan import HEADER_WINDOW, KEY_SIZE, SWEEP_LEVELS, GcPlan
 from agentcas.gc.roots import (GcAborted, MarkWalker, entry_roots, mark_root, mark_signatures,
                                read_pins, state_roots)
 from agentcas.refs import threads
@@ -123,7 +123,8 @@ def sweep_batch(stores: Stores, plan: GcPlan, keys: bytes, level: int,
             result.remarked = remark_moved_threads(txn, objects, plan)
             if SWEEP_LEVELS[level][0] == framing.KIND_CHECKPOINT:
                 result.remarked += mark_signatures(txn, objects, plan.marked)
-            doomed, freed = _doomed(objects, plan, keys, pages, sizes)
+            window = HEADER_WINDOW if stores.shared or pages is None else pages.every
+            doomed, freed = _doomed(objects, plan, keys, pages, sizes, window)
         testing_hooks.reached("gc.sweep.in_batch")
         if time.time() > began + SWEEP_WINDOW - WINDOW_MARGIN:
             result.busy = ()  # out of time: delete nothing in this batch; the caller retries it
@@ -131,37 +132,62 @@ def sweep_batch(stores: Stores, plan: GcPlan, keys: bytes, level: int,
             return result
         if doomed and SWEEP_LEVELS[level][0] == framing.KIND_CHECKPOINT:
             stores.meta.write(lambda txn: _delete_signature_rows(txn, doomed))
-        result.deleted = stores.blobs.delete_many(doomed)
+        result.deleted = _delete(stores, doomed, pages)
         result.freed = freed
     finally:
         stores.meta.write(end_sweep)
     return result
 
 
-def _doomed(objects: ObjectSource, plan: GcPlan, keys: bytes, pages, sizes=None) -> tuple[list[bytes], int]:
-    """The batch's candidates still unmarked, still stored and still old; (keys, bytes)."""
+def _doomed(objects: ObjectSource, plan: GcPlan, keys: bytes, pages, sizes=None,
+            window_size: int = HEADER_WINDOW) -> tuple[list[bytes], int]:
+    """The batch's candidates still unmarked, still stored and still old; (keys, bytes).
+
+    Headers are read `window_size` at a time (HEADER_WINDOW, in parallel, on S3; as many
+    as pages looks between on an embedded store, where one random read maps ~200 KiB),
+    ticking `pages` per object, so memory holds a window's headers and pages at most."""
     doomed, freed = [], 0
     marked = plan.marked
-    asked = [bytes(keys[start:start + KEY_SIZE]) for start in range(0, len(keys), KEY_SIZE)]
-    headers = objects.blobs.headers([raw for raw in asked if raw not in marked])  # in parallel on S3
-    for index, raw in enumerate(asked):
-        if raw in marked:
-            continue
-        if pages is not None:
-            pages.tick()
-        header = headers.get(raw)
-        if header is None:
-            continue
-        try:
-            _, _, size, written_at = framing.read_header(header)
-        except IntegrityError as exc:
-            raise GcAborted(f"object {raw.hex()} is corrupt ({exc}); gc stopped "
-                            "(run 'agentcas fsck')") from None
-        if plan.is_young(written_at):
-            continue
-        doomed.append(bytes(raw))
-        freed += sizes[index] if sizes is not None else size
+    count = len(keys) // KEY_SIZE
+    for first in range(0, count, window_size):
+        window = range(first, min(count, first + window_size))
+        asked = [(index, keys[index * KEY_SIZE:(index + 1) * KEY_SIZE]) for index in window]
+        asked = [(index, raw) for index, raw in asked if raw not in marked]
+        headers = objects.blobs.headers([raw for _, raw in asked])
+        for index, raw in asked:
+            if pages is not None:
+                pages.tick()
+            header = headers.get(raw)
+            if header is None:
+                continue
+            try:
+                _, _, size, written_at = framing.read_header(header)
+            except IntegrityError as exc:
+                raise GcAborted(f"object {raw.hex()} is corrupt ({exc}); gc stopped "
+                                "(run 'agentcas fsck')") from None
+            if plan.is_young(written_at):
+                continue
+            doomed.append(bytes(raw))
+            freed += sizes[index] if sizes is not None else size
     return doomed, freed
+
+
+EMBEDDED_DELETES = 256  # objects an embedded store deletes per write transaction (each maps ~200 KiB)
+
+
+def _delete(stores: Stores, doomed: list[bytes], pages) -> int:
+    """Delete `doomed`; the number deleted. An embedded (LMDB) store's write transaction
+    holds every page it dirties in memory and maps every page it reads, so it deletes in
+    transactions of EMBEDDED_DELETES with the mapping looked at in between; a shared
+    store takes the whole batch at once (its deletes are requests, batched by the server)."""
+    if stores.shared:
+        return stores.blobs.delete_many(doomed)
+    deleted = 0
+    for start in range(0, len(doomed), EMBEDDED_DELETES):
+        deleted += stores.blobs.delete_many(doomed[start:start + EMBEDDED_DELETES])
+        if pages is not None:
+            pages.tick(pages.every)  # a look now
+    return deleted
 
 
 def _delete_signature_rows(txn: Txn, checkpoints: list[bytes]) -> None:
@@ -196,33 +222,32 @@ def execute(stores: Stores, plan: GcPlan, wait: float = DEFAULT_WAIT,
     blocked: tuple = ()
     waited_since = None
     complete = True
-    total = sum(len(keys) for keys in plan.candidates) // KEY_SIZE
+    total = sum(len(spool) for spool in plan.candidates)
     done = 0
     pages = PageReleaser(stores)
-    for level, keys in enumerate(plan.candidates):
-        step = batch * KEY_SIZE
-        start = 0
-        while start < len(keys) and complete:
-            chunk = bytes(keys[start:start + step])
-            testing_hooks.reached("gc.sweep.before_batch")
-            first = start // KEY_SIZE
-            outcome = sweep_batch(stores, plan, chunk, level, pages,
-                                  plan.sizes[level][first:first + len(chunk) // KEY_SIZE])
-            dropped += outcome.dropped_pins
-            if outcome.busy or outcome.expired:
+    for level, spool in enumerate(plan.candidates):
+        if not complete:
+            break
+        for chunk, sizes in spool.batches(batch):
+            while True:
+                testing_hooks.reached("gc.sweep.before_batch")
+                outcome = sweep_batch(stores, plan, chunk, level, pages, sizes)
+                dropped += outcome.dropped_pins
+                if not (outcome.busy or outcome.expired):
+                    break
                 now = time.monotonic()
                 waited_since = waited_since or now
                 if now - waited_since >= wait:
                     complete, blocked = False, outcome.busy
                     break
                 time.sleep(BUSY_SLEEP)
-                continue
+            if not complete:
+                break
             waited_since = None
             batches += 1
             deleted += outcome.deleted
             freed += outcome.freed
             remarked += outcome.remarked
-            start += step
             done += len(chunk) // KEY_SIZE
             if progress:
                 progress(done, total)

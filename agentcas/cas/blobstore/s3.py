@@ -39,6 +39,7 @@ after each DeleteObjects request.
 
 from __future__ import annotations
 
+import array
 import os
 import queue
 import random
@@ -462,20 +463,31 @@ class S3BlobStore(BlobStore):
         except self._exceptions.ClientError as exc:
             raise self._refused(exc, f"to list {prefix}") from None
 
-    def _infos(self, page: dict) -> list[BlobInfo]:
-        out = []
+    def _infos(self, page: dict) -> tuple[bytes, array.array, array.array]:
+        """A listing page packed as (keys, stored sizes, written_at): ~48 bytes an object while
+        it waits in a read-ahead queue, where BlobInfo objects would cost ~400."""
+        keys, sizes, times = bytearray(), array.array("Q"), array.array("d")
         for item in page.get("Contents", []):
             key = self._key(item["Key"])
             if key is not None and int(item["Size"]) >= framing.HEADER_SIZE:  # else a damaged leftover
-                out.append(BlobInfo(key, int(item["Size"]), item["LastModified"].timestamp(), None))
-        return out
+                keys += key
+                sizes.append(int(item["Size"]))
+                times.append(item["LastModified"].timestamp())
+        return bytes(keys), sizes, times
+
+    @staticmethod
+    def _unpacked(packed: tuple) -> Iterator[BlobInfo]:
+        keys, sizes, times = packed
+        for index, size in enumerate(sizes):
+            yield BlobInfo(keys[index * KEY_SIZE:(index + 1) * KEY_SIZE], size, times[index], None)
 
     def list(self) -> Iterator[BlobInfo]:
         """Every object in id order. One page answers a small store; a larger one is listed
         as 16 ranges (by the id's first hex digit) in parallel, each range buffering at
-        most LIST_AHEAD pages ahead of the reader, so memory stays bounded."""
+        most LIST_AHEAD pages ahead of the reader, packed (~48 bytes an object), so memory
+        stays bounded: at most 16 x LIST_AHEAD x 1,000 objects, ~6 MB."""
         first = self._list_page(self._objects_prefix)
-        yield from self._infos(first)
+        yield from self._unpacked(self._infos(first))
         if not first.get("IsTruncated"):
             return
         last = first["Contents"][-1]["Key"]
@@ -501,7 +513,7 @@ class S3BlobStore(BlobStore):
                         break
                     if isinstance(item, BaseException):
                         raise item
-                    yield from item
+                    yield from self._unpacked(item)
         finally:
             stop.set()
             for pages in queues:  # unblock producers waiting on a full queue

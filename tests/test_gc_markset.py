@@ -1,0 +1,159 @@
+"""gc in bounded memory: the mark set and candidate spool (gc/markset.py), and whole gcs with
+a memory budget so small that both spill to disk, on LMDB and on the shared store."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from conftest import run_cli
+from test_gc import all_keys, closure_of_threads, later, records, write_files
+
+from agentcas import Store
+from agentcas.gc import markset
+from agentcas.gc.markset import KeySpool, MarkSet
+
+TINY = 4096  # bytes: the in-memory table is moved to disk every ~48 ids (64 slots, 3/4 full)
+
+ids = st.one_of(st.binary(min_size=32, max_size=32), st.just(bytes(32)), st.just(b"\xff" * 32))
+
+
+@settings(max_examples=60, deadline=None)
+@given(pool=st.lists(ids, min_size=60, max_size=400, unique=True),
+       ops=st.lists(st.tuples(st.booleans(), st.integers(min_value=0)), min_size=100, max_size=1500),
+       budget=st.sampled_from([TINY, 12_000, 1 << 20]))
+def test_markset_membership_equals_a_python_set_across_spills(pool, ops, budget):
+    marks, model = MarkSet(budget), set()
+    try:
+        for add, index in ops:
+            raw = pool[index % len(pool)]
+            if add:
+                marks.add(raw)
+                model.add(raw)
+            assert (raw in marks) == (raw in model)
+        assert len(marks) == len(model)
+        assert all(raw in marks for raw in model)
+        assert not any(raw in marks for raw in pool if raw not in model)
+    finally:
+        marks.close()
+
+
+def test_markset_spills_past_its_budget_and_finds_every_id_in_both_tables():
+    marks = MarkSet(TINY)
+    added = [os.urandom(32) for _ in range(5000)]
+    absent = [os.urandom(32) for _ in range(5000)]
+    for raw in added:
+        assert raw not in marks
+        marks.add(raw)
+        marks.add(raw)  # twice: still one id
+    assert marks.spilled and marks.spills > 50
+    assert len(marks) == 5000
+    assert all(raw in marks for raw in added)
+    assert all(bytearray(raw) in marks for raw in added[:100])  # any bytes-like id
+    assert not any(raw in marks for raw in absent)
+    directory = marks._dir
+    assert os.path.isdir(directory)
+    marks.close()
+    assert not os.path.exists(directory)  # the on-disk table goes with the set
+    with pytest.raises(ValueError):
+        marks.add(b"short")
+
+
+def test_markset_grows_in_memory_under_its_budget():
+    marks = MarkSet(1 << 20)
+    added = [os.urandom(32) for _ in range(10_000)]
+    for raw in added:
+        marks.add(raw)
+    assert not marks.spilled and all(raw in marks for raw in added)
+    assert len(marks._table) <= (1 << 20)
+    assert len(marks._table) / len(marks) < 80  # bytes an id, all in one bytearray
+
+
+@settings(max_examples=30, deadline=None)
+@given(pairs=st.lists(st.tuples(st.binary(min_size=32, max_size=32), st.integers(0, 2**64 - 1)), max_size=300),
+       buffer=st.sampled_from([40, 400, 1 << 20]), size=st.integers(1, 50))
+def test_keyspool_gives_back_every_pair_in_order_across_its_file(pairs, buffer, size):
+    spool = KeySpool(buffer)
+    for raw, number in pairs:
+        spool.append(raw, number)
+    assert len(spool) == len(pairs)
+    got = []
+    for _ in range(2):  # readable more than once (a sweep may retry a level)
+        got = []
+        for keys, numbers in spool.batches(size):
+            assert 0 < len(numbers) <= size and len(keys) == 32 * len(numbers)
+            got += [(keys[i * 32:(i + 1) * 32], n) for i, n in enumerate(numbers)]
+        assert got == pairs
+    spool.close()
+
+
+def _many_objects(store: Store, root) -> None:
+    """Threads of small files (hundreds of objects), forks, rollouts, and deleted threads."""
+    for t in range(6):
+        files = {f"d{i % 7}/f{t}-{i}.txt": os.urandom(50 + i) for i in range(60)}
+        files["shared.txt"] = b"shared by all threads"
+        store.commit(write_files(root / f"ws{t}", files), f"t{t}", thread=f"t{t}")
+        store.rollout_append(f"t{t}", records(40, f"t{t}"))
+    store.fork("t1", "fork-of-t1", at=20)
+    store.rollout_append("fork-of-t1", records(5, "own"))
+    for name in ("t1", "t3", "t4"):
+        store.delete_thread(name)
+
+
+def _gc_with_budget(store: Store, monkeypatch) -> tuple[dict, int]:
+    monkeypatch.setattr(markset, "MEMORY_BUDGET", TINY)
+    plan = store.gc_plan(grace=0, expire_reflog=0, now=later())
+    try:
+        spills = plan.marked.spills
+        assert all(len(spool) < 200 or spool._file is not None for spool in plan.candidates)
+        result = store.gc_execute(plan)
+    finally:
+        plan.close()
+    return result, spills
+
+
+def test_gc_with_a_tiny_memory_budget_deletes_exactly_the_garbage_on_lmdb(tmp_path, monkeypatch):
+    store, _ = Store.init(str(tmp_path / "store"))
+    _many_objects(store, tmp_path)
+    live = closure_of_threads(store)
+    before = all_keys(store)
+    assert len(live) > 200 and len(before - live) > 100
+    result, spills = _gc_with_budget(store, monkeypatch)
+    assert spills > 0  # the marks did go to disk
+    assert all_keys(store) == live
+    assert result["deleted"]["objects"] == len(before - live) and result["complete"]
+    assert store.fsck()["ok"]
+    assert b"".join(store.rollout_read("fork-of-t1")).count(b"\n") == 25
+
+
+def _shared_keys(store: Store) -> set[bytes]:
+    return {bytes(info.key) for info in store.stores.blobs.list()}
+
+
+def test_gc_with_a_tiny_memory_budget_deletes_exactly_the_garbage_on_the_shared_store(
+        tmp_path, s3_url, postgres_url, monkeypatch):
+    monkeypatch.setenv("AGENTCAS_CACHE_DIR", str(tmp_path / "cache"))
+    store, _ = Store.init(s3_url, refs=postgres_url)
+    _many_objects(store, tmp_path)
+    live = closure_of_threads(store)
+    before = _shared_keys(store)
+    assert len(live) > 200 and len(before - live) > 100
+    result, spills = _gc_with_budget(store, monkeypatch)
+    assert spills > 0
+    assert _shared_keys(store) == live
+    assert result["deleted"]["objects"] == len(before - live) and result["complete"]
+    assert store.fsck()["ok"]
+
+
+def test_the_cli_reads_its_gc_memory_budget_from_the_environment(tmp_path):
+    store, _ = Store.init(str(tmp_path / "store"))
+    _many_objects(store, tmp_path)
+    live = closure_of_threads(store)
+    store.close()
+    out = run_cli("--json", "gc", "--grace", "0s", "--expire-reflog", "now", store=tmp_path / "store",
+                  env={"AGENTCAS_GC_MEMORY": str(TINY), "TMPDIR": str(tmp_path)})
+    assert out.code == 0, out
+    assert all_keys(Store.open(str(tmp_path / "store"))) == live
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("agentcas-gc-")]  # temporary files removed
