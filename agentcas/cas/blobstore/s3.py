@@ -87,6 +87,11 @@ def _no_expect(request, **_):
         del request.headers["Expect"]
 
 
+def _whole_object(size: int | None) -> bool:
+    """Whether a stored size can be an object (a shorter one is a damaged leftover, the module doc)."""
+    return size is not None and size >= framing.HEADER_SIZE
+
+
 def parse_url(url: str) -> tuple[str, str]:
     """(bucket, prefix) of `s3://BUCKET/PREFIX` (the prefix without slashes at its ends)."""
     if not url.startswith("s3://"):
@@ -222,9 +227,19 @@ class S3BlobStore(BlobStore):
 
     def read_marker(self) -> bytes | None:
         """The marker's bytes, or None if the prefix has none (no store was made here)."""
+        return self._read(self._marker)
+
+    def create_marker(self, data: bytes) -> bool:
+        """Write the marker unless one exists (If-None-Match: *); True if written now."""
+        return self._create(self._marker, data)
+
+    # -- reads and create-if-absent writes of one name ---------------------------------
+
+    def _read(self, name: str) -> bytes | None:
+        """The bytes stored under `name`, or None if there are none."""
         def attempt():
             try:
-                return self._client.get_object(Bucket=self.bucket, Key=self._marker)["Body"].read()
+                return self._client.get_object(Bucket=self.bucket, Key=name)["Body"].read()
             except self._exceptions.ClientError as exc:
                 if self._missing(exc):
                     return None
@@ -232,32 +247,42 @@ class S3BlobStore(BlobStore):
         try:
             return self._call(attempt)
         except self._exceptions.ClientError as exc:
-            raise self._refused(exc, f"to read {self._marker}") from None
+            raise self._refused(exc, f"to read {name}") from None
 
-    def create_marker(self, data: bytes) -> bool:
-        """Write the marker unless one exists (If-None-Match: *); True if written now."""
+    def _create(self, name: str, body: bytes, stored=None, point: str | None = None) -> bool:
+        """Write `body` under `name` unless something is stored there; True if written now.
+
+        With If-None-Match: * where the gateway does it (falling back, for good, to a check
+        before the write where it answers 501). `stored(size)` judges what is there (default:
+        anything is): a name whose bytes are judged not stored is written over.
+        """
+        stored = stored or (lambda size: size is not None)
+        if not self.conditional_put and stored(self._stored_size(name)):
+            return False
+
+        def write(options):
+            self._client.put_object(Bucket=self.bucket, Key=name, Body=body, **options)
+            if point:
+                crashpoints.reached(point)
+            return True
+
         def attempt():
-            if not self.conditional_put:
-                if self.read_marker() is not None:
-                    return False
-                self._client.put_object(Bucket=self.bucket, Key=self._marker, Body=data)
-                return True
+            options = {"IfNoneMatch": "*"} if self.conditional_put else {}
             try:
-                self._client.put_object(Bucket=self.bucket, Key=self._marker, Body=data, IfNoneMatch="*")
-                return True
+                return write(options)
             except self._exceptions.ClientError as exc:
                 status, code = self._status(exc)
                 if status == 412 or code == "PreconditionFailed":
-                    return False
+                    return not stored(self._stored_size(name)) and write({})
                 raise
         try:
             return self._call(attempt)
         except self._exceptions.ClientError as exc:
             status, code = self._status(exc)
             if self.conditional_put and (status == 501 or code == "NotImplemented"):
-                self.conditional_put = False
-                return self.create_marker(data)
-            raise self._refused(exc, f"to write {self._marker}") from None
+                self.conditional_put = False  # the gateway does not do If-None-Match
+                return self._create(name, body, stored, point)
+            raise self._refused(exc, f"to write {name}") from None
 
     # -- keys ----------------------------------------------------------------------------
 
@@ -280,20 +305,8 @@ class S3BlobStore(BlobStore):
     # -- BlobStore -----------------------------------------------------------------------
 
     def get(self, key):
-        name = self._name(key)
-
-        def attempt():
-            try:
-                body = self._client.get_object(Bucket=self.bucket, Key=name)["Body"].read()
-                return body if len(body) >= framing.HEADER_SIZE else None  # a damaged leftover
-            except self._exceptions.ClientError as exc:
-                if self._missing(exc):
-                    return None
-                raise
-        try:
-            return self._call(attempt)
-        except self._exceptions.ClientError as exc:
-            raise self._refused(exc, f"to read {name}") from None
+        body = self._read(self._name(key))
+        return body if body is not None and len(body) >= framing.HEADER_SIZE else None  # a damaged leftover
 
     def get_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
         keys = list(dict.fromkeys(bytes(k) for k in keys))
@@ -328,8 +341,7 @@ class S3BlobStore(BlobStore):
 
     def _head(self, key: bytes) -> bool:
         """Whether the object is stored whole enough to be an object (the module doc: damaged leftovers)."""
-        size = self._stored_size(self._name(key))
-        return size is not None and size >= framing.HEADER_SIZE
+        return _whole_object(self._stored_size(self._name(key)))
 
     def _stored_size(self, name: str) -> int | None:
         def attempt():
@@ -389,35 +401,9 @@ class S3BlobStore(BlobStore):
         return present
 
     def _put(self, key: bytes, value: bytes) -> bool:
-        name = self._name(key)
-        if not self.conditional_put and self._head(key):
-            return False
-
-        def write(options):
-            self._client.put_object(Bucket=self.bucket, Key=name, Body=value, **options)
-            crashpoints.reached("s3.put")
-            return True
-
-        def attempt():
-            options = {"IfNoneMatch": "*"} if self.conditional_put else {}
-            try:
-                return write(options)
-            except self._exceptions.ClientError as exc:
-                status, code = self._status(exc)
-                if status == 412 or code == "PreconditionFailed":
-                    # Already there, unless what is there is a damaged leftover (the module doc):
-                    # then these bytes, right for this id, replace it.
-                    size = self._stored_size(name)
-                    return size is not None and size < framing.HEADER_SIZE and write({})
-                raise
-        try:
-            return self._call(attempt)
-        except self._exceptions.ClientError as exc:
-            status, code = self._status(exc)
-            if self.conditional_put and (status == 501 or code == "NotImplemented"):
-                self.conditional_put = False  # the gateway does not do If-None-Match
-                return self._put(key, value)
-            raise self._refused(exc, f"to write {name}") from None
+        # What is stored under an object's name counts only if it is whole enough to be an
+        # object: a damaged leftover (the module doc) is written over by these bytes, right for this id.
+        return self._create(self._name(key), value, stored=_whole_object, point="s3.put")
 
     def put_many(self, items: Mapping[bytes, bytes]) -> tuple[int, int]:
         written = self.put_many_written(items)
