@@ -113,8 +113,7 @@ def bench_langgraph(work: str, msgs: list[dict], delta: bool, budget: float) -> 
             h.progress(f"langgraph/{label}: step {i + 1}/{n}, {h.fmt_bytes(sqlite_bytes(path))}")
     r = {"total": sqlite_bytes(path), "payload": sqlite_payload(conn), "step_times": times, "sizes": sizes,
          "checkpoints": conn.execute("select count(*) from checkpoints").fetchone()[0],
-         "put_times": [sum(p) for p in put_times if p],
-         **cpu_per_step(checkpointer)}
+         **per_step(put_times)}
 
     # Fork at step n/2: (a) a branch from that checkpoint in the same thread, (b) a new thread.
     before = sqlite_payload(conn)
@@ -137,26 +136,15 @@ def bench_langgraph(work: str, msgs: list[dict], delta: bool, budget: float) -> 
     return r
 
 
-CPU: dict = {}  # id(saver) -> [[CPU seconds of its put/put_writes calls in one step], ...]
-
-
 def time_puts(saver) -> list:
-    """Wrap `saver.put` so each call's time lands in the last list of the returned list.
+    """Wrap the saver's `put` and `put_writes`: each call lands, as (name, wall seconds, thread
+    CPU seconds), in the last list of the returned list (the caller appends one per step).
 
-    Also records, in CPU[id(saver)] (one list per step, appended with the returned one's),
-    the thread CPU time of every `put` and `put_writes` call: what the checkpointer itself
-    costs, without the time its thread waits for the GIL while LangGraph's own work (its
-    `add_messages` reducer walks the whole message list every step) runs on another thread.
+    Thread CPU is what the checkpointer itself costs, without the time its thread waits for
+    the GIL while LangGraph's own work (its `add_messages` reducer walks the whole message
+    list every step) runs on another thread.
     """
-    calls: list[list[float]] = [[]]
-    cpu: list[list[float]] = CPU.setdefault(id(saver), [[]])
-
-    class Steps(list):
-        def append(self, item):
-            super().append(item)
-            cpu.append([])
-
-    calls = Steps(calls)
+    calls: list[list[tuple[str, float, float]]] = [[]]
     for name in ("put", "put_writes"):
         real = getattr(saver, name)
 
@@ -165,19 +153,18 @@ def time_puts(saver) -> list:
             try:
                 return real(*args, **kwargs)
             finally:
-                cpu[-1].append((name, time.thread_time() - start_cpu))
-                if name == "put":
-                    calls[-1].append(time.perf_counter() - start)
+                calls[-1].append((name, time.perf_counter() - start, time.thread_time() - start_cpu))
 
         setattr(saver, name, timed)
     return calls
 
 
-def cpu_per_step(saver) -> dict:
-    """Per step: thread CPU of the checkpointer's put calls, and of its put + put_writes calls."""
-    steps = [step for step in CPU[id(saver)] if step]
-    return {"put_cpu": [sum(t for name, t in step if name == "put") for step in steps],
-            "write_cpu": [sum(t for _, t in step) for step in steps]}
+def per_step(calls: list) -> dict:
+    """Per step with calls: wall time of its puts; thread CPU of its puts, and of puts + put_writes."""
+    steps = [step for step in calls if step]
+    return {"put_times": [sum(wall for name, wall, _ in step if name == "put") for step in steps],
+            "put_cpu": [sum(cpu for name, _, cpu in step if name == "put") for step in steps],
+            "write_cpu": [sum(cpu for _, _, cpu in step) for step in steps]}
 
 
 def bench_inmemory(msgs: list[dict]) -> list[float]:
@@ -257,8 +244,7 @@ def bench_saver(work: str, msgs: list[dict], budget: float) -> dict:
         if (i + 1) % 500 == 0:
             h.progress(f"AgentcasSaver: step {i + 1}/{n}, {h.fmt_bytes(store.objects.used_bytes())}")
     r = {"total": store.objects.used_bytes() - start_pages, "payload": store_payload(store) - start_payload,
-         "disk": h.disk_bytes(path), "step_times": times, "put_times": [sum(p) for p in put_times if p],
-         **cpu_per_step(saver),
+         "disk": h.disk_bytes(path), "step_times": times, **per_step(put_times),
          "rss": rss, "checkpoints": len(store.log("langgraph/agent"))}
     before_payload, before_pages = store_payload(store), store.objects.used_bytes()
     start = time.perf_counter()
