@@ -579,8 +579,8 @@ def test_streamed_file_that_keeps_changing_fails_and_moves_nothing(mem, ws, smal
     target.write_bytes(os.urandom(2 << 20))
     real_cut_stream = chunking.cut_stream
 
-    def rewriting(handle):
-        for index, piece in enumerate(real_cut_stream(handle)):
+    def rewriting(handle, sizes=chunking.LOCAL):
+        for index, piece in enumerate(real_cut_stream(handle, sizes)):
             if index == 1:  # rewritten under the reader: new size and mtime
                 target.write_bytes(os.urandom((2 << 20) + index + len(piece) % 7 + 1))
             yield piece
@@ -599,9 +599,9 @@ def test_streamed_file_changed_once_is_read_again(tmp_path, ws, small_stream, mo
     real_cut_stream = chunking.cut_stream
     calls = []
 
-    def rewriting_once(handle):
+    def rewriting_once(handle, sizes=chunking.LOCAL):
         calls.append(1)
-        for index, piece in enumerate(real_cut_stream(handle)):
+        for index, piece in enumerate(real_cut_stream(handle, sizes)):
             if index == 1 and len(calls) == 1:
                 target.write_bytes(final)
             yield piece
@@ -648,9 +648,9 @@ def test_secret_written_while_a_large_file_is_stored_never_lands(mem, ws, small_
                 target.write_bytes(clean[:4_000_000] + b"\nTOKEN " + secret + b"\n" + clean[4_000_000:])
             return count
 
-    def gains_a_secret(handle):
+    def gains_a_secret(handle, sizes=chunking.LOCAL):
         calls.append(1)
-        return real_cut_stream(Rewritten(handle))
+        return real_cut_stream(Rewritten(handle), sizes)
     monkeypatch.setattr(chunking, "cut_stream", gains_a_secret)
     refs_before = {k: v for k, v in rows(mem).items() if k[0] in ("refs", "reflog")}
     with pytest.raises(SecretFound, match="notes.txt line"):

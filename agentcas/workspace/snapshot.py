@@ -155,6 +155,7 @@ class Snapshotter:
         self.objects = objects
         self.local = local
         self.known = known or objects.blobs.has_many  # an embedded store answers itself
+        self.chunk_sizes = objects.blobs.chunk_sizes
         self.root = os.path.realpath(root)
         self.allow_secrets = tuple(allow_secrets)
         self.progress = progress
@@ -393,7 +394,7 @@ class Snapshotter:
             self._check_secret(item.rel, data)  # it changed since the scan: scan what we store
             item.st = st
         from agentcas.cas import chunking
-        framed_chunks = self._hash_and_frame(list(chunking.cut(data)))
+        framed_chunks = self._hash_and_frame(list(chunking.cut(data, *self.chunk_sizes)))
         refs = [ChunkRef(digest, length) for digest, length, _ in framed_chunks]
         objects = [(digest, framed) for digest, _, framed in framed_chunks if framed is not None]
         entry, chunk_list, needed = _file_entry(item.rel.rsplit("/", 1)[-1], _mode(st), len(data), refs,
@@ -535,7 +536,7 @@ class Snapshotter:
                 if part:
                     in_flight.append(pool.submit(self._hash_and_frame, part))
 
-        for index, piece in enumerate(chunking.cut_stream(handle)):
+        for index, piece in enumerate(chunking.cut_stream(handle, self.chunk_sizes)):
             if index == 0:  # text or binary is judged by the head, as git does
                 check = None if secrets.is_binary(piece) else (
                     lambda data, lines: self._check_secret(item.rel, data, lines, False))

@@ -10,11 +10,12 @@ Backends: memory.py, ../lmdb_store.py (in the store's one LMDB environment), s3.
 
 from __future__ import annotations
 
-from agentcas.errors import AgentcasError
-
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping, Sequence
+
+from agentcas.cas.chunking import LOCAL, ChunkSizes
+from agentcas.errors import AgentcasError
 
 KEY_SIZE = 32
 
@@ -37,6 +38,9 @@ class BlobStore(ABC):
     """Immutable framed objects by raw id: has / get / put-if-absent / delete / list."""
 
     url: str
+    # How a commit cuts workspace files for this store (cas/chunking.py: a backend where
+    # every object is a request cuts larger chunks).
+    chunk_sizes: ChunkSizes = LOCAL
 
     @abstractmethod
     def get(self, key: bytes) -> bytes | None:

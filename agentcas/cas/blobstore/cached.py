@@ -66,6 +66,7 @@ class CachedBlobStore(BlobStore):
         self.remote = remote
         self.local = local
         self.url = remote.url
+        self.chunk_sizes = remote.chunk_sizes
         self.cache_dir = getattr(local, "path", None)
         self.max_bytes = max_bytes if max_bytes is not None else settings.whole_number(
             "AGENTCAS_CACHE_BYTES", DEFAULT_MAX_BYTES)

@@ -50,7 +50,7 @@ from datetime import datetime
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Iterator, Mapping, Sequence
 
-from agentcas.cas import crashpoints, framing, settings
+from agentcas.cas import chunking, crashpoints, framing, settings
 from agentcas.cas.blobstore.base import KEY_SIZE, BlobInfo, BlobStore, BlobUnavailable
 from agentcas.errors import UsageError
 
@@ -104,6 +104,8 @@ def parse_url(url: str) -> tuple[str, str]:
 
 class S3BlobStore(BlobStore):
     """Immutable framed objects in one bucket under one prefix, at `s3://BUCKET/PREFIX`."""
+
+    chunk_sizes = chunking.REMOTE  # every object is a request (cas/chunking.py)
 
     def __init__(self, url: str, create: bool = False):
         import boto3
