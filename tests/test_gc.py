@@ -420,3 +420,38 @@ def test_scan_does_not_keep_the_store_mapped(tmp_path):
         pages.release()
         assert mapped() < 1024 * 1024
         assert sum(len(v) for _, v in txn.scan("objects")) > 48_000_000  # and reads still work
+
+
+def test_report_splits_unique_and_shared_bytes_per_thread(any_store, tmp_path):
+    store = any_store
+    store.commit(write_files(tmp_path / "a", {"a.bin": os.urandom(50_000)}), "a", thread="a")
+    store.commit(write_files(tmp_path / "b", {"b.bin": os.urandom(70_000)}), "b", thread="b")
+    store.fork("a", "c")
+    store.commit(write_files(tmp_path / "c", {"c.bin": os.urandom(30_000)}), "c", thread="c")
+    rows = {r["thread"]: r for r in store.gc(grace=0, expire_reflog=0, report=True, now=later())["report"]["threads"]}
+    assert rows["b"]["unique_bytes"] == rows["b"]["live_bytes"] and rows["b"]["shared_bytes"] == 0
+    assert rows["a"]["unique_bytes"] == 0 and rows["a"]["shared_bytes"] == rows["a"]["live_bytes"]
+    assert rows["c"]["shared_bytes"] == rows["a"]["live_bytes"]
+    assert rows["c"]["unique_bytes"] == rows["c"]["live_bytes"] - rows["a"]["live_bytes"] > 30_000
+    assert sum(r["unique_bytes"] for r in rows.values()) + rows["a"]["live_bytes"] == stored_bytes(store)
+
+
+def test_report_memory_does_not_grow_with_the_objects_it_counts(tmp_path, monkeypatch):
+    # The report used to hold a dict of every live object (its owner thread); now its marks
+    # and spool are gc's bounded structures. With a 64 KiB budget, 12,000 live objects
+    # (a dict of them: over 1 MiB of Python objects) must fit in well under that.
+    import tracemalloc
+    from agentcas.gc import markset, report
+    store, _ = Store.init(str(tmp_path / "store"))
+    files = {f"d{i % 40}/f{i}": b"%d" % i * 3 for i in range(12_000)}
+    store.commit(write_files(tmp_path / "ws", files), "many", thread="t")
+    plan = plan_gc(store.stores, now=later(), grace=0, expire_reflog=0)
+    monkeypatch.setattr(markset, "MEMORY_BUDGET", 64 << 10)
+    tracemalloc.start()
+    try:
+        doc = report.build_report(store.stores, plan)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert doc["threads"][0]["live_objects"] > 12_000
+    assert peak < 700_000, f"the report peaked at {peak:,} bytes of Python objects"

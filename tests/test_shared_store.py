@@ -114,6 +114,26 @@ def test_unchanged_recommit_uploads_nothing_but_its_checkpoint(shared, workspace
     assert store.log("main", limit=1)[0]["reason"] == "unchanged"
 
 
+def test_gc_report_on_a_shared_store_counts_listed_sizes(shared, tmp_path, monkeypatch):
+    write(tmp_path / "a", {"a.bin": os.urandom(40_000)})
+    write(tmp_path / "b", {"b.bin": os.urandom(60_000)})
+    assert shared("commit", tmp_path / "a", "-m", "a", "--thread", "a").code == 0
+    assert shared("commit", tmp_path / "b", "-m", "b", "--thread", "b").code == 0
+    assert shared("fork", "a", "c").code == 0
+    s3_url, refs = shared.urls
+    monkeypatch.setenv("AGENTCAS_CACHE_DIR", str(tmp_path / "cache-gc"))  # a machine that has read nothing
+    store = Store.open(s3_url, refs=refs)
+    try:
+        report = store.gc(grace=0, expire_reflog=0, report=True)["report"]
+        stored = sum(info.size for info in store.blobs.list())
+    finally:
+        store.close()
+    rows = {r["thread"]: r for r in report["threads"]}
+    assert rows["b"]["unique_bytes"] == rows["b"]["live_bytes"] > 60_000
+    assert rows["a"]["shared_bytes"] == rows["c"]["shared_bytes"] == rows["a"]["live_bytes"] > 40_000
+    assert rows["b"]["live_bytes"] + rows["a"]["live_bytes"] + report["kept_without_thread"]["bytes"] == stored
+
+
 # --- must survive -------------------------------------------------------------------------------
 
 WORKER = r"""

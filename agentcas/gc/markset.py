@@ -19,7 +19,9 @@ so marking a million objects took ~100 MB. `MarkSet` holds the same ids packed:
   when the file-backed total passes pages.MAPPED_BUDGET.
 `KeySpool` keeps a list of (32-byte id, u64) pairs, gc's candidates and young objects,
 packed in memory up to MEMORY_BUDGET/8 bytes and in a temporary file beyond, read back in
-order in batches. So gc's memory for marks and candidates is bounded by constants.
+order in batches. `KeySizes` maps ids to a u64 (a shared store's listed sizes, for the
+report) in a temporary LMDB table from the start, its pages released like the spilled
+mark table's. So gc's memory for marks, candidates and sizes is bounded by constants.
 """
 
 from __future__ import annotations
@@ -181,12 +183,7 @@ class MarkSet:
     # -- the on-disk table ----------------------------------------------------------------
     def _spill(self) -> None:
         if self._env is None:
-            self._dir = tempfile.mkdtemp(prefix="agentcas-gc-marks-")
-            self._finalizer = weakref.finalize(self, _remove, self._dir)
-            self._env = lmdb.open(self._dir, map_size=SPILL_MAP_SIZE, subdir=True, writemap=True,
-                                  sync=False, metasync=False, lock=False, readahead=False,
-                                  max_dbs=0, meminit=False)
-            self._pages = PageReleaser(None, data_file=os.path.join(self._dir, "data.mdb"))
+            self._dir, self._env, self._pages, self._finalizer = _scratch_table(self, "agentcas-gc-marks-")
         if self._reader is not None:
             self._reader.abort()
             self._reader = None
@@ -222,6 +219,58 @@ class MarkSet:
 
 def _remove(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
+
+
+def _scratch_table(owner, prefix: str):
+    """(directory, LMDB environment, PageReleaser, finalizer) of a temporary table that dies
+    with `owner`: mapped with writemap and never synced, so its pages are file-backed."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    finalizer = weakref.finalize(owner, _remove, path)
+    env = lmdb.open(path, map_size=SPILL_MAP_SIZE, subdir=True, writemap=True, sync=False,
+                    metasync=False, lock=False, readahead=False, max_dbs=0, meminit=False)
+    return path, env, PageReleaser(None, data_file=os.path.join(path, "data.mdb")), finalizer
+
+
+class KeySizes:
+    """A map of 32-byte id -> u64 on disk (`update`, then `get`), in bounded memory."""
+
+    _U64 = struct.Struct(">Q")
+
+    def __init__(self):
+        self._dir, self._env, self._pages, self._finalizer = _scratch_table(self, "agentcas-gc-sizes-")
+        self._reader = None
+
+    def update(self, pairs) -> None:
+        """Add (id, number) pairs, 1,024 per write transaction."""
+        if self._reader is not None:
+            self._reader.abort()
+            self._reader = None
+        batch = []
+        for raw, number in pairs:
+            batch.append((bytes(raw), self._U64.pack(number)))
+            if len(batch) >= 1024:
+                self._put(batch)
+        self._put(batch)
+
+    def _put(self, batch: list) -> None:
+        with self._env.begin(write=True) as txn:
+            txn.cursor().putmulti(batch)
+        batch.clear()
+        self._pages.release()
+
+    def get(self, raw, default: int = 0) -> int:
+        if self._reader is None:
+            self._reader = self._env.begin(buffers=True)
+        self._pages.tick()
+        value = self._reader.get(bytes(raw))
+        return default if value is None else self._U64.unpack(value)[0]
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.abort()
+            self._reader = None
+        self._env.close()
+        self._finalizer()
 
 
 class KeySpool:

@@ -1,14 +1,18 @@
 """The lineage report of a gc: why every kept byte is alive, and what goes.
 
 For each thread its closure (checkpoint with ancestors, tree, files, history chain)
-is walked on its own, counting objects and stored bytes; an owner map (object ->
-the one thread that reaches it, or "shared") then splits each thread's bytes into
-unique and shared-with-other-threads. A fork's `forked_from` names its parent and the
+is walked on its own, counting objects and stored bytes. Each object a thread reaches
+first is spooled with that thread and its size; one reached again by a later thread is
+marked shared; the spool then gives each thread its unique bytes (only the first to
+reach an object can own it), the rest of its bytes being shared with other threads.
+The per-thread walks, the two mark sets and the spool are gc's bounded structures
+(gc/markset.py), and a shared store's listed sizes go to an on-disk KeySizes, so the
+report's memory does not grow with the objects it counts. A fork's `forked_from` names its parent and the
 seq it forked at; the segment holding that cut in the fork's own history is the
 prefix it pins in the parent (kept whole even when the parent is deleted). Live
 objects no thread reaches are kept by reflog entries or signatures alone.
-The report costs one walk per thread plus a map of live objects, so it is built
-only when asked for (`gc --report FILE`), never by a plain gc.
+The report costs one walk per thread, so it is built only when asked for
+(`gc --report FILE`), never by a plain gc.
 """
 
 from __future__ import annotations
@@ -16,12 +20,14 @@ from __future__ import annotations
 from agentcas.cas.backends import Stores
 from agentcas.cas.digest import Digest
 from agentcas.errors import IntegrityError, UsageError
+from agentcas.gc.markset import KEY_SIZE, KeySizes, KeySpool, MarkSet
 from agentcas.gc.plan import GcPlan
 from agentcas.gc.roots import MarkWalker, state_roots
 from agentcas.lineage import rollout
 from agentcas.refs import threads
 
-SHARED = -1
+THREAD_BITS = 24  # a spooled number: the object's size, then the index of its first thread
+THREAD_MASK = (1 << THREAD_BITS) - 1
 
 
 def _prefix_pinned(history: rollout.History, state, names: set) -> dict | None:
@@ -43,37 +49,53 @@ def _prefix_pinned(history: rollout.History, state, names: set) -> dict | None:
 def build_report(stores: Stores, plan: GcPlan, result: dict | None = None) -> dict:
     """The report as a JSON-able dict (see docs/GC.md, "Report")."""
     rows = []
-    owners: dict[bytes, int] = {}
-    with stores.meta.reader() as txn, stores.objects.reading() as objects:
-        states = threads.list_threads(txn)
-        names = {name for name, _ in states}
-        history = rollout.History(objects)
-        # Stored sizes: from the memory map of an embedded store, from one listing of a shared one.
-        listed = {info.key: info.size for info in stores.blobs.list()} if stores.shared else None
+    first, shared = MarkSet(), MarkSet()
+    firsts = KeySpool()  # (id, size << THREAD_BITS | index of the thread that reached it first)
+    sizes = KeySizes() if stores.shared else None
+    threaded_objects = threaded_bytes = 0
+    try:
+        with stores.meta.reader() as txn, stores.objects.reading() as objects:
+            states = threads.list_threads(txn)
+            if len(states) >= 1 << THREAD_BITS:
+                raise UsageError(f"a gc report covers at most {(1 << THREAD_BITS) - 1:,} threads")
+            names = {name for name, _ in states}
+            history = rollout.History(objects)
+            # Stored sizes: from the memory map of an embedded store, from one listing of a shared one.
+            if sizes is not None:
+                sizes.update((info.key, info.size) for info in stores.blobs.list())
 
-        def stored_size(raw: bytes) -> int:
-            return listed.get(raw, 0) if listed is not None else len(objects.raw(Digest(raw)))
+            def stored_size(raw: bytes) -> int:
+                return sizes.get(raw) if sizes is not None else len(objects.raw(Digest(raw)))
 
-        for index, (name, state) in enumerate(states):
-            walker = MarkWalker(objects, set())
-            count = size = 0
-            for root in state_roots("thread", name, name, state):
-                for digest, _, _ in walker.root(root):
-                    count += 1
-                    size += stored_size(digest.raw)
-                    owner = owners.get(digest.raw)
-                    owners[digest.raw] = index if owner is None or owner == index else SHARED
-            rows.append({"thread": name, "checkpoint": None if state.checkpoint is None else state.checkpoint.hex(),
-                         "records": state.history.seq, "live_objects": count, "live_bytes": size,
-                         "unique_bytes": 0, "shared_bytes": 0,
-                         "pins_prefix": _prefix_pinned(history, state, names)})
-        threaded_objects = threaded_bytes = 0
-        for raw, owner in owners.items():
-            size = stored_size(raw)
-            threaded_objects += 1
-            threaded_bytes += size
-            if owner != SHARED:
-                rows[owner]["unique_bytes"] += size
+            for index, (name, state) in enumerate(states):
+                visited = MarkSet()
+                walker = MarkWalker(objects, visited)
+                count = size = 0
+                for root in state_roots("thread", name, name, state):
+                    for digest, _, _ in walker.root(root):
+                        raw = digest.raw
+                        object_size = stored_size(raw)
+                        count += 1
+                        size += object_size
+                        if raw in first:
+                            shared.add(raw)
+                        else:
+                            first.add(raw)
+                            firsts.append(raw, object_size << THREAD_BITS | index)
+                            threaded_objects += 1
+                            threaded_bytes += object_size
+                visited.close()
+                rows.append({"thread": name, "checkpoint": None if state.checkpoint is None else state.checkpoint.hex(),
+                             "records": state.history.seq, "live_objects": count, "live_bytes": size,
+                             "unique_bytes": 0, "shared_bytes": 0,
+                             "pins_prefix": _prefix_pinned(history, state, names)})
+        for keys, numbers in firsts.batches(1024):
+            for position, number in enumerate(numbers):
+                if keys[position * KEY_SIZE:(position + 1) * KEY_SIZE] not in shared:
+                    rows[number & THREAD_MASK]["unique_bytes"] += number >> THREAD_BITS
+    finally:
+        for structure in (first, shared, firsts) + ((sizes,) if sizes is not None else ()):
+            structure.close()
     for row in rows:
         row["shared_bytes"] = row["live_bytes"] - row["unique_bytes"]
     summary = plan.to_json()
