@@ -157,3 +157,31 @@ def test_the_cli_reads_its_gc_memory_budget_from_the_environment(tmp_path):
     assert out.code == 0, out
     assert all_keys(Store.open(str(tmp_path / "store"))) == live
     assert not [p for p in os.listdir(tmp_path) if p.startswith("agentcas-gc-")]  # temporary files removed
+
+
+def test_scratch_tables_of_killed_gcs_are_removed_by_the_next(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    orphan = tmp_path / f"agentcas-gc-marks-{gone}-k1ll3d_x"
+    running = tmp_path / f"agentcas-gc-marks-{os.getpid()}-st1lll1v"
+    unrelated = tmp_path / "agentcas-gc-notes"
+    for directory in (orphan, running, unrelated):
+        directory.mkdir()
+        (directory / "data.mdb").write_bytes(b"x" * 100)
+    marks = MarkSet(budget=4096)
+    for i in range(1, 400):  # past the budget: the spill makes a scratch table
+        marks.add(i.to_bytes(32, "big"))
+    assert marks.spilled
+    assert not orphan.exists() and running.exists() and unrelated.exists()
+    sizes = markset.KeySizes()
+    sizes.update([(bytes(32), 7)])
+    assert sizes.get(bytes(32)) == 7 and sizes.get(b"\1" * 32, -1) == -1
+    scratch = [p for p in tmp_path.iterdir() if p.name.startswith(f"agentcas-gc-sizes-{os.getpid()}-")]
+    sizes.close()
+    marks.close()
+    assert len(scratch) == 1 and not scratch[0].exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([running.name, unrelated.name])

@@ -11,7 +11,8 @@ so marking a million objects took ~100 MB. `MarkSet` holds the same ids packed:
   The table grows by half once it is 3/4 full: 43 to 64 bytes an id, no Python object.
 - Past `MEMORY_BUDGET` bytes (AGENTCAS_GC_MEMORY, default 32 MiB) the table does not
   grow: its ids are moved into a table of a temporary LMDB environment (in a directory
-  of its own under $TMPDIR, removed when the set is closed or collected) and the
+  of its own under $TMPDIR, removed when the set is closed or collected, or by the next
+  gc on this host if the process was killed) and the
   emptied table takes new ids again, moved in turn whenever it is full. An id is
   marked if either table holds it; ids are never unmarked. The environment is mapped
   with writemap and never synced (it dies with gc), so its pages are file-backed: the
@@ -183,7 +184,7 @@ class MarkSet:
     # -- the on-disk table ----------------------------------------------------------------
     def _spill(self) -> None:
         if self._env is None:
-            self._dir, self._env, self._pages, self._finalizer = _scratch_table(self, "agentcas-gc-marks-")
+            self._dir, self._env, self._pages, self._finalizer = _scratch_table(self, "marks")
         if self._reader is not None:
             self._reader.abort()
             self._reader = None
@@ -221,14 +222,49 @@ def _remove(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _scratch_table(owner, prefix: str):
+SCRATCH_PREFIX = "agentcas-gc-"
+
+
+def _scratch_table(owner, kind: str):
     """(directory, LMDB environment, PageReleaser, finalizer) of a temporary table that dies
-    with `owner`: mapped with writemap and never synced, so its pages are file-backed."""
-    path = tempfile.mkdtemp(prefix=prefix)
+    with `owner`: mapped with writemap and never synced, so its pages are file-backed.
+    The directory is named after this process (agentcas-gc-KIND-PID-RANDOM under $TMPDIR);
+    those of processes that are gone (a gc killed by SIGKILL) are removed first."""
+    remove_orphaned_scratch()
+    path = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{kind}-{os.getpid()}-")
     finalizer = weakref.finalize(owner, _remove, path)
     env = lmdb.open(path, map_size=SPILL_MAP_SIZE, subdir=True, writemap=True, sync=False,
                     metasync=False, lock=False, readahead=False, max_dbs=0, meminit=False)
     return path, env, PageReleaser(None, data_file=os.path.join(path, "data.mdb")), finalizer
+
+
+def remove_orphaned_scratch(directory: str | None = None) -> int:
+    """Remove scratch directories left by gc processes of this host that no longer run."""
+    directory = directory or tempfile.gettempdir()
+    removed = 0
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return 0
+    for name in names:
+        if not name.startswith(SCRATCH_PREFIX):
+            continue
+        parts = name[len(SCRATCH_PREFIX):].split("-")
+        if len(parts) != 3 or not parts[1].isdigit() or _running(int(parts[1])):
+            continue
+        _remove(os.path.join(directory, name))
+        removed += 1
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process: it exists
+    return True
 
 
 class KeySizes:
@@ -237,7 +273,7 @@ class KeySizes:
     _U64 = struct.Struct(">Q")
 
     def __init__(self):
-        self._dir, self._env, self._pages, self._finalizer = _scratch_table(self, "agentcas-gc-sizes-")
+        self._dir, self._env, self._pages, self._finalizer = _scratch_table(self, "sizes")
         self._reader = None
 
     def update(self, pairs) -> None:
