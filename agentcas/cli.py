@@ -37,6 +37,9 @@ class Context:
             if not path:
                 raise AgentcasError(f"no store found: use --store DIR, set AGENTCAS_STORE, "
                                     f"or run 'agentcas init' to create ./{STORE_DIR}")
+            if str(path).startswith("s3://"):  # before the request pool's threads start
+                from agentcas.cas.blobstore.s3 import cap_malloc_arenas
+                cap_malloc_arenas()
             self._store = Store.open(path, refs=self.refs)
         return self._store
 

@@ -184,11 +184,30 @@ def blob_gc_side(s3: SeaweedServer, objects: int) -> tuple[list, list]:
 
 GC_MEASURE = r"""
 import json, resource, subprocess, sys, time
+# Peak RSS (the kernel's), and peaks of its two parts sampled every 20 ms from
+# /proc/PID/status: RssAnon (the process's own memory) and RssFile (mapped file pages:
+# the local cache's LMDB map, page cache the kernel can drop).
 start = time.perf_counter()
-proc = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+peaks = {"RssAnon": 0, "RssFile": 0}
+import threading
+def sample():
+    while proc.poll() is None:
+        try:
+            with open(f"/proc/{proc.pid}/status") as f:
+                for line in f:
+                    name = line.split(":")[0]
+                    if name in peaks:
+                        peaks[name] = max(peaks[name], int(line.split()[1]) * 1024)
+        except OSError:
+            return
+        time.sleep(0.02)
+threading.Thread(target=sample, daemon=True).start()
+out, err = proc.communicate()
 print(json.dumps({"rc": proc.returncode, "seconds": time.perf_counter() - start,
                   "max_rss": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
-                  "out": proc.stdout.decode(errors="replace")[-20000:], "err": proc.stderr.decode(errors="replace")[-2000:]}))
+                  "max_anon": peaks["RssAnon"], "max_file": peaks["RssFile"],
+                  "out": out.decode(errors="replace")[-20000:], "err": err.decode(errors="replace")[-2000:]}))
 """
 
 
@@ -238,16 +257,17 @@ def full_gc(work: str, s3: SeaweedServer, pg: PostgresServer, objects: int) -> l
     by_type = {k: s3_after.get(k, 0) - s3_before.get(k, 0) for k in s3_after}
     s3_text = ", ".join(f"{k} {v:,}" for k, v in sorted(by_type.items()) if v)
     assert after == live, f"gc left {after:,} objects, {live:,} are live"
-    return {"stored": stored, "max_rss": doc["max_rss"],
+    return {"stored": stored, "max_rss": doc["max_rss"], "max_anon": doc["max_anon"],
             "row": [f"{stored:,} objects ({live:,} live)", fmt_time(doc["seconds"]), fmt_bytes(doc["max_rss"]),
+                    f"{fmt_bytes(doc['max_anon'])} / {fmt_bytes(doc['max_file'])}",
                     f"{sum(by_type.values()):,} ({s3_text})", f"{pg_after - pg_before:,}", f"{stored - after:,}"]}
 
 
-def growth_per_object(runs: list) -> list[str]:
-    """Peak RSS added per stored object from each run to the next (bytes), '-' for the first."""
+def growth_per_object(runs: list, field: str = "max_rss") -> list[str]:
+    """Peak memory (`field`) added per stored object from each run to the next (bytes), '-' for the first."""
     out = ["-"]
     for before, after in zip(runs, runs[1:]):
-        out.append(f"{(after['max_rss'] - before['max_rss']) / max(1, after['stored'] - before['stored']):,.0f} B")
+        out.append(f"{(after[field] - before[field]) / max(1, after['stored'] - before['stored']):,.0f} B")
     return out
 
 
@@ -346,10 +366,12 @@ def main(argv=None) -> int:
                 sizes = [int(n) for n in args.gc_sizes.split(",")] if args.gc_sizes else \
                     ((2_000, 10_000) if args.quick else (10_000, 100_000))
                 runs = [full_gc(work, s3, pg, n) for n in sizes]
-                rows = [run["row"][:3] + [growth] + run["row"][3:]
-                        for run, growth in zip(runs, growth_per_object(runs))]
+                rows = [run["row"][:4] + [growth, anon] + run["row"][4:]
+                        for run, growth, anon in zip(runs, growth_per_object(runs),
+                                                     growth_per_object(runs, "max_anon"))]
             print(table("A whole gc on the shared store (`agentcas --json gc --grace 0s --expire-reflog now`)",
-                        ["store", "wall", "peak RSS (gc process)", "RSS growth per object (from the row above)",
+                        ["store", "wall", "peak RSS (gc process)", "peak anonymous / file-backed",
+                         "RSS growth per object (from the row above)", "anonymous growth per object",
                          "S3 requests (by type)", "PostgreSQL statements", "objects deleted"], rows,
                         ["a fifth of the objects live (one commit of small files), the rest unreferenced chunks; "
                          "gc runs from a second machine's empty cache (marking downloads the live closure); "

@@ -9,6 +9,8 @@ from __future__ import annotations
 import http.client
 import http.server
 import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -275,3 +277,39 @@ def test_an_empty_leftover_of_a_cut_off_put_is_absent_and_written_over(s3_server
     assert store.get_many(list(items)) == items
     assert store.has_many(list(items)) == set(items)
     assert store.put_many_written(items) == set()  # whole objects are never written over
+
+
+ARENAS = r"""
+import ctypes, os, sys, tempfile, threading
+from agentcas.cas.blobstore.s3 import cap_malloc_arenas
+if sys.argv[1] == "capped":
+    cap_malloc_arenas()
+def churn():
+    for _ in range(200):
+        junk = [bytearray(4000) for _ in range(100)]
+barrier = threading.Barrier(16)
+def worker():
+    barrier.wait()
+    churn()
+threads = [threading.Thread(target=worker) for _ in range(16)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+libc = ctypes.CDLL(None)
+libc.fopen.restype = ctypes.c_void_p
+libc.fopen.argtypes = (ctypes.c_char_p, ctypes.c_char_p)
+libc.malloc_info.argtypes = (ctypes.c_int, ctypes.c_void_p)
+libc.fclose.argtypes = (ctypes.c_void_p,)
+path = tempfile.mktemp()
+handle = libc.fopen(path.encode(), b"w")
+libc.malloc_info(0, handle)
+libc.fclose(handle)
+print(open(path).read().count("<heap nr="))
+os.unlink(path)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc arenas")
+def test_cap_malloc_arenas_bounds_the_arenas_of_a_thread_pool():
+    counts = {how: int(subprocess.run([sys.executable, "-c", ARENAS, how], capture_output=True, text=True,
+                                      check=True).stdout) for how in ("capped", "default")}
+    assert counts["capped"] <= 2 < counts["default"], counts

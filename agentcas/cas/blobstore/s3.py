@@ -102,6 +102,21 @@ def parse_url(url: str) -> tuple[str, str]:
     return bucket, prefix.strip("/")
 
 
+def cap_malloc_arenas(arenas: int = 2) -> None:
+    """For the process that owns its memory (the CLI): at most `arenas` glibc malloc arenas.
+
+    glibc gives threads that allocate at once arenas of their own (up to 8 per core), and
+    the request pool's boto3 garbage spreads over all of them: a gc on a shared store grew
+    its peak RSS by ~500 B per stored object from 10,000 to 40,000 objects, ~250 B with two
+    arenas (bench/bench_shared.py --only gc-full, 1 Dec 2026). glibc only; else nothing."""
+    import ctypes
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(-8, arenas)  # M_ARENA_MAX
+
+
 class S3BlobStore(BlobStore):
     """Immutable framed objects in one bucket under one prefix, at `s3://BUCKET/PREFIX`."""
 
