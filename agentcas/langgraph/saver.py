@@ -357,7 +357,11 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         old_heads = {s.checkpoint.raw for s in line.refs.values() if s.checkpoint is not None}
         heads = [s.checkpoint for s in refs.values() if s.checkpoint is not None]
         added, boundary = [], set()
-        for digest, cp in self.store.checkpoints_from(heads, line.parents.keys()):
+        try:
+            walked = self.store.checkpoints_from(heads, line.parents.keys())
+        except IntegrityError as exc:
+            raise CorruptCheckpoint(f"LangGraph checkpoints of agentcas thread {name}: {exc}") from None
+        for digest, cp in walked:
             line.parents[digest.raw] = cp.parents
             boundary.update(p.raw for p in cp.parents)
             match = _REASON.match(cp.reason)
@@ -586,7 +590,9 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
             with self._lock:
                 lines = self._lines_of(conf["thread_id"])
             wanted = [n for n in lines if ns is None or n == thread_name(conf["thread_id"], ns)]
-            groups = [(conf["thread_id"], self._ns_of(conf["thread_id"], n), n) for n in wanted]
+            with self._lock:
+                groups = [(conf["thread_id"], self._ns_of(n, lines[n]), n) for n in wanted]
+            groups = [group for group in groups if group[1] is not None]
         before_id = get_checkpoint_id(before) if before else None
         only_id = get_checkpoint_id(config) if config else None
         for thread_id, ns, name in groups:
@@ -615,24 +621,40 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
 
     def _all_threads(self) -> list[tuple[str, str, str]]:
         out = []
-        for name, state in sorted(self.store.thread_states(ROOT).items()):
+        for name in sorted(self.store.thread_states(ROOT)):
             if "/branches/" in name:
                 continue
-            node_raw = None
             line = self._refresh(name)
-            for raw in line.nodes:
-                node_raw = raw
-                break
-            if node_raw is None:
-                continue
-            doc = self._record(line.nodes[node_raw])[0]
-            out.append((doc["thread_id"], doc["checkpoint_ns"], name))
+            thread_id, ns = self._thread_id_of(name, line), self._ns_of(name, line)
+            if thread_id is not None and ns is not None:
+                out.append((thread_id, ns, name))
         return out
 
-    @staticmethod
-    def _ns_of(thread_id: str, name: str) -> str:
-        root = thread_root(thread_id)
-        return "" if name == root else unquote(name[len(root) + 4:])
+    # A ref name's components decode back to the LangGraph ids (percent-encoding), except an id
+    # longer than 80 encoded bytes, hashed to `%h...` (a real id's `%` is always encoded, so that
+    # form is only a hash): its id is read from a checkpoint record of the thread instead. The
+    # namespace in any record is right; the thread id only in a record whose id hashes to the
+    # name, since the records of a copy (copy_thread) still name the thread they were put on.
+    def _thread_id_of(self, name: str, line: _Line) -> str | None:
+        """The LangGraph thread id of agentcas thread `name` (None: a hashed id no record names)."""
+        component = name[len(ROOT) + 1:].split("/", 1)[0]
+        if not component.startswith("%h"):
+            return unquote(component)
+        root = f"{ROOT}/{component}"
+        for node in line.nodes.values():
+            thread_id = self._record(node)[0]["thread_id"]
+            if thread_root(thread_id) == root:
+                return thread_id
+        return None
+
+    def _ns_of(self, name: str, line: _Line) -> str | None:
+        """The checkpoint namespace of agentcas thread `name` (None: hashed, and no checkpoint)."""
+        _, _, component = name[len(ROOT) + 1:].partition("/ns/")
+        if not component.startswith("%h"):
+            return unquote(component)
+        for node in line.nodes.values():
+            return self._record(node)[0]["checkpoint_ns"]
+        return None
 
     # -- writing --------------------------------------------------------------------------------
     def _land(self, what: str, build):
