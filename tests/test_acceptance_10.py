@@ -32,6 +32,7 @@ import pytest
 pytest.importorskip("langgraph.graph", reason="the langgraph extra (make test installs it)")
 
 from langchain_core.messages import AIMessage, HumanMessage  # noqa: E402
+from langgraph.channels.delta import DeltaChannel  # noqa: E402
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 from langgraph.checkpoint.serde.base import CipherProtocol  # noqa: E402
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer  # noqa: E402
@@ -698,3 +699,41 @@ def test_listing_every_thread_names_long_and_copied_thread_ids_right(tmp_path):
         assert counts == {long_id: mine, "short-copy": mine, long_copy: len(list(saver.list(thread(long_copy))))}
         for t in saver.list(None):  # every config listed opens the checkpoint it came from
             assert saver.get_tuple(t.config).checkpoint["id"] == t.checkpoint["id"]
+
+
+# -- 9. prune keeps what a DeltaChannel needs ---------------------------------------------------
+
+def _extend(state, writes):  # a DeltaChannel reducer: one call with a batch of writes
+    out = list(state or [])
+    for write in writes:
+        out.extend(write)
+    return out
+
+
+@pytest.mark.parametrize("every", [3, 50])
+def test_prune_keep_latest_keeps_a_delta_channels_state(tmp_path, every):
+    Notes = TypedDict("Notes", {"notes": Annotated[list, DeltaChannel(_extend, snapshot_frequency=every)]})
+
+    def build(saver):
+        builder = StateGraph(Notes)
+        builder.add_node("note", lambda state: {"notes": [f"note {len(state['notes'])}"]})
+        builder.add_edge(START, "note")
+        builder.add_edge("note", END)
+        return builder.compile(checkpointer=saver)
+
+    reference = build(InMemorySaver())
+    with AgentcasSaver.from_path(tmp_path / "store") as saver:
+        graph = build(saver)
+        for i in range(5):
+            graph.invoke({"notes": [f"input {i}"]}, thread("d"))
+            reference.invoke({"notes": [f"input {i}"]}, thread("d"))
+        before = len(list(saver.list(thread("d"))))
+        saver.prune(["d"])
+        after = len(list(saver.list(thread("d"))))
+        assert graph.get_state(thread("d")).values == reference.get_state(thread("d")).values
+        if every == 3:
+            assert after < before  # back to the nearest snapshot only, not the whole thread
+        graph.invoke({"notes": ["more"]}, thread("d"))
+        reference.invoke({"notes": ["more"]}, thread("d"))
+        assert graph.get_state(thread("d")).values == reference.get_state(thread("d")).values
+        assert saver.store.fsck()["ok"]

@@ -1020,8 +1020,33 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                     head = line.head()
                     raw = self._newest(line, head.checkpoint) if head is not None else None
                     if raw is not None:
-                        lg_id = line.nodes[raw].lg_id
-                        self._rewrite(name, {r for r, n in line.nodes.items() if n.lg_id == lg_id})
+                        self._rewrite(name, self._kept_by_prune(line, line.nodes[raw]))
+
+    def _kept_by_prune(self, line: _Line, newest: _Node) -> set[bytes]:
+        """What keep_latest keeps of a line: every version of its newest LangGraph checkpoint
+        and, if that checkpoint has DeltaChannel values it does not store (the channels of its
+        metadata's `counters_since_delta_snapshot` that have a version but no value), every
+        ancestor back to the nearest one storing each such value, with their writes: LangGraph
+        rebuilds such a channel from the writes of the ancestors down to a stored snapshot
+        (BaseCheckpointSaver.prune's DeltaChannel note), so dropping them would empty it."""
+        versions: dict[str, set[bytes]] = {}
+        for raw, node in line.nodes.items():
+            versions.setdefault(node.lg_id, set()).add(raw)
+        keep = set(versions[newest.lg_id])
+        doc = self._record(newest)[0]
+        metadata = self._load(doc["metadata"], doc["metadata"]["v"], newest)
+        written = self._load(doc["checkpoint"], doc["checkpoint"]["v"], newest).get("channel_versions", {})
+        waiting = {ch for ch in (metadata.get("counters_since_delta_snapshot") or {})
+                   if ch in written and ch not in doc["channels"]}
+        node = newest
+        while waiting:
+            parent_id = line.lg_parent(node)
+            if parent_id is None or parent_id not in line.by_id:
+                break  # the thread's first checkpoint: every write since the start is kept
+            node = line.nodes[line.by_id[parent_id]]
+            keep |= versions[parent_id]
+            waiting -= set(self._record(node)[0]["channels"])
+        return keep
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Drop the checkpoints whose metadata run_id is one of `run_ids`, in every thread;
