@@ -559,6 +559,7 @@ def test_sigkill_during_puts_leaves_the_old_or_the_new_checkpoint(tmp_path):
         AgentcasSaver(str(path)).close()
         proc, log = _writer(tmp_path, path, f"k{trial}", -1)
         while not (log.exists() and "ready" in log.read_text()):
+            assert proc.poll() is None, "the writer died before its first invoke"
             time.sleep(0.01)
         time.sleep(rng.uniform(0.05, 0.4))
         os.kill(proc.pid, signal.SIGKILL)
