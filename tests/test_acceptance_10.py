@@ -23,6 +23,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass
 import time
 from pathlib import Path
 from typing import Annotated
@@ -280,7 +281,16 @@ def test_forks_keep_the_old_branch_listed_and_its_writes_out_of_the_fork(tmp_pat
     branches = {c["thread"] for c in root["children"]}
     assert branches and all(b.startswith("langgraph/branchy/branches/") for b in branches)
     assert all(c["forked_from"]["thread"] == "langgraph/branchy" for c in root["children"])
+    # The old branch stays alive for gc: after a gc keeping nothing for its age, every
+    # checkpoint still reads back the same in a new process.
+    with AgentcasSaver.from_path(path) as saver:
+        listed = [(t.checkpoint["id"], repr(t.checkpoint["channel_values"]), repr(t.pending_writes))
+                  for t in saver.list(thread("branchy"))]
+    assert run("gc", "--grace", "0s", store=path).code == 0
     assert run("fsck", store=path).code == 0
+    with AgentcasSaver.from_path(path) as saver:
+        assert [(t.checkpoint["id"], repr(t.checkpoint["channel_values"]), repr(t.pending_writes))
+                for t in saver.list(thread("branchy"))] == listed
 
 
 # -- 3. the async API -----------------------------------------------------------------------------
@@ -738,3 +748,52 @@ def test_prune_keep_latest_keeps_a_delta_channels_state(tmp_path, every):
         reference.invoke({"notes": ["more"]}, thread("d"))
         assert graph.get_state(thread("d")).values == reference.get_state(thread("d")).values
         assert saver.store.fsck()["ok"]
+
+
+# -- 10. values whose == is elementwise (numpy arrays) -------------------------------------------
+
+class Elementwise:
+    """What numpy's `a == b` returns for arrays: no truth value (bool() raises)."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __bool__(self):
+        raise ValueError("The truth value of an array with more than one element is ambiguous")
+
+
+@dataclass(eq=False)
+class Vector:
+    """A stand-in for a numpy array in graph state (== elementwise, as numpy's)."""
+
+    xs: list
+
+    def __eq__(self, other):
+        return Elementwise([a == b for a, b in zip(self.xs, other.xs)])
+
+
+class Embedded(TypedDict):
+    vectors: list  # a plain list channel a node overwrites with recomputed vectors
+
+
+def test_a_list_of_values_without_a_truth_valued_eq_is_stored(tmp_path):
+    def build(saver):
+        builder = StateGraph(Embedded)
+        builder.add_node("embed", lambda state: {"vectors": [Vector([1.0, 2.0]) for _ in state["vectors"]]
+                                                 + [Vector([3.0, float(len(state["vectors"]))])]})
+        builder.add_edge(START, "embed")
+        builder.add_edge("embed", END)
+        return builder.compile(checkpointer=saver)
+
+    def session(saver):
+        graph = build(saver)
+        for _ in range(2):
+            graph.invoke({"vectors": [Vector([0.0, 0.0])]}, thread("vec"))
+        return [[v.xs for v in s.values.get("vectors", [])] for s in graph.get_state_history(thread("vec"))]
+
+    with AgentcasSaver.from_path(tmp_path / "store") as saver:
+        ours = session(saver)
+    assert ours == session(InMemorySaver())
+    with AgentcasSaver.from_path(tmp_path / "store") as saver:  # and it reads back in a new saver
+        assert [[v.xs for v in s.values.get("vectors", [])]
+                for s in build(saver).get_state_history(thread("vec"))] == ours

@@ -151,6 +151,29 @@ def _value_fields(data: bytes, earlier) -> dict:
     return _record_value(data)
 
 
+def _extends(value: list, previous: list) -> bool:
+    """Whether `value` starts with `previous`, element by element (`==`, which for the
+    unchanged messages LangGraph hands back is identity). One list comparison, in C; if an
+    element's `==` is no truth value (a numpy array's is elementwise, and bool() of it
+    raises), they are compared one by one and such an element counts as changed, so the
+    list is stored whole instead of the put failing."""
+    if len(value) < len(previous):
+        return False
+    try:
+        return value[:len(previous)] == previous
+    except Exception:  # noqa: BLE001 - whatever an element's __eq__ or __bool__ raises
+        pass
+    for new, old in zip(value, previous):
+        if new is old:
+            continue
+        try:
+            if not new == old:
+                return False
+        except Exception:  # noqa: BLE001
+            return False
+    return True
+
+
 def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
 
@@ -753,8 +776,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
             previous = parent_lists.get(ch)
             if previous is None and before is None and isinstance(value, list):
                 previous = []  # a new list channel extends the empty list: its items go to the rollout
-            if isinstance(value, list) and previous is not None and len(value) >= len(previous) \
-                    and value[:len(previous)] == previous:
+            if isinstance(value, list) and previous is not None and _extends(value, previous):
                 if before is not None and "items" in before:
                     channels[ch] = before
                     base_file = before["items"].get("base")
