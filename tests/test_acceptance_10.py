@@ -407,6 +407,8 @@ def test_thread_operations_on_a_paused_graph(tmp_path, run):
         saver.prune(["job"])
         assert len(list(saver.list(thread("job", checkpoint_ns="")))) == 1
         assert graph.get_state(thread("job")).interrupts[0].value == "publish now?"
+        out = graph.invoke(Command(resume="after the prune"), thread("job"))
+        assert contents(out["messages"])[-2:] == ["prepared", "published: after the prune"]
 
         graph.invoke({"messages": [HumanMessage(content="two")]}, {**thread("runs"), "metadata": {"run_id": "keep"}})
         graph.invoke(Command(resume="ok"), {**thread("runs"), "metadata": {"run_id": "drop"}})
