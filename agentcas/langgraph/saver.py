@@ -151,6 +151,29 @@ def _value_fields(data: bytes, earlier) -> dict:
     return _record_value(data)
 
 
+def _extends(value: list, previous: list) -> bool:
+    """Whether `value` starts with `previous`, element by element (`==`, which for the
+    unchanged messages LangGraph hands back is identity). One list comparison, in C; if an
+    element's `==` is no truth value (a numpy array's is elementwise, and bool() of it
+    raises), they are compared one by one and such an element counts as changed, so the
+    list is stored whole instead of the put failing."""
+    if len(value) < len(previous):
+        return False
+    try:
+        return value[:len(previous)] == previous
+    except Exception:  # noqa: BLE001 - whatever an element's __eq__ or __bool__ raises
+        pass
+    for new, old in zip(value, previous):
+        if new is old:
+            continue
+        try:
+            if not new == old:
+                return False
+        except Exception:  # noqa: BLE001
+            return False
+    return True
+
+
 def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
 
@@ -357,7 +380,11 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         old_heads = {s.checkpoint.raw for s in line.refs.values() if s.checkpoint is not None}
         heads = [s.checkpoint for s in refs.values() if s.checkpoint is not None]
         added, boundary = [], set()
-        for digest, cp in self.store.checkpoints_from(heads, line.parents.keys()):
+        try:
+            walked = self.store.checkpoints_from(heads, line.parents.keys())
+        except IntegrityError as exc:
+            raise CorruptCheckpoint(f"LangGraph checkpoints of agentcas thread {name}: {exc}") from None
+        for digest, cp in walked:
             line.parents[digest.raw] = cp.parents
             boundary.update(p.raw for p in cp.parents)
             match = _REASON.match(cp.reason)
@@ -586,7 +613,9 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
             with self._lock:
                 lines = self._lines_of(conf["thread_id"])
             wanted = [n for n in lines if ns is None or n == thread_name(conf["thread_id"], ns)]
-            groups = [(conf["thread_id"], self._ns_of(conf["thread_id"], n), n) for n in wanted]
+            with self._lock:
+                groups = [(conf["thread_id"], self._ns_of(n, lines[n]), n) for n in wanted]
+            groups = [group for group in groups if group[1] is not None]
         before_id = get_checkpoint_id(before) if before else None
         only_id = get_checkpoint_id(config) if config else None
         for thread_id, ns, name in groups:
@@ -615,24 +644,40 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
 
     def _all_threads(self) -> list[tuple[str, str, str]]:
         out = []
-        for name, state in sorted(self.store.thread_states(ROOT).items()):
+        for name in sorted(self.store.thread_states(ROOT)):
             if "/branches/" in name:
                 continue
-            node_raw = None
             line = self._refresh(name)
-            for raw in line.nodes:
-                node_raw = raw
-                break
-            if node_raw is None:
-                continue
-            doc = self._record(line.nodes[node_raw])[0]
-            out.append((doc["thread_id"], doc["checkpoint_ns"], name))
+            thread_id, ns = self._thread_id_of(name, line), self._ns_of(name, line)
+            if thread_id is not None and ns is not None:
+                out.append((thread_id, ns, name))
         return out
 
-    @staticmethod
-    def _ns_of(thread_id: str, name: str) -> str:
-        root = thread_root(thread_id)
-        return "" if name == root else unquote(name[len(root) + 4:])
+    # A ref name's components decode back to the LangGraph ids (percent-encoding), except an id
+    # longer than 80 encoded bytes, hashed to `%h...` (a real id's `%` is always encoded, so that
+    # form is only a hash): its id is read from a checkpoint record of the thread instead. The
+    # namespace in any record is right; the thread id only in a record whose id hashes to the
+    # name, since the records of a copy (copy_thread) still name the thread they were put on.
+    def _thread_id_of(self, name: str, line: _Line) -> str | None:
+        """The LangGraph thread id of agentcas thread `name` (None: a hashed id no record names)."""
+        component = name[len(ROOT) + 1:].split("/", 1)[0]
+        if not component.startswith("%h"):
+            return unquote(component)
+        root = f"{ROOT}/{component}"
+        for node in line.nodes.values():
+            thread_id = self._record(node)[0]["thread_id"]
+            if thread_root(thread_id) == root:
+                return thread_id
+        return None
+
+    def _ns_of(self, name: str, line: _Line) -> str | None:
+        """The checkpoint namespace of agentcas thread `name` (None: hashed, and no checkpoint)."""
+        _, _, component = name[len(ROOT) + 1:].partition("/ns/")
+        if not component.startswith("%h"):
+            return unquote(component)
+        for node in line.nodes.values():
+            return self._record(node)[0]["checkpoint_ns"]
+        return None
 
     # -- writing --------------------------------------------------------------------------------
     def _land(self, what: str, build):
@@ -731,8 +776,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
             previous = parent_lists.get(ch)
             if previous is None and before is None and isinstance(value, list):
                 previous = []  # a new list channel extends the empty list: its items go to the rollout
-            if isinstance(value, list) and previous is not None and len(value) >= len(previous) \
-                    and value[:len(previous)] == previous:
+            if isinstance(value, list) and previous is not None and _extends(value, previous):
                 if before is not None and "items" in before:
                     channels[ch] = before
                     base_file = before["items"].get("base")
@@ -998,8 +1042,33 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                     head = line.head()
                     raw = self._newest(line, head.checkpoint) if head is not None else None
                     if raw is not None:
-                        lg_id = line.nodes[raw].lg_id
-                        self._rewrite(name, {r for r, n in line.nodes.items() if n.lg_id == lg_id})
+                        self._rewrite(name, self._kept_by_prune(line, line.nodes[raw]))
+
+    def _kept_by_prune(self, line: _Line, newest: _Node) -> set[bytes]:
+        """What keep_latest keeps of a line: every version of its newest LangGraph checkpoint
+        and, if that checkpoint has DeltaChannel values it does not store (the channels of its
+        metadata's `counters_since_delta_snapshot` that have a version but no value), every
+        ancestor back to the nearest one storing each such value, with their writes: LangGraph
+        rebuilds such a channel from the writes of the ancestors down to a stored snapshot
+        (BaseCheckpointSaver.prune's DeltaChannel note), so dropping them would empty it."""
+        versions: dict[str, set[bytes]] = {}
+        for raw, node in line.nodes.items():
+            versions.setdefault(node.lg_id, set()).add(raw)
+        keep = set(versions[newest.lg_id])
+        doc = self._record(newest)[0]
+        metadata = self._load(doc["metadata"], doc["metadata"]["v"], newest)
+        written = self._load(doc["checkpoint"], doc["checkpoint"]["v"], newest).get("channel_versions", {})
+        waiting = {ch for ch in (metadata.get("counters_since_delta_snapshot") or {})
+                   if ch in written and ch not in doc["channels"]}
+        node = newest
+        while waiting:
+            parent_id = line.lg_parent(node)
+            if parent_id is None or parent_id not in line.by_id:
+                break  # the thread's first checkpoint: every write since the start is kept
+            node = line.nodes[line.by_id[parent_id]]
+            keep |= versions[parent_id]
+            waiting -= set(self._record(node)[0]["channels"])
+        return keep
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Drop the checkpoints whose metadata run_id is one of `run_ids`, in every thread;
