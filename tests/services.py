@@ -154,12 +154,26 @@ class _Server:
         self.proc = None
 
     def kill(self) -> None:
-        """SIGKILL, as a crash would."""
+        """SIGKILL of the server and every process it started, as a crash of its machine
+        would (a PostgreSQL backend outlives a killed postmaster until it notices, so a
+        write on an open connection could still commit; a loaded machine notices late)."""
         if self.proc is not None:
             if self.proc.poll() is None:
-                self.proc.kill()
+                for pid in [self.proc.pid] + self._descendants():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
             self.proc.wait()
             self.proc = None
+
+    def _descendants(self) -> list[int]:
+        found, todo = [], [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            with contextlib.suppress(OSError):
+                for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+                    found.append(int(child))
+                    todo.append(int(child))
+        return found
 
     def pause(self) -> None:
         """SIGSTOP: the server keeps its sockets but answers nothing (a hung service)."""
@@ -181,14 +195,10 @@ class _Server:
             return
         self.pause()
         self._stopped = []
-        todo = [self.proc.pid]
-        while todo:
-            pid = todo.pop()
-            with contextlib.suppress(OSError):
-                for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-                    os.kill(int(child), signal.SIGSTOP)
-                    self._stopped.append(int(child))
-                    todo.append(int(child))
+        for pid in self._descendants():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+                self._stopped.append(pid)
 
     def restart(self) -> None:
         self.stop()
