@@ -46,20 +46,29 @@ def test_two_background_batches_are_written_at_once():
     assert blobs.count() == len(objects) and batch_writer.written_objects == len(objects)
 
 
-class _FailsFirst(MemoryBlobStore):
+class _FailsFirstSlowly(MemoryBlobStore):
+    """The first put fails once the second has started; the second takes a while."""
+
     def __init__(self):
         super().__init__()
         self.calls = 0
+        self.second_started = threading.Event()
+        self.second_done = threading.Event()
 
     def put_many_written(self, items):
         self.calls += 1
         if self.calls == 1:
+            self.second_started.wait(10)
             raise OSError("the first batch failed")
-        return super().put_many_written(items)
+        self.second_started.set()
+        threading.Event().wait(0.3)
+        written = super().put_many_written(items)
+        self.second_done.set()
+        return written
 
 
-def test_a_failed_background_batch_is_raised_by_flush():
-    blobs = _FailsFirst()
+def test_a_failed_background_batch_is_raised_after_the_others_end():
+    blobs = _FailsFirstSlowly()
     batch_writer = writer.BatchWriter(ObjectSource(blobs), batch_bytes=4000, known=lambda keys: set(),
                                       background=True)
     batch_writer.asking = False
@@ -67,6 +76,8 @@ def test_a_failed_background_batch_is_raised_by_flush():
         for digest, framed in _objects(12):
             batch_writer.add(digest, framed)
         batch_writer.flush()
+    # Told the write failed, the caller finds no upload still running behind it.
+    assert blobs.second_done.is_set()
 
 
 def test_a_commit_cuts_files_at_its_blob_stores_chunk_sizes(tmp_path):

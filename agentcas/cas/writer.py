@@ -76,8 +76,12 @@ class BatchWriter:
     def _flush(self, wait: bool) -> None:
         # Earlier batches first (their errors are raised here): all of them before writing
         # in the foreground, else until there is room for one more.
-        while self._in_flight and (wait or len(self._in_flight) >= IN_FLIGHT):
-            self._in_flight.popleft().result()
+        try:
+            while self._in_flight and (wait or len(self._in_flight) >= IN_FLIGHT):
+                self._in_flight.popleft().result()
+        except BaseException:
+            self._abandon()
+            raise
         if not self._pending:
             return
         batch = self._pending
@@ -90,6 +94,20 @@ class BatchWriter:
             from concurrent.futures import ThreadPoolExecutor
             self._pool = ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="agentcas-writer")
         self._in_flight.append(self._pool.submit(self._write, batch))
+
+    def _abandon(self) -> None:
+        """After a batch failed: let the others end (their errors are moot) before raising,
+        so no upload goes on behind a caller that has been told the write failed."""
+        for future in self._in_flight:
+            future.cancel()
+            try:
+                future.result()
+            except BaseException:
+                pass
+        self._in_flight.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def _write(self, batch: dict) -> None:
         present = self.known(batch.keys()) if self.known is not None else set()
