@@ -6,7 +6,9 @@ transaction for an embedded store; a listing of the bucket for a shared one).
    imports, signatures, and this machine's statcache) is unsealed (its keyed checksum
    catches a flipped byte); refs, reflog entries and leases are decoded too. `signatures` rows must be 64-byte keys
    naming a stored signature.
-2. Objects: the blob store is streamed; each value's header CRC is checked, its body
+2. Objects: the blob store is streamed (for a shared store, the bucket itself, read in
+   parallel batches: never this machine's cache, which may hold a good copy of an object
+   the bucket holds damaged); each value's header CRC is checked, its body
    unframed (bounded decompression) and hashed against its id, and structured objects
    decoded. Each rollout segment is checked on its own: its chunks' bytes are read,
    and its length, record count and prefix digest recomputed from its base.
@@ -40,6 +42,8 @@ from agentcas.lineage import checkpoints, rollout
 from agentcas.lineage.closure import MissingObject, Walker
 from agentcas.refs import threads
 
+FETCH_OBJECTS = 64       # objects read per batch by the object pass (step 2)
+FETCH_BYTES = 16 << 20   # ... or at most this many listed bytes
 SEALED_TABLES = ("meta", "refs", "reflog", "trust", "remotes", "leases", "imports", "signatures")
 DECODERS = {framing.KIND_TREE: Tree.decode, framing.KIND_CHECKPOINT: Checkpoint.decode,
             framing.KIND_CHUNKLIST: ChunkList.decode, framing.KIND_SEGMENT: Segment.decode}
@@ -169,10 +173,10 @@ class Fsck:
 
     # -- 2. objects ------------------------------------------------------------------------
     def check_objects(self) -> None:
-        total = self.source.blobs.count()
-        for info in self.source.blobs.list():
+        stored = self.source.blobs.stored()  # the bucket itself, never this machine's cache
+        total = stored.count()
+        for info, value in _stored_values(stored):
             raw = bytes(info.key)
-            value = self.source.blobs.get(raw)
             if value is None:
                 continue  # deleted since it was listed (a concurrent gc)
             self.objects += 1
@@ -276,6 +280,26 @@ class Fsck:
         self.check_closures()
         return {"ok": not self.problems, "objects": self.objects, "rows": self.rows,
                 "roots": len(self.roots), "problems": self.problems}
+
+
+def _stored_values(blobs):
+    """(info, stored value or None) for every listed object, fetched in batches of at most
+    FETCH_OBJECTS objects or FETCH_BYTES listed bytes (a remote store reads a batch in
+    parallel; a local one key by key)."""
+    batch, size = [], 0
+    for info in blobs.list():
+        batch.append(info)
+        size += info.size
+        if len(batch) >= FETCH_OBJECTS or size >= FETCH_BYTES:
+            yield from _fetched(blobs, batch)
+            batch, size = [], 0
+    yield from _fetched(blobs, batch)
+
+
+def _fetched(blobs, batch):
+    values = blobs.get_many([bytes(info.key) for info in batch]) if batch else {}
+    for info in batch:
+        yield info, values.get(bytes(info.key))
 
 
 def _walk(walker: Walker, root: Root):

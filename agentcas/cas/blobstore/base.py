@@ -92,6 +92,12 @@ class BlobStore(ABC):
     def count(self) -> int:
         return sum(1 for _ in self.list())
 
+    def stored(self) -> "BlobStore":
+        """The blob store that holds the objects themselves: this one, or for a cache in
+        front of a shared store the store it fronts (fsck verifies what is stored, not
+        this machine's copy of it)."""
+        return self
+
     def used_bytes(self) -> int:
         """Bytes the objects occupy, for reports and benchmarks (0 if unknown)."""
         return 0

@@ -267,6 +267,9 @@ class CachedBlobStore(BlobStore):
     def count(self) -> int:
         return self.remote.count()
 
+    def stored(self) -> BlobStore:
+        return self.remote
+
     def used_bytes(self) -> int:
         return self.remote.used_bytes()
 
