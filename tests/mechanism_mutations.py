@@ -127,11 +127,8 @@ MUTATIONS = {
     "Fb": ("agentcas/gc/fsck.py", ["        stored = self.source.blobs.stored()"],
            ["        stored = self.source.blobs"],
            ["tests/test_acceptance_11b.py::test_fsck_on_the_machine_that_wrote_reads_the_bucket_not_its_cache"]),
-    "Vc": ("agentcas/repository.py", ["                if known is None:
-                    raise
-"],
-           ["                raise
-"],
+    "Vc": ("agentcas/repository.py", ["                if known is None:\n                    raise\n"],
+           ["                raise\n"],
            ["tests/test_acceptance_11b.py::"
             "test_a_commit_after_gc_on_another_machine_deleted_what_this_cache_remembers"]),
     # gc's mark set moves its ids to disk past its memory budget (gc/markset.py): drop them instead.
