@@ -124,8 +124,8 @@ MUTATIONS = {
     # A shared store's fsck reads the bucket (here: this machine's cache, which may hold a good
     # copy of an object the bucket holds damaged), and a commit whose cache knew objects that gc
     # elsewhere deleted snapshots again asking the bucket (here: fails on every rerun).
-    "Fb": ("agentcas/gc/fsck.py", ["        stored = self.source.blobs.stored()"],
-           ["        stored = self.source.blobs"],
+    "Fb": ("agentcas/gc/fsck.py", ["    values = blobs.get_many_stored("],
+           ["    values = blobs.get_many("],
            ["tests/test_acceptance_11b.py::test_fsck_on_the_machine_that_wrote_reads_the_bucket_not_its_cache"]),
     "Vc": ("agentcas/repository.py", ["                if known is None:\n                    raise\n"],
            ["                raise\n"],

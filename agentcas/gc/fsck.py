@@ -173,9 +173,9 @@ class Fsck:
 
     # -- 2. objects ------------------------------------------------------------------------
     def check_objects(self) -> None:
-        stored = self.source.blobs.stored()  # the bucket itself, never this machine's cache
-        total = stored.count()
-        for info, value in _stored_values(stored):
+        blobs = self.source.blobs
+        total = blobs.count()
+        for info, value in _stored_values(blobs):
             raw = bytes(info.key)
             if value is None:
                 continue  # deleted since it was listed (a concurrent gc)
@@ -283,9 +283,10 @@ class Fsck:
 
 
 def _stored_values(blobs):
-    """(info, stored value or None) for every listed object, fetched in batches of at most
-    FETCH_OBJECTS objects or FETCH_BYTES listed bytes (a remote store reads a batch in
-    parallel; a local one key by key)."""
+    """(info, stored value or None) for every listed object, read from the store itself
+    (`get_many_stored`: for a shared store the bucket, not this machine's cache) in
+    batches of at most FETCH_OBJECTS objects or FETCH_BYTES listed bytes (a remote store
+    reads a batch in parallel; a local one key by key)."""
     batch, size = [], 0
     for info in blobs.list():
         batch.append(info)
@@ -297,7 +298,7 @@ def _stored_values(blobs):
 
 
 def _fetched(blobs, batch):
-    values = blobs.get_many([bytes(info.key) for info in batch]) if batch else {}
+    values = blobs.get_many_stored([bytes(info.key) for info in batch]) if batch else {}
     for info in batch:
         yield info, values.get(bytes(info.key))
 
