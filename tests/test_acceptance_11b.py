@@ -270,3 +270,20 @@ def test_a_format_1_store_works_through_the_cli_and_a_newer_one_is_refused(tmp_p
     for args in (("log", "main"), ("commit", ws, "-m", "refused")):
         err = one_line_error(run_cli(*args, store=store), 4)
         assert "format 3" in err and "upgrade agentcas" in err
+
+
+# -- defect: --refs with a directory store was silently ignored ---------------------------------
+
+def test_refs_with_a_directory_store_is_a_usage_error_not_ignored(tmp_path):
+    """`--store ./dir --refs postgresql://...` looked like the team's store and committed
+    to the directory; $AGENTCAS_REFS, which a shell may set for every command, stays quiet."""
+    lap = tmp_path / "laptop"
+    refs = "postgresql://agentcas@127.0.0.1:1/db"
+    assert "--refs is only for an s3://" in one_line_error(run_cli("--refs", refs, "init", lap), 2)
+    assert not lap.exists()
+    assert run_cli("init", lap).code == 0
+    ws = write(tmp_path / "ws", {"a.txt": "a\n"})
+    one_line_error(run_cli("--store", lap, "--refs", refs, "commit", ws, "-m", "x"), 2)
+    assert run_cli("--store", lap, "--json", "branch").json()["threads"] == []
+    quiet = run_cli("--store", lap, "commit", ws, "-m", "x", env={"AGENTCAS_REFS": refs})
+    assert quiet.code == 0, quiet
