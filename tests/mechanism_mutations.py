@@ -127,6 +127,10 @@ MUTATIONS = {
     "Fb": ("agentcas/gc/fsck.py", ["    values = blobs.get_many_stored("],
            ["    values = blobs.get_many("],
            ["tests/test_acceptance_11b.py::test_fsck_on_the_machine_that_wrote_reads_the_bucket_not_its_cache"]),
+    "Fm": ("agentcas/gc/fsck.py", ["        return self.listed is not None and digest.raw not in self.listed\n"],
+           ["        return False\n"],
+           ["tests/test_acceptance_11b.py::"
+            "test_fsck_names_an_object_the_bucket_lost_even_where_the_cache_holds_it"]),
     "Vc": ("agentcas/repository.py", ["                if known is None:\n                    raise\n"],
            ["                raise\n"],
            ["tests/test_acceptance_11b.py::"

@@ -287,3 +287,18 @@ def test_refs_with_a_directory_store_is_a_usage_error_not_ignored(tmp_path):
     assert run_cli("--store", lap, "--json", "branch").json()["threads"] == []
     quiet = run_cli("--store", lap, "commit", ws, "-m", "x", env={"AGENTCAS_REFS": refs})
     assert quiet.code == 0, quiet
+
+
+# -- defect: fsck on the machine that wrote it passed objects the bucket had lost --------------
+
+@pytest.mark.parametrize("lost", ["tree", "segment"])
+def test_fsck_names_an_object_the_bucket_lost_even_where_the_cache_holds_it(lost, team, tmp_path, s3_server):
+    a = team("a")
+    ws = write(tmp_path / "ws", {"a.txt": "one\n", "rollout.jsonl": '{"role": "user", "text": "hi"}\n'})
+    made = a("--json", "commit", ws, "-m", "x", "--rollout", ws / "rollout.jsonl").json()
+    gone = made["tree"] if lost == "tree" else made["history"]["segment"]
+    s3_server.client().delete_object(Bucket=bucket_key(s3_server, team.urls[0], gone)[0],
+                                     Key=bucket_key(s3_server, team.urls[0], gone)[1])
+    fsck = a("--json", "fsck")
+    assert fsck.code == 4, fsck
+    assert [(p["what"], p["id"]) for p in fsck.json()["problems"]] == [("missing", gone)], fsck.json()

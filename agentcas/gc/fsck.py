@@ -17,7 +17,9 @@ transaction for an embedded store; a listing of the bucket for a shared one).
    fork or revert, is recomputed with History.position).
 4. Closures: from every thread ref and every reflog state, the closure is walked
    (lineage/closure.Walker, one shared `seen` set); a missing object is reported with
-   what refers to it, and a corrupt object found in step 2 is annotated with its
+   what refers to it (on a shared store, missing means absent from step 2's listing of
+   the bucket, kept in a bounded gc.markset.MarkSet: the walk reads through this
+   machine's cache, which may still hold what the bucket lost), and a corrupt object found in step 2 is annotated with its
    referrer and root.
 A damaged LMDB file (lmdb.Error while reading) is reported as "store database is
 corrupt" (exit 4).
@@ -36,6 +38,7 @@ from agentcas.cas.leases import LeaseRow
 from agentcas.cas.metastore.base import MetaTxn as Txn
 from agentcas.cas.source import ObjectSource, load_object, verify_object
 from agentcas.errors import IntegrityError
+from agentcas.gc.markset import MarkSet
 from agentcas.gc.pages import PageReleaser
 from agentcas.gc.roots import SIGNATURE_KEY_SIZE, Root, entry_roots, state_roots
 from agentcas.lineage import checkpoints, rollout
@@ -70,16 +73,32 @@ class _CorruptReference(IntegrityError):
 class _FsckWalker(Walker):
     """Walker over objects already verified in the object pass; corrupt ones stop it."""
 
-    def __init__(self, objects: ObjectSource, corrupt: dict, seen: set, on_corrupt_leaf):
+    def __init__(self, objects: ObjectSource, corrupt: dict, seen: set, on_corrupt_leaf, listed=None):
         # deep: multi-chunk files are re-hashed; segments and positions are checked per object.
         super().__init__(objects, seen, verify=False, follow_parents=True, deep=True, deep_history=False)
         self.corrupt = corrupt
         self.on_corrupt_leaf = on_corrupt_leaf
+        # A shared store's objects as the bucket listed them: one this machine's cache still
+        # holds but the bucket lost is missing (the walk reads through the cache).
+        self.listed = listed
+
+    def _unlisted(self, digest) -> bool:
+        return self.listed is not None and digest.raw not in self.listed
 
     def _data(self, digest, kind, referrer):
         if digest.raw in self.corrupt:
             raise _CorruptReference(digest, kind, referrer)
+        if self._unlisted(digest):
+            raise MissingObject(digest, kind, referrer)
         return super()._data(digest, kind, referrer)
+
+    def _header(self, digest):
+        return None if self._unlisted(digest) else super()._header(digest)
+
+    def _chunk_bytes(self, digest, referrer):
+        if self._unlisted(digest):
+            raise MissingObject(digest, framing.KIND_CHUNK, referrer)
+        return super()._chunk_bytes(digest, referrer)
 
     def _leaf(self, digest, kind, referrer, size=None, hasher=None):
         if digest.raw in self.corrupt and digest.raw not in self.seen:
@@ -96,8 +115,9 @@ class Fsck:
     """One fsck run over a metadata snapshot and an object source; `problems` collects findings."""
 
     def __init__(self, txn: Txn, source: ObjectSource, local=None, progress=None,
-                 pages: PageReleaser | None = None):
+                 pages: PageReleaser | None = None, listed: MarkSet | None = None):
         self.txn = txn
+        self.listed = listed  # a shared store: every key the object pass read from the bucket
         self.source = source
         self.local = local  # this machine's table environment (its stat cache), if any
         self.pages = pages or PageReleaser(None)
@@ -179,6 +199,8 @@ class Fsck:
             raw = bytes(info.key)
             if value is None:
                 continue  # deleted since it was listed (a concurrent gc)
+            if self.listed is not None:
+                self.listed.add(raw)
             self.objects += 1
             self.pages.tick()
             if self.progress and self.objects % 4096 == 0:
@@ -247,7 +269,7 @@ class Fsck:
         seen: set = set()
         current: list[Root] = []
         walker = _FsckWalker(self.source, self.corrupt, seen,
-                             lambda exc: self.note_referrer(exc, current[0]))
+                             lambda exc: self.note_referrer(exc, current[0]), self.listed)
         for root in self.roots:
             current[:] = [root]
             self.check_position(root.history, root.describe())
@@ -312,11 +334,15 @@ def _walk(walker: Walker, root: Root):
 
 def fsck(stores: Stores, progress=None) -> dict:
     """{"ok", "objects", "rows", "roots", "problems": [...]} for the whole store."""
+    listed = MarkSet() if stores.shared else None
     try:
         with stores.meta.reader() as txn, stores.objects.reading() as objects:
-            return Fsck(txn, objects, stores.local, progress, PageReleaser(stores)).run()
+            return Fsck(txn, objects, stores.local, progress, PageReleaser(stores), listed).run()
     except lmdb.Error as exc:
         raise StoreCorrupt(f"store database is corrupt: {exc}") from None
+    finally:
+        if listed is not None:
+            listed.close()
 
 
 def render_text(doc: dict) -> str:
