@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import click
 
 from agentcas import __version__
-from agentcas.errors import AgentcasError
+from agentcas.errors import AgentcasError, UsageError
 
 if TYPE_CHECKING:
     from agentcas.repository import Store
@@ -27,7 +27,15 @@ class Context:
         self.store_path = store_path
         self.as_json = as_json
         self.refs = refs or os.environ.get("AGENTCAS_REFS") or None
+        self.refs_flag = refs  # given on the command line ($AGENTCAS_REFS may be set for a whole shell)
         self._store = None
+
+    def check_refs(self, path: str) -> None:
+        """`--refs` names the refs of an s3:// store; given with a directory store it would
+        be ignored, and the user would think the commit went to the team's store."""
+        if self.refs_flag and not path.startswith("s3://"):
+            raise UsageError(f"--refs is only for an s3://BUCKET/PREFIX store, and {path} is a directory "
+                             "store; nothing was done")
 
     def store(self) -> Store:
         if self._store is None:
@@ -37,6 +45,7 @@ class Context:
             if not path:
                 raise AgentcasError(f"no store found: use --store DIR, set AGENTCAS_STORE, "
                                     f"or run 'agentcas init' to create ./{STORE_DIR}")
+            self.check_refs(path)
             if str(path).startswith("s3://"):  # before the request pool's threads start
                 from agentcas.cas.blobstore.s3 import cap_malloc_arenas
                 cap_malloc_arenas()
@@ -104,6 +113,7 @@ def init(ctx, directory):
     """Create a store in DIRECTORY (default ./.agentcas, or --store)."""
     from agentcas.repository import STORE_DIR, Store  # lazy, as in Context.store
     path = directory or ctx.store_path or os.environ.get("AGENTCAS_STORE") or STORE_DIR
+    ctx.check_refs(path)
     store, created = Store.init(path, refs=ctx.refs)
     where = store.path or store.url
     ctx.emit({"store": where, "created": created},

@@ -30,7 +30,7 @@ from agentcas.cas.writer import BatchWriter
 from agentcas.errors import ConflictError, IntegrityError, NotFound, UsageError
 from agentcas.lineage import checkpoints, rollout
 from agentcas.lineage.group_moves import GroupWriter, refs_under
-from agentcas.lineage.moves import Move, lease_for, move_thread, read_state
+from agentcas.lineage.moves import Move, VanishedObject, lease_for, move_thread, read_state
 from agentcas.refs import revisions, threads
 from agentcas.refs.names import check_thread_name
 from agentcas.refs.threads import ForkOrigin, ThreadState
@@ -340,8 +340,9 @@ class Store:
             skip = [self.path] if self.path else []
             # A rollout file inside the workspace is stored once, as history, not as a file too.
             skip_files = [rollout_file] if rollout_file else []
+            known = self.stores.known
             tree, stats, needed = snapshot(self.source, self.stores.local, workspace, allow_secrets,
-                                           progress, skip, skip_files, lease, self.stores.known)
+                                           progress, skip, skip_files, lease, known)
             tail = None
             if rollout_file is not None:
                 from agentcas.lineage.tail import prepare_tail
@@ -377,7 +378,18 @@ class Store:
                             (digest, cp, appended), history_implied=True)  # cp.history is `history`
 
             testing_hooks.reached("commit.before_land")
-            _, move = move_thread(self.stores, lease, thread, plan)
+            try:
+                _, move = move_thread(self.stores, lease, thread, plan)
+            except VanishedObject:
+                if known is None:
+                    raise
+                # This machine's cache (a shared store's) knew objects that gc on another
+                # machine has deleted since: every rerun would trust it again and fail. So
+                # snapshot once more asking the bucket, which stores again what is gone.
+                known = None
+                tree, stats, needed = snapshot(self.source, self.stores.local, workspace, allow_secrets,
+                                               progress, skip, skip_files, lease, known)
+                _, move = move_thread(self.stores, lease, thread, plan)
         digest, cp, appended = move.result
         return {"checkpoint": digest.hex(), "tree": tree.hex(), "thread": thread,
                 "parents": [p.hex() for p in cp.parents], "history": cp.history.to_doc(),

@@ -92,7 +92,9 @@ def normalise_s3_url(url: str) -> str:
     """`s3://BUCKET/PREFIX` with a valid bucket name and no credentials, query or fragment."""
     parts = urllib.parse.urlsplit(url)
     if "@" in parts.netloc or parts.query or parts.fragment or not _BUCKET.fullmatch(parts.netloc):
-        raise BadRemote(f"invalid s3:// URL {url!r}: use s3://BUCKET/PREFIX (credentials come from the "
+        # A URL with user information is not repeated: its password would be printed.
+        shown = "" if "@" in parts.netloc else f" {url!r}"
+        raise BadRemote(f"invalid s3:// URL{shown}: use s3://BUCKET/PREFIX (credentials come from the "
                         "AWS environment, never from the URL)")
     prefix = parts.path.strip("/")
     return f"s3://{parts.netloc}/{prefix}" if prefix else f"s3://{parts.netloc}"

@@ -6,7 +6,9 @@ transaction for an embedded store; a listing of the bucket for a shared one).
    imports, signatures, and this machine's statcache) is unsealed (its keyed checksum
    catches a flipped byte); refs, reflog entries and leases are decoded too. `signatures` rows must be 64-byte keys
    naming a stored signature.
-2. Objects: the blob store is streamed; each value's header CRC is checked, its body
+2. Objects: the blob store is streamed (for a shared store, the bucket itself, read in
+   parallel batches: never this machine's cache, which may hold a good copy of an object
+   the bucket holds damaged); each value's header CRC is checked, its body
    unframed (bounded decompression) and hashed against its id, and structured objects
    decoded. Each rollout segment is checked on its own: its chunks' bytes are read,
    and its length, record count and prefix digest recomputed from its base.
@@ -15,7 +17,9 @@ transaction for an embedded store; a listing of the bucket for a shared one).
    fork or revert, is recomputed with History.position).
 4. Closures: from every thread ref and every reflog state, the closure is walked
    (lineage/closure.Walker, one shared `seen` set); a missing object is reported with
-   what refers to it, and a corrupt object found in step 2 is annotated with its
+   what refers to it (on a shared store, missing means absent from step 2's listing of
+   the bucket, kept in a bounded gc.markset.MarkSet: the walk reads through this
+   machine's cache, which may still hold what the bucket lost), and a corrupt object found in step 2 is annotated with its
    referrer and root.
 A damaged LMDB file (lmdb.Error while reading) is reported as "store database is
 corrupt" (exit 4).
@@ -34,12 +38,15 @@ from agentcas.cas.leases import LeaseRow
 from agentcas.cas.metastore.base import MetaTxn as Txn
 from agentcas.cas.source import ObjectSource, load_object, verify_object
 from agentcas.errors import IntegrityError
+from agentcas.gc.markset import MarkSet
 from agentcas.gc.pages import PageReleaser
 from agentcas.gc.roots import SIGNATURE_KEY_SIZE, Root, entry_roots, state_roots
 from agentcas.lineage import checkpoints, rollout
 from agentcas.lineage.closure import MissingObject, Walker
 from agentcas.refs import threads
 
+FETCH_OBJECTS = 64       # objects read per batch by the object pass (step 2)
+FETCH_BYTES = 16 << 20   # ... or at most this many listed bytes
 SEALED_TABLES = ("meta", "refs", "reflog", "trust", "remotes", "leases", "imports", "signatures")
 DECODERS = {framing.KIND_TREE: Tree.decode, framing.KIND_CHECKPOINT: Checkpoint.decode,
             framing.KIND_CHUNKLIST: ChunkList.decode, framing.KIND_SEGMENT: Segment.decode}
@@ -66,16 +73,32 @@ class _CorruptReference(IntegrityError):
 class _FsckWalker(Walker):
     """Walker over objects already verified in the object pass; corrupt ones stop it."""
 
-    def __init__(self, objects: ObjectSource, corrupt: dict, seen: set, on_corrupt_leaf):
+    def __init__(self, objects: ObjectSource, corrupt: dict, seen: set, on_corrupt_leaf, listed=None):
         # deep: multi-chunk files are re-hashed; segments and positions are checked per object.
         super().__init__(objects, seen, verify=False, follow_parents=True, deep=True, deep_history=False)
         self.corrupt = corrupt
         self.on_corrupt_leaf = on_corrupt_leaf
+        # A shared store's objects as the bucket listed them: one this machine's cache still
+        # holds but the bucket lost is missing (the walk reads through the cache).
+        self.listed = listed
+
+    def _unlisted(self, digest) -> bool:
+        return self.listed is not None and digest.raw not in self.listed
 
     def _data(self, digest, kind, referrer):
         if digest.raw in self.corrupt:
             raise _CorruptReference(digest, kind, referrer)
+        if self._unlisted(digest):
+            raise MissingObject(digest, kind, referrer)
         return super()._data(digest, kind, referrer)
+
+    def _header(self, digest):
+        return None if self._unlisted(digest) else super()._header(digest)
+
+    def _chunk_bytes(self, digest, referrer):
+        if self._unlisted(digest):
+            raise MissingObject(digest, framing.KIND_CHUNK, referrer)
+        return super()._chunk_bytes(digest, referrer)
 
     def _leaf(self, digest, kind, referrer, size=None, hasher=None):
         if digest.raw in self.corrupt and digest.raw not in self.seen:
@@ -92,8 +115,9 @@ class Fsck:
     """One fsck run over a metadata snapshot and an object source; `problems` collects findings."""
 
     def __init__(self, txn: Txn, source: ObjectSource, local=None, progress=None,
-                 pages: PageReleaser | None = None):
+                 pages: PageReleaser | None = None, listed: MarkSet | None = None):
         self.txn = txn
+        self.listed = listed  # a shared store: every key the object pass read from the bucket
         self.source = source
         self.local = local  # this machine's table environment (its stat cache), if any
         self.pages = pages or PageReleaser(None)
@@ -169,12 +193,14 @@ class Fsck:
 
     # -- 2. objects ------------------------------------------------------------------------
     def check_objects(self) -> None:
-        total = self.source.blobs.count()
-        for info in self.source.blobs.list():
+        blobs = self.source.blobs
+        total = blobs.count()
+        for info, value in _stored_values(blobs):
             raw = bytes(info.key)
-            value = self.source.blobs.get(raw)
             if value is None:
                 continue  # deleted since it was listed (a concurrent gc)
+            if self.listed is not None:
+                self.listed.add(raw)
             self.objects += 1
             self.pages.tick()
             if self.progress and self.objects % 4096 == 0:
@@ -243,7 +269,7 @@ class Fsck:
         seen: set = set()
         current: list[Root] = []
         walker = _FsckWalker(self.source, self.corrupt, seen,
-                             lambda exc: self.note_referrer(exc, current[0]))
+                             lambda exc: self.note_referrer(exc, current[0]), self.listed)
         for root in self.roots:
             current[:] = [root]
             self.check_position(root.history, root.describe())
@@ -278,6 +304,27 @@ class Fsck:
                 "roots": len(self.roots), "problems": self.problems}
 
 
+def _stored_values(blobs):
+    """(info, stored value or None) for every listed object, read from the store itself
+    (`get_many_stored`: for a shared store the bucket, not this machine's cache) in
+    batches of at most FETCH_OBJECTS objects or FETCH_BYTES listed bytes (a remote store
+    reads a batch in parallel; a local one key by key)."""
+    batch, size = [], 0
+    for info in blobs.list():
+        batch.append(info)
+        size += info.size
+        if len(batch) >= FETCH_OBJECTS or size >= FETCH_BYTES:
+            yield from _fetched(blobs, batch)
+            batch, size = [], 0
+    yield from _fetched(blobs, batch)
+
+
+def _fetched(blobs, batch):
+    values = blobs.get_many_stored([bytes(info.key) for info in batch]) if batch else {}
+    for info in batch:
+        yield info, values.get(bytes(info.key))
+
+
 def _walk(walker: Walker, root: Root):
     if root.checkpoint is not None:
         yield from walker.checkpoint(root.checkpoint)
@@ -287,11 +334,15 @@ def _walk(walker: Walker, root: Root):
 
 def fsck(stores: Stores, progress=None) -> dict:
     """{"ok", "objects", "rows", "roots", "problems": [...]} for the whole store."""
+    listed = MarkSet() if stores.shared else None
     try:
         with stores.meta.reader() as txn, stores.objects.reading() as objects:
-            return Fsck(txn, objects, stores.local, progress, PageReleaser(stores)).run()
+            return Fsck(txn, objects, stores.local, progress, PageReleaser(stores), listed).run()
     except lmdb.Error as exc:
         raise StoreCorrupt(f"store database is corrupt: {exc}") from None
+    finally:
+        if listed is not None:
+            listed.close()
 
 
 def render_text(doc: dict) -> str:

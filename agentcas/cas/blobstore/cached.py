@@ -21,7 +21,8 @@ HAS an object. So `has_many` always asks the remote; `cached_keys` answers from 
 cache alone, for callers that accept "this machine saw it once" (objects that a live
 ref or lease protects from gc). Deletes are passed on and evict the cached copies too.
 Callers verify every value (ObjectSource); one that finds a cached value damaged calls
-`evict` and reads again.
+`evict` and reads again. `get_many_stored` skips the cache (fsck must verify the
+bucket's bytes, not this machine's copy) and caches what it fetched where absent.
 """
 
 from __future__ import annotations
@@ -267,6 +268,15 @@ class CachedBlobStore(BlobStore):
 
     def count(self) -> int:
         return self.remote.count()
+
+    def get_many_stored(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        """The remote's values, never a cached copy (fsck: the machine that wrote an object
+        holds a good copy that says nothing of the bucket's); they are cached where absent,
+        as any read is, so fsck's later walk reads them from here."""
+        keys = list(dict.fromkeys(bytes(k) for k in keys))
+        fetched = self.remote.get_many(keys) if keys else {}
+        self._store(fetched)
+        return fetched
 
     def used_bytes(self) -> int:
         return self.remote.used_bytes()

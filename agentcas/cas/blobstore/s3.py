@@ -92,13 +92,27 @@ def _whole_object(size: int | None) -> bool:
     return size is not None and size >= framing.HEADER_SIZE
 
 
+_BUCKET_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_")
+
+
 def parse_url(url: str) -> tuple[str, str]:
-    """(bucket, prefix) of `s3://BUCKET/PREFIX` (the prefix without slashes at its ends)."""
+    """(bucket, prefix) of `s3://BUCKET/PREFIX` (the prefix without slashes at its ends).
+
+    The bucket is checked as boto3 would check it (letters, digits, '.', '-', '_'; at most
+    255), so a malformed one is a usage error here instead of a client exception later;
+    a URL with user information (`s3://KEY:SECRET@bucket`) is refused without repeating it.
+    """
     if not url.startswith("s3://"):
         raise UsageError("an S3 blob store URL starts with s3://")
     bucket, _, prefix = url[len("s3://"):].partition("/")
     if not bucket:
         raise UsageError(f"an S3 store URL names a bucket: s3://BUCKET/PREFIX, not {url}")
+    if "@" in bucket:
+        raise UsageError("an S3 store URL holds no credentials: s3://BUCKET/PREFIX (credentials come from "
+                         "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, the endpoint from AWS_ENDPOINT_URL)")
+    if len(bucket) > 255 or not set(bucket) <= _BUCKET_CHARACTERS:
+        raise UsageError(f"not a valid S3 bucket name: {bucket[:64]!r} (s3://BUCKET/PREFIX; a bucket name "
+                         "has letters, digits, '.', '-' and '_' only)")
     return bucket, prefix.strip("/")
 
 
@@ -117,6 +131,36 @@ def cap_malloc_arenas(arenas: int = 2) -> None:
     mallopt(-8, arenas)  # M_ARENA_MAX
 
 
+def endpoint_url() -> str | None:
+    """$AWS_ENDPOINT_URL_S3, else $AWS_ENDPOINT_URL, else None (AWS itself), checked to be
+    an http(s) URL with a host and a valid port: a malformed one is a usage error naming
+    the variable (botocore would raise a bare ValueError, or fail at the first request)."""
+    from urllib.parse import urlsplit
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+        text = os.environ.get(name)
+        if not text:
+            continue
+        parts = urlsplit(text.strip())
+        try:
+            port_ok = parts.port is None or 0 < parts.port < 65536
+        except ValueError:
+            port_ok = False
+        if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+            raise UsageError(f"${name} must be an http:// or https:// URL with a host and an optional port "
+                             f"in 1..65535 (http://HOST:PORT), not {_without_userinfo(text)[:80]!r}")
+        return text.strip()
+    return None
+
+
+def _without_userinfo(url: str) -> str:
+    """`url` without a `user:password@` part (safe to print)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url.rsplit("@", 1)[-1]
+    netloc, slash, path = rest.partition("/")
+    return f"{scheme}://{netloc.rsplit('@', 1)[-1]}{slash}{path}"
+
+
 class S3BlobStore(BlobStore):
     """Immutable framed objects in one bucket under one prefix, at `s3://BUCKET/PREFIX`."""
 
@@ -131,9 +175,10 @@ class S3BlobStore(BlobStore):
         self.url = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
         self._objects_prefix = f"{self.prefix}/objects/" if self.prefix else "objects/"
         self._marker = f"{self.prefix}/{MARKER}" if self.prefix else MARKER
-        self.endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+        self.endpoint = endpoint_url()
         self.region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-        self.name = f"S3 at {self.endpoint or 'the default AWS endpoint'} (bucket {self.bucket})"
+        shown = _without_userinfo(self.endpoint) if self.endpoint else "the default AWS endpoint"
+        self.name = f"S3 at {shown} (bucket {self.bucket})"
         self.conditional_put = os.environ.get("AGENTCAS_S3_CONDITIONAL_PUT", "1") != "0"
         self.requests: Counter = Counter()
         self._requests_lock = threading.Lock()
@@ -173,6 +218,8 @@ class S3BlobStore(BlobStore):
             secret = os.environ.get(name)
             if secret:
                 text = text.replace(secret, "***")
+        if self.endpoint and self.endpoint != _without_userinfo(self.endpoint):
+            text = text.replace(self.endpoint.rstrip("/"), _without_userinfo(self.endpoint).rstrip("/"))
         return text
 
     @staticmethod

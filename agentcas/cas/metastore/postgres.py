@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import threading
 import time
 from contextlib import contextmanager
@@ -60,7 +61,7 @@ from urllib.parse import quote
 
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, timeout_from_conninfo
 
 from agentcas.cas import crashpoints, settings
 from agentcas.cas.metastore.base import (TABLES, MetadataStore, MetadataUnavailable, MetaTxn, Read,
@@ -177,6 +178,10 @@ _RETRYABLE = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, psycop
 # Connection errors no retry can fix.
 _FINAL_MARKERS = ("authentication failed", "does not exist", "no password supplied", "permission denied",
                   "no pg_hba.conf entry", "role ")
+
+# libpq's words for a connection parameter it cannot use ("invalid sslmode value: ...",
+# 'invalid integer value "x" for connection option "keepalives"', "invalid port number").
+_BAD_PARAMETER = re.compile(r"\binvalid (?:[a-z_]+ value|integer value|port number)\b")
 
 _ABANDONED: list = []  # connections inherited over fork: never closed (that would end the parent's session)
 
@@ -337,6 +342,10 @@ class PostgresMetadataStore(MetadataStore):
             if not (port.isdigit() and 0 < int(port) < 65536):
                 raise UsageError(f"not a valid PostgreSQL URL: port {port!r} is not a number in 1..65535 "
                                  "(postgresql://USER@HOST:PORT/DB)")
+        try:
+            timeout_from_conninfo(params)  # psycopg's own parameter (also $PGCONNECT_TIMEOUT)
+        except psycopg.ProgrammingError as exc:
+            raise UsageError(f"not a valid PostgreSQL URL: {exc} (postgresql://USER@HOST:PORT/DB)") from None
         self._dsn = dsn
         self._params = params
         self._secrets = [s for s in (params.get("password"), os.environ.get("PGPASSWORD")) if s]
@@ -389,7 +398,15 @@ class PostgresMetadataStore(MetadataStore):
             options["options"] = " ".join(filter(None, (
                 f"-c statement_timeout={ms}",
                 self._params.get("options"))))
-        conn = _BoundedConnection.connect(self._dsn, autocommit=True, application_name="agentcas", **options)
+        try:
+            conn = _BoundedConnection.connect(self._dsn, autocommit=True, application_name="agentcas", **options)
+        except psycopg.OperationalError as exc:
+            # libpq checks a URL's parameters (sslmode=..., keepalives=...) only when it
+            # connects: a bad one is the user's to fix, not a server to wait for.
+            if _BAD_PARAMETER.search(str(exc)):
+                raise UsageError(f"not a valid PostgreSQL URL: {self._reason(exc)} "
+                                 "(postgresql://USER@HOST:PORT/DB)") from None
+            raise
         conn.answer_seconds = bound + ANSWER_GRACE if bound > 0 else None
         return conn
 
