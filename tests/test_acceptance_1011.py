@@ -259,7 +259,7 @@ def test_a_malformed_refs_url_is_a_usage_error_at_once(refs, tmp_path):
 
 @pytest.mark.parametrize("name,value", [("AGENTCAS_CACHE_BYTES", "abc"), ("AGENTCAS_CACHE_BYTES", "-5"),
                                         ("AGENTCAS_RETRY_SECONDS", "zz"), ("AGENTCAS_PG_TIMEOUT", "nan"),
-                                        ("AGENTCAS_S3_READ_TIMEOUT", "-1")])
+                                        ("AGENTCAS_S3_READ_TIMEOUT", "-1"), ("AGENTCAS_S3_CONNECTIONS", "abc")])
 def test_a_malformed_shared_store_setting_is_refused_by_name(team, tmp_path, name, value):
     env, _, _ = team
     cache = tmp_path / "cache-new"

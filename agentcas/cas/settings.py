@@ -39,5 +39,6 @@ def check_shared_store_settings() -> None:
     """Read every setting a shared store uses, so a bad one is refused before anything
     (a connection, the cache directory) is made."""
     whole_number("AGENTCAS_CACHE_BYTES", 0)
+    whole_number("AGENTCAS_S3_CONNECTIONS", 0, "a whole number of connections")
     for name in ("AGENTCAS_RETRY_SECONDS", "AGENTCAS_PG_TIMEOUT", "AGENTCAS_S3_READ_TIMEOUT"):
         number(name, 0.0)
