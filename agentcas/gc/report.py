@@ -7,8 +7,8 @@ marked shared; the spool then gives each thread its unique bytes (only the first
 reach an object can own it), the rest of its bytes being shared with other threads.
 The per-thread walks, the two mark sets and the spool are gc's bounded structures
 (gc/markset.py), and a shared store's listed sizes go to an on-disk KeySizes, so the
-report's memory does not grow with the objects it counts. A fork's `forked_from` names its parent and the
-seq it forked at; the segment holding that cut in the fork's own history is the
+report's memory does not grow with the objects it counts. A fork's `forked_from` names
+its parent and the seq it forked at; the segment holding that cut in the fork's own history is the
 prefix it pins in the parent (kept whole even when the parent is deleted). Live
 objects no thread reaches are kept by reflog entries or signatures alone.
 The report costs one walk per thread, so it is built only when asked for
