@@ -35,7 +35,6 @@ pytest.importorskip("langgraph.graph", reason="the langgraph extra (make test in
 from langchain_core.messages import AIMessage, HumanMessage  # noqa: E402
 from langgraph.channels.delta import DeltaChannel  # noqa: E402
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
-from langgraph.checkpoint.serde.base import CipherProtocol  # noqa: E402
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer  # noqa: E402
 from langgraph.graph import END, START, MessagesState, StateGraph  # noqa: E402
 from langgraph.types import Command, interrupt  # noqa: E402
@@ -44,6 +43,7 @@ from typing_extensions import TypedDict  # noqa: E402
 from agentcas import Store  # noqa: E402
 from agentcas.errors import IntegrityError  # noqa: E402
 from agentcas.langgraph import AgentcasSaver, AsyncAgentcasSaver, CorruptCheckpoint  # noqa: E402
+from test_langgraph_saver import AesGcm  # noqa: E402  (an AES-GCM cipher for EncryptedSerializer)
 
 
 def reference_savers():
@@ -337,22 +337,6 @@ def test_the_async_api_matches_in_memory_saver_and_does_every_thread_operation(t
 
 
 # -- 4. the encrypted serializer ----------------------------------------------------------------
-
-class AesGcm(CipherProtocol):
-    """An AES-GCM cipher for EncryptedSerializer (the `cryptography` package agentcas needs)."""
-
-    def __init__(self, key: bytes):
-        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-        self.aead = AESGCM(key)
-
-    def encrypt(self, plaintext: bytes) -> tuple[str, bytes]:
-        nonce = os.urandom(12)
-        return "aesgcm", nonce + self.aead.encrypt(nonce, plaintext, None)
-
-    def decrypt(self, ciphername: str, ciphertext: bytes) -> bytes:
-        assert ciphername == "aesgcm"
-        return self.aead.decrypt(ciphertext[:12], ciphertext[12:], None)
-
 
 def test_an_encrypted_thread_round_trips_and_keeps_no_plaintext_on_disk(tmp_path):
     key = os.urandom(32)

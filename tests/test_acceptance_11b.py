@@ -14,6 +14,7 @@ import pytest
 
 from conftest import run_cli, tree_bytes
 from services import PG_PASSWORD, S3_SECRET_KEY
+from test_shared_store import write
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -34,14 +35,6 @@ def machine(tmp_path, name: str, store: str | None = None, refs: str | None = No
     def run(*args, env=None, **kw):
         return run_cli(*flags, *args, env=dict({"AGENTCAS_CACHE_DIR": cache}, **(env or {})), **kw)
     return run
-
-
-def write(root, files: dict):
-    for rel, data in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data if isinstance(data, bytes) else data.encode())
-    return root
 
 
 def bucket_key(s3_server, url: str, object_id: str) -> tuple[str, str]:

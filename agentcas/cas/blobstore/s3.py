@@ -304,19 +304,27 @@ class S3BlobStore(BlobStore):
 
     # -- reads and create-if-absent writes of one name ---------------------------------
 
-    def _read(self, name: str) -> bytes | None:
-        """The bytes stored under `name`, or None if there are none."""
+    def _fetch(self, request, doing: str, absent=None):
+        """`request()` with the retries of `_call`; None where it finds nothing there
+        (`absent(exc)`, default: no such key); a refusal is one line saying what it was `doing`."""
+        absent = absent or self._missing
+
         def attempt():
             try:
-                return self._client.get_object(Bucket=self.bucket, Key=name)["Body"].read()
+                return request()
             except self._exceptions.ClientError as exc:
-                if self._missing(exc):
+                if absent(exc):
                     return None
                 raise
         try:
             return self._call(attempt)
         except self._exceptions.ClientError as exc:
-            raise self._refused(exc, f"to read {name}") from None
+            raise self._refused(exc, doing) from None
+
+    def _read(self, name: str) -> bytes | None:
+        """The bytes stored under `name`, or None if there are none."""
+        return self._fetch(lambda: self._client.get_object(Bucket=self.bucket, Key=name)["Body"].read(),
+                           f"to read {name}")
 
     def _create(self, name: str, body: bytes, stored=None, point: str | None = None) -> bool:
         """Write `body` under `name` unless something is stored there; True if written now.
@@ -386,20 +394,13 @@ class S3BlobStore(BlobStore):
     def header(self, key):
         name = self._name(key)
 
-        def attempt():
-            try:
-                response = self._client.get_object(Bucket=self.bucket, Key=name,
-                                                   Range=f"bytes=0-{framing.HEADER_SIZE - 1}")
-                head = response["Body"].read()[:framing.HEADER_SIZE]
-                return head if len(head) == framing.HEADER_SIZE else None  # a damaged leftover
-            except self._exceptions.ClientError as exc:
-                if self._missing(exc) or self._status(exc)[0] == 416:  # 416: an empty leftover
-                    return None
-                raise
-        try:
-            return self._call(attempt)
-        except self._exceptions.ClientError as exc:
-            raise self._refused(exc, f"to read {name}") from None
+        def request():
+            response = self._client.get_object(Bucket=self.bucket, Key=name,
+                                               Range=f"bytes=0-{framing.HEADER_SIZE - 1}")
+            head = response["Body"].read()[:framing.HEADER_SIZE]
+            return head if len(head) == framing.HEADER_SIZE else None  # a damaged leftover
+        return self._fetch(request, f"to read {name}",  # 416: an empty leftover
+                           absent=lambda exc: self._missing(exc) or self._status(exc)[0] == 416)
 
     def headers(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
         """Ranged reads of many headers, in parallel on the pool (gc reads one per candidate)."""
@@ -413,17 +414,8 @@ class S3BlobStore(BlobStore):
         return _whole_object(self._stored_size(self._name(key)))
 
     def _stored_size(self, name: str) -> int | None:
-        def attempt():
-            try:
-                return int(self._client.head_object(Bucket=self.bucket, Key=name)["ContentLength"])
-            except self._exceptions.ClientError as exc:
-                if self._missing(exc):
-                    return None
-                raise
-        try:
-            return self._call(attempt)
-        except self._exceptions.ClientError as exc:
-            raise self._refused(exc, f"to check {name}") from None
+        return self._fetch(lambda: int(self._client.head_object(Bucket=self.bucket, Key=name)["ContentLength"]),
+                           f"to check {name}")
 
     def has_many(self, keys: Iterable[bytes]) -> set[bytes]:
         keys = sorted(set(bytes(k) for k in keys))
