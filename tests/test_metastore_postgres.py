@@ -102,6 +102,7 @@ def test_a_server_killed_inside_a_write_reruns_the_whole_write(own_postgres, mon
     store = PostgresMetadataStore(own_postgres.create_database(), create=True)
     store.write(lambda txn: txn.put("refs", b"t", b"old"))
     runs = []
+    restart = threading.Timer(0.5, own_postgres.start)
 
     def move(txn):
         runs.append(1)
@@ -109,10 +110,13 @@ def test_a_server_killed_inside_a_write_reruns_the_whole_write(own_postgres, mon
         txn.put("reflog", b"entry", b"old -> new")
         if len(runs) == 1:
             own_postgres.kill()  # SIGKILL mid-transaction: nothing of it is committed
-            threading.Timer(0.5, own_postgres.start).start()
+            restart.start()
             txn.get("refs", b"t")  # the connection is gone: the whole fn runs again
         return "moved"
-    assert store.write(move) == "moved" and len(runs) == 2
+    try:
+        assert store.write(move) == "moved" and len(runs) == 2
+    finally:
+        restart.join()  # never left to start a server after the fixture removed its directory
     with store.reader() as txn:
         assert txn.get("refs", b"t") == b"new" and txn.get("reflog", b"entry") == b"old -> new"
     store.close()
