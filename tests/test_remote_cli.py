@@ -220,3 +220,25 @@ def test_concurrent_pushes_to_one_thread_exactly_one_wins(tmp_path, workspace):
     for code, _, err in results:
         if code == 3:
             assert "nothing was changed" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("bucket", ["bucket", "My_Bucket", "a", "b.c-d_e", "x" * 255, "x" * 256, "bad bucket", "b/",
+                                    "b?q", "b#f"])
+def test_remote_add_takes_the_bucket_names_store_takes(bucket):
+    """A remote is another store's URL: `remote add` accepts a bucket name exactly when
+    `--store s3://BUCKET/...` does (it refused e.g. `My_Bucket`, which boto3 and --store take)."""
+    from agentcas.cas.blobstore.s3 import parse_url
+    from agentcas.errors import UsageError
+    from agentcas.exchange.remote import BadRemote, normalise_s3_url
+    url = f"s3://{bucket}/team"
+    try:
+        parse_url(url)
+        store_takes = "?" not in bucket and "#" not in bucket   # a query or fragment is never a remote
+    except UsageError:
+        store_takes = False
+    try:
+        normalise_s3_url(url)
+        remote_takes = True
+    except BadRemote:
+        remote_takes = False
+    assert remote_takes == store_takes

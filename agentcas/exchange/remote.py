@@ -20,7 +20,6 @@ from agentcas.cas.metastore.base import MetaTxn as Txn
 from agentcas.errors import ConflictError, IntegrityError, NotFound, UsageError
 
 SCHEMES = ("file", "s3")
-_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 
@@ -89,9 +88,11 @@ def normalise_url(url: str, cwd: str | None = None) -> str:
 
 
 def normalise_s3_url(url: str) -> str:
-    """`s3://BUCKET/PREFIX` with a valid bucket name and no credentials, query or fragment."""
+    """`s3://BUCKET/PREFIX` with no credentials, query or fragment, and a bucket name that
+    `--store` accepts too (the S3 blob store's own check: a remote is a store's URL)."""
+    from agentcas.cas.blobstore.s3 import valid_bucket
     parts = urllib.parse.urlsplit(url)
-    if "@" in parts.netloc or parts.query or parts.fragment or not _BUCKET.fullmatch(parts.netloc):
+    if "@" in parts.netloc or parts.query or parts.fragment or not valid_bucket(parts.netloc):
         # A URL with user information is not repeated: its password would be printed.
         shown = "" if "@" in parts.netloc else f" {url!r}"
         raise BadRemote(f"invalid s3:// URL{shown}: use s3://BUCKET/PREFIX (credentials come from the "

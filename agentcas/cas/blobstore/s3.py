@@ -98,6 +98,11 @@ def _whole_object(size: int | None) -> bool:
 _BUCKET_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_")
 
 
+def valid_bucket(bucket: str) -> bool:
+    """Whether boto3 would take `bucket` as a bucket name."""
+    return 0 < len(bucket) <= 255 and set(bucket) <= _BUCKET_CHARACTERS
+
+
 def parse_url(url: str) -> tuple[str, str]:
     """(bucket, prefix) of `s3://BUCKET/PREFIX` (the prefix without slashes at its ends).
 
@@ -113,7 +118,7 @@ def parse_url(url: str) -> tuple[str, str]:
     if "@" in bucket:
         raise UsageError("an S3 store URL holds no credentials: s3://BUCKET/PREFIX (credentials come from "
                          "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, the endpoint from AWS_ENDPOINT_URL)")
-    if len(bucket) > 255 or not set(bucket) <= _BUCKET_CHARACTERS:
+    if not valid_bucket(bucket):
         raise UsageError(f"not a valid S3 bucket name: {bucket[:64]!r} (s3://BUCKET/PREFIX; a bucket name "
                          "has letters, digits, '.', '-' and '_' only)")
     return bucket, prefix.strip("/")
