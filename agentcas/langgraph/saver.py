@@ -510,8 +510,14 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         try:
             return self.serde.loads_typed((value["t"], data))
         except Exception as exc:  # noqa: BLE001 - the serializer's own errors vary by type
+            # The bytes were verified against their ids before this: what fails is reading
+            # them with this serde, most often another key or serializer than the writer's.
+            kind = str(value.get("t", "?"))[:40]
+            hint = " (an encrypted value: is this saver's key the writer's?)" if "+" in kind else ""
             raise CorruptCheckpoint(f"LangGraph checkpoint {node.lg_id} (agentcas checkpoint "
-                                    f"{node.digest.hex()}): a value does not deserialize: {exc}") from None
+                                    f"{node.digest.hex()}): a value of type {kind!r} does not deserialize "
+                                    f"with this saver's serde{hint}; its stored bytes verify, so they are "
+                                    f"as written: {type(exc).__name__}: {exc}") from None
 
     def _line_records(self, ref: str, state: ThreadState, start: int, node: _Node, cache: dict | None) -> "_Records":
         """The indexed records of line `ref` from `start` to its end (cached per listing)."""
