@@ -112,6 +112,20 @@ MUTATIONS = {
            ["            self.lease.refresh()\n",
             "                continue\n            self.stores.objects.put_many(waiting)\n            return result\n"],
            ["tests/test_langgraph_saver.py::test_every_crash_point_of_a_put_leaves_the_old_or_the_new_checkpoint"]),
+    # ... and the same on the embedded store, where objects and refs land in one transaction
+    # (here: the objects in a transaction of their own after the refs moved).
+    "G1w": ("agentcas/lineage/group_moves.py",
+            ["        for raw, framed in waiting.items():\n            save_object(txn, Digest(raw), framed)\n",
+             "                                           self._land_at_once(txn, view, waiting))\n"],
+            ["",
+             "                                           self._land_at_once(txn, view, waiting))\n"
+             "                    self.stores.objects.put_many(waiting)\n"],
+            ["tests/test_langgraph_saver.py::test_every_crash_point_of_a_put_leaves_the_old_or_the_new_checkpoint"]),
+    # A leaseless (SweepWatch) writer's landing checks that no gc sweep began since it started
+    # (here: it lands regardless, as if it had held a lease it never took).
+    "G3": ("agentcas/lineage/group_moves.py", ["        self.watch.check(txn)\n"], [""],
+           ["tests/test_langgraph_saver.py::"
+            "test_gc_at_grace_zero_during_a_leaseless_put_sweeps_garbage_and_the_put_plans_again"]),
     "G2": ("agentcas/lineage/group_moves.py",
            ["                    if threads.read_thread(txn, name) != state:\n                        raise LostRace()\n",
             "                    if not threads.set_if_equals(txn, name, old, new, action, message, implied):\n"

@@ -335,10 +335,13 @@ def test_a_ref_moved_between_planning_and_landing_makes_the_put_plan_again(saver
     assert saver.store.fsck()["ok"]
 
 
-def test_gc_at_grace_zero_during_a_put_deletes_nothing_and_the_put_lands(saver):
-    """A put holds a writer lease from its first object to its ref move (cas/leases.py), so gc
-    at grace 0 in between sweeps nothing, not even the put's own unreferenced objects."""
+def test_gc_at_grace_zero_during_a_put_deletes_nothing_and_the_put_lands(saver, monkeypatch):
+    """Through the lease path (a shared store's, here forced on the embedded one): a put holds a
+    writer lease from its first object to its ref move (cas/leases.py), so gc at grace 0 in
+    between sweeps nothing, not even the put's own unreferenced objects."""
     from agentcas import testing_hooks
+    from agentcas.lineage import group_moves
+    monkeypatch.setattr(group_moves.GroupWriter, "optimistic", False)
     a = put(saver, "g", values={"v": "kept " * 200}, step=0)
     put(saver, "doomed", values={"v": "garbage " * 200}, step=0)
     saver.delete_thread("doomed")
@@ -356,6 +359,31 @@ def test_gc_at_grace_zero_during_a_put_deletes_nothing_and_the_put_lands(saver):
     assert fresh.get_tuple(config("g", b)).checkpoint["channel_values"] == {"v": "new " * 300}
     assert saver.store.gc(grace=0, expire_reflog=0, wait=0)["result"]["deleted"]["objects"] > 0  # the garbage
     assert fresh.get_tuple(config("g", a)).checkpoint["channel_values"] == {"v": "kept " * 200}
+    assert saver.store.fsck()["ok"]
+
+
+def test_gc_at_grace_zero_during_a_leaseless_put_sweeps_garbage_and_the_put_plans_again(saver):
+    """On the embedded store a put takes no lease (a SweepWatch, cas/leases.py): gc at grace 0
+    between its planning and its one landing transaction sweeps the garbage; the landing then
+    sees that a sweep began, takes a lease, plans again and lands, its objects all stored."""
+    from agentcas import testing_hooks
+    a = put(saver, "g", values={"v": "kept " * 200}, step=0)
+    put(saver, "doomed", values={"v": "garbage " * 200}, step=0)
+    saver.delete_thread("doomed")
+    seen, swept = {}, []
+
+    def gc_meanwhile():
+        if not seen:
+            seen.update(saver.store.gc(grace=0, expire_reflog=0, wait=0)["result"])
+
+    with testing_hooks.on("group.before_land", gc_meanwhile), \
+            testing_hooks.on("sweepwatch.swept", lambda: swept.append(True)):
+        b = put(saver, "g", parent=a, values={"v": "new " * 300}, versions={"v": 2}, step=1)
+    assert seen["deleted"]["objects"] > 0 and seen["complete"] and swept == [True]
+    fresh = AgentcasSaver(saver.store)
+    assert fresh.get_tuple(config("g", b)).checkpoint["channel_values"] == {"v": "new " * 300}
+    assert fresh.get_tuple(config("g", a)).checkpoint["channel_values"] == {"v": "kept " * 200}
+    assert saver.store.gc(grace=0, expire_reflog=0, wait=0)["result"]["deleted"]["objects"] == 0
     assert saver.store.fsck()["ok"]
 
 
@@ -691,8 +719,15 @@ def _walk(tmp_path, make_call, landed):
 
 
 @pytest.mark.crash
+@pytest.mark.parametrize("landing", ["one-transaction", "leased"])
 @pytest.mark.parametrize("kind", ["append", "fork", "writes"])
-def test_every_crash_point_of_a_put_leaves_the_old_or_the_new_checkpoint(tmp_path, kind, record_property):
+def test_every_crash_point_of_a_put_leaves_the_old_or_the_new_checkpoint(tmp_path, kind, landing, record_property,
+                                                                         monkeypatch):
+    """Both landings: the embedded store's one transaction, and the leased one (objects, then
+    refs) that shared stores use, forced here."""
+    if landing == "leased":
+        from agentcas.lineage import group_moves
+        monkeypatch.setattr(group_moves.GroupWriter, "optimistic", False)
     if os.access("/dev/shm", os.W_OK):  # a SIGKILL is a process crash: tmpfs makes the walk fast
         import tempfile
         tmp_path = Path(tempfile.mkdtemp(prefix="agentcas-lg-crash-", dir="/dev/shm"))

@@ -20,6 +20,16 @@ The protocol that makes gc safe without one transaction spanning objects and ref
 A lease is live while unexpired, except that a lease of a process on this host
 whose pid is gone is dead at once (a killed writer does not hold up gc until
 expiry). Clocks of cooperating hosts must agree to within CLOCK_MARGIN.
+
+Where objects and refs share one transaction (the embedded store: one LMDB
+environment), a writer may instead go without a lease, optimistically (`SweepWatch`):
+it notes the sweep count (`meta` row SWEEPS_KEY, which every batch increments as it
+begins) and that no batch is active before it looks at anything stored, and its one
+final transaction stores its objects, checks that everything else it relies on is
+still stored, and lands only if the count is unchanged and no batch is active. Then
+no batch began during the writer's life, which is what a lease would have ensured;
+otherwise it takes a real lease and plans again. No lease row is written, so a step
+costs one durable transaction instead of three.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ SWEEP_WINDOW = 60.0
 CLOCK_MARGIN = 5.0
 ACQUIRE_WAIT = SWEEP_WINDOW + 2 * CLOCK_MARGIN
 SWEEP_KEY = b"gc/sweep"
+SWEEPS_KEY = b"gc/sweeps"  # sealed u64 big-endian: sweep batches begun (SweepWatch); absent = 0
 
 
 def this_host() -> str:
@@ -172,6 +183,7 @@ def begin_sweep(txn: MetaTxn, now: float) -> tuple[list[LeaseRow], int]:
             dropped += 1
     if not live:
         txn.put("meta", SWEEP_KEY, _sweep_row(int((now + SWEEP_WINDOW) * 1000)))
+        txn.put("meta", SWEEPS_KEY, seal("meta", SWEEPS_KEY, (sweeps_begun(txn) + 1).to_bytes(8, "big")))
     elif not fence.get("requested") or now - fence["requested"] / 1000 >= 3 * REQUEST_GRACE:
         # Renewed only after a pause as long as twice the deferral: while gc waits on a long
         # write, other writers are slowed by at most a third, never stopped.
@@ -181,6 +193,45 @@ def begin_sweep(txn: MetaTxn, now: float) -> tuple[list[LeaseRow], int]:
 
 def end_sweep(txn: MetaTxn) -> None:
     txn.put("meta", SWEEP_KEY, _sweep_row(0))
+
+
+def sweeps_begun(txn: MetaTxn) -> int:
+    """How many sweep batches have begun on this store (0 before any, or before this row)."""
+    value = txn.get("meta", SWEEPS_KEY)
+    if value is None:
+        return 0
+    count = unseal("meta", SWEEPS_KEY, value)
+    if len(count) != 8:
+        raise IntegrityError(f"meta entry {SWEEPS_KEY.decode()!r} is malformed")
+    return int.from_bytes(count, "big")
+
+
+class SweptMeanwhile(Exception):
+    """A sweep batch began during an optimistic writer's life: take a lease, plan again."""
+
+
+class SweepWatch:
+    """An optimistic writer's stand-in for a lease, for a store whose objects and refs
+    share one transaction (see the module doc). `start(txn)` is read before the writer
+    looks at anything stored; False means a batch is active or a gc waits for a gap:
+    take a real lease instead. `check(txn)`, inside the final transaction, raises
+    SweptMeanwhile if a batch began since, or is active now."""
+
+    def __init__(self):
+        self.begun: int | None = None
+
+    def start(self, txn: MetaTxn) -> bool:
+        now = time.time()
+        fence = _fence(txn, lock=False)
+        if _batch_active(fence, now) or _gc_waiting(fence, now):
+            return False
+        self.begun = sweeps_begun(txn)
+        return True
+
+    def check(self, txn: MetaTxn) -> None:
+        if sweeps_begun(txn) != self.begun or sweep_active(txn, time.time()):
+            testing_hooks.reached("sweepwatch.swept")
+            raise SweptMeanwhile()
 
 
 # --- the writer's side -----------------------------------------------------------------------

@@ -136,6 +136,11 @@ def save_object(txn: Txn, digest, framed: bytes) -> bool:
     return txn.put_new("objects", digest.raw, framed)
 
 
+def has_object(txn: Txn, raw: bytes) -> bool:
+    """Whether the environment's `objects` table holds the object with this raw id."""
+    return txn.get("objects", raw) is not None
+
+
 # --- the two stores over one environment ----------------------------------------------------
 
 class _SnapshotBlobs(BlobStore):

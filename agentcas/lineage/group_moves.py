@@ -18,6 +18,12 @@ keeps the old head as a branch, a copy of every ref of a thread, a rewrite):
    also raise `LostRace` itself (it saw a state it cannot build on) to re-plan.
 Objects stored by a lost attempt are unreferenced; gc collects them after the grace
 period.
+
+On an embedded store (objects and refs in one environment) steps 1-4 take no lease and
+one transaction: the writer starts with a `SweepWatch` (cas/leases.py), and the final
+transaction stores the waiting objects, checks what else the plan relies on, checks
+that no gc sweep began meanwhile and moves the refs. A sweep that did begin makes the
+writer take a lease and plan again; so does content large enough to be stored early.
 """
 
 from __future__ import annotations
@@ -29,9 +35,10 @@ from agentcas import testing_hooks
 from agentcas.cas import framing
 from agentcas.cas.backends import Stores
 from agentcas.cas.digest import Digest, hash_blob
-from agentcas.cas.leases import Lease
+from agentcas.cas.leases import Lease, SweepWatch, SweptMeanwhile
 from agentcas.cas.objects import ChunkList, ChunkRef, Checkpoint, HistoryPosition, Tree, TreeEntry
 from agentcas.cas.source import ObjectSource, unframe_verified
+from agentcas.cas.store import has_object, save_object
 from agentcas.cas.writer import BATCH_BYTES
 from agentcas.errors import ConflictError
 from agentcas.lineage import checkpoints, rollout
@@ -165,19 +172,36 @@ class GroupView:
 
 
 class GroupWriter:
-    """Content first, then `land(plan)`; a context manager holding the writer's lease."""
+    """Content first, then `land(plan)`; a context manager holding the writer's lease
+    (or, on an embedded store, its SweepWatch: see the module doc)."""
+
+    optimistic = True  # go without a lease where one transaction holds objects and refs
 
     def __init__(self, stores: Stores, what: str, author_runtime: Callable[[], tuple[str, dict]]):
         self.stores = stores
         self.lease = Lease(stores.meta, what)
+        self.watch: SweepWatch | None = None  # set while the writer goes without a lease
         self.author_runtime = author_runtime
         self.waiting: dict[bytes, bytes] = {}
         self._waiting_bytes = 0
         self.needed: set[bytes] = set()
 
     def __enter__(self) -> "GroupWriter":
-        self.lease.__enter__()  # taken before anything is stored, as every writer's (Lease.__enter__)
+        # Taken before anything stored is looked at, as every writer's lease (Lease.__enter__).
+        if self.optimistic and self.stores.embedded is not None:
+            watch = SweepWatch()
+            with self.stores.meta.reader() as txn:
+                if watch.start(txn):
+                    self.watch = watch
+                    return self
+        self.lease.__enter__()
         return self
+
+    def _hold_lease(self) -> None:
+        """Take the lease now if going without one (the watch, if any, stays: what was
+        looked at before the lease still needs that no sweep began since)."""
+        if self.lease.row is None:
+            self.lease.acquire()
 
     def __exit__(self, *exc):
         return self.lease.__exit__(*exc)
@@ -191,6 +215,7 @@ class GroupWriter:
             self._flush()
 
     def _flush(self) -> None:
+        self._hold_lease()  # objects stored before the landing are a lease's to protect
         self.lease.refresh()
         self.stores.objects.put_many(self.waiting)
         self.needed.update(self.waiting)  # stored early: gc must not have taken them by the landing
@@ -257,6 +282,18 @@ class GroupWriter:
                     result = plan(view)
                 except LostRace:
                     continue
+            if self.watch is not None:
+                testing_hooks.reached("group.before_land")
+                try:
+                    self.stores.meta.write(lambda txn, view=view, waiting=waiting:
+                                           self._land_at_once(txn, view, waiting))
+                except LostRace:
+                    continue
+                except SweptMeanwhile:
+                    self.watch = None  # a gc swept meanwhile: plan again under a lease
+                    self._hold_lease()
+                    continue
+                return result
             self.lease.refresh()
             self.stores.objects.put_many(waiting)
             needed = (self.needed | view.needed) - waiting.keys()
@@ -285,3 +322,22 @@ class GroupWriter:
             return result
         raise ConflictError(f"{self.lease.what}: the refs kept moving under {MAX_ATTEMPTS} attempts; "
                             "nothing was changed, retry")
+
+    def _land_at_once(self, txn, view: GroupView, waiting: dict[bytes, bytes]) -> None:
+        """The whole landing in the environment's one write transaction (a SweepWatch writer)."""
+        self.watch.check(txn)
+        if self.lease.row is not None:
+            self.lease.check(txn)
+        missing = sorted(raw for raw in (self.needed | view.needed) - waiting.keys() if not has_object(txn, raw))
+        if missing:
+            raise VanishedObject(f"object {missing[0].hex()} is missing from the store; nothing was changed")
+        for raw, framed in waiting.items():
+            save_object(txn, Digest(raw), framed)
+        for name, state in view.read.items():
+            if threads.read_thread(txn, name) != state:
+                raise LostRace()
+        for name, old, new, action, message, implied in view.moves:
+            if not threads.set_if_equals(txn, name, old, new, action, message, implied):
+                raise LostRace()
+        if self.lease.row is not None:
+            self.lease.release(txn)
