@@ -93,3 +93,45 @@ def test_python_json_spacing_is_rejected(value):
     if spaced != encode(value):
         with pytest.raises(NotCanonical):
             decode(spaced)
+
+
+# --- the packed form (format 2, cas/packed.py) --------------------------------------------------
+
+from agentcas.cas import packed  # noqa: E402
+from agentcas.cas.digest import Digest  # noqa: E402
+
+packed_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=0, max_value=packed.MAX_UINT)
+    | st.binary(min_size=32, max_size=32).map(Digest) | st.text() | st.binary(),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5),
+    max_leaves=30)
+
+
+@given(packed_values)
+def test_packed_round_trips(value):
+    data = packed.encode(value)
+    assert packed.decode(data) == value
+    assert packed.decode(memoryview(data)) == value   # stores hand out views of their map
+
+
+@given(st.binary(max_size=64) | packed_values.map(packed.encode).flatmap(
+    lambda data: st.integers(0, len(data)).map(lambda cut: data[:cut] + b"\x00" * (cut % 2))))
+@example(bytes([packed.UINT, 0x82, 0x00]))          # a varint not in its shortest form
+@example(bytes([packed.UINT]) + b"\xff" * 10 + b"\x01")  # longer than 64 bits
+@example(bytes([packed.MAP, 2, 1, 98, 0, 1, 97, 0]))  # keys out of order
+@example(bytes([packed.TEXT, 1, 0xff]))              # not UTF-8
+def test_packed_accepts_only_its_own_encoding(data):
+    """One encoding per value: bytes that decode at all are exactly the encoding of what they
+    decode to (truncated, padded, reordered or non-minimal bytes raise NotCanonical)."""
+    try:
+        value = packed.decode(data)
+    except NotCanonical:
+        return
+    assert packed.encode(value) == data
+
+
+def test_packed_refuses_nesting_deeper_than_the_limit():
+    with pytest.raises(NotCanonical, match="nested deeper"):
+        packed.decode(bytes([packed.LIST, 1]) * (MAX_DEPTH + 1) + bytes([packed.NULL]))
+    nested = bytes([packed.LIST, 1]) * MAX_DEPTH + bytes([packed.NULL])   # at the limit: fine
+    assert packed.encode(packed.decode(nested)) == nested

@@ -118,82 +118,105 @@ def _encode(value, out: bytearray, depth: int) -> None:
         raise NotCanonical(f"type {type(value).__name__} has no packed encoding")
 
 
-class _Reader:
-    def __init__(self, data):
-        self.data = data
-        self.at = 0
+def _truncated():
+    return NotCanonical("packed value is truncated")
 
-    def take(self, n: int):
-        end = self.at + n
-        if end > len(self.data):
-            raise NotCanonical("packed value is truncated")
-        chunk = self.data[self.at:end]
-        self.at = end
-        return chunk
 
-    def varint(self) -> int:
-        data, at, shift, value = self.data, self.at, 0, 0
-        while True:
-            if at >= len(data):
-                raise NotCanonical("packed value is truncated")
-            byte = data[at]
-            at += 1
-            value |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                break
-            shift += 7
-            if shift > 63:
-                raise NotCanonical("varint longer than 64 bits")
-        if (byte == 0 and shift) or value > MAX_UINT:
-            raise NotCanonical("varint not in its shortest form")
-        self.at = at
-        return value
-
-    def text(self) -> str:
+def _varint(data, at: int) -> tuple[int, int]:
+    """(value, position after it) of the minimal LEB128 varint at `at`."""
+    try:
+        byte = data[at]
+    except IndexError:
+        raise _truncated() from None
+    if byte < 0x80:  # one byte: nearly every count, length and small integer
+        return byte, at + 1
+    value, shift = 0, 0
+    while True:
         try:
-            return bytes(self.take(self.varint())).decode("utf-8")
-        except UnicodeDecodeError:
-            raise NotCanonical("text is not valid UTF-8") from None
+            byte = data[at]
+        except IndexError:
+            raise _truncated() from None
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            break
+        shift += 7
+        if shift > 63:
+            raise NotCanonical("varint longer than 64 bits")
+    if byte == 0 or value > MAX_UINT:
+        raise NotCanonical("varint not in its shortest form")
+    return value, at
 
-    def value(self, depth: int):
-        if depth > MAX_DEPTH:
-            raise NotCanonical(f"object nested deeper than {MAX_DEPTH} levels")
-        tag = self.take(1)[0]
-        if tag == NULL:
-            return None
-        if tag == FALSE:
-            return False
-        if tag == TRUE:
-            return True
-        if tag == UINT:
-            return self.varint()
-        if tag == ID:
-            return Digest(bytes(self.take(32)))
-        if tag == TEXT:
-            return self.text()
-        if tag == BYTES:
-            return bytes(self.take(self.varint()))
-        if tag == LIST:
-            return [self.value(depth + 1) for _ in range(self.varint())]
-        if tag == MAP:
-            doc, previous = {}, None
-            for _ in range(self.varint()):
-                key = self.text()
-                raw = key.encode("utf-8")
-                if previous is not None and raw <= previous:
-                    raise NotCanonical("map keys must be sorted and unique")
-                previous = raw
-                doc[key] = self.value(depth + 1)
-            return doc
-        raise NotCanonical(f"unknown packed tag {tag}")
+
+def _text(data, at: int) -> tuple[str, int]:
+    n, at = _varint(data, at)
+    end = at + n
+    if end > len(data):
+        raise _truncated()
+    try:
+        return str(data[at:end], "utf-8"), end
+    except UnicodeDecodeError:
+        raise NotCanonical("text is not valid UTF-8") from None
+
+
+def _value(data, at: int, depth: int):
+    """(value, position after it): one recursive function with the position in a local, no
+    reader object (this decodes every checkpoint, tree and segment a command reads)."""
+    if depth > MAX_DEPTH:
+        raise NotCanonical(f"object nested deeper than {MAX_DEPTH} levels")
+    try:
+        tag = data[at]
+    except IndexError:
+        raise _truncated() from None
+    at += 1
+    if tag == UINT:
+        return _varint(data, at)
+    if tag == ID:
+        end = at + 32
+        if end > len(data):
+            raise _truncated()
+        return Digest(bytes(data[at:end])), end
+    if tag == TEXT:
+        return _text(data, at)
+    if tag == LIST:
+        count, at = _varint(data, at)
+        items = []
+        append = items.append
+        for _ in range(count):
+            item, at = _value(data, at, depth + 1)
+            append(item)
+        return items, at
+    if tag == NULL:
+        return None, at
+    if tag == FALSE:
+        return False, at
+    if tag == TRUE:
+        return True, at
+    if tag == BYTES:
+        n, at = _varint(data, at)
+        end = at + n
+        if end > len(data):
+            raise _truncated()
+        return bytes(data[at:end]), end
+    if tag == MAP:
+        count, at = _varint(data, at)
+        doc, previous = {}, None
+        for _ in range(count):
+            key, at = _text(data, at)
+            raw = key.encode("utf-8")
+            if previous is not None and raw <= previous:
+                raise NotCanonical("map keys must be sorted and unique")
+            previous = raw
+            doc[key], at = _value(data, at, depth + 1)
+        return doc, at
+    raise NotCanonical(f"unknown packed tag {tag}")
 
 
 def decode(data):
     """The value of packed bytes; NotCanonical unless they are exactly `encode(value)`."""
     if len(data) > MAX_OBJECT_BYTES:
         raise NotCanonical(f"object of {len(data)} bytes exceeds {MAX_OBJECT_BYTES}")
-    reader = _Reader(data)
-    value = reader.value(0)
-    if reader.at != len(data):
+    value, at = _value(data, 0, 0)
+    if at != len(data):
         raise NotCanonical("bytes after the packed value")
     return value
