@@ -275,7 +275,10 @@ class PostgresServer(_Server):
         argv = [str(self.bindir / "postgres"), "-D", str(self.data), "-p", str(self.port),
                 "-k", str(self.root), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
                 "-c", "full_page_writes=off", "-c", "max_connections=300", "-c", "shared_buffers=32MB",
-                "-c", "logging_collector=off"]
+                "-c", "logging_collector=off",
+                # segments under the data directory, removed with it (in /dev/shm a SIGKILLed
+                # server's segments outlive it: the kill tests left one per run)
+                "-c", "dynamic_shared_memory_type=mmap"]
         for option in self.options:
             argv += ["-c", option]
         for attempt in range(5):
