@@ -30,6 +30,8 @@ from datasets import Rollout, _Text, text_tree  # noqa: E402
 STEPS = 300
 TARGET_STEP_BYTES = 1024
 ROUNDS = 7
+CLICK = "python -c 'import click'"
+API_READ_ROW = "Store.rollout_read to /dev/null (API, in process)"
 
 
 CPU: dict = {}  # label -> CPU seconds (user + sys) of each timed run, children included
@@ -210,7 +212,8 @@ def bench_recommit(work: str, rounds: int) -> dict:
     cli = [h.AGENTCAS, "--store", store, "commit", data, "-m", "again"]
     git = "git add -A && git commit -q --allow-empty --no-verify -m again"
     times = {"agentcas commit (CLI)": [], "git add -A && git commit": [], "agentcas --version": [],
-             "agentcas --help": [], "python -c pass": [], "python -S -c pass": []}
+             "agentcas --help": [], "python -c pass": [], "python -S -c pass": [],
+             CLICK: []}
     for k in range(rounds):
         order = [("agentcas commit (CLI)", cli, False), ("git add -A && git commit", git, True)]
         for label, cmd, shell in (order if k % 2 == 0 else order[::-1]):
@@ -218,7 +221,9 @@ def bench_recommit(work: str, rounds: int) -> dict:
         for label, cmd in (("agentcas --version", [h.AGENTCAS, "--version"]),
                            ("agentcas --help", [h.AGENTCAS, "--help"]),
                            ("python -c pass", [h.PYTHON, "-c", "pass"]),
-                           ("python -S -c pass", [h.PYTHON, "-S", "-c", "pass"])):
+                           ("python -S -c pass", [h.PYTHON, "-S", "-c", "pass"]),
+                           # the CLI framework alone: a floor for any click command here
+                           (CLICK, [h.PYTHON, "-c", "import click"])):
             times[label].append(timed(label, cmd, env=env))
     api = json.loads(h.output([h.PYTHON, "-c", API_RECOMMIT, store, data, str(3 * rounds)], env=env))
     times["agentcas Store.commit (API, store open)"] = api["times"]
@@ -272,17 +277,35 @@ def bench_read(work: str, size: int, rounds: int) -> dict:
         items = list(cmds.items())
         for label, cmd in (items if k % 2 == 0 else items[::-1]):
             times[label].append(timed(label, cmd, env=env, shell=True))
+    # The same read inside one process (no start-up): what the command's own work costs.
+    times[API_READ_ROW] = json.loads(
+        h.output([h.PYTHON, "-c", API_READ, store, str(rounds)], env=env))
     return {"times": times, "size": os.path.getsize(path), "packed": os.path.getsize(packed),
             "identical": identical, "records": records}
+
+
+API_READ = r"""
+import json, os, sys, time
+from agentcas.repository import Store
+store, times = Store.open(sys.argv[1]), []
+fd = os.open(os.devnull, os.O_WRONLY)
+for _ in range(int(sys.argv[2])):
+    t = time.perf_counter()
+    for piece in store.rollout_read("big", 0, None):
+        os.write(fd, piece)
+    times.append(time.perf_counter() - t)
+print(json.dumps(times))
+"""
 
 
 def report_read(r: dict) -> dict:
     t = {k: statistics.median(v) for k, v in r["times"].items()}
     floor = next(v for k, v in t.items() if k.startswith("zstd"))
-    cpu = {k: statistics.median(CPU[k]) for k in r["times"]}
+    cpu = {k: statistics.median(CPU[k]) for k in r["times"] if k in CPU}
     cpu_floor = next(v for k, v in cpu.items() if k.startswith("zstd"))
     rows = [[md(label), h.fmt_time(t[label]), f"{h.fmt_time(min(v))}–{h.fmt_time(max(v))} of {len(v)}",
-             h.fmt_ratio(t[label] / floor), h.fmt_time(cpu[label]), h.fmt_ratio(cpu[label] / cpu_floor)]
+             h.fmt_ratio(t[label] / floor), h.fmt_time(cpu.get(label)),
+             h.fmt_ratio(cpu[label] / cpu_floor) if label in cpu else "-"]
             for label, v in r["times"].items()]
     t["cpu"] = cpu
     h.table(f"Read a {h.fmt_bytes(r['size'])} history ({r['records']} records; zstd file "
@@ -291,7 +314,8 @@ def report_read(r: dict) -> dict:
             rows, [f"Output identical to the appended file: {'yes' if r['identical'] else 'NO'}. "
                    "agentcas verifies every chunk (BLAKE3) while decompressing; the peer is "
                    "`zstd -dc` of the same bytes compressed at the level agentcas uses for rollouts, "
-                   "piped into `b3sum`."])
+                   "piped into `b3sum`. The API row is the same read in a process holding the "
+                   "store open (wall time in that process): the command's own work without start-up."])
     return t
 
 
@@ -331,7 +355,11 @@ def main(argv: list[str]) -> int:
                ["rollout cat ≤ zstd -dc \\| b3sum", f"{h.fmt_time(cat)} vs {h.fmt_time(floor)} "
                 f"({h.fmt_ratio(cat / floor)})", h.verdict(cat <= floor)],
                ["... in CPU time (user + sys)", f"{h.fmt_time(cpu_cat)} vs {h.fmt_time(cpu_floor)} "
-                f"({h.fmt_ratio(cpu_cat / cpu_floor)})", h.verdict(cpu_cat <= cpu_floor)]]
+                f"({h.fmt_ratio(cpu_cat / cpu_floor)})", h.verdict(cpu_cat <= cpu_floor)],
+               ["(for scale: python -c 'import click', the CLI framework alone, vs git's recommit)",
+                f"{h.fmt_time(rc[CLICK])} ({h.fmt_ratio(rc[CLICK] / git)})", "-"],
+               ["(for scale: the same read in process, vs zstd -dc \\| b3sum)",
+                f"{h.fmt_time(rd[API_READ_ROW])} ({h.fmt_ratio(rd[API_READ_ROW] / floor)})", "-"]]
     h.table("Issue 13 targets", ["target", "measured", "met"], targets)
     print(f"Load: {load} at start, {h.load_note()} at end.\n")
     return 0
