@@ -77,7 +77,7 @@ def test_normalise_url_accepts_paths_and_file_urls(tmp_path):
     assert remote_table.normalise_url("file:///a%20dir") == "file:///a%20dir"
 
 
-@pytest.mark.parametrize("url", ["s3://key:secret@bucket/x", "s3://Bad_Bucket/x", "http://host/x", "file://otherhost/x",
+@pytest.mark.parametrize("url", ["s3://key:secret@bucket/x", "s3://bad bucket/x", "s3://bucket/x?q=1", "http://host/x", "file://otherhost/x",
                                  "file:///a?x=1", "file:///a#frag", "", "a\0b"])
 def test_normalise_url_rejects_other_urls(url):
     with pytest.raises(UsageError):
