@@ -432,6 +432,25 @@ def test_legacy_compaction_after_a_replacement_history_drops_the_old_summary(sto
     assert doc["item_lines"] == [legacy] * 3 and doc["compaction_line"] == legacy and base < legacy
 
 
+def test_records_codex_cannot_deserialize_change_nothing(store_dir, tmp_path):
+    """`get_rollout_history` skips a line that does not parse as a RolloutLine: a `compacted`
+    without its `message: String` or with a `replacement_history` that is not a list, a
+    `turn_context` that is not an object, a rollback whose `num_turns` is not a u32. They are
+    JSON objects (not damaged lines), and they neither replace, clear nor roll back."""
+    r = Rollout()
+    t1 = r.turn("one", initial=True, model="m1")
+    r.record("compacted", {"replacement_history": [text_message("user", "LOST")]})
+    r.record("compacted", {"message": "x", "replacement_history": "not a list"})
+    r.rollback(2**32)
+    r.event(type="thread_rolled_back", num_turns=-1)
+    t2 = r.turn("two", model="m2")
+    r.record("turn_context", "not an object")
+    doc = replay(store_dir, ingested(store_dir, tmp_path, r))
+    check_items(doc, r, context_and_items(t1, t2))
+    assert doc["compaction_line"] is None and doc["rolled_back_turns"] == [] and doc["skipped_lines"] == []
+    assert doc["turn_context_line"] == t2["turn_context"]
+
+
 # --- Codex: unfinished and aborted turns, turn context ------------------------------------------------
 
 def test_at_inside_an_unfinished_turn_keeps_it_and_flags_it(store_dir, tmp_path):
@@ -568,6 +587,30 @@ def test_damaged_lines_are_skipped_and_reported_by_file_line(store_dir, tmp_path
     assert replay(store_dir, thread, "--at", blank)["skipped_lines"] == [bad_early, blank]
     assert replay(store_dir, thread, "--at", bad_early - 1)["skipped_lines"] == []
     check_items(replay(store_dir, thread, "--at", blank), r, context_and_items(t1))
+
+
+def test_damaged_lines_across_incremental_ingests_and_checkpoints(store_dir, tmp_path):
+    r = Rollout()
+    r.turn("one", initial=True)
+    first_bad = r.raw("{oops\n")
+    r.turn("two")
+    path = r.write(tmp_path)
+    ingest(store_dir, "codex", path)
+    thread = f"codex/{r.id}"
+    assert replay(store_dir, thread)["skipped_lines"] == [first_bad]
+    r.compact("s", ["one", "two"])
+    second_bad = r.raw("\x00\n")
+    t3 = r.turn("three", initial=True)
+    r.write(tmp_path)                    # the harness appended: the same file, grown
+    ingest(store_dir, "codex", path)
+    head = replay(store_dir, thread)
+    assert head["skipped_lines"] == [first_bad, second_bad]
+    assert head["item_lines"][-len(context_and_items(t3)):] == context_and_items(t3)
+    for cp in checkpoints(store_dir, thread):
+        seq = cp["history"]["seq"]
+        expected = [n for n in (first_bad, second_bad) if n <= seq]
+        assert replay(store_dir, cp["checkpoint"])["skipped_lines"] == expected
+        assert replay(store_dir, thread, "--at", seq)["skipped_lines"] == expected
 
 
 def test_a_fork_replays_on_its_own_with_its_own_id_and_line_numbers(store_dir, tmp_path):

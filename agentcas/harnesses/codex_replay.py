@@ -73,6 +73,7 @@ RUST_WHITESPACE = ("\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u200
                    "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
 ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 TURN_STARTED = ("task_started", "turn_started")
+U32_MAX = 2**32 - 1
 TURN_COMPLETE = ("task_complete", "turn_complete")
 
 
@@ -251,6 +252,25 @@ def _payload(record):
     return payload if isinstance(payload, dict) else {}
 
 
+def _unreadable(record) -> bool:
+    """A record Codex cannot deserialize, so skips as it reads the rollout (it never reaches
+    the replay): a `compacted` whose payload is not `CompactedItem {message: String,
+    replacement_history: Option<Vec<ResponseItem>>}`, a `turn_context` whose payload is not
+    an object, a `thread_rolled_back` whose `num_turns` is not a u32."""
+    kind = record.get("type")
+    payload = record.get("payload")
+    if kind == "compacted":
+        return not (isinstance(payload, dict) and isinstance(payload.get("message"), str)
+                    and (payload.get("replacement_history") is None
+                         or isinstance(payload["replacement_history"], list)))
+    if kind == "turn_context":
+        return not isinstance(payload, dict)
+    if kind == "event_msg" and isinstance(payload, dict) and payload.get("type") == "thread_rolled_back":
+        turns = payload.get("num_turns")
+        return not (isinstance(turns, int) and not isinstance(turns, bool) and 0 <= turns <= U32_MAX)
+    return False
+
+
 def _str_or_none(value):
     return value if isinstance(value, str) else None
 
@@ -294,6 +314,8 @@ def replay_codex(records, damaged_lines=None) -> dict:
         if record is None:
             skipped.add(line)
             continue
+        if _unreadable(record):
+            continue
         kind = record.get("type")
         event = _event(record)
         event_type = event.get("type") if event else None
@@ -305,9 +327,7 @@ def replay_codex(records, damaged_lines=None) -> dict:
                 active.base = index
                 suffix_start = index + 1
         elif event_type == "thread_rolled_back":
-            turns = event.get("num_turns")
-            if isinstance(turns, int) and not isinstance(turns, bool) and turns >= 0:
-                state["pending"] += turns
+            state["pending"] += event["num_turns"]
         elif event_type in TURN_COMPLETE:
             active = active or _Segment()
             closed.add(event.get("turn_id"))
@@ -368,6 +388,8 @@ def replay_codex(records, damaged_lines=None) -> dict:
         if record is None:
             skipped.add(line)
             continue
+        if _unreadable(record):
+            continue
         kind = record.get("type")
         event = _event(record)
         if kind == "response_item":
@@ -385,12 +407,9 @@ def replay_codex(records, damaged_lines=None) -> dict:
                 history = [(item, line) for item in payload["replacement_history"]]
             else:
                 legacy = True
-                message = payload.get("message") if isinstance(payload.get("message"), str) else ""
-                history = legacy_compacted_history(history, message, line)
+                history = legacy_compacted_history(history, payload["message"], line)
         elif event is not None and event.get("type") == "thread_rolled_back":
-            turns = event.get("num_turns")
-            if isinstance(turns, int) and not isinstance(turns, bool):
-                history = drop_last_n_user_turns(history, turns)
+            history = drop_last_n_user_turns(history, event["num_turns"])
 
     reference = state["reference"]
     turn_context = turn_context_line = None
