@@ -28,8 +28,6 @@ import subprocess
 import uuid
 from pathlib import Path
 
-import pytest
-
 from conftest import AGENTCAS
 
 CODEX_KEYS = {"format", "thread_id", "at", "items", "item_lines", "turn_context", "turn_context_line",
