@@ -23,8 +23,9 @@ and every user/assistant record of its chain is a message (none is hidden as sid
 
 Beyond the SDK (agentcas conventions, docs/HARNESSES.md): `abandoned` lists non-sidechain
 nodes on branches not chosen (not the chain, not the history before a compaction, which
-is reached through `logicalParentUuid`); `sidechains` lists each inline subagent tree
-(root without a sidechain parent, its newest terminal user/assistant leaf, the path);
+is reached through `logicalParentUuid`; a branch of only system/progress/attachment
+records hangs from the chosen conversation and is not one); `sidechains` lists each inline
+subagent tree (root without a sidechain parent, its leaf chosen as the session's is, the path);
 `messages` is the Messages-API view of the chain's user/assistant records: system
 records dropped, `isMeta` text kept (Claude Code sends it to the model; agent-logs.md 2.3).
 """
@@ -154,6 +155,43 @@ def _before_compaction(chain: list[dict], by_uuid: dict) -> set:
     return out
 
 
+def _abandoned(entries: list[dict], by_uuid: dict, kept: set, include_sidechains: bool) -> list[str]:
+    """Uuids on branches not chosen, in file order.
+
+    Off-chain nodes (not `kept`: the chain and the history a compaction replaced; not
+    sidechain records, which `sidechains` lists) group into branches: each node belongs to
+    the branch of its highest off-chain ancestor along parentUuid. A branch that holds a
+    user/assistant record is a conversation not chosen (an edited or retried prompt's
+    original, what followed it, records hanging from those). A branch of only system,
+    progress or attachment records is not: it hangs from the chosen conversation (a hook's
+    summary or a turn's duration after the leaf, a tool's progress beside its result).
+    """
+    def off_chain(entry) -> bool:
+        return entry["uuid"] not in kept and (include_sidechains or not entry.get("isSidechain"))
+
+    branch_of: dict = {}
+    for entry in entries:
+        if not off_chain(entry) or entry["uuid"] in branch_of:
+            continue
+        path = []
+        for node in _walk(entry, by_uuid):
+            if not off_chain(node) or node["uuid"] in branch_of:
+                break
+            path.append(node["uuid"])
+        root = branch_of.get(node["uuid"]) if off_chain(node) and node["uuid"] in branch_of else path[-1]
+        for uid in path:
+            branch_of[uid] = root
+    with_messages = {branch_of[e["uuid"]] for e in entries
+                     if e["uuid"] in branch_of and e.get("type") in ("user", "assistant")}
+    out, listed = [], set()
+    for entry in entries:
+        uid = entry["uuid"]
+        if uid in branch_of and branch_of[uid] in with_messages and uid not in listed:
+            listed.add(uid)
+            out.append(uid)
+    return out
+
+
 def _is_boundary(entry: dict) -> bool:
     return entry.get("type") == "system" and entry.get("subtype") == "compact_boundary"
 
@@ -178,8 +216,15 @@ def _sidechains(entries: list[dict]) -> list[dict]:
                 continue
             tree.append(uid)
             stack.extend(children.get(uid, []))
-        terminals = [u for u in tree if not children.get(u) and by_uuid[u].get("type") in ("user", "assistant")]
-        leaf = max(terminals, key=lambda u: position[u]) if terminals else e["uuid"]
+        # As the session's own leaf (`_build_conversation_chain`): each terminal walks back to
+        # its nearest user/assistant record (a trailing progress or system record is no leaf).
+        leaves = []
+        for terminal in (u for u in tree if not children.get(u)):
+            nearest = next((n for n in _walk(by_uuid[terminal], by_uuid) if n.get("type") in ("user", "assistant")),
+                           None)
+            if nearest is not None:
+                leaves.append(nearest["uuid"])
+        leaf = max(leaves, key=lambda u: position[u]) if leaves else e["uuid"]
         path = [n["uuid"] for n in _walk(by_uuid[leaf], by_uuid)]
         path.reverse()
         out.append({"root": e["uuid"], "leaf": leaf, "uuids": path})
@@ -208,13 +253,7 @@ def replay_claude(records) -> dict:
         visible = [e for e in chain if e.get("type") in ("user", "assistant")]
     else:
         visible = [e for e in chain if is_visible(e)]
-    abandoned, listed = [], set()
-    for e in entries:
-        uid = e["uuid"]
-        if uid in in_chain or uid in replaced or uid in listed or (e.get("isSidechain") and not subagent):
-            continue
-        listed.add(uid)
-        abandoned.append(uid)
+    abandoned = _abandoned(entries, by_uuid, in_chain | replaced, include_sidechains=subagent)
     boundary = next((e for e in reversed(chain) if _is_boundary(e)), None)
     compaction = None if boundary is None else {"boundary": boundary["uuid"],
                                                 "logical_parent": boundary.get("logicalParentUuid")}

@@ -25,6 +25,10 @@ core/src/session/rollout_reconstruction.rs @0cf88612) and `ContextManager`
 3. The turn context is the reference context item: the newest surviving user turn's
    `turn_context` (None if a compaction cleared it or a legacy compaction was replayed).
 
+Beyond Codex (agentcas conventions, docs/HARNESSES.md): `rolled_back_turns` are the user
+turns the scan skipped before it found the surviving base; `interrupted_turn` is the newest
+turn, if nothing closed it and no rollback marker after it owes turns when the scan reaches it.
+
 Items are reported exactly as in the file (Codex truncates tool outputs only when it
 builds the prompt), except the items of inter-agent records, which are the item Codex
 derives from the record. `records` needs only `len()` and indexing, so a caller can load it
@@ -62,7 +66,14 @@ API_ITEM_TYPES = frozenset({
     "reasoning", "web_search_call", "image_generation_call", "compaction", "context_compaction",
 })
 META_SCAN_RECORDS = 64  # the first session_meta is the first line; never scan a whole file for it
+# Rust's `str::trim_start`/`trim_end` (Unicode White_Space; Python's str.strip also strips
+# U+001C..U+001F) and `eq_ignore_ascii_case` (Python's str.lower also folds non-ASCII letters:
+# the Kelvin sign U+212A becomes "k", so "<s\u212aill>" would pass for "<skill>").
+RUST_WHITESPACE = ("\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
+                   "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
+ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 TURN_STARTED = ("task_started", "turn_started")
+U32_MAX = 2**32 - 1
 TURN_COMPLETE = ("task_complete", "turn_complete")
 
 
@@ -77,9 +88,10 @@ def _texts(content):
 
 
 def is_contextual_user_content(content) -> bool:
-    """Whether a user message holds a contextual fragment (environment, AGENTS.md, ...)."""
+    """Whether a user message holds a contextual fragment (environment, AGENTS.md, ...):
+    `ContextualUserFragmentDefinition::matches_text`, ASCII case-insensitive markers."""
     for text in _texts(content):
-        trimmed = text.strip().lower()
+        trimmed = text.strip(RUST_WHITESPACE).translate(ASCII_LOWER)
         if any(trimmed.startswith(open_) and trimmed.endswith(close) for open_, close in CONTEXTUAL_USER_MARKERS):
             return True
     return False
@@ -88,7 +100,7 @@ def is_contextual_user_content(content) -> bool:
 def _is_contextual_dev_fragment(part) -> bool:
     if not (isinstance(part, dict) and part.get("type") == "input_text" and isinstance(part.get("text"), str)):
         return False
-    trimmed = part["text"].lstrip().lower()
+    trimmed = part["text"].lstrip(RUST_WHITESPACE).translate(ASCII_LOWER)
     return any(trimmed.startswith(prefix) for prefix in CONTEXTUAL_DEVELOPER_PREFIXES)
 
 
@@ -240,6 +252,25 @@ def _payload(record):
     return payload if isinstance(payload, dict) else {}
 
 
+def _unreadable(record) -> bool:
+    """A record Codex cannot deserialize, so skips as it reads the rollout (it never reaches
+    the replay): a `compacted` whose payload is not `CompactedItem {message: String,
+    replacement_history: Option<Vec<ResponseItem>>}`, a `turn_context` whose payload is not
+    an object, a `thread_rolled_back` whose `num_turns` is not a u32."""
+    kind = record.get("type")
+    payload = record.get("payload")
+    if kind == "compacted":
+        return not (isinstance(payload, dict) and isinstance(payload.get("message"), str)
+                    and (payload.get("replacement_history") is None
+                         or isinstance(payload["replacement_history"], list)))
+    if kind == "turn_context":
+        return not isinstance(payload, dict)
+    if kind == "event_msg" and isinstance(payload, dict) and payload.get("type") == "thread_rolled_back":
+        turns = payload.get("num_turns")
+        return not (isinstance(turns, int) and not isinstance(turns, bool) and 0 <= turns <= U32_MAX)
+    return False
+
+
 def _str_or_none(value):
     return value if isinstance(value, str) else None
 
@@ -265,7 +296,10 @@ def replay_codex(records, damaged_lines=None) -> dict:
         if state["pending"] > 0:
             if segment.user_turn:
                 state["pending"] -= 1
-                if segment.turn_id is not None:
+                # Only turns newer than the surviving base: older ones are behind the
+                # compaction that replaced them, where the scan (which may stop at the base)
+                # does not look, so listing them would depend on where it stopped.
+                if segment.turn_id is not None and state["base"] is None:
                     rolled_back.append(segment.turn_id)
             return
         if state["base"] is None and segment.base is not None:
@@ -280,6 +314,8 @@ def replay_codex(records, damaged_lines=None) -> dict:
         if record is None:
             skipped.add(line)
             continue
+        if _unreadable(record):
+            continue
         kind = record.get("type")
         event = _event(record)
         event_type = event.get("type") if event else None
@@ -291,9 +327,7 @@ def replay_codex(records, damaged_lines=None) -> dict:
                 active.base = index
                 suffix_start = index + 1
         elif event_type == "thread_rolled_back":
-            turns = event.get("num_turns")
-            if isinstance(turns, int) and not isinstance(turns, bool) and turns >= 0:
-                state["pending"] += turns
+            state["pending"] += event["num_turns"]
         elif event_type in TURN_COMPLETE:
             active = active or _Segment()
             closed.add(event.get("turn_id"))
@@ -322,8 +356,12 @@ def replay_codex(records, damaged_lines=None) -> dict:
         elif event_type in TURN_STARTED:
             turn_id = _str_or_none(event.get("turn_id"))
             if not newest_start_seen:
+                # The newest turn is unfinished if nothing after it closed it (older builds
+                # write `turn_aborted` without a turn id: it closes the turn running then) and
+                # it survives (with rollback turns still owed, its segment is skipped and its
+                # items are cut with the turns the marker drops).
                 newest_start_seen = True
-                if turn_id not in closed:
+                if turn_id not in closed and None not in closed and state["pending"] == 0:
                     interrupted = turn_id
             if active is not None and _compatible(active.turn_id, turn_id):
                 finalize(active)
@@ -350,6 +388,8 @@ def replay_codex(records, damaged_lines=None) -> dict:
         if record is None:
             skipped.add(line)
             continue
+        if _unreadable(record):
+            continue
         kind = record.get("type")
         event = _event(record)
         if kind == "response_item":
@@ -367,12 +407,9 @@ def replay_codex(records, damaged_lines=None) -> dict:
                 history = [(item, line) for item in payload["replacement_history"]]
             else:
                 legacy = True
-                message = payload.get("message") if isinstance(payload.get("message"), str) else ""
-                history = legacy_compacted_history(history, message, line)
+                history = legacy_compacted_history(history, payload["message"], line)
         elif event is not None and event.get("type") == "thread_rolled_back":
-            turns = event.get("num_turns")
-            if isinstance(turns, int) and not isinstance(turns, bool):
-                history = drop_last_n_user_turns(history, turns)
+            history = drop_last_n_user_turns(history, event["num_turns"])
 
     reference = state["reference"]
     turn_context = turn_context_line = None

@@ -18,6 +18,7 @@ from agentcas.harnesses.records import CODEX, detect_format, iter_lines, parse_l
 BLOCK_RECORDS = 256
 HEAD_RECORDS = 16
 DETECT_RECORDS = 16
+FORMAT_NAMES = {"codex": "Codex rollout", "claude": "Claude Code transcript"}
 
 
 class UnknownFormat(AgentcasError):
@@ -88,15 +89,21 @@ def replay_records(store, rev: str, at: int | None = None, fmt: str | None = Non
     if at < 0 or at > length:
         raise UsageError(f"--at {at} is beyond the end of {rev!r} ({length} records)")
     records = StoredRecords(store, rev, at)
+    # The format is REV's, not the cut's: `--at 1` of a transcript whose first line
+    # (a file-history-snapshot, a summary) names no session is still that transcript.
+    head_records = records if at >= min(length, DETECT_RECORDS) else StoredRecords(store, rev, length)
+    seen = min(length, DETECT_RECORDS)
+    detected = detect_format(head_records[i] for i in range(seen))
     if fmt is None:
-        # The format is REV's, not the cut's: `--at 1` of a transcript whose first line
-        # (a file-history-snapshot, a summary) names no session is still that transcript.
-        head_records = records if at >= min(length, DETECT_RECORDS) else StoredRecords(store, rev, length)
-        seen = min(length, DETECT_RECORDS)
-        fmt = detect_format(head_records[i] for i in range(seen))
-        if fmt is None:
+        if detected is None:
             raise UnknownFormat(f"{rev!r} is neither a Codex rollout nor a Claude Code transcript "
                                 f"(first {seen} records); name one with --format codex|claude")
+        fmt = detected
+    elif detected is not None and detected != fmt:
+        # --format names the format of a history that shows none; one that shows the other
+        # would get a replay its harness never builds (an empty chain, no items).
+        raise UsageError(f"{rev!r} is a {FORMAT_NAMES[detected]}, not a {FORMAT_NAMES[fmt]}: "
+                         f"replay it with --format {detected} or without --format")
     if fmt != CODEX:
         return replay_claude(records), records
     # Every damaged line up to `at`, not only those the reducer reads (damaged_lines.py).
