@@ -64,8 +64,37 @@ def test_only_what_the_remote_took_is_cached(tmp_path):
     remote.put_if_absent(key(1), value(b"first"))
     cached = CachedBlobStore(remote, str(tmp_path / "c"))
     assert cached.put_many({key(1): value(b"other framing"), key(2): value(b"two")}) == (1, len(value(b"two")))
-    assert cached.cached_keys([key(1), key(2)]) == {key(2)}
+    assert cached.cached_bytes() == len(value(b"two"))     # key 1's bytes are not cached ...
+    assert cached.cached_keys([key(1), key(2)]) == {key(1), key(2)}  # ... but it is known stored
     assert cached.get(key(1)) == value(b"first")
+
+
+def test_what_the_remote_answered_it_holds_is_known_without_its_bytes(tmp_path):
+    """A second machine commits files the first stored: the bucket's answers are remembered
+    (no bytes), so its next commit's stat-cache hits count instead of hashing every file
+    again; a delete forgets them."""
+    import agentcas.cas.blobstore.cached as cached_module
+    remote = MemoryBlobStore()
+    for n in range(5):
+        remote.put_if_absent(key(n), value(b"%d" % n))
+    cached = CachedBlobStore(remote, str(tmp_path / "b"))
+    assert cached.cached_keys([key(n) for n in range(6)]) == set()
+    assert cached.has_many([key(n) for n in range(6)]) == {key(n) for n in range(5)}
+    assert cached.cached_keys([key(n) for n in range(6)]) == {key(n) for n in range(5)}
+    assert cached.cached_bytes() == 0
+    assert cached.delete_many([key(0)]) == 1
+    assert cached.cached_keys([key(0), key(1)]) == {key(1)}
+    again = CachedBlobStore(remote, str(tmp_path / "b"))   # a later process on that machine
+    assert again.cached_keys([key(1), key(2)]) == {key(1), key(2)}
+    # Bounded: past SEEN_MAX markers they are all forgotten (each then costs one question).
+    cached_module.SEEN_MAX, saved = 6, cached_module.SEEN_MAX
+    try:
+        for n in range(5, 12):
+            remote.put_if_absent(key(n), value(b"%d" % n))
+        again.has_many([key(n) for n in range(5, 12)])
+        assert len(again.cached_keys([key(n) for n in range(12)])) <= 6
+    finally:
+        cached_module.SEEN_MAX = saved
 
 
 def test_the_cache_is_bounded_and_evicts_the_least_recently_read(tmp_path):

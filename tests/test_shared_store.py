@@ -287,3 +287,24 @@ def test_unreachable_services_are_named_in_one_line(tmp_path, workspace):
     assert len(lines) == 1 and lines[0].startswith("agentcas: error: ") and "Traceback" not in result.err
     assert "PostgreSQL" in lines[0] or "S3" in lines[0]
     assert "s3cr3t" not in result.err
+
+
+def test_a_second_machine_committing_what_the_first_stored_hashes_it_once(shared, tmp_path):
+    """Machine b commits a copy of a tree machine a already stored: its first commit hashes
+    every file (its stat cache is empty) and finds the objects in the bucket; its next commit
+    takes every file from its stat cache (before, b's cache never held those objects, so its
+    stat-cache hits were dropped and every commit hashed every file again)."""
+    files = {f"d{n % 3}/f{n}.txt": os.urandom(3000) for n in range(12)}
+    a_tree = write(tmp_path / "on-a", files)
+    b_tree = write(tmp_path / "on-b", files)
+    for path in list(a_tree.rglob("*")) + list(b_tree.rglob("*")):
+        os.utime(path, (1_600_000_000, 1_600_000_000))   # old files: the stat cache may hold them
+    assert shared("commit", a_tree, "-m", "a").code == 0
+    b = shared.machine("b")
+    first = b("--json", "commit", b_tree, "-m", "b", "--thread", "b")
+    assert first.code == 0, first
+    assert first.json()["new_objects"] <= 3 and first.json()["cached_files"] == 0   # the trees' and checkpoint's
+    again = b("--json", "commit", b_tree, "-m", "b again", "--thread", "b")
+    assert again.code == 0, again
+    assert again.json()["cached_files"] == again.json()["files"] == 12
+    assert b("--json", "fsck").json()["ok"]

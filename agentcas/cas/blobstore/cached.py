@@ -19,7 +19,12 @@ immutable, so a cached value is the right value for its id even after gc on anot
 machine deleted the remote copy; what the cache cannot know is whether the remote still
 HAS an object. So `has_many` always asks the remote; `cached_keys` answers from the
 cache alone, for callers that accept "this machine saw it once" (objects that a live
-ref or lease protects from gc). Deletes are passed on and evict the cached copies too.
+ref or lease protects from gc). What the remote answered it has, or already held when
+asked to store it, is remembered too, without its bytes (`meta: cache/seen/ id`, at most
+SEEN_MAX markers, forgotten all at once past that): a machine committing files another
+machine stored first then finds them known, and its stat cache hits count, instead of
+hashing every file again at each commit. Deletes are passed on and evict the cached
+copies and markers too.
 Callers verify every value (ObjectSource); one that finds a cached value damaged calls
 `evict` and reads again. `get_many_stored` skips the cache (fsck must verify the
 bucket's bytes, not this machine's copy) and caches what it fetched where absent.
@@ -42,6 +47,9 @@ _U64 = struct.Struct(">Q")
 _TOTAL = b"cache/bytes"
 _ATIME = b"cache/atime/"
 _LRU = b"cache/lru/"
+_SEEN = b"cache/seen/"          # id -> "": the remote had it (no bytes cached)
+_SEEN_COUNT = b"cache/seen-count"
+SEEN_MAX = 1_000_000            # ~60 MB of markers at most
 
 
 def default_cache_dir(url: str) -> str:
@@ -109,8 +117,30 @@ class CachedBlobStore(BlobStore):
         raw = txn.get("meta", _TOTAL)
         return 0 if raw is None else _U64.unpack(raw)[0]
 
+    def _remember_seen(self, keys: Iterable[bytes]) -> None:
+        """Mark keys the remote holds whose bytes this machine has not cached."""
+        with self.local.reader() as txn:
+            new = [bytes(k) for k in keys if txn.get("objects", bytes(k)) is None
+                   and txn.get("meta", _SEEN + bytes(k)) is None]
+        if not new:
+            return
+
+        def mark(txn):
+            raw = txn.get("meta", _SEEN_COUNT)
+            count = 0 if raw is None else _U64.unpack(raw)[0]
+            if count + len(new) > SEEN_MAX:  # forget them all: each costs one question later
+                for key, _ in list(txn.scan("meta", prefix=_SEEN)):
+                    txn.delete("meta", key)
+                count = 0
+            for key in new[:SEEN_MAX]:
+                if txn.put_new("meta", _SEEN + key, b""):
+                    count += 1
+            txn.put("meta", _SEEN_COUNT, _U64.pack(count))
+        self.local.write(mark)
+
     @staticmethod
     def _remove(txn, key: bytes) -> int:
+        txn.delete("meta", _SEEN + key)  # the count may run high; it only bounds the markers
         value = txn.get("objects", key)
         if value is None:
             return 0
@@ -173,9 +203,11 @@ class CachedBlobStore(BlobStore):
         return max(total, 0)
 
     def cached_keys(self, keys: Iterable[bytes]) -> set[bytes]:
-        """The keys this machine's cache holds (no remote request; see the module doc)."""
+        """The keys this machine's cache holds or saw the remote hold (no remote request;
+        see the module doc)."""
         with self.local.reader() as txn:
-            return {bytes(k) for k in keys if txn.get("objects", bytes(k)) is not None}
+            return {bytes(k) for k in keys if txn.get("objects", bytes(k)) is not None
+                    or txn.get("meta", _SEEN + bytes(k)) is not None}
 
     def evict(self, keys: Iterable[bytes]) -> None:
         """Forget cached copies (a damaged value: the next read fetches it again)."""
@@ -217,7 +249,9 @@ class CachedBlobStore(BlobStore):
         return found
 
     def has_many(self, keys: Iterable[bytes]) -> set[bytes]:
-        return self.remote.has_many(keys)
+        found = self.remote.has_many(keys)
+        self._remember_seen(found)
+        return found
 
     def put_many(self, items: Mapping[bytes, bytes]) -> tuple[int, int]:
         written = self.put_many_written(items)
@@ -233,6 +267,7 @@ class CachedBlobStore(BlobStore):
         # Only what was written now: a key already there may hold other bytes (another
         # framing of the same object), and the cache must agree with the remote.
         self._store({k: items[k] for k in written})
+        self._remember_seen(k for k in items if k not in written)  # already there
         return written
 
     def delete_many(self, keys: Iterable[bytes]) -> int:
