@@ -7,9 +7,10 @@ parent plans the next files and alone writes to the store: the workers never ope
 
 Each worker is `python -m agentcas.harnesses.packing_workers`, a child process that reads
 jobs on its stdin and writes results on its stdout, one at a time, each a length-prefixed
-pickle (both ends are this code). The parent talks to each worker from one thread of a
-thread pool (the thread waits on the pipes without the GIL), so results come back as
-futures, in the order the parent asks for them. A worker ignores SIGINT and SIGTERM (the
+pickle (both ends are this code). The parent writes each job to the worker with the least
+work queued, ahead of the results (a worker never waits for the parent to take one), and
+one thread per worker reads its results in order into futures (it waits on the pipe
+without the GIL). A worker ignores SIGINT and SIGTERM (the
 parent decides when a run stops: `--watch` finishes the pass in progress) and exits when
 its stdin closes: when the parent closes it, or dies, even by SIGKILL (at most the job
 in progress is finished first; its result then has no reader and is dropped). Nothing a
@@ -25,7 +26,8 @@ import struct
 import subprocess
 import sys
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import Future
 
 LENGTH = struct.Struct(">Q")
 
@@ -49,58 +51,88 @@ def _receive(stream):
     return pickle.loads(body)
 
 
+def worker_command() -> list[str]:
+    return [sys.executable, "-m", "agentcas.harnesses.packing_workers"]
+
+
+class _Worker:
+    """One worker process, the futures of the jobs sent to it (in order), and its reader thread."""
+
+    def __init__(self, pool: "PackingWorkers"):
+        self.proc = subprocess.Popen(worker_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     close_fds=True)
+        self.waiting: deque = deque()   # (future, job size) of the jobs sent, oldest first
+        self.queued = 0                 # bytes of those jobs
+        self.reader = threading.Thread(target=self._read_results, args=(pool,), daemon=True,
+                                       name=f"ingest-worker-{self.proc.pid}")
+        self.reader.start()
+
+    def _read_results(self, pool: "PackingWorkers") -> None:
+        while True:
+            try:
+                result = _receive(self.proc.stdout)
+            except (OSError, EOFError, pickle.UnpicklingError):
+                if not pool.closing or self.waiting:
+                    pool.failed = True
+                break
+            with pool.lock:
+                future, size = self.waiting.popleft()
+                self.queued -= size
+            future.set_result(result)
+        with pool.lock:   # the worker is gone: its jobs are read by the caller (a None result)
+            waiting, self.waiting = list(self.waiting), deque()
+        for future, _ in waiting:
+            future.set_result(None)
+
+
 class PackingWorkers:
-    """Up to `count` worker processes, started as jobs arrive; `close()` ends them."""
+    """Up to `count` worker processes (started as jobs arrive), each sent jobs ahead of its
+    results so that it never waits for the parent; `close()` ends them."""
 
     def __init__(self, count: int):
-        self._threads = ThreadPoolExecutor(count, thread_name_prefix="ingest-worker")
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._procs: list[subprocess.Popen] = []
+        self.count = count
+        self.lock = threading.Lock()
         self.failed = False
+        self.closing = False
+        self._workers: list[_Worker] = []
 
     def submit(self, job) -> Future:
-        """The future NewLines of `job`, or of None if its worker died (`failed` is then
-        set: the caller reads that file, and the next ones, itself)."""
-        return self._threads.submit(self._run, job)
-
-    def _worker(self) -> subprocess.Popen:
-        proc = getattr(self._local, "proc", None)
-        if proc is None:
-            proc = subprocess.Popen([sys.executable, "-m", "agentcas.harnesses.packing_workers"],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
-            with self._lock:
-                self._procs.append(proc)
-            self._local.proc = proc
-        return proc
-
-    def _run(self, job):
-        if self.failed:
-            return None
-        proc = self._worker()
+        """The future NewLines of `job`, or of None if its worker died (`failed` is then set:
+        the caller reads that file, and the next ones, itself)."""
+        future: Future = Future()
+        with self.lock:
+            idle = [w for w in self._workers if not w.waiting]
+            if not idle and len(self._workers) < self.count and not self.failed:
+                self._workers.append(_Worker(self))
+            if self.failed or not self._workers:
+                future.set_result(None)
+                return future
+            worker = min(self._workers, key=lambda w: w.queued)   # the least work queued
+            worker.waiting.append((future, job.size))
+            worker.queued += job.size
         try:
-            _send(proc.stdin, job)
-            return _receive(proc.stdout)
-        except (OSError, EOFError, pickle.UnpicklingError):
-            self.failed = True
-            return None
+            _send(worker.proc.stdin, job)
+        except OSError:
+            self.failed = True   # its reader sees the end of the pipe and answers None
+        return future
 
     def close(self) -> None:
         """Wait for the jobs given, then end the workers (each exits when its stdin closes)."""
-        self._threads.shutdown(wait=True)
-        for proc in self._procs:
+        self.closing = True
+        for worker in self._workers:
             try:
-                proc.stdin.close()
+                worker.proc.stdin.close()
             except OSError:
                 pass
-        for proc in self._procs:
+        for worker in self._workers:
+            worker.reader.join()
             try:
-                proc.wait(timeout=30)
+                worker.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            proc.stdout.close()
-        self._procs.clear()
+                worker.proc.kill()
+                worker.proc.wait()
+            worker.proc.stdout.close()
+        self._workers.clear()
 
 
 def serve(jobs, results) -> None:
