@@ -35,7 +35,7 @@ from agentcas.cas import crashpoints
 from agentcas.cas.sealed import seal, unseal
 from agentcas.errors import AgentcasError, ConflictError, IntegrityError, NotFound, UsageError
 from agentcas.harnesses import discovery
-from agentcas.harnesses.records import CLAUDE, CODEX, FORMATS, iter_lines, line_kind, parse_line, preview
+from agentcas.harnesses.records import CLAUDE, CODEX, FORMATS, iter_lines, parse_line, preview
 from agentcas.harnesses.turns import ClaudeTurns, turn_tracker
 from agentcas.refs.names import check_thread_name
 from agentcas.refs.threads import ForkOrigin
@@ -460,6 +460,7 @@ class Ingest:
                 break
         if start > 0 and isinstance(tracker, ClaudeTurns):
             tracker.count = 1   # the thread's first prompt is behind the open turn
+        from agentcas.harnesses.line_kinds import line_kind
         for _, raw in iter_lines(b"".join(data)):
             is_object, kind, payload_kind = line_kind(raw)
             if is_object and tracker.wants(kind, payload_kind):

@@ -6,7 +6,7 @@ turn). `read_new_lines` then:
 
 1. reads the file from the stored offset to its last newline (a partial last line waits);
 2. classifies every line in one pass over a memoryview (no copy per line): whether it is
-   a JSON object, its `type` and `payload.type` (records.line_kind); only a line whose
+   a JSON object, its `type` and `payload.type` (line_kinds.line_kind); only a line whose
    types the tracker `wants` is parsed whole and fed to it, which places a mark after
    each turn boundary;
 3. packs the lines as the rollout layer stores them (rollout.pack_raw_lines: record
@@ -23,7 +23,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from agentcas.harnesses.records import line_kind, parse_line
+from agentcas.harnesses.line_kinds import line_kind
+from agentcas.harnesses.records import parse_line
 from agentcas.lineage.rollout import PackedLines, pack_raw_lines
 
 

@@ -4,21 +4,13 @@ Both harnesses skip lines they cannot parse (Codex `get_rollout_history`, the Cl
 SDK's `_parse_transcript_entries`), so a line that is blank, not UTF-8, not JSON or not
 a JSON object becomes None here and replay skips it. Nothing read is ever executed.
 
-Ingest reads every line but needs only this from most of them: whether the line is a
-JSON object, its `type` and its `payload.type` (Codex). `line_kind` answers without
-building the record: msgspec validates the whole line while decoding only those (the
-other values are skipped, not built: ~6x faster than orjson on Codex logs), and a line that is not ASCII
-is checked to be UTF-8 (msgspec does not check the bytes of the strings it skips). Any
-line msgspec refuses gets `parse_line`'s own answer, so the two never disagree: msgspec
-refuses some lines that `parse_line` accepts (a lone surrogate escape, an exponent out of
-range, nesting deeper than its limit), never the other way round (tests/test_records.py).
+Ingest classifies lines without building them: line_kinds.py.
 """
 
 from __future__ import annotations
 
 import json
 
-import msgspec
 import orjson
 
 CODEX = "codex"
@@ -55,51 +47,6 @@ def parse_line(raw: bytes, fast: bool = False) -> dict | None:
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
-
-
-class _Payload(msgspec.Struct):
-    type: object = None
-
-
-class _Head(msgspec.Struct):
-    """The fields of a record ingest reads from every line (others are skipped, not built)."""
-
-    type: object = None
-    payload: "_Payload | None" = None   # any other JSON value: decoded by parse_line instead
-
-
-_HEAD = msgspec.json.Decoder(_Head)
-
-
-def line_kind(raw, ascii: bool = False) -> tuple[bool, str | None, str | None]:
-    """(whether `raw` is a JSON object line, its `type`, its `payload.type`); a type is None
-    unless it is a string (and `payload.type` unless `payload` is an object).
-
-    Exactly what `parse_line(raw, fast=True)` says, without building the record. `raw` is
-    bytes or a memoryview of bytes; `ascii`: the caller knows they are ASCII (one
-    `isascii` of a whole file beats one per line).
-    """
-    try:
-        head = _HEAD.decode(raw)
-    except (msgspec.DecodeError, RecursionError):   # ValidationError too: a payload that is not an object
-        record = parse_line(bytes(raw), fast=True)
-        if record is None:
-            return False, None, None
-        kind, payload = record.get("type"), record.get("payload")
-        inner = payload.get("type") if isinstance(payload, dict) else None
-    else:
-        if not ascii and not _is_utf8(raw):
-            return False, None, None
-        kind, inner = head.type, None if head.payload is None else head.payload.type
-    return True, kind if isinstance(kind, str) else None, inner if isinstance(inner, str) else None
-
-
-def _is_utf8(raw) -> bool:
-    try:
-        str(raw, "utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 def iter_lines(data: bytes, first_line: int = 1):

@@ -5,7 +5,7 @@ event_msg; its reason names the turn id and the first words of the turn's prompt
 `user_message`). Claude Code: each new real user prompt closes the turn before it (the
 session's first prompt closes nothing). A tracker is fed the records of a log in order
 and says, for each, whether a checkpoint goes after it. Ingest feeds it only the records
-whose `type` and `payload.type` it `wants` (records.line_kind reads those of every line
+whose `type` and `payload.type` it `wants` (line_kinds.line_kind reads those of every line
 without parsing the rest): no other record can close a turn or name a prompt.
 """
 

@@ -1,4 +1,4 @@
-"""records.line_kind, ingest's fast line classifier, against parse_line (agentcas/harnesses/records.py).
+"""line_kinds.line_kind, ingest's fast line classifier, against parse_line (agentcas/harnesses/records.py).
 
 line_kind must say exactly what parse_line(raw, fast=True) says: whether a line is a JSON
 object (else ingest reports it as damaged) and its `type` (what finds turn boundaries).
@@ -13,7 +13,8 @@ import json
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from agentcas.harnesses.records import line_kind, parse_line
+from agentcas.harnesses.line_kinds import line_kind
+from agentcas.harnesses.records import parse_line
 
 
 def expected(raw: bytes) -> tuple[bool, str | None, str | None]:
