@@ -268,6 +268,11 @@ class Ingest:
                     self._take(reading.popleft(), threads, forks, state)
             while reading:
                 self._take(reading.popleft(), threads, forks, state)
+        except BaseException:
+            if self._workers is not None:
+                self._workers.close(abandon=True)
+                self._workers = None
+            raise
         finally:
             if self._workers is not None:
                 self._workers.close()

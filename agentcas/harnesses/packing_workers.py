@@ -116,9 +116,13 @@ class PackingWorkers:
             self.failed = True   # its reader sees the end of the pipe and answers None
         return future
 
-    def close(self) -> None:
-        """Wait for the jobs given, then end the workers (each exits when its stdin closes)."""
+    def close(self, abandon: bool = False) -> None:
+        """Wait for the jobs given, then end the workers (each exits when its stdin closes);
+        `abandon`: kill them instead (the run failed: their results have no reader)."""
         self.closing = True
+        if abandon:
+            for worker in self._workers:
+                worker.proc.kill()
         for worker in self._workers:
             try:
                 worker.proc.stdin.close()
