@@ -871,7 +871,8 @@ class Store:
         who, created_at, runtime = author or default_author(), utc_now(), runtime_description()
         with self._lease("ingest") as lease:
             writer = BatchWriter(self.source, lease=lease)
-            prepared = prepare_raw([item.data for item in appends], writer, INGEST_ZSTD_LEVEL)
+            prepared = prepare_raw([item.data if item.packed is None else item.packed for item in appends],
+                                   writer, INGEST_ZSTD_LEVEL)
             return append_many_with_marks(
                 self.stores, lease, [(item.thread, segments, item.marks, item.based_on, item.forked_from)
                                      for item, segments in zip(appends, prepared)], who, created_at, runtime)
@@ -1105,6 +1106,9 @@ class SessionAppend:
     marks: tuple[tuple[int, str], ...] = ()
     based_on: HistoryPosition | None = None
     forked_from: ForkOrigin | None = None
+    # `data` prepared ahead (rollout.pack_raw_lines at INGEST_ZSTD_LEVEL, chained from
+    # `based_on`'s digest at these marks), e.g. in an ingest worker; `data` may then be empty.
+    packed: "rollout.PackedLines | None" = None
 
 
 def _is_name(text: str) -> bool:

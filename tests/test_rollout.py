@@ -400,3 +400,32 @@ def test_a_store_keeps_decoded_segments_across_reads_within_a_byte_bound(tmp_pat
     store._segments = rollout.SegmentCache()
     assert b"".join(store.rollout_read("t")) == expected
     assert len(decoded) == 6 and store._segments.bytes <= 8_000 and 0 < len(store._segments.segments) < 6
+
+
+# --- prefix chain computed ahead (harness ingest's workers) ---------------------------------
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_segments_chained_ahead_link_exactly_like_segments_chained_when_linked(tmp_path, existing):
+    store, _ = Store.init(str(tmp_path / "store"))
+    base = EMPTY_POSITION
+    if existing:
+        store.rollout_append("t", b'{"n": 0}\n{"n": 1}\n')
+        base = store.thread("t").history
+    lines = [b'{"n": %d, "pad": "%s"}\n' % (n, b"x" * (n * 37 % 9000)) for n in range(700)]
+    data = b"".join(lines)
+    plain = rollout.prepare(data, lambda digest, framed: None, raw_lines=True, level=3)
+    sizes = [len(plain_segment.record_hashes) for plain_segment in plain]
+    assert len(plain) >= 3
+    ends = [sum(sizes[:i + 1]) for i in range(len(sizes))]
+    marks = sorted({1, 5, ends[0], ends[0] + 1, ends[1] - 1, 400, len(lines) - 1, len(lines)})
+    packed = rollout.pack_raw_lines(data, 3, base.digest.raw, marks[:-1])
+    assert all(not s.record_hashes for s in packed.segments)   # only chain values travel
+    store.stores.objects.put_many({digest.raw: framed for digest, framed in packed.objects})
+    assert rollout.link_segments_at(store.source, base, packed.segments, marks) == \
+        rollout.link_segments_at(store.source, base, plain, marks)
+    other = rollout.pack_raw_lines(data, 3, bytes(32) if existing else b"\x01" * 32, marks[:-1])
+    with pytest.raises(UsageError, match="does not continue"):
+        rollout.link_segments_at(store.source, base, other.segments, marks)
+    with pytest.raises(UsageError, match="not chained ahead"):
+        rollout.link_segments_at(store.source, base, packed.segments, [2])
+    store.objects.close()

@@ -98,6 +98,17 @@ def chain_raw(previous: bytes, record_hash: bytes) -> bytes:
     return hasher.digest()
 
 
+def chain_values(previous: bytes, record_hashes) -> list[bytes]:
+    """The raw chain value after each of `record_hashes`, starting from `previous`."""
+    copy, values = _PREFIX_HASHER.copy, []
+    for record_hash in record_hashes:
+        hasher = copy()
+        hasher.update(previous + record_hash)
+        previous = hasher.digest()
+        values.append(previous)
+    return values
+
+
 class DigestMismatch(IntegrityError):
     """Stored bytes do not hash to the id they are stored under."""
 

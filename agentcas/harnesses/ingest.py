@@ -26,15 +26,17 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import deque
+from dataclasses import dataclass, field
 
 import blake3
-from dataclasses import dataclass, field
 
 from agentcas.cas import crashpoints
 from agentcas.cas.sealed import seal, unseal
 from agentcas.errors import AgentcasError, ConflictError, IntegrityError, NotFound, UsageError
 from agentcas.harnesses import discovery
 from agentcas.harnesses.records import CLAUDE, CODEX, FORMATS, iter_lines, parse_line, preview
+from agentcas.harnesses.turns import ClaudeTurns, turn_tracker
 from agentcas.refs.names import check_thread_name
 from agentcas.refs.threads import ForkOrigin
 
@@ -42,7 +44,10 @@ STATE_KEY = b"\x01ingest\0"      # statcache rows of ingest (the snapshot's star
 BATCH_BYTES = 64 * 1024 * 1024
 BATCH_FILES = 512
 CONTEXT_BYTES = 4 * 1024 * 1024     # re-read of an open turn, for its prompt in the reason
-REASON_WORDS = 80
+WORKER_BYTES = 32 * 1024 * 1024     # a run reading at least this much (in 2+ files) uses worker processes
+WORKERS = 2
+READ_AHEAD_BYTES = 2 * BATCH_BYTES  # files read (by workers) ahead of the one being taken
+READ_AHEAD_FILES = 64
 
 
 class SessionRefused(AgentcasError):
@@ -68,91 +73,6 @@ class FileReport:
         return {"path": self.path, "thread": self.thread, "status": self.status, "appended": self.appended,
                 "first_seq": self.first_seq, "seq": self.seq, "checkpoints": self.checkpoints,
                 "skipped_lines": self.skipped_lines, "partial_bytes": self.partial_bytes, "error": self.error}
-
-
-# --- turn boundaries --------------------------------------------------------------------------
-
-class CodexTurns:
-    """Turn boundaries of a Codex rollout: `task_complete` / `turn_aborted` records."""
-
-    KEYS = (b"task_started", b"turn_started", b"user_message", b"task_complete", b"turn_complete",
-            b"turn_aborted")
-
-    def __init__(self):
-        self.turn = None
-        self.prompts: dict = {}
-
-    def feed(self, raw: bytes, record: dict | None) -> str | None:
-        """The reason of a checkpoint after this record, if it closes a turn."""
-        if record is None or record.get("type") != "event_msg" or not isinstance(record.get("payload"), dict):
-            return None
-        event = record["payload"]
-        kind = event.get("type")
-        turn_id = event.get("turn_id") if isinstance(event.get("turn_id"), str) else None
-        if kind in ("task_started", "turn_started"):
-            self.turn = turn_id
-        elif kind == "user_message" and isinstance(event.get("message"), str):
-            self.prompts.setdefault(self.turn, event["message"])
-        elif kind in ("task_complete", "turn_complete", "turn_aborted"):
-            prompt = self.prompts.pop(turn_id, None) or self.prompts.pop(self.turn, None)
-            what = "aborted" if kind == "turn_aborted" else "complete"
-            name = preview(turn_id or "?", 80)
-            return f"codex turn {name} {what}" + (f": {preview(prompt, REASON_WORDS)}" if prompt else "")
-        return None
-
-    @staticmethod
-    def interesting(raw: bytes) -> bool:
-        return b"event_msg" in raw and any(key in raw for key in CodexTurns.KEYS)
-
-
-class ClaudeTurns:
-    """Turn boundaries of a Claude transcript: each new real user prompt closes the turn before it."""
-
-    def __init__(self):
-        self.prompt = None   # the prompt of the open turn
-        self.count = 0
-
-    def feed(self, raw: bytes, record: dict | None) -> str | None:
-        text = real_prompt(record)
-        if text is None:
-            return None
-        closed, self.prompt = self.prompt, text
-        self.count += 1
-        if self.count == 1 and closed is None:
-            return None   # the first prompt closes nothing
-        return ("claude turn closed by a new prompt" + (f": {preview(closed, REASON_WORDS)}" if closed else ""))
-
-    @staticmethod
-    def interesting(raw: bytes) -> bool:
-        return b'"user"' in raw
-
-
-def real_prompt(record) -> str | None:
-    """The text of a real Claude user prompt (not meta, sidechain, tool result, summary), else None."""
-    if record is None or record.get("type") != "user" or not isinstance(record.get("uuid"), str):
-        return None
-    if record.get("isMeta") or record.get("isSidechain") or record.get("isCompactSummary") \
-            or record.get("isVisibleInTranscriptOnly") or record.get("teamName"):
-        return None
-    message = record.get("message") if isinstance(record.get("message"), dict) else {}
-    content = message.get("content")
-    if isinstance(content, str):
-        text = content
-    elif isinstance(content, list):
-        if any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content):
-            return None
-        text = " ".join(b.get("text", "") for b in content
-                        if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str))
-    else:
-        return None
-    stripped = text.lstrip()
-    if not stripped or stripped.startswith(("<local-command-stdout>", "<local-command-caveat>")):
-        return None
-    return text
-
-
-def turn_tracker(harness: str):
-    return CodexTurns() if harness == CODEX else ClaudeTurns()
 
 
 # --- the state file ---------------------------------------------------------------------------
@@ -232,6 +152,33 @@ class _Pending:
     st: os.stat_result
     append: object           # SessionAppend
     turn_seq: int
+    size: int                # bytes of new lines
+
+
+@dataclass
+class _Planned:
+    """A file whose stored prefix was checked: what is left is reading its new lines (the job)."""
+
+    report: FileReport
+    key: str
+    st: os.stat_result
+    thread: str
+    row: dict | None         # the thread's row as listed at the start of the run
+    parent: str | None       # the thread it links to in `lineage` (a fork's parent, a subagent's session)
+    job: object              # new_lines.NewLinesJob
+
+
+class _Ready:
+    """A result read in-process, with the two methods of the future a worker's would be."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def done(self) -> bool:
+        return True
+
+    def result(self):
+        return self.value
 
 
 class Ingest:
@@ -248,6 +195,7 @@ class Ingest:
             check_thread_name(thread)
         self.state = IngestState(store.stores.local)
         self._inflight = None   # (executor, future) of the batch landing in the background
+        self._workers = None    # packing_workers.PackingWorkers of a large run
 
     def run(self) -> list[FileReport]:
         """One pass over the paths: every file's report (refused ones carry their error)."""
@@ -257,10 +205,8 @@ class Ingest:
         reports = [FileReport(path, status="refused", error=f"no such file or directory: {path}")
                    for path in missing]
         self.state.load([os.path.abspath(session.path) for session in files])
-        pending: list[_Pending] = []
-        forks: list[_Pending] = []
-        pending_bytes = 0
-        threads = names = None
+        changed = []
+        names = None
         for session in files:
             report = FileReport(session.path)
             reports.append(report)
@@ -278,31 +224,61 @@ class Ingest:
                     report.thread, report.seq, report.first_seq = entry["thread"], entry["seq"], entry["seq"]
                     continue
                 # its thread was deleted: the state is only a cache, the file is ingested again
-            if threads is None:
-                threads = {row["thread"]: row for row in self.store.threads()}
-            try:
-                item = self._prepare(session, st, key, report, threads)
-            except (SessionRefused, IntegrityError, NotFound, UsageError) as exc:
-                report.status, report.error = "refused", str(exc)
-                continue
-            except OSError as exc:
-                report.status, report.error = "refused", f"cannot read {session.path}: {exc.strerror}"
-                continue
-            if item is None:
-                continue
-            if self.harness == CODEX and item.append.forked_from is not None \
-                    and item.append.forked_from.thread not in threads:
-                forks.append(item)   # its parent may land in this run: link it after, measuring the copy
-                continue
-            pending.append(item)
-            pending_bytes += len(item.append.data)
-            if pending_bytes >= BATCH_BYTES or len(pending) >= BATCH_FILES:
-                # Land as we go, in the background: the next files are read and classified
-                # (Python) while this batch is compressed and written (zstd, BLAKE3, LMDB).
-                self._land_in_background(pending)
-                pending, pending_bytes = [], 0
+            changed.append((session, report, st, key))
+        if changed:
+            self._ingest(changed)
+        self.state.save()
+        return reports
+
+    def _ingest(self, changed: list) -> None:
+        """Plan, read and land the changed files, in order, in batches of BATCH_BYTES/BATCH_FILES.
+
+        A file is planned here (its thread, the stored prefix checked against it); its new
+        lines are read, classified and packed (new_lines.py) in this process, or, when the
+        run has WORKER_BYTES or more to read, in worker processes (packing_workers.py) while
+        the next files are planned; results are taken in file order and batches land in the
+        background while the next files are read.
+        """
+        threads = {row["thread"]: row for row in self.store.threads()}
+        guess = sum(max(0, st.st_size - self.state.entries.get(key, {}).get("bytes", 0))
+                    for _, _, st, key in changed)
+        if len(changed) > 1 and guess >= WORKER_BYTES:
+            from agentcas.harnesses.packing_workers import PackingWorkers
+            self._workers = PackingWorkers(WORKERS)
+        pending: list[_Pending] = []
+        forks: list[_Pending] = []
+        reading: deque = deque()   # (planned, future) in file order
+        state = {"pending": pending, "bytes": 0, "ahead": 0}
+        try:
+            for session, report, st, key in changed:
+                try:
+                    planned = self._plan(session, st, key, report, threads)
+                except (SessionRefused, IntegrityError, NotFound, UsageError) as exc:
+                    report.status, report.error = "refused", str(exc)
+                    continue
+                except OSError as exc:
+                    report.status, report.error = "refused", f"cannot read {session.path}: {exc.strerror}"
+                    continue
+                if planned is None:
+                    continue
+                reading.append((planned, self._read(planned.job)))
+                state["ahead"] += planned.job.size
+                while reading and (state["ahead"] > READ_AHEAD_BYTES or len(reading) > READ_AHEAD_FILES
+                                   or reading[0][1].done()):
+                    self._take(reading.popleft(), threads, forks, state)
+            while reading:
+                self._take(reading.popleft(), threads, forks, state)
+        except BaseException:
+            if self._workers is not None:
+                self._workers.close(abandon=True)
+                self._workers = None
+            raise
+        finally:
+            if self._workers is not None:
+                self._workers.close()
+                self._workers = None
         self._land_in_background(None)
-        self._land(pending)
+        self._land(state["pending"])
         if forks:
             from dataclasses import replace
             for item in forks:
@@ -310,13 +286,47 @@ class Ingest:
                 item.append = replace(item.append, forked_from=ForkOrigin(parent, None,
                                                                           self._copied(parent, item.append.data)))
             self._land(forks)
-        self.state.save()
-        return reports
+
+    def _read(self, job):
+        """The NewLines of `job` to come (a future's `done`/`result`): from a worker, or read now."""
+        if self._workers is not None and not self._workers.failed:
+            return self._workers.submit(job)
+        from agentcas.harnesses.new_lines import read_new_lines
+        return _Ready(read_new_lines(job))
+
+    def _take(self, reading, threads: dict, forks: list, state: dict) -> None:
+        """Turn one file's NewLines into a pending append; land a full batch in the background."""
+        planned, future = reading
+        state["ahead"] -= planned.job.size
+        lines = future.result()
+        if lines is None:   # its worker died: read it here (and the next files too: _read)
+            from agentcas.harnesses.new_lines import read_new_lines
+            lines = read_new_lines(planned.job)
+        report = planned.report
+        if lines.error is not None:
+            report.status, report.error = "refused", lines.error
+            return
+        item = self._finish(planned, lines, threads)
+        if item is None:
+            return
+        if self.harness == CODEX and item.append.forked_from is not None \
+                and item.append.forked_from.thread not in threads:
+            forks.append(item)   # its parent may land in this run: link it after, measuring the copy
+            return
+        state["pending"].append(item)
+        state["bytes"] += lines.size
+        if state["bytes"] >= BATCH_BYTES or len(state["pending"]) >= BATCH_FILES:
+            # Land as we go, in the background: the next files are read and classified
+            # while this batch is written (LMDB).
+            self._land_in_background(state["pending"])
+            state["pending"], state["bytes"] = [], 0
 
     # -- per file ----------------------------------------------------------------------------
-    def _prepare(self, session, st, key, report: FileReport, threads: dict) -> _Pending | None:
-        from agentcas.cas.objects import HistoryPosition
-        from agentcas.repository import SessionAppend
+    def _plan(self, session, st, key, report: FileReport, threads: dict) -> _Planned | None:
+        """The file's thread, its stored prefix checked against the file, and the job that reads the rest."""
+        from agentcas.cas.objects import EMPTY_POSITION, HistoryPosition
+        from agentcas.harnesses.new_lines import NewLinesJob
+        from agentcas.repository import INGEST_ZSTD_LEVEL
         with open(session.path, "rb") as handle:
             identity = self._identity(session)
             if identity is None:
@@ -345,45 +355,41 @@ class Ingest:
                     self._check_prefix(session.path, handle, thread, based_on)
                 else:
                     self._check_whole_prefix(session.path, handle, thread, based_on)
-            handle.seek(stored)
-            tail = handle.read()
-        cut = tail.rfind(b"\n") + 1
-        new, report.partial_bytes = tail[:cut], len(tail) - cut
         report.first_seq = report.seq = seq
         entry = self.state.entries.get(key, {})
         turn_seq = entry.get("turn_seq", 0) if entry.get("thread") == thread else None
         tracker, turn_seq = self._context(thread, row, turn_seq)
-        marks, skipped, line = [], [], seq + 1
-        count = 0
-        for line, raw in iter_lines(new, seq + 1):
-            count += 1
-            record = parse_line(raw, fast=True)
-            if record is None:
-                skipped.append(line)
-            reason = tracker.feed(raw, record) if record is not None else None
-            if reason:
-                marks.append((count, reason))
-                turn_seq = seq + count - (1 if self.harness == CLAUDE else 0)
-        report.skipped_lines = skipped
+        fork = self.harness == CODEX and row is None and identity.parent is not None and identity.parent != thread
+        job = NewLinesJob(session.path, st.st_ino, stored, seq, (based_on or EMPTY_POSITION).digest.raw, tracker,
+                          turn_seq or 0, self.harness == CLAUDE, INGEST_ZSTD_LEVEL, st.st_size - stored,
+                          keep_data=fork)
+        return _Planned(report, key, st, thread, row, identity.parent, job)
+
+    def _finish(self, planned: _Planned, lines, threads: dict) -> _Pending | None:
+        """The append of a file's new lines (None if there is nothing to land), with its end mark."""
+        from agentcas.cas.objects import HistoryPosition
+        from agentcas.repository import SessionAppend
+        report, row, thread, seq = planned.report, planned.row, planned.thread, planned.job.seq
+        report.partial_bytes, report.skipped_lines = lines.partial_bytes, lines.skipped
+        marks, count, name = list(lines.marks), lines.count, preview(os.path.basename(report.path), 160)
         if count and (not marks or marks[-1][0] != count):
-            name = preview(os.path.basename(session.path), 160)
             marks.append((count, f"ingest of {name}: {seq + count} lines read"))
         elif not count and row is not None and seq and (row["checkpoint"] is None
                                                         or self._checkpoint_seq(row) != seq):
-            name = preview(os.path.basename(session.path), 160)
             marks.append((0, f"ingest of {name}: {seq} lines read"))
         if not count and not marks:
             report.status = "waiting" if report.partial_bytes else "unchanged"
             if row is not None:
-                self.state.record(key, st, thread, row["history"], turn_seq or 0)
+                self.state.record(planned.key, planned.st, thread, row["history"], lines.turn_seq)
             return None
         origin = None
-        if row is None and identity.parent is not None and identity.parent != thread:
-            copied = self._copied(identity.parent, new) \
-                if self.harness == CODEX and identity.parent in threads else 0
-            origin = ForkOrigin(identity.parent, None, copied)
-        append = SessionAppend(thread, new, tuple(marks), based_on, origin)
-        return _Pending(report, key, st, append, turn_seq or 0)
+        if row is None and planned.parent is not None and planned.parent != thread:
+            copied = self._copied(planned.parent, lines.data) \
+                if self.harness == CODEX and planned.parent in threads else 0
+            origin = ForkOrigin(planned.parent, None, copied)
+        based_on = None if row is None else HistoryPosition.from_doc(row["history"])
+        append = SessionAppend(thread, lines.data, tuple(marks), based_on, origin, lines.packed)
+        return _Pending(report, planned.key, planned.st, append, lines.turn_seq, lines.size)
 
     def _identity(self, session):
         """The file's thread and parent link; `--thread NAME` renames the thread, keeps the link."""
@@ -459,9 +465,11 @@ class Ingest:
                 break
         if start > 0 and isinstance(tracker, ClaudeTurns):
             tracker.count = 1   # the thread's first prompt is behind the open turn
+        from agentcas.harnesses.line_kinds import line_kind
         for _, raw in iter_lines(b"".join(data)):
-            if tracker.interesting(raw):
-                tracker.feed(raw, parse_line(raw))
+            is_object, kind, payload_kind = line_kind(raw)
+            if is_object and tracker.wants(kind, payload_kind):
+                tracker.feed(raw, parse_line(raw, fast=True))
         return tracker, start
 
     def _copied(self, parent: str, new: bytes) -> int:
@@ -499,7 +507,7 @@ class Ingest:
         batch, size = [], 0
         for item in pending:
             batch.append(item)
-            size += len(item.append.data)
+            size += item.size
             if size >= BATCH_BYTES or len(batch) >= BATCH_FILES:
                 self._land_batch(batch)
                 batch, size = [], 0

@@ -3,6 +3,8 @@
 Both harnesses skip lines they cannot parse (Codex `get_rollout_history`, the Claude
 SDK's `_parse_transcript_entries`), so a line that is blank, not UTF-8, not JSON or not
 a JSON object becomes None here and replay skips it. Nothing read is ever executed.
+
+Ingest classifies lines without building them: line_kinds.py.
 """
 
 from __future__ import annotations

@@ -30,8 +30,11 @@ from agentcas.refs.threads import ForkOrigin, ThreadState
 EMPTY_TREE = Tree.of([])
 
 
-def prepare_raw(datas: list[bytes], writer: BatchWriter, level: int) -> list[list]:
-    """Prepared segments of each data's complete lines (stored raw), chunks into `writer`."""
+def prepare_raw(datas: list, writer: BatchWriter, level: int) -> list[list]:
+    """Prepared segments of each data's complete lines (stored raw), chunks into `writer`.
+
+    An item of `datas` is bytes, or a rollout.PackedLines prepared ahead (its objects are
+    only written here)."""
     lock = threading.Lock()
 
     def add(digest, framed):
@@ -41,10 +44,19 @@ def prepare_raw(datas: list[bytes], writer: BatchWriter, level: int) -> list[lis
     def prepare(data):
         return rollout.prepare(data, add, raw_lines=True, level=level) if data else []
 
+    raw = [data for data in datas if not isinstance(data, rollout.PackedLines)]
     # zstd and BLAKE3 release the GIL: many small session files pack on two threads.
     from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(2 if len(datas) > 1 else 1) as pool:
-        prepared = list(pool.map(prepare, datas))
+    with ThreadPoolExecutor(2 if len(raw) > 1 else 1) as pool:
+        done = iter(list(pool.map(prepare, raw)))
+    prepared = []
+    for data in datas:
+        if isinstance(data, rollout.PackedLines):
+            for digest, framed in data.objects:
+                writer.add(digest, framed)
+            prepared.append(data.segments)
+        else:
+            prepared.append(next(done))
     writer.flush()
     return prepared
 

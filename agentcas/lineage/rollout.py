@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import blake3
 
 from agentcas.cas import framing
-from agentcas.cas.digest import Digest, chain_prefix, chain_raw, hash_blob, hash_object
+from agentcas.cas.digest import Digest, chain_prefix, chain_raw, chain_values, hash_blob, hash_object
 from agentcas.cas.objects import EMPTY_POSITION, ChunkRef, HistoryPosition, Segment
 from agentcas.cas.source import ObjectSource, load_object, verify_object
 from agentcas.errors import AgentcasError, IntegrityError, UsageError
@@ -107,13 +107,49 @@ def normalise(data: bytes) -> bytes:
 
 @dataclass
 class PreparedSegment:
-    """Chunks and record hashes of one future segment; its chain values come later."""
+    """Chunks and record hashes of one future segment; its chain values come later
+    (when it is linked), or were computed ahead from a known base (`chained`)."""
 
     chunks: tuple[ChunkRef, ...]
     length: int
     record_hashes: list[bytes]
     record_sizes: list[int] = field(default_factory=list)
     inline: bytes = b""
+    chained: "ChainedRecords | None" = None
+
+    @property
+    def count(self) -> int:
+        return len(self.record_hashes) if self.chained is None else self.chained.count
+
+
+@dataclass(frozen=True)
+class ChainedRecords:
+    """A segment's prefix-chain values, computed ahead from `base` (the chain value before its
+    first record) where the history it continues is known: harness ingest computes them in
+    a worker process, so the final transaction only reads them. `at` maps a record count
+    into the segment to (bytes into it, chain value) for each mark that falls inside."""
+
+    base: bytes
+    count: int
+    end: bytes
+    at: dict
+
+
+def chain_ahead(prepared: list[PreparedSegment], base: bytes, marks) -> list[PreparedSegment]:
+    """`prepared` with their chain values computed from `base` (the digest the history they
+    will continue ends in) at each of `marks` (counts of records, ascending) and at each
+    segment's end; the record hashes are dropped (linking needs only these values)."""
+    marks = [m for m in marks if m > 0]
+    out, done, chain = [], 0, base
+    for item in prepared:
+        values, count, at = chain_values(chain, item.record_hashes), len(item.record_hashes), {}
+        while marks and marks[0] <= done + count:
+            number = marks.pop(0) - done
+            at[number] = (sum(item.record_sizes[:number]), values[number - 1])
+        out.append(PreparedSegment(item.chunks, item.length, [], [], item.inline,
+                                   ChainedRecords(chain, count, values[-1] if values else chain, at)))
+        chain, done = out[-1].chained.end, done + count
+    return out
 
 
 def prepare(data: bytes, add_object, first_line: int = 1, raw_lines: bool = False,
@@ -164,6 +200,26 @@ def prepare(data: bytes, add_object, first_line: int = 1, raw_lines: bool = Fals
                 add_object(digest, framed)
             prepared.append(segment)
     return prepared
+
+
+@dataclass
+class PackedLines:
+    """Raw lines prepared without a store (an ingest worker's part): their segments, and the
+    framed chunk objects (digest, stored value) the segments need."""
+
+    segments: list[PreparedSegment]
+    objects: list[tuple[Digest, bytes]]
+
+
+def pack_raw_lines(data: bytes, level: int, chain_from: bytes | None = None, marks=()) -> PackedLines:
+    """`prepare` of `data`'s newline-terminated lines stored raw, collecting the chunk objects;
+    with `chain_from` (the digest of the history they will continue), `chain_ahead` too."""
+    objects: list = []
+    segments = prepare(data, lambda digest, framed: objects.append((digest, framed)), raw_lines=True,
+                       level=level) if data else []
+    if chain_from is not None:
+        segments = chain_ahead(segments, chain_from, marks)
+    return PackedLines(segments, objects)
 
 
 STAMP_SPLIT_BYTES = 32 * 1024
@@ -529,15 +585,28 @@ def link_segments_at(objects: ObjectSource, head: HistoryPosition, prepared: lis
         if index >= 2:
             skip = _ancestor_at_index(segment_of, head.segment, skip_index(index))
         chain, seq, inside = head.digest.raw, head.seq, []
-        for number, record_hash in enumerate(item.record_hashes):
-            chain = chain_raw(chain, record_hash)
-            if marks and marks[0] == seq + number + 1 - start_seq:
-                offset = head.offset + sum(item.record_sizes[:number + 1])
-                while marks and marks[0] == seq + number + 1 - start_seq:
-                    inside.append((seq + number + 1, offset, Digest(chain)))
-                    marks.pop(0)
-        segment = Segment(head, index, skip, len(item.record_hashes), item.length, Digest(chain), item.chunks,
-                          item.inline)
+        if item.chained is not None:
+            if item.chained.base != chain:
+                raise UsageError("a segment chained ahead does not continue the history it is linked to")
+            chain = item.chained.end
+            while marks and marks[0] <= seq + item.chained.count - start_seq:
+                number = marks.pop(0) + start_seq - seq
+                if number == item.chained.count:
+                    offset, value = item.length, chain
+                elif number in item.chained.at:
+                    offset, value = item.chained.at[number]
+                else:
+                    raise UsageError(f"mark {seq + number} was not chained ahead with its segment")
+                inside.append((seq + number, head.offset + offset, Digest(value)))
+        else:
+            for number, record_hash in enumerate(item.record_hashes):
+                chain = chain_raw(chain, record_hash)
+                if marks and marks[0] == seq + number + 1 - start_seq:
+                    offset = head.offset + sum(item.record_sizes[:number + 1])
+                    while marks and marks[0] == seq + number + 1 - start_seq:
+                        inside.append((seq + number + 1, offset, Digest(chain)))
+                        marks.pop(0)
+        segment = Segment(head, index, skip, item.count, item.length, Digest(chain), item.chunks, item.inline)
         body = segment.encode()
         segment_id = hash_object("segment", body)
         level = framing.ROLLOUT_ZSTD_LEVEL if item.inline else framing.ZSTD_LEVEL

@@ -1,0 +1,65 @@
+"""What ingest reads from every line of a log: whether it is a JSON object, and its types.
+
+Ingest needs only this from most lines: whether the line is a JSON object (else it is
+damaged: records.parse_line is None), its `type` and its `payload.type` (Codex).
+`line_kind` answers without building the record: msgspec validates the whole line while
+decoding only those fields (the other values are skipped, not built: several times
+faster than orjson on Codex logs), and a line that is not ASCII is checked to be UTF-8
+(msgspec does not check the bytes of the strings it skips). Any line msgspec refuses gets
+`parse_line`'s own answer, so the two never disagree: msgspec refuses some lines that
+`parse_line` accepts (a lone surrogate escape, a number out of its range, nesting deeper
+than its limit, a `payload` that is not an object), never the other way round
+(tests/test_harness_records.py). A module of its own because importing msgspec costs
+~50 ms, which an ingest with nothing new to read does not pay.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from agentcas.harnesses.records import parse_line
+
+
+class _Payload(msgspec.Struct):
+    type: object = None
+
+
+class _Head(msgspec.Struct):
+    """The fields of a record ingest reads from every line (others are skipped, not built)."""
+
+    type: object = None
+    payload: "_Payload | None" = None   # any other JSON value: decoded by parse_line instead
+
+
+_HEAD = msgspec.json.Decoder(_Head)
+
+
+def line_kind(raw, ascii: bool = False) -> tuple[bool, str | None, str | None]:
+    """(whether `raw` is a JSON object line, its `type`, its `payload.type`); a type is None
+    unless it is a string (and `payload.type` unless `payload` is an object).
+
+    Exactly what `parse_line(raw, fast=True)` says, without building the record. `raw` is
+    bytes or a memoryview of bytes; `ascii`: the caller knows they are ASCII (one
+    `isascii` of a whole file beats one per line).
+    """
+    try:
+        head = _HEAD.decode(raw)
+    except (msgspec.DecodeError, RecursionError):   # ValidationError too: a payload that is not an object
+        record = parse_line(bytes(raw), fast=True)
+        if record is None:
+            return False, None, None
+        kind, payload = record.get("type"), record.get("payload")
+        inner = payload.get("type") if isinstance(payload, dict) else None
+    else:
+        if not ascii and not _is_utf8(raw):
+            return False, None, None
+        kind, inner = head.type, None if head.payload is None else head.payload.type
+    return True, kind if isinstance(kind, str) else None, inner if isinstance(inner, str) else None
+
+
+def _is_utf8(raw) -> bool:
+    try:
+        str(raw, "utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True

@@ -1,0 +1,102 @@
+"""The new lines of one session file: read, classified and packed, without the store.
+
+What an ingest does with a file once it knows what is already stored (`NewLinesJob`: the
+bytes and records stored, the digest they end in, a turn tracker primed with the open
+turn). `read_new_lines` then:
+
+1. reads the file from the stored offset to its last newline (a partial last line waits);
+2. classifies every line in one pass over a memoryview (no copy per line): whether it is
+   a JSON object, its `type` and `payload.type` (line_kinds.line_kind); only a line whose
+   types the tracker `wants` is parsed whole and fed to it, which places a mark after
+   each turn boundary;
+3. packs the lines as the rollout layer stores them (rollout.pack_raw_lines: record
+   hashes, content-defined chunks, zstd) with the prefix chain computed ahead from the
+   stored digest at every mark, so landing them needs no per-record work.
+
+It needs no store, so a large ingest runs it in worker processes (packing_workers.py)
+while the parent alone writes; a small one runs it in-process. Either way the result is
+the same `NewLines`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from agentcas.harnesses.line_kinds import line_kind
+from agentcas.harnesses.records import parse_line
+from agentcas.lineage.rollout import PackedLines, pack_raw_lines
+
+
+@dataclass
+class NewLinesJob:
+    """One file's part of an ingest, as planned against the store (picklable)."""
+
+    path: str
+    ino: int                 # the file whose stored prefix was checked: another one there is refused
+    offset: int              # bytes already stored
+    seq: int                 # records already stored
+    chain_from: bytes        # the digest the stored history ends in
+    tracker: object          # turns.CodexTurns | turns.ClaudeTurns, primed with the open turn
+    turn_seq: int            # where the open turn starts (a seq)
+    closes_before: bool      # a boundary record opens the next turn (Claude), so that turn starts at it
+    level: int               # zstd level of new chunks
+    size: int                # bytes to read, as of the stat that planned the job
+    keep_data: bool = False  # return the new lines' bytes too (a Codex fork measures its copy)
+
+
+@dataclass
+class NewLines:
+    """What `read_new_lines` found: the new complete lines, packed, and their turn marks."""
+
+    count: int = 0                                   # new complete lines (= records)
+    size: int = 0                                    # their bytes
+    partial_bytes: int = 0                           # a partial last line, not read
+    skipped: list = field(default_factory=list)      # 1-based line numbers of damaged lines
+    marks: list = field(default_factory=list)        # (records into the new lines, reason)
+    turn_seq: int = 0
+    packed: PackedLines | None = None
+    data: bytes = b""                                # the new lines, if the job keeps them
+    error: str | None = None                         # why the file was refused instead
+
+
+def read_new_lines(job: NewLinesJob) -> NewLines:
+    """Read, classify and pack the lines of `job.path` after its stored prefix."""
+    try:
+        with open(job.path, "rb") as handle:
+            if os.fstat(handle.fileno()).st_ino != job.ino:
+                return NewLines(error=f"{job.path} was replaced while it was read; run ingest again")
+            handle.seek(job.offset)
+            tail = handle.read()
+    except OSError as exc:
+        return NewLines(error=f"cannot read {job.path}: {exc.strerror}")
+    cut = tail.rfind(b"\n") + 1
+    data = tail[:cut] if cut < len(tail) else tail
+    result = NewLines(size=cut, partial_bytes=len(tail) - cut, turn_seq=job.turn_seq)
+    scan_lines(job, data, result)
+    if result.count:
+        result.packed = pack_raw_lines(data, job.level, job.chain_from, [m for m, _ in result.marks])
+    if job.keep_data:
+        result.data = data
+    return result
+
+
+def scan_lines(job: NewLinesJob, data: bytes, result: NewLines) -> None:
+    """Count, classify and mark the newline-terminated lines of `data` into `result`."""
+    tracker, wants = job.tracker, job.tracker.wants
+    ascii, view, find = data.isascii(), memoryview(data), data.find
+    start, size, count, line0 = 0, len(data), 0, job.seq
+    skipped, marks = result.skipped, result.marks
+    while start < size:
+        end = find(b"\n", start) + 1 or size
+        count += 1
+        is_object, kind, payload_kind = line_kind(view[start:end], ascii)
+        if not is_object:
+            skipped.append(line0 + count)
+        elif wants(kind, payload_kind):
+            reason = tracker.feed(None, parse_line(data[start:end], fast=True))
+            if reason:
+                marks.append((count, reason))
+                result.turn_seq = line0 + count - (1 if job.closes_before else 0)
+        start = end
+    result.count = count

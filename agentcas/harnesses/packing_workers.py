@@ -1,0 +1,166 @@
+"""Worker processes that read, classify and pack session files for a large ingest.
+
+Per-line work (classifying lines, a BLAKE3 per record, the record chain) runs under the
+GIL, so one process uses one core however many threads it has. A large ingest hands each
+file's `NewLinesJob` to one of a few workers (new_lines.read_new_lines there) while the
+parent plans the next files and alone writes to the store: the workers never open it.
+
+Each worker is `python -m agentcas.harnesses.packing_workers`, a child process that reads
+jobs on its stdin and writes results on its stdout, one at a time, each a length-prefixed
+pickle (both ends are this code). The parent writes each job to the worker with the least
+work queued, ahead of the results (a worker never waits for the parent to take one), and
+one thread per worker reads its results in order into futures (it waits on the pipe
+without the GIL). A worker ignores SIGINT and SIGTERM (the
+parent decides when a run stops: `--watch` finishes the pass in progress) and exits when
+its stdin closes: when the parent closes it, or dies, even by SIGKILL (at most the job
+in progress is finished first; its result then has no reader and is dropped). Nothing a
+worker does is durable, so a killed ingest leaves only what the parent committed.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+import threading
+from collections import deque
+from concurrent.futures import Future
+
+LENGTH = struct.Struct(">Q")
+
+
+def _send(stream, value) -> None:
+    body = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(LENGTH.pack(len(body)))
+    stream.write(body)
+    stream.flush()
+
+
+def _receive(stream):
+    """The next value on `stream`, or EOFError at its end."""
+    head = stream.read(LENGTH.size)
+    if len(head) < LENGTH.size:
+        raise EOFError
+    (size,) = LENGTH.unpack(head)
+    body = stream.read(size)
+    if len(body) < size:
+        raise EOFError
+    return pickle.loads(body)
+
+
+def worker_command() -> list[str]:
+    return [sys.executable, "-m", "agentcas.harnesses.packing_workers"]
+
+
+class _Worker:
+    """One worker process, the futures of the jobs sent to it (in order), and its reader thread."""
+
+    def __init__(self, pool: "PackingWorkers"):
+        self.proc = subprocess.Popen(worker_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     close_fds=True)
+        self.waiting: deque = deque()   # (future, job size) of the jobs sent, oldest first
+        self.queued = 0                 # bytes of those jobs
+        self.reader = threading.Thread(target=self._read_results, args=(pool,), daemon=True,
+                                       name=f"ingest-worker-{self.proc.pid}")
+        self.reader.start()
+
+    def _read_results(self, pool: "PackingWorkers") -> None:
+        while True:
+            try:
+                result = _receive(self.proc.stdout)
+            except (OSError, EOFError, pickle.UnpicklingError):
+                if not pool.closing or self.waiting:
+                    pool.failed = True
+                break
+            with pool.lock:
+                future, size = self.waiting.popleft()
+                self.queued -= size
+            future.set_result(result)
+        with pool.lock:   # the worker is gone: its jobs are read by the caller (a None result)
+            waiting, self.waiting = list(self.waiting), deque()
+        for future, _ in waiting:
+            future.set_result(None)
+
+
+class PackingWorkers:
+    """Up to `count` worker processes (started as jobs arrive), each sent jobs ahead of its
+    results so that it never waits for the parent; `close()` ends them."""
+
+    def __init__(self, count: int):
+        self.count = count
+        self.lock = threading.Lock()
+        self.failed = False
+        self.closing = False
+        self._workers: list[_Worker] = []
+
+    def submit(self, job) -> Future:
+        """The future NewLines of `job`, or of None if its worker died (`failed` is then set:
+        the caller reads that file, and the next ones, itself)."""
+        future: Future = Future()
+        with self.lock:
+            idle = [w for w in self._workers if not w.waiting]
+            if not idle and len(self._workers) < self.count and not self.failed:
+                self._workers.append(_Worker(self))
+            if self.failed or not self._workers:
+                future.set_result(None)
+                return future
+            worker = min(self._workers, key=lambda w: w.queued)   # the least work queued
+            worker.waiting.append((future, job.size))
+            worker.queued += job.size
+        try:
+            _send(worker.proc.stdin, job)
+        except OSError:
+            self.failed = True   # its reader sees the end of the pipe and answers None
+        return future
+
+    def close(self, abandon: bool = False) -> None:
+        """Wait for the jobs given, then end the workers (each exits when its stdin closes);
+        `abandon`: kill them instead (the run failed: their results have no reader)."""
+        self.closing = True
+        if abandon:
+            for worker in self._workers:
+                worker.proc.kill()
+        for worker in self._workers:
+            try:
+                worker.proc.stdin.close()
+            except OSError:
+                pass
+        for worker in self._workers:
+            worker.reader.join()
+            try:
+                worker.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                worker.proc.kill()
+                worker.proc.wait()
+            worker.proc.stdout.close()
+        self._workers.clear()
+
+
+def serve(jobs, results) -> None:
+    """The worker's loop: each job on `jobs`, its NewLines on `results`, until `jobs` ends."""
+    from agentcas.harnesses.new_lines import read_new_lines
+    while True:
+        try:
+            job = _receive(jobs)
+        except EOFError:
+            return
+        _send(results, read_new_lines(job))
+
+
+def main() -> int:
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, signal.SIG_IGN)
+    jobs, results = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr   # nothing else may write into the result stream
+    try:
+        serve(jobs, results)
+    except BrokenPipeError:   # the parent is gone: nobody reads the result
+        os._exit(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""line_kinds.line_kind, ingest's fast line classifier, against parse_line (agentcas/harnesses/records.py).
+
+line_kind must say exactly what parse_line(raw, fast=True) says: whether a line is a JSON
+object (else ingest reports it as damaged) and its `type` (what finds turn boundaries).
+Hypothesis builds JSON lines, then damages them the ways disks and writers do (cut, glued
+to the next line, bytes flipped, inserted or removed, escapes rewritten).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings, strategies as st
+
+from agentcas.harnesses.line_kinds import line_kind
+from agentcas.harnesses.records import parse_line
+
+
+def expected(raw: bytes) -> tuple[bool, str | None, str | None]:
+    record = parse_line(raw, fast=True)
+    if record is None:
+        return False, None, None
+    kind, payload = record.get("type"), record.get("payload")
+    inner = payload.get("type") if isinstance(payload, dict) else None
+    return True, kind if isinstance(kind, str) else None, inner if isinstance(inner, str) else None
+
+
+def check(raw: bytes) -> None:
+    want = expected(raw)
+    assert line_kind(raw) == want, raw
+    assert line_kind(memoryview(raw)) == want, raw
+    if raw.isascii():
+        assert line_kind(raw, ascii=True) == want, raw
+
+
+LEAVES = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(min_value=-2**80, max_value=2**80),
+                   st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20),
+                   st.sampled_from(["event_msg", "task_complete", "user", "\ud800x", "é", "\x00", "\u2028"]))
+KEYS = st.sampled_from(["type", "payload", "typ\u0065", "x", "type "])
+VALUES = st.recursive(LEAVES, lambda inner: st.lists(inner, max_size=4)
+                      | st.dictionaries(KEYS | st.text(max_size=8), inner, max_size=4), max_leaves=12)
+OBJECTS = st.dictionaries(KEYS | st.text(max_size=6), VALUES, max_size=5)
+
+
+def encode(value, ascii_only: bool, spaced: bool) -> bytes:
+    text = json.dumps(value, ensure_ascii=ascii_only, separators=(", ", ": ") if spaced else (",", ":"))
+    return text.encode("utf-8", "surrogatepass")
+
+
+@st.composite
+def lines(draw) -> bytes:
+    """A JSON line (object or not), then none or some damage."""
+    value = draw(OBJECTS | VALUES)
+    raw = encode(value, draw(st.booleans()), draw(st.booleans()))
+    if draw(st.booleans()):
+        raw = raw.replace(b'"type"', b'"t\\u0079pe"').replace(b'"event_msg"', b'"event\\u005fmsg"')
+    damage = draw(st.sampled_from(["none", "none", "cut", "glue", "flip", "insert", "delete", "wrap"]))
+    if damage == "cut" and raw:
+        raw = raw[:draw(st.integers(0, len(raw) - 1))]
+    elif damage == "glue":
+        raw += encode(draw(OBJECTS), True, False)[draw(st.integers(0, 3)):]
+    elif damage in ("flip", "insert", "delete") and raw:
+        at = draw(st.integers(0, len(raw) - 1))
+        byte = bytes([draw(st.integers(0, 255))])
+        raw = raw[:at] + (byte if damage != "delete" else b"") + raw[at + (damage != "insert"):]
+    elif damage == "wrap":
+        raw = draw(st.sampled_from([b" ", b"\t", b"\r", b"\x0c", b"\xef\xbb\xbf", b""])) + raw + \
+            draw(st.sampled_from([b" ", b"\r", b"\x00", b"\x85", b"", b"}"]))
+    return raw + draw(st.sampled_from([b"\n", b"\r\n", b""]))
+
+
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lines())
+@example(b'{"type":"event_msg"}\n')
+@example(b'{"type":"event_msg","payload":{"type":"task_complete","turn_id":"t"}}\n')
+@example(b'{"type":"event_msg","payload":["task_complete"]}\n')   # not an object: msgspec refuses it
+@example(b'{"type":"event_msg","payload":{"type":1e400}}\n')
+@example(b'{"payload":{"type":"a"},"payload":null}\n')
+@example(b'{"type":"event_msg","payload":{"type":"task_complete"}}{"type":"response_item"}\n')  # glued
+@example(b'{"type":"event_msg","payload":{"type":"task_compl')                                   # cut
+@example(b'{"a":"\xff"}\n')                    # not UTF-8 inside a string msgspec skips
+@example(b'{"\xc3\xa9":"\xed\xa0\x80"}\n')      # a surrogate encoded in UTF-8
+@example(b'{"a":"\\ud800"}\n')                  # a lone surrogate escape: stdlib accepts it
+@example(b'{"type":1e400}\n')                   # out of msgspec's range: stdlib reads inf
+@example(b'{"type":123456789012345678901234567890}\n')
+@example(b'{"type":"a","type":"user"}\n')       # duplicate keys: the last one counts
+@example(b'{"t\\u0079pe":"user"}\n')
+@example(b'{"a":' + b"[" * 3000 + b"]" * 3000 + b"}\n")   # deeper than any decoder's limit
+@example(b'{"a":' + b"[" * 900 + b"]" * 900 + b"}\n")
+@example(b"[" + b"{" * 10 + b"\n")
+@example(b'{"a":NaN}\n')
+@example(b'\xef\xbb\xbf{"a":1}\n')
+@example(b"\n")
+@example(b"")
+def test_line_kind_agrees_with_parse_line(raw):
+    check(raw)
+
+
+@pytest.mark.parametrize("raw", [bytes([b]) + b'{"type":"user"}\n' for b in range(256)]
+                         + [b'{"type":"user"}' + bytes([b]) + b"\n" for b in range(256)])
+def test_line_kind_agrees_on_every_byte_around_an_object(raw):
+    check(raw)
