@@ -281,22 +281,31 @@ def test_a_deleted_thread_is_ingested_again_not_reported_unchanged(store_dir, tm
     assert json.loads(cli(store_dir, "--json", "ingest", "codex", path).stdout)["files"][0]["status"] == "unchanged"
 
 
-@pytest.mark.xfail(strict=True, reason="a file that only grew (same inode, larger) is checked by its stored first "
-                   "and last records only (docs/HARNESSES.md 'Second run'), so an edit of the same length in "
-                   "the middle of the stored part goes unseen; checking every stored byte on each growth costs "
-                   "a full re-read per --watch poll: a design trade-off for the lead")
 def test_a_same_length_edit_inside_a_grown_file_is_refused(store_dir, tmp_path):
+    """The file grew (same inode) and was also edited in its stored part, same length: the
+    whole stored prefix is hashed again, so the edit is found, on the first growth (record by
+    record against the thread) and, once a run has recorded its prefix digest, on every later
+    one (whole bytes against that digest); nothing is appended either time."""
     c = Codex()
     c.turn("prompt one", first=True)
-    c.turn("prompt two")
     path = c.write(tmp_path / f"rollout-x-{c.id}.jsonl")
     assert cli(store_dir, "ingest", "codex", path).returncode == 0
-    c.turn("three")
-    data = c.text().encode().replace(b"prompt one", b"PROMPT ONE")   # rewritten, not appended to
-    with open(path, "r+b") as handle:    # same inode, larger
-        handle.write(data)
-    result = cli(store_dir, "ingest", "codex", path)
-    assert result.returncode == 1 and str(path) in result.stderr
+    for grown in ("prompt two", "prompt three"):
+        stored = subprocess.run([AGENTCAS, "--store", str(store_dir), "rollout", "cat", f"codex/{c.id}"],
+                                capture_output=True).stdout
+        c.turn(grown)
+        good = c.text().encode()
+        with open(path, "r+b") as handle:    # same inode, larger, and "one" edited in place
+            handle.write(good.replace(b"prompt one", b"PROMPT ONE"))
+        result = cli(store_dir, "ingest", "codex", path)
+        assert result.returncode == 1 and str(path) in result.stderr and "not appended to" in result.stderr
+        assert subprocess.run([AGENTCAS, "--store", str(store_dir), "rollout", "cat", f"codex/{c.id}"],
+                              capture_output=True).stdout == stored   # nothing was appended
+        with open(path, "r+b") as handle:    # undone: the file only grew, and is taken
+            handle.write(good)
+        assert cli(store_dir, "ingest", "codex", path).returncode == 0
+        assert subprocess.run([AGENTCAS, "--store", str(store_dir), "rollout", "cat", f"codex/{c.id}"],
+                              capture_output=True).stdout == good
 
 
 def test_watch_follows_a_new_file_and_sigterm_commits_everything(store_dir, tmp_path):

@@ -70,7 +70,7 @@ def lines(draw) -> bytes:
     return raw + draw(st.sampled_from([b"\n", b"\r\n", b""]))
 
 
-@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lines())
 @example(b'{"type":"event_msg"}\n')
 @example(b'{"type":"event_msg","payload":{"type":"task_complete","turn_id":"t"}}\n')

@@ -7,9 +7,11 @@ kept, so `rollout cat` equals the file, and reported; replay skips it). Each run
    of this machine's stat cache) and its thread still exists (one listing of the thread names
    a run), the file is unchanged: nothing else.
 2. Otherwise the thread (named from the content, discovery.py) must hold a prefix of
-   the file: the file is not shorter than the stored bytes, and the stored first and
-   last records equal the file's bytes there. A file that fails this was rewritten or
-   truncated: it is refused by name and the other files go on (exit 1 at the end).
+   the file: the file is not shorter than the stored bytes, and those bytes are the
+   stored ones: hashed whole (BLAKE3) against the digest the last run recorded when the
+   file only grew, else hashed record by record against the thread's prefix digest. A
+   file that fails this was rewritten or truncated: it is refused by name and the other
+   files go on (exit 1 at the end).
 3. The bytes after the stored prefix, up to the last newline, are new lines (a partial
    last line waits for the next run). A checkpoint is placed after every turn boundary
    record (Codex `task_complete`/`turn_aborted`; Claude: a new real user prompt closes
@@ -120,10 +122,14 @@ class IngestState:
         return entry is not None and (entry["size"], entry["mtime_ns"], entry["ino"]) == \
             (st.st_size, st.st_mtime_ns, st.st_ino)
 
-    def record(self, key: str, st: os.stat_result, thread: str, history: dict, turn_seq: int) -> None:
+    def record(self, key: str, st: os.stat_result, thread: str, history: dict, turn_seq: int,
+               prefix: bytes | None = None) -> None:
+        """`prefix`: the BLAKE3 of the file's first `history["offset"]` bytes, if known."""
         self.entries[key] = {"path": key, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino,
                              "thread": thread, "bytes": history["offset"], "seq": history["seq"],
                              "digest": history["digest"], "turn_seq": turn_seq}
+        if prefix is not None:
+            self.entries[key]["prefix"] = prefix.hex()
         self._dirty.add(key)
 
     def save(self) -> None:
@@ -153,6 +159,7 @@ class _Pending:
     append: object           # SessionAppend
     turn_seq: int
     size: int                # bytes of new lines
+    prefix: bytes | None = None  # BLAKE3 of the file's bytes through the new lines (IngestState)
 
 
 @dataclass
@@ -347,12 +354,13 @@ class Ingest:
                 raise SessionRefused(f"{session.path} is shorter ({st.st_size} bytes) than the {stored} bytes "
                                      f"already ingested into {thread}: it was truncated or rewritten; "
                                      "not ingested")
+            known_prefix = None
             if seq:
                 entry = self.state.entries.get(key)
                 grew = entry is not None and entry["thread"] == thread and entry["ino"] == st.st_ino \
                     and st.st_size > entry["size"] and entry["bytes"] == stored
-                if grew:
-                    self._check_prefix(session.path, handle, thread, based_on)
+                if grew and isinstance(entry.get("prefix"), str) and len(entry["prefix"]) == 64:
+                    known_prefix = bytes.fromhex(entry["prefix"])   # the job re-hashes the prefix
                 else:
                     self._check_whole_prefix(session.path, handle, thread, based_on)
         report.first_seq = report.seq = seq
@@ -362,7 +370,7 @@ class Ingest:
         fork = self.harness == CODEX and row is None and identity.parent is not None and identity.parent != thread
         job = NewLinesJob(session.path, st.st_ino, stored, seq, (based_on or EMPTY_POSITION).digest.raw, tracker,
                           turn_seq or 0, self.harness == CLAUDE, INGEST_ZSTD_LEVEL, st.st_size - stored,
-                          keep_data=fork)
+                          keep_data=fork, prefix_digest=known_prefix, hash_prefix=stored > 0, thread=thread)
         return _Planned(report, key, st, thread, row, identity.parent, job)
 
     def _finish(self, planned: _Planned, lines, threads: dict) -> _Pending | None:
@@ -380,7 +388,8 @@ class Ingest:
         if not count and not marks:
             report.status = "waiting" if report.partial_bytes else "unchanged"
             if row is not None:
-                self.state.record(planned.key, planned.st, thread, row["history"], lines.turn_seq)
+                self.state.record(planned.key, planned.st, thread, row["history"], lines.turn_seq,
+                                  lines.prefix_digest)
             return None
         origin = None
         if row is None and planned.parent is not None and planned.parent != thread:
@@ -389,7 +398,7 @@ class Ingest:
             origin = ForkOrigin(planned.parent, None, copied)
         based_on = None if row is None else HistoryPosition.from_doc(row["history"])
         append = SessionAppend(thread, lines.data, tuple(marks), based_on, origin, lines.packed)
-        return _Pending(report, planned.key, planned.st, append, lines.turn_seq, lines.size)
+        return _Pending(report, planned.key, planned.st, append, lines.turn_seq, lines.size, lines.prefix_digest)
 
     def _identity(self, session):
         """The file's thread and parent link; `--thread NAME` renames the thread, keeps the link."""
@@ -398,24 +407,13 @@ class Ingest:
             return found
         return discovery.SessionIdentity(self.thread, None if found is None else found.parent)
 
-    def _check_prefix(self, path, handle, thread, based_on) -> None:
-        """Refuse a file whose stored first and last records differ from its bytes there."""
-        first = b"".join(self.store.rollout_read(thread, 0, 1))
-        handle.seek(0)
-        same = handle.read(len(first)) == first
-        if same and based_on.seq > 1:
-            last = b"".join(self.store.rollout_read(thread, based_on.seq - 1, based_on.seq))
-            handle.seek(based_on.offset - len(last))
-            same = handle.read(len(last)) == last
-        if not same:
-            raise SessionRefused(f"{path} differs from what was already ingested into {thread} (it was "
-                                 "rewritten or edited, not appended to); not ingested")
-
     def _check_whole_prefix(self, path, handle, thread, based_on) -> None:
         """Refuse a file whose first `based_on.offset` bytes do not hash to the stored history.
 
         Used when the file did not simply grow since the last run (new inode, same size with
-        a new mtime, no state): an edit anywhere in the stored part is found.
+        a new mtime, no state), or its state has no prefix digest yet (the run after a file's
+        first): an edit anywhere in the stored part is found. A file that only grew is
+        checked by its job instead, against the whole-bytes digest the last run recorded.
         """
         from agentcas.cas.digest import chain_prefix
         from agentcas.cas.objects import EMPTY_POSITION
@@ -544,7 +542,7 @@ class Ingest:
             report.first_seq = result["first_seq"]
             report.seq = result["history"]["seq"]
             report.checkpoints = result["checkpoints"]
-            self.state.record(item.key, item.st, item.append.thread, result["history"], item.turn_seq)
+            self.state.record(item.key, item.st, item.append.thread, result["history"], item.turn_seq, item.prefix)
 
 
 def summary(reports: list[FileReport]) -> dict:

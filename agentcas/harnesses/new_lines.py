@@ -43,6 +43,12 @@ class NewLinesJob:
     level: int               # zstd level of new chunks
     size: int                # bytes to read, as of the stat that planned the job
     keep_data: bool = False  # return the new lines' bytes too (a Codex fork measures its copy)
+    # The whole-bytes BLAKE3 of the stored prefix (bytes 0..offset), as the last run left it:
+    # the prefix is read and hashed again and a file whose bytes there differ is refused (a
+    # same-length edit inside a file that also grew). `hash_prefix` without it: just hash.
+    prefix_digest: bytes | None = None
+    hash_prefix: bool = False
+    thread: str = ""         # for messages
 
 
 @dataclass
@@ -58,6 +64,7 @@ class NewLines:
     packed: PackedLines | None = None
     data: bytes = b""                                # the new lines, if the job keeps them
     error: str | None = None                         # why the file was refused instead
+    prefix_digest: bytes | None = None               # BLAKE3 of bytes 0 .. offset + size (hash_prefix)
 
 
 def read_new_lines(job: NewLinesJob) -> NewLines:
@@ -66,6 +73,10 @@ def read_new_lines(job: NewLinesJob) -> NewLines:
         with open(job.path, "rb") as handle:
             if os.fstat(handle.fileno()).st_ino != job.ino:
                 return NewLines(error=f"{job.path} was replaced while it was read; run ingest again")
+            hasher = _hash_prefix(handle, job.offset) if job.hash_prefix or job.prefix_digest else None
+            if job.prefix_digest is not None and hasher.digest() != job.prefix_digest:
+                return NewLines(error=f"{job.path} differs from what was already ingested into {job.thread} "
+                                      "(it was rewritten or edited, not appended to); not ingested")
             handle.seek(job.offset)
             tail = handle.read()
     except OSError as exc:
@@ -73,12 +84,34 @@ def read_new_lines(job: NewLinesJob) -> NewLines:
     cut = tail.rfind(b"\n") + 1
     data = tail[:cut] if cut < len(tail) else tail
     result = NewLines(size=cut, partial_bytes=len(tail) - cut, turn_seq=job.turn_seq)
+    if hasher is not None:
+        hasher.update(data)
+        result.prefix_digest = hasher.digest()
     scan_lines(job, data, result)
     if result.count:
         result.packed = pack_raw_lines(data, job.level, job.chain_from, [m for m, _ in result.marks])
     if job.keep_data:
         result.data = data
     return result
+
+
+PREFIX_PIECE = 8 * 1024 * 1024
+
+
+def _hash_prefix(handle, size: int):
+    """A BLAKE3 hasher over the file's first `size` bytes (read in pieces); short reads
+    hash what is there, so a file cut below `size` never matches a stored digest."""
+    import blake3
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    handle.seek(0)
+    remaining = size
+    while remaining > 0:
+        piece = handle.read(min(remaining, PREFIX_PIECE))
+        if not piece:
+            break
+        hasher.update(piece)
+        remaining -= len(piece)
+    return hasher
 
 
 def scan_lines(job: NewLinesJob, data: bytes, result: NewLines) -> None:
