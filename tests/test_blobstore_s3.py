@@ -19,6 +19,7 @@ import pytest
 
 from agentcas.cas import framing
 from agentcas.cas.blobstore.base import BlobUnavailable
+from agentcas.cas.blobstore import s3
 from agentcas.cas.blobstore.s3 import HEAD_MAX, S3BlobStore, parse_url
 from agentcas.errors import UsageError
 from services import S3_ACCESS_KEY, S3_BUCKET, S3_SECRET_KEY, SeaweedServer
@@ -233,6 +234,31 @@ def test_a_long_listing_is_complete_in_order_and_may_stop_early(s3_url):
     assert [next(listing).key for _ in range(1500)] == keys[:1500]
     listing.close()  # the readers ahead stop; nothing hangs
     assert sum(1 for _ in store.list()) == len(keys)
+
+
+def test_a_listing_read_slowly_holds_a_few_pages_however_long_the_store(s3_url, monkeypatch):
+    """The readers ahead stop after LIST_RANGES x (LIST_AHEAD + 1) pages: each page waiting
+    pins heap, and 16 ranges x 8 pages ahead grew gc's memory with the store up to 128,000
+    objects. Pages of 5 objects here, so 16 ranges hold ~10 pages each."""
+    monkeypatch.setattr(s3, "LIST_PAGE", 5)
+    store = S3BlobStore(s3_url)
+    keys = sorted(os.urandom(32) for _ in range(800))
+    store.put_many({k: value(k) for k in keys})
+    store.requests.clear()
+    listing = store.list()
+    assert [next(listing).key for _ in range(6)] == keys[:6]  # the first page, then range 0's first
+    made, since = -1, time.monotonic()  # wait until the readers ahead stop asking (or 10 s)
+    while time.monotonic() - since < 10:
+        time.sleep(0.3)
+        now = store.requests["ListObjectsV2"]
+        if now == made:
+            break
+        made = now
+    # the first page, then LIST_AHEAD waiting + 1 held by each range's lister, plus the page
+    # the reader took from its range's queue
+    assert store.requests["ListObjectsV2"] <= 1 + s3.LIST_RANGES * (s3.LIST_AHEAD + 1) + 1
+    assert [info.key for info in listing] == keys[6:]  # and the rest comes, in order
+    assert store.requests["ListObjectsV2"] >= 800 // 5
 
 
 def cut_off_put(s3_server, name: str, body: bytes) -> None:

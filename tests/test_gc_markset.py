@@ -89,6 +89,22 @@ def test_keyspool_gives_back_every_pair_in_order_across_its_file(pairs, buffer, 
     spool.close()
 
 
+def test_keyspool_keeps_a_fixed_part_in_memory_whatever_the_budget(monkeypatch):
+    """SPOOL_BUFFER bounds a spool's memory even under the default 32 MiB budget (an eighth of
+    it, 4 MiB, kept the candidates of ~100,000 objects in memory: gc grew with the store)."""
+    monkeypatch.setattr(markset, "MEMORY_BUDGET", 32 << 20)
+    spool = KeySpool()
+    pairs = [(os.urandom(32), n) for n in range(20_000)]  # 800,000 bytes packed
+    held = 0
+    for raw, number in pairs:
+        spool.append(raw, number)
+        held = max(held, len(spool._keys) + 8 * len(spool._numbers))
+    assert held <= markset.SPOOL_BUFFER < 20_000 * 40 and spool._file is not None
+    got = [(keys[i * 32:(i + 1) * 32], n) for keys, numbers in spool.batches(3000) for i, n in enumerate(numbers)]
+    assert got == pairs
+    spool.close()
+
+
 def _many_objects(store: Store, root) -> None:
     """Threads of small files (hundreds of objects), forks, rollouts, and deleted threads."""
     for t in range(6):

@@ -19,9 +19,9 @@ so marking a million objects took ~100 MB. `MarkSet` holds the same ids packed:
   kernel may write them out, and a PageReleaser drops them from gc's resident set
   when the file-backed total passes pages.MAPPED_BUDGET.
 `KeySpool` keeps a list of (32-byte id, u64) pairs, gc's candidates and young objects,
-packed in memory up to MEMORY_BUDGET/8 bytes and in a temporary file beyond, read back in
-order in batches. `KeySizes` maps ids to a u64 (a shared store's listed sizes, for the
-report) in a temporary LMDB table from the start, its pages released like the spilled
+packed in memory up to SPOOL_BUFFER bytes (or MEMORY_BUDGET/8 if smaller) and in a
+temporary file beyond, read back in order in batches. `KeySizes` maps ids to a u64 (a
+shared store's listed sizes, for the report) in a temporary LMDB table from the start, its pages released like the spilled
 mark table's. So gc's memory for marks, candidates and sizes is bounded by constants.
 """
 
@@ -40,6 +40,10 @@ from agentcas.gc.pages import PageReleaser
 
 KEY_SIZE = 32
 MEMORY_BUDGET = int(os.environ.get("AGENTCAS_GC_MEMORY", str(32 << 20)))  # bytes of in-memory ids
+# A spool's in-memory part: 256 KiB (~6,500 pairs), then a temporary file. It was
+# MEMORY_BUDGET/8 (4 MiB): the candidates of up to ~100,000 objects in memory, so gc's peak
+# grew ~40 B per stored object until then; the file's pages are the kernel's page cache.
+SPOOL_BUFFER = 256 << 10
 SPILL_MAP_SIZE = 1 << 36  # the on-disk table's address space (sparse): ~10^9 ids
 _MIN_SLOTS = 64
 _OVERFLOW_SLOTS = 256     # slots past the last home slot, so a run never wraps around
@@ -315,7 +319,7 @@ class KeySpool:
     _PAIR = struct.Struct(f">{KEY_SIZE}sQ")
 
     def __init__(self, buffer: int | None = None):
-        self.buffer = max(KEY_SIZE + 8, MEMORY_BUDGET // 8) if buffer is None else buffer
+        self.buffer = max(KEY_SIZE + 8, min(SPOOL_BUFFER, MEMORY_BUDGET // 8)) if buffer is None else buffer
         self._keys = bytearray()
         self._numbers = array.array("Q")
         self._file = None

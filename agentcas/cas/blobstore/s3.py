@@ -23,8 +23,9 @@ each segment paged with `StartAfter` jumping straight to its next unanswered key
 dense batch costs a page per 1,000 keys and a sparse one no more than a request per key.
 get/put/delete of many keys run on a bounded thread pool over a connection pool of the
 same size (botocore `max_pool_connections`); deletes go 250 keys per DeleteObjects.
-A listing past one page runs as 16 ranges (the id's first hex digit) in parallel, each
-buffering a few pages ahead of the reader, and is yielded in id order.
+A listing past one page runs as 16 ranges (the id's first hex digit), yielded in id order,
+the reader's range and the next three listed in parallel, each a page ahead of the
+reader, so the pages held do not grow with the store.
 
 Endpoint, region and credentials come from the standard AWS environment
 (AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...) through
@@ -40,6 +41,7 @@ after each DeleteObjects request.
 from __future__ import annotations
 
 import array
+import collections
 import os
 import queue
 import random
@@ -61,7 +63,14 @@ POOL_SIZE = 8  # $AGENTCAS_S3_CONNECTIONS overrides
 HEAD_MAX = 32           # up to this many keys: parallel HEADs; more: listing
 LIST_PAGE = 1000        # ListObjectsV2 maximum
 DELETE_BATCH = 250      # keys per DeleteObjects (at most 1,000): a loaded SeaweedFS took >10 s for 1,000
-LIST_AHEAD = 8          # pages each listing range may read ahead of its reader
+# A listing's key ranges listed at once, and the pages each may wait ahead of its reader.
+# Each page waiting (or being parsed) held ~0.3 MB of heap, far more than its 48 KB packed:
+# 16 ranges x 8 pages ahead grew gc's peak anonymous memory ~290 B per stored object from
+# 30,000 to 60,000 objects (the read-ahead filled with the store up to 128,000); 4 x 1:
+# ~150 B, ~33 B with AGENTCAS_GC_MEMORY=1 MiB (gc's own spools small; 1 Dec 2026). A listing read as fast as it comes
+# takes ~1.5x as long (60,000 objects: 2.6-3.3 s against 4.1-5.4 s, loaded machine).
+LIST_RANGES = 4
+LIST_AHEAD = 1
 CONNECT_SECONDS = 3
 READ_SECONDS = 10.0      # per request, $AGENTCAS_S3_READ_TIMEOUT
 _RETRY_STATUS = {500, 502, 503, 504, 409}  # 409: a conditional write racing another
@@ -535,30 +544,33 @@ class S3BlobStore(BlobStore):
 
     def list(self) -> Iterator[BlobInfo]:
         """Every object in id order. One page answers a small store; a larger one is listed
-        as 16 ranges (by the id's first hex digit) in parallel, each range buffering at
-        most LIST_AHEAD pages ahead of the reader, packed (~48 bytes an object), so memory
-        stays bounded: at most 16 x LIST_AHEAD x 1,000 objects, ~6 MB."""
+        as 16 ranges (by the id's first hex digit), yielded in order: the reader's range and
+        the next LIST_RANGES - 1 are listed at once, each buffering at most LIST_AHEAD
+        pages ahead of the reader, packed (~48 bytes an object); a range's lister starts
+        when the one LIST_RANGES before it is finished. So at most LIST_RANGES x
+        (LIST_AHEAD + 1) pages are parsed or waiting at any time, whatever the store's size."""
         first = self._list_page(self._objects_prefix)
         yield from self._unpacked(self._infos(first))
         if not first.get("IsTruncated"):
             return
         last = first["Contents"][-1]["Key"]
         reached = last[len(self._objects_prefix):][:1]  # the first page covered ids up to `last`
+        ranges = collections.deque((self._objects_prefix + digit, last if digit == reached else None)
+                                   for digit in "0123456789abcdef" if digit >= reached)
         stop = threading.Event()
-        queues = []
-        threads = []
-        for digit in "0123456789abcdef":
-            if digit < reached:
-                continue
+        listing: collections.deque = collections.deque()  # the queues of the ranges being listed, in order
+
+        def start_next() -> None:
+            prefix, start_after = ranges.popleft()
             pages: queue.Queue = queue.Queue(maxsize=LIST_AHEAD)
-            queues.append(pages)
-            threads.append(threading.Thread(target=self._list_range, daemon=True, name="agentcas-s3-list",
-                                            args=(self._objects_prefix + digit, last if digit == reached else None,
-                                                  pages, stop)))
-        for thread in threads:
-            thread.start()
+            listing.append(pages)
+            threading.Thread(target=self._list_range, daemon=True, name="agentcas-s3-list",
+                             args=(prefix, start_after, pages, stop)).start()
         try:
-            for pages in queues:
+            while ranges and len(listing) < LIST_RANGES:
+                start_next()
+            while listing:
+                pages = listing[0]
                 while True:
                     item = pages.get()
                     if item is None:
@@ -566,9 +578,12 @@ class S3BlobStore(BlobStore):
                     if isinstance(item, BaseException):
                         raise item
                     yield from self._unpacked(item)
+                listing.popleft()
+                if ranges:
+                    start_next()
         finally:
             stop.set()
-            for pages in queues:  # unblock producers waiting on a full queue
+            for pages in listing:  # unblock producers waiting on a full queue
                 while not pages.empty():
                     pages.get_nowait()
 
