@@ -347,8 +347,7 @@ class Store:
             if rollout_file is not None:
                 from agentcas.lineage.tail import prepare_tail
                 writer = BatchWriter(self.source, lease=lease)
-                tail = prepare_tail(self.source, writer, thread, read_state(self.stores, thread), rollout_file,
-                                    self._segments)
+                tail = prepare_tail(self.source, writer, thread, read_state(self.stores, thread), rollout_file)
             created_at, who, runtime = utc_now(), author or default_author(), runtime_description()
 
             def plan(state: ThreadState | None) -> Move:
@@ -364,7 +363,7 @@ class Store:
                     if history != based_on:
                         raise ConflictError(f"thread {thread!r} history moved while the rollout was read; "
                                             "nothing was committed, retry")
-                    history, new_objects = rollout.link_segments(self.source, history, prepared, self._segments)
+                    history, new_objects = rollout.link_segments(self.source, history, prepared)
                     appended = history.seq - based_on.seq
                 generation, skip_to = checkpoints.index_for_child(self.source, current)
                 cp = Checkpoint(tree, (current,) if current else (), thread, reason, who, created_at,
@@ -422,7 +421,7 @@ class Store:
                 if guard is not None:
                     guard(state)
                 base = EMPTY_POSITION if state is None else state.history
-                head, segments = rollout.link_segments(self.source, base, prepared, self._segments)
+                head, segments = rollout.link_segments(self.source, base, prepared)
                 if state is not None and head == base:  # nothing to append: no ref move
                     return None
                 new = ThreadState(None if state is None else state.checkpoint, head,
@@ -1061,7 +1060,7 @@ class Store:
     def lineage_writer(self, what: str) -> GroupWriter:
         """A lease-holding writer: in-memory content first, then several ref moves in one
         compare-and-swap transaction (lineage/group_moves.py)."""
-        return GroupWriter(self.stores, what, lambda: (utc_now(), runtime_description()), self._segments)
+        return GroupWriter(self.stores, what, lambda: (utc_now(), runtime_description()))
 
     def thread_states(self, prefix: str) -> dict[str, ThreadState]:
         """Every thread named `prefix` or starting with `prefix/`, with its state."""

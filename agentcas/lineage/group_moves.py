@@ -92,10 +92,8 @@ def refs_under(txn, prefix: str) -> list[tuple[str, ThreadState]]:
 class GroupView:
     """What a plan may do: read refs and checkpoints, link records, build checkpoints, queue moves."""
 
-    def __init__(self, txn, objects: _Overlay, author_runtime: Callable[[], tuple[str, dict]],
-                 segments: rollout.SegmentCache | None = None):
+    def __init__(self, txn, objects: _Overlay, author_runtime: Callable[[], tuple[str, dict]]):
         self._txn = txn
-        self._segments = segments
         self.objects = objects
         self._now_runtime = author_runtime
         self.read: dict[str, ThreadState | None] = {}    # ref -> the state the snapshot showed
@@ -134,7 +132,7 @@ class GroupView:
             return base, [base for _ in marks]
         if base.segment is not None:
             self.needed.add(base.segment.raw)
-        head, segments, positions = rollout.link_segments_at(self.objects, base, prepared, marks, self._segments)
+        head, segments, positions = rollout.link_segments_at(self.objects, base, prepared, marks)
         self.objects.waiting.update(segments)
         return head, positions
 
@@ -179,10 +177,8 @@ class GroupWriter:
 
     optimistic = True  # go without a lease where one transaction holds objects and refs
 
-    def __init__(self, stores: Stores, what: str, author_runtime: Callable[[], tuple[str, dict]],
-                 segments: rollout.SegmentCache | None = None):
+    def __init__(self, stores: Stores, what: str, author_runtime: Callable[[], tuple[str, dict]]):
         self.stores = stores
-        self.segments = segments  # decoded segments the Store keeps across writes
         self.lease = Lease(stores.meta, what)
         self.watch: SweepWatch | None = None  # set while the writer goes without a lease
         self.author_runtime = author_runtime
@@ -281,7 +277,7 @@ class GroupWriter:
         for _ in range(MAX_ATTEMPTS):
             waiting = dict(content)
             with self.stores.meta.reader() as txn:
-                view = GroupView(txn, _Overlay(self.stores.objects, waiting), self.author_runtime, self.segments)
+                view = GroupView(txn, _Overlay(self.stores.objects, waiting), self.author_runtime)
                 try:
                     result = plan(view)
                 except LostRace:

@@ -538,30 +538,28 @@ def decode_pieces(stored) -> list:
     return parts
 
 
-def link_segments(objects: ObjectSource, head: HistoryPosition, prepared: list[PreparedSegment],
-                  cache: SegmentCache | None = None) -> tuple[HistoryPosition, dict[bytes, bytes]]:
-    """Turn prepared segments into objects continuing from `head` (`cache`: decoded segments a
-    long-lived caller keeps, e.g. a harness committing every step through one Store).
+def link_segments(objects: ObjectSource, head: HistoryPosition,
+                  prepared: list[PreparedSegment]) -> tuple[HistoryPosition, dict[bytes, bytes]]:
+    """Turn prepared segments into objects continuing from `head`.
 
     Returns the new head and the framed segment objects {raw id: value} to store. The
     caller stores them, then moves the ref from the state whose head it passed here by
     compare-and-swap (and links again on the new head if it lost the race), so seq
     numbers and prefix digests always continue the head the ref really had.
     """
-    head, new_objects, _ = link_segments_at(objects, head, prepared, (), cache)
+    head, new_objects, _ = link_segments_at(objects, head, prepared, ())
     return head, new_objects
 
 
 def link_segments_at(objects: ObjectSource, head: HistoryPosition, prepared: list[PreparedSegment],
-                     marks, cache: SegmentCache | None = None
-                     ) -> tuple[HistoryPosition, dict[bytes, bytes], list[HistoryPosition]]:
+                     marks) -> tuple[HistoryPosition, dict[bytes, bytes], list[HistoryPosition]]:
     """`link_segments`, also returning the position after each of `marks` new records.
 
     `marks` are counts of appended records, ascending, each in 0..appended (the
     prefix digest and offset of each are computed from the prepared record hashes).
     Returns (new head, segment objects to store, positions at the marks).
     """
-    history = History(objects, cache)
+    history = History(objects)
     chunk_ids = {ref.id.raw for item in prepared for ref in item.chunks}
     missing = objects.missing(chunk_ids)
     if missing:

@@ -23,10 +23,10 @@ COMPARED_HEAD_BYTES = 65536
 
 
 def prepare_tail(objects: ObjectSource, writer: BatchWriter, thread: str, state: ThreadState | None,
-                 path: str, cache: rollout.SegmentCache | None = None) -> tuple[list, HistoryPosition]:
+                 path: str) -> tuple[list, HistoryPosition]:
     """(prepared segments of the new complete lines of `path`, the head they continue)."""
     head = EMPTY_POSITION if state is None else state.history
-    history = rollout.History(objects, cache)
+    history = rollout.History(objects)
     try:
         handle = open(path, "rb")
     except OSError as exc:
