@@ -127,11 +127,11 @@ MUTATIONS = {
            ["tests/test_langgraph_saver.py::"
             "test_gc_at_grace_zero_during_a_leaseless_put_sweeps_garbage_and_the_put_plans_again"]),
     "G2": ("agentcas/lineage/group_moves.py",
-           ["                    if threads.read_thread(txn, name) != state:\n                        raise LostRace()\n",
-            "                    if not threads.set_if_equals(txn, name, old, new, action, message, implied):\n"
-            "                        raise LostRace()\n"],
-           ["                    pass\n",
-            "                    threads.set_if_equals(txn, name, old, new, action, message, implied)\n"],
+           ["        if threads.read_thread(txn, name) != state:\n            raise LostRace()\n",
+            "        if not threads.set_if_equals(txn, name, old, new, action, message, implied):\n"
+            "            raise LostRace()\n"],
+           ["        pass\n",
+            "        threads.set_if_equals(txn, name, old, new, action, message, implied)\n"],
            ["tests/test_langgraph_saver.py::test_a_ref_moved_between_planning_and_landing_makes_the_put_plan_again"]),
     "Le": ("agentcas/gc/sweep.py", ["        if time.time() > began + SWEEP_WINDOW - WINDOW_MARGIN:\n"],
            ["        if False:\n"], [M + "test_a_sweep_batch_past_its_window_deletes_nothing"]),

@@ -307,12 +307,7 @@ class GroupWriter:
 
             def final(txn, view=view):
                 self.lease.check(txn)
-                for name, state in view.read.items():
-                    if threads.read_thread(txn, name) != state:
-                        raise LostRace()
-                for name, old, new, action, message, implied in view.moves:
-                    if not threads.set_if_equals(txn, name, old, new, action, message, implied):
-                        raise LostRace()
+                _move_refs(txn, view)
                 self.lease.release(txn)
 
             try:
@@ -333,11 +328,17 @@ class GroupWriter:
             raise VanishedObject(f"object {missing[0].hex()} is missing from the store; nothing was changed")
         for raw, framed in waiting.items():
             save_object(txn, Digest(raw), framed)
-        for name, state in view.read.items():
-            if threads.read_thread(txn, name) != state:
-                raise LostRace()
-        for name, old, new, action, message, implied in view.moves:
-            if not threads.set_if_equals(txn, name, old, new, action, message, implied):
-                raise LostRace()
+        _move_refs(txn, view)
         if self.lease.row is not None:
             self.lease.release(txn)
+
+
+def _move_refs(txn, view: GroupView) -> None:
+    """Inside a landing transaction: every ref the plan read is unchanged, then each queued
+    move by compare-and-swap with its reflog row (LostRace, aborting it all, if not)."""
+    for name, state in view.read.items():
+        if threads.read_thread(txn, name) != state:
+            raise LostRace()
+    for name, old, new, action, message, implied in view.moves:
+        if not threads.set_if_equals(txn, name, old, new, action, message, implied):
+            raise LostRace()
