@@ -176,9 +176,18 @@ class _Server:
         return found
 
     def pause(self) -> None:
-        """SIGSTOP: the server keeps its sockets but answers nothing (a hung service)."""
+        """SIGSTOP: the server keeps its sockets but answers nothing (a hung service). Returns
+        once the kernel shows it stopped (the signal is asynchronous: a request sent at once
+        could otherwise still be answered)."""
         if self.running:
             self.proc.send_signal(signal.SIGSTOP)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                with contextlib.suppress(OSError):
+                    stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
+                    if stat[stat.rindex(")") + 2] in "Tt":
+                        return
+                time.sleep(0.005)
 
     def resume(self) -> None:
         if self.running:
