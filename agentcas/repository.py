@@ -365,10 +365,11 @@ class Store:
                                             "nothing was committed, retry")
                     history, new_objects = rollout.link_segments(self.source, history, prepared)
                     appended = history.seq - based_on.seq
-                generation, skip_to = checkpoints.index_for_child(self.source, current)
+                generation, skip_to = checkpoints.index_for_child(self.source, current, memo=True)
                 cp = Checkpoint(tree, (current,) if current else (), thread, reason, who, created_at,
                                 runtime, history, generation=generation, skip=skip_to)
                 body, digest = cp.encode_with_id()
+                checkpoints.CHECKPOINT_LINKS.put(digest.raw, checkpoints.links_of(cp))
                 new_objects[digest.raw] = framing.frame(framing.KIND_CHECKPOINT, body)
                 # The parent's own tree is held by the ref we compare against; anything
                 # else the snapshot reused must still be stored.

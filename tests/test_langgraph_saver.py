@@ -238,7 +238,8 @@ def test_encrypted_serializer_round_trips(tmp_path):
         assert [m.content for m in state.values["messages"]] == ["secret plan", "reply 1"]
         assert saver.get_tuple(config()).pending_writes == [("task-1", "messages", ["pending secret"])]
         records = [json.loads(x) for x in b"".join(saver.store.rollout_read("langgraph/t")).splitlines()]
-        assert all(r["t"].endswith("+aesgcm") for r in records)
+        kinds = [k for r in records for k in ((r["ct"], r["mt"]) if r["k"] == "cp" else (r["t"],))]
+        assert len(kinds) > len(records) and all(k.endswith("+aesgcm") for k in kinds)
     with AgentcasSaver.from_path(path, serde=EncryptedSerializer(AesGcm(os.urandom(32)))) as saver:
         with pytest.raises(CorruptCheckpoint, match=r"does not deserialize .*is this saver's key the writer's"):
             saver.get_tuple(config())
@@ -913,3 +914,53 @@ def test_records_items_answer_every_range_exactly_and_decode_each_item_once(coun
         got = index.items("messages", start, stop, load)
         assert got == [("decoded", n) for n in range(max(0, start), min(count, stop))]
     assert len(loads) == len(set(loads))
+
+
+# -- checkpoints of the first layout (before 2 Dec 2026) ----------------------------------------
+
+LAYOUT1_BUNDLE = os.path.join(os.path.dirname(__file__), "data", "langgraph_layout1.bundle")
+
+
+def test_checkpoints_of_the_first_layout_still_read_and_resume(tmp_path, run):
+    """tests/data/langgraph_layout1.bundle was written by agentcas at 32f8463, whose saver kept
+    each checkpoint's record in its tree (`langgraph` file) rather than in the history: three
+    invokes of a graph with a message list and a 5,000-byte value (a values/ file), exported.
+    Such checkpoints still read, list and resume, and a put onto such a parent writes the
+    present layout."""
+    from langgraph.graph import MessagesState
+
+    class State(MessagesState):
+        notes: str
+
+    def agent(state):
+        return {"messages": [AIMessage(content=f"reply {len(state['messages'])}", id=f"r{len(state['messages'])}")],
+                "notes": "n" * 5000 + str(len(state["messages"]))}
+
+    store = tmp_path / "store"
+    assert run("init", store).code == 0
+    assert run("import", LAYOUT1_BUNDLE, "--allow-unsigned", store=store).code == 0
+    with AgentcasSaver.from_path(str(store)) as saver:
+        head = saver.get_tuple(config("old"))
+        tree = saver.store.tree_files(saver.store.checkpoint("langgraph/old")[1].tree, content=False)
+        assert "langgraph" in tree and any(p.startswith("values/") for p in tree)  # the first layout, indeed
+        assert [m.content for m in head.checkpoint["channel_values"]["messages"]] == [
+            "question 0", "reply 1", "question 1", "reply 3", "question 2", "reply 5"]
+        assert head.checkpoint["channel_values"]["notes"] == "n" * 5000 + "5"
+        listed = list(saver.list(config("old")))
+        assert len(listed) == 9 and listed[0].config == head.config
+        assert all(t.parent_config["configurable"]["checkpoint_id"] == listed[i + 1].config["configurable"]["checkpoint_id"]
+                   for i, t in enumerate(listed[:-1]))
+        builder = StateGraph(State)
+        builder.add_node("agent", agent)
+        builder.add_edge(START, "agent")
+        builder.add_edge("agent", END)
+        graph = builder.compile(checkpointer=saver)
+        graph.invoke({"messages": [HumanMessage(content="question 3", id="q3")]}, config("old"))
+        new_tree = saver.store.tree_files(saver.store.checkpoint("langgraph/old")[1].tree, content=False)
+        assert "langgraph" not in new_tree
+    with AgentcasSaver.from_path(str(store)) as saver:
+        values = saver.get_tuple(config("old")).checkpoint["channel_values"]
+        assert [m.content for m in values["messages"]][-3:] == ["reply 5", "question 3", "reply 7"]
+        assert values["notes"] == "n" * 5000 + "7"
+        assert len(list(saver.list(config("old")))) == 12
+    assert run("fsck", store=store).code == 0

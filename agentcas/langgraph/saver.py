@@ -2,9 +2,10 @@
 
 How it maps: LangGraph thread T, namespace NS -> agentcas thread `langgraph/<T>` (NS "") or
 `langgraph/<T>/ns/<NS>`; each LangGraph checkpoint is one agentcas checkpoint whose reason is
-`langgraph step <step> <source> <checkpoint id>` and whose tree holds `langgraph` (a JSON
-line, then the serde bytes of the checkpoint without its values and of the metadata) and
-`values/` (one file per channel value stored whole; an unchanged channel keeps its file id).
+`langgraph step <step> <source> <checkpoint id>`, whose own records in the thread's rollout
+end with a record `{"k":"cp",...}` (ids, channels, the serde bytes of the checkpoint without
+its values and of the metadata) and whose tree holds `values/` (one file per channel value
+stored whole over 4 KiB; an unchanged channel keeps its file id; else the empty tree).
 A list channel whose new value extends its parent's (the message list) stores only the new
 items, as records `{"k":"item",...}` appended to the thread's rollout: its value is a base
 (a stored list, or nothing) plus the item records of that channel between `from` and the
@@ -46,7 +47,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 
 from agentcas.cas.digest import Digest
-from agentcas.cas.objects import EMPTY_POSITION, HistoryPosition, TreeEntry
+from agentcas.cas.objects import EMPTY_POSITION, HistoryPosition, Tree, TreeEntry
 from agentcas.errors import ConflictError, IntegrityError
 from agentcas.refs.threads import ForkOrigin, ThreadState
 
@@ -58,6 +59,9 @@ _SAFE = re.compile(r"[A-Za-z0-9_-]")
 _FILE_SAFE = re.compile(r"[a-z0-9_:-]")
 _REASON = re.compile(r"^langgraph step (\S+) (\S+) (\S+)( \+ pending writes)?$")
 SEALED = " + pending writes"
+_EMPTY_TREE = Tree.of([]).digest()  # a checkpoint with no value stored as a file
+_RECORD_KINDS = ("item", "write", "val", "cp")
+_CP_SEARCH = 256  # records looked back for a checkpoint's record when it is not where expected
 _CACHED_CHECKPOINTS = 4
 _MAX_RETRIES = 64
 _MAX_EARLY = 256  # checkpoints whose writes wait for their put
@@ -121,15 +125,10 @@ def _jsonl(record: dict) -> bytes:
     return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
 
 
-def _encode_record(doc: dict, checkpoint: tuple[str, bytes], metadata: tuple[str, bytes]) -> bytes:
-    """`langgraph` file: one JSON line (ids, channels, serde types and lengths), then the
-    serde bytes of the checkpoint (without its values) and of the metadata, raw."""
-    head = dict(doc, checkpoint={"t": checkpoint[0], "n": len(checkpoint[1])},
-                metadata={"t": metadata[0], "n": len(metadata[1])})
-    return json.dumps(head, sort_keys=True, separators=(",", ":")).encode() + b"\n" + checkpoint[1] + metadata[1]
-
-
 def _decode_record(data: bytes) -> dict:
+    """A tree's `langgraph` file (layout 1, written before 2 Dec 2026): one JSON line (ids,
+    channels, serde types and lengths), then the serde bytes of the checkpoint (without its
+    values) and of the metadata, raw."""
     line, _, rest = data.partition(b"\n")
     doc = json.loads(line)
     n = doc["checkpoint"]["n"]
@@ -137,6 +136,29 @@ def _decode_record(data: bytes) -> dict:
         raise ValueError("the record's lengths do not add up")
     doc["checkpoint"]["v"], doc["metadata"]["v"] = rest[:n], rest[n:]
     return doc
+
+
+def _checkpoint_record(doc: dict, checkpoint: tuple[str, bytes], metadata: tuple[str, bytes]) -> bytes:
+    """The rollout record `{"k":"cp",...}` that ends a checkpoint's own records (layout 2):
+    its ids, its channels, and the serde bytes of the checkpoint (without its values) and of
+    the metadata as latin-1 text, like a value record's "x"."""
+    return _jsonl({"k": "cp", "id": doc["checkpoint_id"], "parent": doc["parent_checkpoint_id"],
+                   "thread": doc["thread_id"], "ns": doc["checkpoint_ns"], "chans": doc["channels"],
+                   "ct": checkpoint[0], "c": checkpoint[1].decode("latin-1"),
+                   "mt": metadata[0], "m": metadata[1].decode("latin-1")})
+
+
+def _doc_of_checkpoint_record(record: dict) -> dict:
+    """A `cp` record as the document `_decode_record` gives (one shape for both layouts)."""
+    def serde(kind, text):
+        if not isinstance(kind, str) or not isinstance(text, str):
+            raise ValueError("a checkpoint record's serde fields are not text")
+        return {"t": kind, "v": text.encode("latin-1")}  # a character above U+00FF raises ValueError
+    if not isinstance(record.get("chans"), dict):
+        raise ValueError("a checkpoint record's channels are not a map")
+    return {"format": FORMAT, "checkpoint_id": record.get("id"), "parent_checkpoint_id": record.get("parent"),
+            "thread_id": record.get("thread"), "checkpoint_ns": record.get("ns"), "channels": record["chans"],
+            "checkpoint": serde(record.get("ct"), record.get("c")), "metadata": serde(record.get("mt"), record.get("m"))}
 
 
 def _value_fields(data: bytes, earlier) -> dict:
@@ -263,13 +285,12 @@ class _Records:
         self.writes: dict[str, list[tuple[int, dict]]] = {}
         self.by_seq: dict[int, dict] = dict(records)  # what an item's reference ("r") names
         for seq, record in records:
-            if record["k"] == "val":
-                continue  # a channel value: read by seq
             if record["k"] == "item":
                 self.item_seqs.setdefault(record.get("ch"), []).append(seq)
                 self.item_records.setdefault(record.get("ch"), []).append(record)
-            else:
+            elif record["k"] == "write":
                 self.writes.setdefault(record.get("cp"), []).append((seq, record))
+            # "val" (a channel value) and "cp" (a checkpoint) are read by seq
 
     def items(self, channel: str, start: int, stop: int, load) -> list:
         """The decoded items of `channel` with start <= seq < stop (each decoded once).
@@ -437,24 +458,53 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                 for n in names}
 
     # -- reading a checkpoint -------------------------------------------------------------------
-    def _record(self, node: _Node, entries: bool = False) -> tuple[dict, dict[str, bytes], dict[str, TreeEntry]]:
-        """(record document, values files[, values entries]) of a checkpoint, verified."""
+    def _record(self, line: _Line, node: _Node, entries: bool = False, records: "_Records | None" = None
+                ) -> tuple[dict, dict[str, bytes], dict[str, TreeEntry]]:
+        """(record document, values files[, values entries]) of a checkpoint, verified. The
+        document is the `cp` record ending the checkpoint's own records (from `records` when
+        they hold it), or, in a checkpoint written before 2 Dec 2026, its tree's `langgraph` file."""
         try:
-            files = self.store.tree_files(node.tree)
-            doc = _decode_record(files[RECORD])
-            entries = {path[len(VALUES) + 1:]: entry for path, entry in self.store.tree_files(node.tree, content=False).items()
-                       if path.startswith(VALUES + "/")} if entries else {}
+            if node.tree == _EMPTY_TREE:
+                files, found = {}, {}
+            else:
+                files = self.store.tree_files(node.tree)
+                found = {path[len(VALUES) + 1:]: entry for path, entry in self.store.tree_files(
+                    node.tree, content=False).items() if path.startswith(VALUES + "/")} if entries else {}
+            if RECORD in files:
+                doc = _decode_record(files[RECORD])
+            else:
+                doc = _doc_of_checkpoint_record(self._checkpoint_record_of(line, node, records))
         except IntegrityError as exc:
             raise CorruptCheckpoint(f"LangGraph checkpoint {node.lg_id} (agentcas checkpoint "
                                     f"{node.digest.hex()}): {exc}") from None
         except (KeyError, ValueError) as exc:
             raise CorruptCheckpoint(f"LangGraph checkpoint {node.lg_id} (agentcas checkpoint {node.digest.hex()}) "
-                                    f"has no valid {RECORD}: {exc}") from None
+                                    f"has no valid {RECORD} record: {exc}") from None
         if doc.get("format") != FORMAT or doc.get("checkpoint_id") != node.lg_id:
             raise CorruptCheckpoint(f"agentcas checkpoint {node.digest.hex()}: {RECORD} does not describe "
                                     f"LangGraph checkpoint {node.lg_id}")
         values = {path[len(VALUES) + 1:]: data for path, data in files.items() if path.startswith(VALUES + "/")}
-        return doc, values, entries
+        return doc, values, found
+
+    def _checkpoint_record_of(self, line: _Line, node: _Node, records: "_Records | None") -> dict:
+        """The `cp` record of `node`: the last record of its first version's history (a
+        sealed version's history goes on with the writes it seals), else, should that
+        version not be on this line (a version imported alone), the newest `cp` record of
+        its id among the _CP_SEARCH records before."""
+        first = line.first_version(node)
+        seq = first.history.seq - 1
+        if seq < 0:
+            raise ValueError("its history is empty")
+        record = records.by_seq.get(seq) if records is not None else None
+        if not (record and record.get("k") == "cp" and record.get("id") == node.lg_id):
+            record = dict(self._records(first.history, seq, node, seq + 1)).get(seq)
+        if not (record and record.get("k") == "cp" and record.get("id") == node.lg_id):
+            found = [r for _, r in self._records(first.history, max(0, seq - _CP_SEARCH), node, seq)
+                     if r.get("k") == "cp" and r.get("id") == node.lg_id]
+            if not found:
+                raise ValueError("its history holds no checkpoint record for it")
+            record = found[-1]
+        return record
 
     def _records(self, position: HistoryPosition, start: int, node: _Node,
                  stop: int | None = None) -> list[tuple[int, dict]]:
@@ -474,7 +524,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                 record = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(record, dict) and record.get("k") in ("item", "write", "val"):
+            if isinstance(record, dict) and record.get("k") in _RECORD_KINDS:
                 out.append((seq, record))
         return out
 
@@ -532,7 +582,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
     def _tuple(self, line: _Line, node: _Node, thread_id: str, ns: str, cache: dict | None = None,
                record: tuple | None = None, lines: list | None = None) -> CheckpointTuple:
         """The CheckpointTuple of `node`; `cache` keeps each line's indexed records for a listing."""
-        doc, files, _ = self._record(node) if record is None else record
+        doc, files, _ = self._record(line, node) if record is None else record
         checkpoint = self._load(doc["checkpoint"], doc["checkpoint"]["v"], node)
         metadata = self._load(doc["metadata"], doc["metadata"]["v"], node)
         lines = lines if lines is not None else line.lines_through(node)
@@ -637,7 +687,10 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                 if before_id and lg_id >= before_id:
                     continue
                 node = nodes[lg_id]
-                record = self._record(node)
+                through = members.get(node.digest.raw, [])
+                # The line's records, read once per listing, hold the checkpoint's own record.
+                held = self._line_records(*through[0], 0, node, cache) if through else None
+                record = self._record(line, node, records=held)
                 if filter:
                     metadata = self._load(record[0]["metadata"], record[0]["metadata"]["v"], node)
                     if not all(metadata.get(k) == v for k, v in filter.items()):
@@ -646,7 +699,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                     if limit <= 0:
                         return
                     limit -= 1
-                yield self._tuple(line, node, thread_id, ns, cache, record, members.get(node.digest.raw, []))
+                yield self._tuple(line, node, thread_id, ns, cache, record, through)
 
     def _all_threads(self) -> list[tuple[str, str, str]]:
         out = []
@@ -671,7 +724,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
             return unquote(component)
         root = f"{ROOT}/{component}"
         for node in line.nodes.values():
-            thread_id = self._record(node)[0]["thread_id"]
+            thread_id = self._record(line, node)[0]["thread_id"]
             if thread_root(thread_id) == root:
                 return thread_id
         return None
@@ -682,7 +735,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         if not component.startswith("%h"):
             return unquote(component)
         for node in line.nodes.values():
-            return self._record(node)[0]["checkpoint_ns"]
+            return self._record(line, node)[0]["checkpoint_ns"]
         return None
 
     # -- writing --------------------------------------------------------------------------------
@@ -726,7 +779,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         cached = self._values.get(parent.digest.raw)
         if cached is not None:
             return cached
-        doc, files, entries = self._record(parent, entries=True)
+        doc, files, entries = self._record(line, parent, entries=True)
         lists = {}
         full = None
         for ch, how in doc["channels"].items():
@@ -821,9 +874,9 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                 how["items"] = {"from": end_seq, "base": how["items"]["base"]}
         ck_kind, ck_data = self.serde.dumps_typed({k: v for k, v in checkpoint.items() if k != "channel_values"})
         md_kind, md_data = self.serde.dumps_typed(metadata)
-        files[RECORD] = _encode_record(
-            {"format": FORMAT, "thread_id": str(thread_id), "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"],
-             "parent_checkpoint_id": parent_id, "channels": channels}, (ck_kind, ck_data), (md_kind, md_data))
+        records.append(_checkpoint_record(
+            {"thread_id": str(thread_id), "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"],
+             "parent_checkpoint_id": parent_id, "channels": channels}, (ck_kind, ck_data), (md_kind, md_data)))
         step, source = metadata.get("step", "?"), metadata.get("source", "?")
         reason = f"langgraph step {step} {quote(str(source), safe='')} {quote(checkpoint['id'], safe='')}"
         parents = (parent.digest,) if parent is not None else ()
@@ -851,7 +904,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
             digest = writer.land(final)
             self._remember_tail(base, landed[0], records)
         entries = {k[len(VALUES) + 1:]: v for k, v in self.store.tree_files(tree, content=False).items()
-                   if k.startswith(VALUES + "/")}
+                   if k.startswith(VALUES + "/")} if files else {}
         self._values[digest.raw] = (channels, lists, entries)
         while len(self._values) > _CACHED_CHECKPOINTS:
             self._values.popitem(last=False)
@@ -1061,7 +1114,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         for raw, node in line.nodes.items():
             versions.setdefault(node.lg_id, set()).add(raw)
         keep = set(versions[newest.lg_id])
-        doc = self._record(newest)[0]
+        doc = self._record(line, newest)[0]
         metadata = self._load(doc["metadata"], doc["metadata"]["v"], newest)
         written = self._load(doc["checkpoint"], doc["checkpoint"]["v"], newest).get("channel_versions", {})
         waiting = {ch for ch in (metadata.get("counters_since_delta_snapshot") or {})
@@ -1073,7 +1126,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                 break  # the thread's first checkpoint: every write since the start is kept
             node = line.nodes[line.by_id[parent_id]]
             keep |= versions[parent_id]
-            waiting -= set(self._record(node)[0]["channels"])
+            waiting -= set(self._record(line, node)[0]["channels"])
         return keep
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
@@ -1088,7 +1141,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                 line = self._refresh(name)
                 victims = set()
                 for raw, node in line.nodes.items():
-                    doc = self._record(node)[0]
+                    doc = self._record(line, node)[0]
                     metadata = self._load(doc["metadata"], doc["metadata"]["v"], node)
                     if metadata.get("run_id") in wanted:
                         victims.add(raw)

@@ -16,24 +16,38 @@ from agentcas.cas.digest import Digest
 from agentcas.cas.objects import Checkpoint
 from agentcas.cas.source import ObjectSource
 from agentcas.errors import IntegrityError, NotFound
-from agentcas.lineage.rollout import skip_index
+from agentcas.lineage.rollout import SkipLinks, search_skip_list, skip_index
 from agentcas.refs.revisions import load_checkpoint
 
 
-def index_for_child(objects: ObjectSource, parent: Digest | None, load=None) -> tuple[int, Digest | None]:
+CHECKPOINT_LINKS = SkipLinks()  # checkpoints: (generation, skip, first parent)
+
+
+def links_of(checkpoint: Checkpoint) -> tuple:
+    return checkpoint.generation, checkpoint.skip, checkpoint.parents[0] if checkpoint.parents else None
+
+
+def index_for_child(objects: ObjectSource, parent: Digest | None, load=None,
+                    memo: bool = False) -> tuple[int, Digest | None]:
     """(generation, skip) for a new checkpoint whose first parent is `parent`.
 
-    `load(digest) -> Checkpoint` may replace load_checkpoint (a caching reader)."""
+    `load(digest) -> Checkpoint` may replace load_checkpoint (a caching reader); `memo`
+    (writers) keeps the links of what it loads in CHECKPOINT_LINKS for the next commit."""
     if parent is None:
         return 0, None
     load = load or (lambda digest: load_checkpoint(objects, digest))
-    first = load(parent)
-    if first.parents and first.generation == 0:
+
+    def links(digest: Digest) -> tuple:
+        if memo:
+            return CHECKPOINT_LINKS.get(digest.raw, lambda raw: links_of(load(digest)))
+        return links_of(load(digest))
+    generation, _, first_parent = links(parent)
+    if first_parent is not None and generation == 0:
         return 0, None  # the parent's chain is not indexed, so neither is the child
-    generation = first.generation + 1
+    generation += 1
     if generation < 2:
         return generation, None
-    return generation, ancestor_at(objects, parent, first, skip_index(generation), load)
+    return generation, search_skip_list(links, parent, skip_index(generation))
 
 
 def ancestor_at(objects: ObjectSource, digest: Digest, checkpoint: Checkpoint, generation: int,

@@ -141,10 +141,11 @@ class GroupView:
         """Build a checkpoint object (stored before the refs move); its id."""
         now, runtime = self._now_runtime()
         generation, skip = checkpoints.index_for_child(self.objects, parents[0] if parents else None,
-                                                       self.checkpoint)
+                                                       self.checkpoint, memo=True)
         cp = Checkpoint(tree, tuple(parents), thread, reason, author, created_at or now, runtime, history,
                         generation=generation, skip=skip)
         body, digest = cp.encode_with_id()
+        checkpoints.CHECKPOINT_LINKS.put(digest.raw, checkpoints.links_of(cp))
         self._checkpoints[digest.raw] = cp
         self.objects.waiting[digest.raw] = framing.frame(framing.KIND_CHECKPOINT, body)
         self.needed.add(tree.raw)

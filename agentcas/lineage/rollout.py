@@ -259,6 +259,54 @@ def skip_index(n: int) -> int:
     return drop_lowest(drop_lowest(n - 1)) + 1 if n & 1 else drop_lowest(n)
 
 
+class SkipLinks:
+    """What a skip-pointer search needs of an object, by id: (index, skip id, previous id).
+
+    Appending to a chain looks up the skip target of every new segment or checkpoint, O(log n)
+    objects back; each lookup loaded, verified and decoded those objects again (~5 of them
+    per LangGraph put). The links are a few dozen bytes each, and never go stale: an id is
+    its content's hash, and only links of objects loaded verified (or about to be written)
+    are kept. Bounded by count: the whole memo is dropped when it reaches MAX entries.
+    Writers only; readers (fsck) load what they check."""
+
+    MAX = 16384
+
+    def __init__(self):
+        self.links: dict[bytes, tuple] = {}
+
+    def get(self, raw: bytes, load) -> tuple:
+        """(index, skip, previous) of object `raw`; `load(raw)` gives them when not kept."""
+        found = self.links.get(raw)
+        if found is None:
+            found = load(raw)
+            self.put(raw, found)
+        return found
+
+    def put(self, raw: bytes, links: tuple) -> None:
+        if len(self.links) >= self.MAX:
+            self.links = {}
+        self.links[raw] = links
+
+
+SEGMENT_LINKS = SkipLinks()  # rollout segments: (index, skip, base segment)
+
+
+def search_skip_list(links, digest: Digest, index: int) -> Digest | None:
+    """The object at `index` on the chain back from `digest` (O(log n) hops), following
+    `links(digest) -> (index, skip, previous)`; None if the chain ends before it."""
+    node_id = digest
+    at, skip, previous = links(node_id)
+    while at > index:
+        if skip is not None and skip_index(at) >= index:
+            node_id = skip
+        elif previous is not None:
+            node_id = previous
+        else:
+            return None
+        at, skip, previous = links(node_id)
+    return node_id if at == index else None
+
+
 class SegmentCache:
     """Decoded segments by id, bounded in bytes: a segment is immutable (its id is its
     content's hash, verified when it was loaded), so a process that reads the same history
@@ -571,6 +619,9 @@ def link_segments_at(objects: ObjectSource, head: HistoryPosition, prepared: lis
     def segment_of(digest: Digest) -> Segment:
         return pending[digest.raw] if digest.raw in pending else history.segment(digest)
 
+    def links(digest: Digest) -> tuple:
+        return SEGMENT_LINKS.get(digest.raw, lambda raw: _segment_links(segment_of(digest)))
+
     marks = list(marks)
     positions: list[HistoryPosition] = []
     start_seq = head.seq
@@ -578,10 +629,10 @@ def link_segments_at(objects: ObjectSource, head: HistoryPosition, prepared: lis
         positions.append(head)
         marks.pop(0)
     for item in prepared:
-        index = 0 if head.segment is None else segment_of(head.segment).index + 1
+        index = 0 if head.segment is None else links(head.segment)[0] + 1
         skip = None
         if index >= 2:
-            skip = _ancestor_at_index(segment_of, head.segment, skip_index(index))
+            skip = search_skip_list(links, head.segment, skip_index(index))
         chain, seq, inside = head.digest.raw, head.seq, []
         if item.chained is not None:
             if item.chained.base != chain:
@@ -610,11 +661,16 @@ def link_segments_at(objects: ObjectSource, head: HistoryPosition, prepared: lis
         level = framing.ROLLOUT_ZSTD_LEVEL if item.inline else framing.ZSTD_LEVEL
         new_objects[segment_id.raw] = framing.frame(framing.KIND_SEGMENT, body, level=level)
         pending[segment_id.raw] = segment
+        SEGMENT_LINKS.put(segment_id.raw, _segment_links(segment))
         positions += [HistoryPosition(segment_id, s, o, d) for s, o, d in inside]
         head = segment.end(segment_id)
     if marks:
         raise UsageError(f"mark {marks[0] + start_seq} is beyond the appended records")
     return head, new_objects, positions
+
+
+def _segment_links(segment: Segment) -> tuple:
+    return segment.index, segment.skip, segment.base.segment
 
 
 def _ancestor_at_index(segment_of, digest: Digest, index: int) -> Digest:
