@@ -85,3 +85,28 @@ def test_unindexed_checkpoints_are_walked_parent_by_parent():
         assert load_checkpoint(txn, ids[-1]).generation == 0
         assert b"generation" not in Checkpoint.decode(Checkpoint(
             tree.digest(), (), "main", "r", "t", "2026-11-29T00:00:00.000000Z").encode()).encode()
+
+
+def test_a_commit_finds_its_skip_target_from_the_links_it_keeps(tmp_path, monkeypatch):
+    """Store.commit looks up (generation, skip) through CHECKPOINT_LINKS: after a chain of
+    commits, the next one loads no ancestor checkpoint to index itself; with the links
+    dropped it finds the same skip target by loading them."""
+    from agentcas.lineage import checkpoints
+    from agentcas.refs import revisions
+
+    store, _ = Store.init(str(tmp_path / "s"))
+    work = tmp_path / "w"
+    work.mkdir()
+    for i in range(40):
+        (work / "f").write_text(str(i))
+        store.commit(str(work), f"step {i}", thread="main")
+    loads = []
+    real = revisions.load_checkpoint
+    monkeypatch.setattr(checkpoints, "load_checkpoint", lambda objects, digest: loads.append(digest) or real(objects, digest))
+    with store.source.reading() as objects:
+        head = store.resolve("main")
+        warm = checkpoints.index_for_child(objects, head, memo=True)
+        assert loads == []
+        checkpoints.CHECKPOINT_LINKS.links.clear()
+        cold = checkpoints.index_for_child(objects, head, memo=True)
+        assert cold == warm == checkpoints.index_for_child(objects, head) and len(loads) >= 2

@@ -297,3 +297,21 @@ def test_skip_index_matches_bitcoin_get_skip_height():
                 12: 8, 13: 1, 14: 12, 15: 9, 16: 0, 17: 1, 100: 96, 1000: 992}
     assert {n: rollout.skip_index(n) for n in expected} == expected
     assert all(rollout.skip_index(n) < n for n in range(1, 5000))
+
+
+def test_a_writer_finds_skip_targets_from_the_links_it_keeps_not_by_reloading(monkeypatch):
+    """Linking onto a deep chain looks up its skip target through SEGMENT_LINKS: once the
+    chain was written (or read) by this process, no ancestor segment is loaded again, and
+    the skip pointers are those a cold search finds (the chain's shape is checked both ways)."""
+    store = Store.memory()
+    head, _ = _single_record_chain(store, 300, tag="links")
+    loads = []
+    real = rollout.History.segment
+    monkeypatch.setattr(rollout.History, "segment", lambda self, digest: loads.append(digest) or real(self, digest))
+    warm, _ = _single_record_chain(store, 20, head, tag="warm")
+    assert loads == []
+    rollout.SEGMENT_LINKS.links.clear()
+    cold, _ = _single_record_chain(store, 20, head, tag="warm")
+    assert cold == warm and len(loads) >= 3  # the same segments, found by loading ancestors
+    with views(store) as txn:
+        check_chain_shape(txn, warm)
