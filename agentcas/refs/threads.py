@@ -100,14 +100,30 @@ def _key(name: str) -> bytes:
     return PREFIX + name.encode("utf-8")
 
 
+# Ref rows decoded lately, by (key, exact row bytes): a writer reads the same few rows
+# several times per move (a LangGraph put: ~5), each an unseal, a canonical-JSON check and
+# a parse. A row's bytes verified once decode the same way again; a changed row is a new
+# key here. Bounded: dropped whole at _DECODED_MAX rows.
+_DECODED: dict[tuple[bytes, bytes], ThreadState] = {}
+_DECODED_MAX = 1024
+
+
 def _decode_state(key: bytes, value) -> ThreadState:
+    value = bytes(value)
+    found = _DECODED.get((key, value))
+    if found is not None:
+        return found
     payload = unseal("refs", key, value)
     try:
-        return ThreadState.from_doc(encoding.decode(payload))
+        state = ThreadState.from_doc(encoding.decode(payload))
     except (InvalidObject, KeyError, TypeError, Exception) as exc:  # noqa: BLE001 - any shape error
         if isinstance(exc, IntegrityError):
             raise
         raise IntegrityError(f"ref {key.decode('utf-8', 'replace')} is malformed: {exc}") from None
+    if len(_DECODED) >= _DECODED_MAX:
+        _DECODED.clear()
+    _DECODED[(bytes(key), value)] = state
+    return state
 
 
 def read_thread(txn: Txn, name: str) -> ThreadState | None:
