@@ -964,3 +964,19 @@ def test_checkpoints_of_the_first_layout_still_read_and_resume(tmp_path, run):
         assert values["notes"] == "n" * 5000 + "7"
         assert len(list(saver.list(config("old")))) == 12
     assert run("fsck", store=store).code == 0
+
+
+def test_a_checkpoint_without_its_record_raises_a_clear_error(saver, tmp_path):
+    """A commit on a LangGraph thread whose reason looks like the saver's but whose history
+    does not end with that checkpoint's record (written by hand, or by another tool) is
+    refused by name, never read as some other checkpoint's state."""
+    work, rollout = tmp_path / "w", tmp_path / "r.jsonl"
+    work.mkdir()
+    rollout.write_bytes(b'{"k":"cp","id":"someone-else"}\n')
+    reason = "langgraph step 1 loop 1f000000-0000-6000-8000-000000000000"
+    saver.store.commit(str(work), reason, thread="langgraph/forged", rollout_file=str(rollout))
+    before = saver.store.thread("langgraph/forged")
+    with pytest.raises(CorruptCheckpoint, match=r"1f000000-0000-6000-8000-000000000000 .*record 0 of its history "
+                                                r"is not its checkpoint record"):
+        saver.get_tuple(config("forged"))
+    assert saver.store.thread("langgraph/forged") == before

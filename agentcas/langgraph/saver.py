@@ -64,7 +64,6 @@ SEALED = " + pending writes"
 _decode_json = msgspec.json.Decoder().decode  # ~2x json.loads; its DecodeError is a ValueError
 _EMPTY_TREE = Tree.of([]).digest()  # a checkpoint with no value stored as a file
 _RECORD_KINDS = ("item", "write", "val", "cp")
-_CP_SEARCH = 256  # records looked back for a checkpoint's record when it is not where expected
 _CACHED_CHECKPOINTS = 4
 _MAX_RETRIES = 64
 _MAX_EARLY = 256  # checkpoints whose writes wait for their put
@@ -491,9 +490,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
 
     def _checkpoint_record_of(self, line: _Line, node: _Node, records: "_Records | None") -> dict:
         """The `cp` record of `node`: the last record of its first version's history (a
-        sealed version's history goes on with the writes it seals), else, should that
-        version not be on this line (a version imported alone), the newest `cp` record of
-        its id among the _CP_SEARCH records before."""
+        sealed version's history goes on with the writes it seals)."""
         first = line.first_version(node)
         seq = first.history.seq - 1
         if seq < 0:
@@ -502,11 +499,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         if not (record and record.get("k") == "cp" and record.get("id") == node.lg_id):
             record = dict(self._records(first.history, seq, node, seq + 1)).get(seq)
         if not (record and record.get("k") == "cp" and record.get("id") == node.lg_id):
-            found = [r for _, r in self._records(first.history, max(0, seq - _CP_SEARCH), node, seq)
-                     if r.get("k") == "cp" and r.get("id") == node.lg_id]
-            if not found:
-                raise ValueError("its history holds no checkpoint record for it")
-            record = found[-1]
+            raise ValueError(f"record {seq} of its history is not its checkpoint record")
         return record
 
     def _records(self, position: HistoryPosition, start: int, node: _Node,
