@@ -191,14 +191,20 @@ def prepare(data: bytes, add_object, first_line: int = 1, raw_lines: bool = Fals
                 refs.append(ChunkRef(digest, len(piece)))
         return PreparedSegment(tuple(refs), end - start, hashes, sizes), objects
 
+    def packed():
+        # zstd and BLAKE3 release the GIL: a large append packs its segments on two threads
+        # (one segment is packed here: even an idle pool costs more than a small append).
+        if len(groups) <= 1:
+            yield from map(pack, groups)
+            return
+        with ThreadPoolExecutor(READ_WORKERS if len(groups) > 2 else 1) as pool:
+            yield from pool.map(pack, groups)
+
     prepared = []
-    # zstd and BLAKE3 release the GIL: a large append packs its segments on two threads
-    # (one segment is packed here: starting a thread costs more than a small append).
-    with ThreadPoolExecutor(READ_WORKERS if len(groups) > 2 else 1) as pool:
-        for segment, objects in (pool.map(pack, groups) if len(groups) > 1 else map(pack, groups)):
-            for digest, framed in objects:
-                add_object(digest, framed)
-            prepared.append(segment)
+    for segment, objects in packed():
+        for digest, framed in objects:
+            add_object(digest, framed)
+        prepared.append(segment)
     return prepared
 
 
