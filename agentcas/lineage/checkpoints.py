@@ -52,18 +52,10 @@ def index_for_child(objects: ObjectSource, parent: Digest | None, load=None,
 
 def ancestor_at(objects: ObjectSource, digest: Digest, checkpoint: Checkpoint, generation: int,
                 load=None) -> Digest | None:
-    """The first-parent ancestor of `digest` at `generation` (None if the chain is not indexed)."""
+    """The first-parent ancestor of `digest` (whose checkpoint is `checkpoint`) at
+    `generation` (None if the chain is not indexed)."""
     load = load or (lambda digest: load_checkpoint(objects, digest))
-    node_id, node = digest, checkpoint
-    while node.generation > generation:
-        if node.skip is not None and skip_index(node.generation) >= generation:
-            node_id = node.skip
-        elif node.parents:
-            node_id = node.parents[0]
-        else:
-            return None
-        node = load(node_id)
-    return node_id if node.generation == generation else None
+    return search_skip_list(lambda d: links_of(checkpoint if d == digest else load(d)), digest, generation)
 
 
 def newest_at_or_before(objects: ObjectSource, tip: Digest | None, seq: int) -> Digest | None:

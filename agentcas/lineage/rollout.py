@@ -681,14 +681,10 @@ def _segment_links(segment: Segment) -> tuple:
 
 def _ancestor_at_index(segment_of, digest: Digest, index: int) -> Digest:
     """The segment with `index` on the chain back from `digest` (O(log n) loads)."""
-    node_id, node = digest, segment_of(digest)
-    while node.index > index:
-        if node.skip is not None and skip_index(node.index) >= index:
-            node_id = node.skip
-        else:
-            node_id = node.base.segment
-        node = segment_of(node_id)
-    return node_id
+    found = search_skip_list(lambda d: _segment_links(segment_of(d)), digest, index)
+    if found is None:
+        raise IntegrityError(f"the segment chain back from {digest.hex()} has no segment {index}")
+    return found
 
 
 class RolloutMismatch(AgentcasError):
