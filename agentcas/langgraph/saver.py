@@ -140,14 +140,14 @@ def _decode_record(data: bytes) -> dict:
     return doc
 
 
-def _checkpoint_record(doc: dict, checkpoint: tuple[str, bytes], metadata: tuple[str, bytes]) -> bytes:
+def _checkpoint_record(doc: dict) -> bytes:
     """The rollout record `{"k":"cp",...}` that ends a checkpoint's own records (layout 2):
     its ids, its channels, and the serde bytes of the checkpoint (without its values) and of
     the metadata as latin-1 text, like a value record's "x"."""
     return _jsonl({"k": "cp", "id": doc["checkpoint_id"], "parent": doc["parent_checkpoint_id"],
                    "thread": doc["thread_id"], "ns": doc["checkpoint_ns"], "chans": doc["channels"],
-                   "ct": checkpoint[0], "c": checkpoint[1].decode("latin-1"),
-                   "mt": metadata[0], "m": metadata[1].decode("latin-1")})
+                   "ct": doc["checkpoint"]["t"], "c": doc["checkpoint"]["v"].decode("latin-1"),
+                   "mt": doc["metadata"]["t"], "m": doc["metadata"]["v"].decode("latin-1")})
 
 
 def _doc_of_checkpoint_record(record: dict) -> dict:
@@ -361,6 +361,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         self._lock = threading.RLock()
         self._lines: dict[str, _Line] = {}
         self._values: OrderedDict = OrderedDict()  # digest raw -> (channels doc, {ch: list}, {file: TreeEntry})
+        self._docs: OrderedDict = OrderedDict()  # digest raw -> record document, of what this saver put last
         self._early: dict[tuple[str, str], list] = {}  # writes for checkpoints not stored yet
         self._tails: OrderedDict = OrderedDict()  # history position -> its last records' inline bytes
 
@@ -465,6 +466,9 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         """(record document, values files[, values entries]) of a checkpoint, verified. The
         document is the `cp` record ending the checkpoint's own records (from `records` when
         they hold it), or, in a checkpoint written before 2 Dec 2026, its tree's `langgraph` file."""
+        doc = self._docs.get(node.digest.raw)
+        if doc is not None and node.tree == _EMPTY_TREE:
+            return doc, {}, {}  # just put by this saver: no need to read its record back
         try:
             if node.tree == _EMPTY_TREE:
                 files, found = {}, {}
@@ -870,9 +874,10 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                 how["items"] = {"from": end_seq, "base": how["items"]["base"]}
         ck_kind, ck_data = self.serde.dumps_typed({k: v for k, v in checkpoint.items() if k != "channel_values"})
         md_kind, md_data = self.serde.dumps_typed(metadata)
-        records.append(_checkpoint_record(
-            {"thread_id": str(thread_id), "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"],
-             "parent_checkpoint_id": parent_id, "channels": channels}, (ck_kind, ck_data), (md_kind, md_data)))
+        doc = {"format": FORMAT, "thread_id": str(thread_id), "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"],
+               "parent_checkpoint_id": parent_id, "channels": channels,
+               "checkpoint": {"t": ck_kind, "v": ck_data}, "metadata": {"t": md_kind, "v": md_data}}
+        records.append(_checkpoint_record(doc))
         step, source = metadata.get("step", "?"), metadata.get("source", "?")
         reason = f"langgraph step {step} {quote(str(source), safe='')} {quote(checkpoint['id'], safe='')}"
         parents = (parent.digest,) if parent is not None else ()
@@ -902,8 +907,11 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         entries = {k[len(VALUES) + 1:]: v for k, v in self.store.tree_files(tree, content=False).items()
                    if k.startswith(VALUES + "/")} if files else {}
         self._values[digest.raw] = (channels, lists, entries)
+        self._docs[digest.raw] = doc
         while len(self._values) > _CACHED_CHECKPOINTS:
             self._values.popitem(last=False)
+        while len(self._docs) > _CACHED_CHECKPOINTS:
+            self._docs.popitem(last=False)
         return digest
 
     @staticmethod
@@ -991,6 +999,8 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
             self._remember_tail(*landed, records)
         if seal and node.digest.raw in self._values:
             self._values[sealed.raw] = self._values[node.digest.raw]
+        if seal and node.digest.raw in self._docs:
+            self._docs[sealed.raw] = self._docs[node.digest.raw]
 
     def _write_records(self, checkpoint_id: str, batches, existing: set = frozenset(),
                        earlier=lambda: ()) -> list[bytes]:

@@ -275,7 +275,7 @@ class SkipLinks:
     are kept. Bounded by count: the whole memo is dropped when it reaches MAX entries.
     Writers only; readers (fsck) load what they check."""
 
-    MAX = 16384
+    MAX = 1024
 
     def __init__(self):
         self.links: dict[bytes, tuple] = {}

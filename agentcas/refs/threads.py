@@ -105,7 +105,7 @@ def _key(name: str) -> bytes:
 # a parse. A row's bytes verified once decode the same way again; a changed row is a new
 # key here. Bounded: dropped whole at _DECODED_MAX rows.
 _DECODED: dict[tuple[bytes, bytes], ThreadState] = {}
-_DECODED_MAX = 1024
+_DECODED_MAX = 256
 
 
 def _decode_state(key: bytes, value) -> ThreadState:
