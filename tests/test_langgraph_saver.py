@@ -59,9 +59,10 @@ def config(thread="t", checkpoint_id=None, ns=""):
     return {"configurable": conf}
 
 
-def put(saver, thread, parent=None, values=None, versions=None, new_versions=None, step=0, **metadata):
+def put(saver, thread, parent=None, values=None, versions=None, new_versions=None, step=0, checkpoint_id=None,
+        **metadata):
     cp = empty_checkpoint()
-    cp["id"] = str(uuid6(clock_seq=step))
+    cp["id"] = checkpoint_id or str(uuid6(clock_seq=step))
     cp["channel_values"] = dict(values or {})
     cp["channel_versions"] = dict(versions if versions is not None else {k: 1 for k in (values or {})})
     stored = saver.put(config(thread, parent), cp, {"source": "loop", "step": step, **metadata},
@@ -980,3 +981,28 @@ def test_a_checkpoint_without_its_record_raises_a_clear_error(saver, tmp_path):
                                                 r"is not its checkpoint record"):
         saver.get_tuple(config("forged"))
     assert saver.store.thread("langgraph/forged") == before
+
+
+def test_a_checkpoint_and_metadata_over_4_kib_are_files_of_its_tree_without_a_record_limit(saver):
+    """Serde bytes ride in the checkpoint record as text (up to 6x their size escaped, and a
+    record is at most 64 MiB); above 4 KiB they are a file of the checkpoint's tree instead,
+    named by the record, so a 24 MiB metadata value stores and reads back whole."""
+    small = put(saver, "big", values={"v": "x"}, step=0, note="n" * 5000)
+    huge = put(saver, "big", parent=small, values={"v": "y"}, step=1, blob=bytes(24 << 20))
+    records = [json.loads(x) for x in b"".join(saver.store.rollout_read("langgraph/big")).splitlines()]
+    cps = [r for r in records if r["k"] == "cp"]
+    assert [("mf" in r, "m" in r, "c" in r) for r in cps] == [(True, False, True), (True, False, True)]
+    fresh = AgentcasSaver(saver.store)
+    assert fresh.get_tuple(config("big", small)).metadata["note"] == "n" * 5000
+    assert fresh.get_tuple(config("big", huge)).metadata["blob"] == bytes(24 << 20)
+    assert saver.store.fsck()["ok"]
+
+
+def test_a_put_naming_its_own_id_as_parent_is_a_new_checkpoint_for_every_reader(saver):
+    """Only versions sealed by put_writes are versions of one checkpoint: a put whose parent
+    id is its own id (LangGraph never sends one; InMemorySaver overwrites) reads back as the
+    new values in this saver and in a fresh one alike."""
+    first = put(saver, "self", values={"v": "a"}, step=0)
+    put(saver, "self", parent=first, values={"v": "again"}, step=1, checkpoint_id=first)
+    assert saver.get_tuple(config("self", first)).checkpoint["channel_values"] == {"v": "again"}
+    assert AgentcasSaver(saver.store).get_tuple(config("self", first)).checkpoint["channel_values"] == {"v": "again"}

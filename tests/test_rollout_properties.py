@@ -315,3 +315,26 @@ def test_a_writer_finds_skip_targets_from_the_links_it_keeps_not_by_reloading(mo
     assert cold == warm and len(loads) >= 3  # the same segments, found by loading ancestors
     with views(store) as txn:
         check_chain_shape(txn, warm)
+
+
+def test_linking_onto_a_chain_with_a_gap_is_refused_not_given_a_wrong_skip(tmp_path):
+    """A forged segment whose index skips ahead of its base (index 5 right after segment 0)
+    leaves its chain without the segment a new skip pointer must name: the append is an
+    integrity error, and nothing is written (the old search named segment 0 instead)."""
+    import blake3 as _blake3
+
+    from agentcas.cas import framing
+    from agentcas.cas.digest import chain_prefix
+    from agentcas.cas.objects import Segment
+    from agentcas.errors import IntegrityError
+
+    store = Store.memory()
+    head, _ = _single_record_chain(store, 1, tag="gap")
+    record = b'{"b":2}\n'
+    forged = Segment(head, 5, head.segment, 1, len(record), chain_prefix(head.digest, _blake3.blake3(record).digest()),
+                     (), record)
+    forged_id = forged.digest_id()
+    store.source.put_many({forged_id.raw: framing.frame(framing.KIND_SEGMENT, forged.encode())})
+    prepared = rollout.prepare(b'{"c":3}\n', lambda digest, framed: store.source.put_many({digest.raw: framed}))
+    with pytest.raises(IntegrityError, match="has no segment 4"):
+        rollout.link_segments_at(store.source, forged.end(forged_id), prepared, ())

@@ -55,6 +55,9 @@ from agentcas.refs.threads import ForkOrigin, ThreadState
 
 ROOT = "langgraph"
 RECORD = "langgraph"
+# A checkpoint's or its metadata's serde bytes over _RECORD_VALUE_BYTES: a file of its tree
+# (content addressed, chunked, no record size limit), named by its checkpoint record.
+SERDE_FILES = {"checkpoint": "langgraph-checkpoint", "metadata": "langgraph-metadata"}
 VALUES = "values"
 FORMAT = 1
 _SAFE = re.compile(r"[A-Za-z0-9_-]")
@@ -140,27 +143,43 @@ def _decode_record(data: bytes) -> dict:
     return doc
 
 
-def _checkpoint_record(doc: dict) -> bytes:
+def _checkpoint_record(doc: dict, filed: set = frozenset()) -> bytes:
     """The rollout record `{"k":"cp",...}` that ends a checkpoint's own records (layout 2):
     its ids, its channels, and the serde bytes of the checkpoint (without its values) and of
-    the metadata as latin-1 text, like a value record's "x"."""
-    return _jsonl({"k": "cp", "id": doc["checkpoint_id"], "parent": doc["parent_checkpoint_id"],
-                   "thread": doc["thread_id"], "ns": doc["checkpoint_ns"], "chans": doc["channels"],
-                   "ct": doc["checkpoint"]["t"], "c": doc["checkpoint"]["v"].decode("latin-1"),
-                   "mt": doc["metadata"]["t"], "m": doc["metadata"]["v"].decode("latin-1")})
+    the metadata as latin-1 text ("c", "m"), like a value record's "x"; a part in `filed` is
+    instead the tree file the record names ("cf", "mf": SERDE_FILES)."""
+    record = {"k": "cp", "id": doc["checkpoint_id"], "parent": doc["parent_checkpoint_id"],
+              "thread": doc["thread_id"], "ns": doc["checkpoint_ns"], "chans": doc["channels"]}
+    for part, key in (("checkpoint", "c"), ("metadata", "m")):
+        record[key + "t"] = doc[part]["t"]
+        if part in filed:
+            record[key + "f"] = SERDE_FILES[part]
+        else:
+            record[key] = doc[part]["v"].decode("latin-1")
+    return _jsonl(record)
 
 
-def _doc_of_checkpoint_record(record: dict) -> dict:
-    """A `cp` record as the document `_decode_record` gives (one shape for both layouts)."""
-    def serde(kind, text):
-        if not isinstance(kind, str) or not isinstance(text, str):
+def _doc_of_checkpoint_record(record: dict, files: dict[str, bytes]) -> dict:
+    """A `cp` record (and its tree's `files`) as the document `_decode_record` gives (one
+    shape for both layouts)."""
+    def serde(key):
+        kind, text, file = record.get(key + "t"), record.get(key), record.get(key + "f")
+        if file is not None:
+            if file not in SERDE_FILES.values() or file not in files:
+                raise ValueError(f"the checkpoint record names a file its tree does not hold: {str(file)[:80]!r}")
+            data = files[file]
+        elif isinstance(text, str):
+            data = text.encode("latin-1")  # a character above U+00FF raises ValueError
+        else:
             raise ValueError("a checkpoint record's serde fields are not text")
-        return {"t": kind, "v": text.encode("latin-1")}  # a character above U+00FF raises ValueError
+        if not isinstance(kind, str):
+            raise ValueError("a checkpoint record's serde type is not text")
+        return {"t": kind, "v": data}
     if not isinstance(record.get("chans"), dict):
         raise ValueError("a checkpoint record's channels are not a map")
     return {"format": FORMAT, "checkpoint_id": record.get("id"), "parent_checkpoint_id": record.get("parent"),
             "thread_id": record.get("thread"), "checkpoint_ns": record.get("ns"), "channels": record["chans"],
-            "checkpoint": serde(record.get("ct"), record.get("c")), "metadata": serde(record.get("mt"), record.get("m"))}
+            "checkpoint": serde("c"), "metadata": serde("m")}
 
 
 def _value_fields(data: bytes, earlier) -> dict:
@@ -212,6 +231,7 @@ class _Node:
     history: HistoryPosition
     tree: Digest
     created_at: str
+    sealed: bool = False  # a version made by put_writes sealing writes into it (reason + SEALED)
 
 
 @dataclass
@@ -230,7 +250,7 @@ class _Line:
     def first_version(self, node: _Node) -> _Node:
         """The oldest agentcas checkpoint of `node`'s LangGraph checkpoint (sealed writes make
         newer versions: same tree, the writes in their history)."""
-        while node.parents and node.parents[0].raw in self.nodes \
+        while node.sealed and node.parents and node.parents[0].raw in self.nodes \
                 and self.nodes[node.parents[0].raw].lg_id == node.lg_id:
             node = self.nodes[node.parents[0].raw]
         return node
@@ -413,7 +433,8 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
             boundary.update(p.raw for p in cp.parents)
             match = _REASON.match(cp.reason)
             if match:
-                node = _Node(digest, unquote(match.group(3)), cp.parents, cp.history, cp.tree, cp.created_at)
+                node = _Node(digest, unquote(match.group(3)), cp.parents, cp.history, cp.tree, cp.created_at,
+                             bool(match.group(4)))
                 line.nodes[digest.raw] = node
                 added.append(node)
         line.refs = dict(refs)
@@ -461,8 +482,8 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                 for n in names}
 
     # -- reading a checkpoint -------------------------------------------------------------------
-    def _record(self, line: _Line, node: _Node, entries: bool = False, records: "_Records | None" = None
-                ) -> tuple[dict, dict[str, bytes], dict[str, TreeEntry]]:
+    def _record(self, line: _Line, node: _Node, entries: bool = False, records: "_Records | None" = None,
+                first: _Node | None = None) -> tuple[dict, dict[str, bytes], dict[str, TreeEntry]]:
         """(record document, values files[, values entries]) of a checkpoint, verified. The
         document is the `cp` record ending the checkpoint's own records (from `records` when
         they hold it), or, in a checkpoint written before 2 Dec 2026, its tree's `langgraph` file."""
@@ -479,7 +500,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
             if RECORD in files:
                 doc = _decode_record(files[RECORD])
             else:
-                doc = _doc_of_checkpoint_record(self._checkpoint_record_of(line, node, records))
+                doc = _doc_of_checkpoint_record(self._checkpoint_record_of(line, node, records, first), files)
         except IntegrityError as exc:
             raise CorruptCheckpoint(f"LangGraph checkpoint {node.lg_id} (agentcas checkpoint "
                                     f"{node.digest.hex()}): {exc}") from None
@@ -492,10 +513,11 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         values = {path[len(VALUES) + 1:]: data for path, data in files.items() if path.startswith(VALUES + "/")}
         return doc, values, found
 
-    def _checkpoint_record_of(self, line: _Line, node: _Node, records: "_Records | None") -> dict:
+    def _checkpoint_record_of(self, line: _Line, node: _Node, records: "_Records | None",
+                              first: _Node | None = None) -> dict:
         """The `cp` record of `node`: the last record of its first version's history (a
-        sealed version's history goes on with the writes it seals)."""
-        first = line.first_version(node)
+        sealed version's history goes on with the writes it seals); `first` if known."""
+        first = first or line.first_version(node)
         seq = first.history.seq - 1
         if seq < 0:
             raise ValueError("its history is empty")
@@ -580,7 +602,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         return _Records(self._records(state.history, start, node), start)
 
     def _tuple(self, line: _Line, node: _Node, thread_id: str, ns: str, cache: dict | None = None,
-               record: tuple | None = None, lines: list | None = None) -> CheckpointTuple:
+               record: tuple | None = None, lines: list | None = None, first: _Node | None = None) -> CheckpointTuple:
         """The CheckpointTuple of `node`; `cache` keeps each line's indexed records for a listing."""
         doc, files, _ = self._record(line, node) if record is None else record
         checkpoint = self._load(doc["checkpoint"], doc["checkpoint"]["v"], node)
@@ -589,7 +611,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         if not lines:
             raise CorruptCheckpoint(f"LangGraph checkpoint {node.lg_id} is on no line of thread {line.name}")
         ref, state = lines[0]
-        since = line.first_version(node).history.seq  # sealed writes sit between the versions
+        since = (first or line.first_version(node)).history.seq  # sealed writes sit between the versions
         channels = doc["channels"]
         cached = self._values.get(node.digest.raw)
         item_from = [c["items"]["from"] for c in channels.values() if "items" in c]
@@ -679,6 +701,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                 line = self._refresh(name)
                 # A snapshot: the listing runs outside the lock while other calls may refresh.
                 nodes = {lg_id: line.nodes[raw] for lg_id, raw in line.by_id.items()}
+                firsts = {lg_id: line.first_version(node) for lg_id, node in nodes.items()}
                 members = line.membership()
                 cache: dict = {}
             for lg_id in sorted(nodes, reverse=True):
@@ -690,7 +713,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                 through = members.get(node.digest.raw, [])
                 # The line's records, read once per listing, hold the checkpoint's own record.
                 held = self._line_records(*through[0], 0, node, cache) if through else None
-                record = self._record(line, node, records=held)
+                record = self._record(line, node, records=held, first=firsts[lg_id])
                 if filter:
                     metadata = self._load(record[0]["metadata"], record[0]["metadata"]["v"], node)
                     if not all(metadata.get(k) == v for k, v in filter.items()):
@@ -699,7 +722,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                     if limit <= 0:
                         return
                     limit -= 1
-                yield self._tuple(line, node, thread_id, ns, cache, record, through)
+                yield self._tuple(line, node, thread_id, ns, cache, record, through, firsts[lg_id])
 
     def _all_threads(self) -> list[tuple[str, str, str]]:
         out = []
@@ -877,7 +900,10 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         doc = {"format": FORMAT, "thread_id": str(thread_id), "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"],
                "parent_checkpoint_id": parent_id, "channels": channels,
                "checkpoint": {"t": ck_kind, "v": ck_data}, "metadata": {"t": md_kind, "v": md_data}}
-        records.append(_checkpoint_record(doc))
+        filed = {part for part in SERDE_FILES if len(doc[part]["v"]) > _RECORD_VALUE_BYTES}
+        for part in filed:
+            files[SERDE_FILES[part]] = doc[part]["v"]
+        records.append(_checkpoint_record(doc, filed))
         step, source = metadata.get("step", "?"), metadata.get("source", "?")
         reason = f"langgraph step {step} {quote(str(source), safe='')} {quote(checkpoint['id'], safe='')}"
         parents = (parent.digest,) if parent is not None else ()

@@ -639,6 +639,9 @@ def link_segments_at(objects: ObjectSource, head: HistoryPosition, prepared: lis
         skip = None
         if index >= 2:
             skip = search_skip_list(links, head.segment, skip_index(index))
+            if skip is None:
+                raise IntegrityError(f"the segment chain back from {head.segment.hex()} has no segment "
+                                     f"{skip_index(index)}; nothing was appended")
         chain, seq, inside = head.digest.raw, head.seq, []
         if item.chained is not None:
             if item.chained.base != chain:
