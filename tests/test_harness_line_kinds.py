@@ -13,7 +13,7 @@ import json
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from agentcas.harnesses.line_kinds import line_kind
+from agentcas.harnesses.line_kinds import classify_lines, line_kind
 from agentcas.harnesses.records import parse_line
 
 
@@ -101,3 +101,26 @@ def test_line_kind_agrees_with_parse_line(raw):
                          + [b'{"type":"user"}' + bytes([b]) + b"\n" for b in range(256)])
 def test_line_kind_agrees_on_every_byte_around_an_object(raw):
     check(raw)
+
+
+# --- classify_lines: line_kind of every line of a file, in one pass --------------------------
+
+def wants_all(kind, payload_kind) -> bool:
+    return kind is not None or payload_kind is not None
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(lines(), max_size=12))
+@example([b'{"type":"event_msg","payload":{"type":"a\xc3\xa9"}}', b'{"type":"user","a":"\xff"}', b'{"type":"x"}'])
+@example([b'{"type":"user","a":"\xc3\xa9"}', b"\n", b'{"type":"x"}'])
+@example([b'{"a":"\xed\xa0\x80"}', b'{"type":"user"}'])
+def test_classify_lines_says_what_line_kind_says_of_each_line(raws):
+    """One file's lines: valid UTF-8 whole, or with a line that is not (the whole-file check
+    then fails and each line is checked), damaged lines among good ones."""
+    data = b"".join(raw if raw.endswith(b"\n") else raw + b"\n" for raw in raws)
+    ends, damaged, wanted = classify_lines(data, wants_all)
+    starts = [0] + ends[:-1]
+    assert ends == [i + 1 for i, byte in enumerate(data) if byte == 0x0A]
+    kinds = [line_kind(data[s:e]) for s, e in zip(starts, ends)]
+    assert damaged == [n for n, (is_object, _, _) in enumerate(kinds) if not is_object]
+    assert wanted == [n for n, (is_object, kind, inner) in enumerate(kinds) if is_object and wants_all(kind, inner)]

@@ -429,3 +429,35 @@ def test_segments_chained_ahead_link_exactly_like_segments_chained_when_linked(t
     with pytest.raises(UsageError, match="not chained ahead"):
         rollout.link_segments_at(store.source, base, packed.segments, [2])
     store.objects.close()
+
+
+def _lines_of(shape: str) -> list[bytes]:
+    if shape == "small":     # several segments of many records
+        return [b'{"n": %d, "pad": "%s"}\n' % (n, b"x" * (n * 37 % 9000)) for n in range(700)]
+    if shape == "stamped":   # lines of 32 KiB or more whose body is chunked apart from its timestamp
+        return [b'{"timestamp":"2026-11-0%dT10:00:00Z","body":"%s"}\n' % (n % 9, b"y" * (n * 7919 % 90_000))
+                for n in range(40)]
+    if shape == "exact":     # segments of exactly MAX_SEGMENT_BYTES (a record ends right at the limit)
+        return [b'{"n": "%s"}\n' % b"e".ljust(1024 - 10, b"e") for _ in range(2500)]
+    # a record longer than a segment, alone in its own, between small ones
+    return [b'{"n": 1}\n', b'{"big": "%s"}\n' % (b"z" * (rollout.MAX_SEGMENT_BYTES + 5)), b'{"n": 2}\n',
+            b"not json\n", b'{"n": 3}\n']
+
+
+@pytest.mark.parametrize("shape", ["small", "exact", "stamped", "huge"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_pack_raw_lines_chains_as_chain_ahead_of_prepare(shape, threads):
+    """pack_raw_lines chains while it packs (no record hashes kept): the same segments, chain
+    values and chunk objects as `prepare` then `chain_ahead`, with the line ends given or not."""
+    lines = _lines_of(shape)
+    data, count = b"".join(lines), len(lines)
+    marks = sorted({1, 2, count // 3, count // 2, count - 1, count} - {0})
+    chain_from = b"\x07" * 32
+    objects = []
+    plain = rollout.chain_ahead(rollout.prepare(data, lambda d, framed: objects.append((d, framed)), raw_lines=True,
+                                                level=3), chain_from, marks)
+    for ends in (None, rollout.line_ends(data)):
+        packed = rollout.pack_raw_lines(data, 3, chain_from, marks, ends=ends, threads=threads)
+        assert packed.segments == plain
+        assert [(d, framing.unframe(v)) for d, v in packed.objects] == [(d, framing.unframe(v)) for d, v in objects]
+    assert len(plain) > 1 and (shape != "stamped" or len(objects) > len(plain))

@@ -98,6 +98,12 @@ def chain_raw(previous: bytes, record_hash: bytes) -> bytes:
     return hasher.digest()
 
 
+def chain_step_hasher():
+    """A hasher for chain steps, for loops over many records: per step `reset()`,
+    `update(previous + record_hash)`, `digest()` (one object, its context key computed once)."""
+    return _PREFIX_HASHER.copy()
+
+
 def chain_values(previous: bytes, record_hashes) -> list[bytes]:
     """The raw chain value after each of `record_hashes`, starting from `previous`."""
     copy, values = _PREFIX_HASHER.copy, []

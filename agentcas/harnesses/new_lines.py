@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from agentcas.harnesses.line_kinds import line_kind
+from agentcas.harnesses.line_kinds import classify_lines
 from agentcas.harnesses.records import parse_line
 from agentcas.lineage.rollout import PackedLines, pack_raw_lines
 
@@ -49,6 +49,7 @@ class NewLinesJob:
     prefix_digest: bytes | None = None
     hash_prefix: bool = False
     thread: str = ""         # for messages
+    threads: int = 2         # zstd threads of the packing (1 in a worker process: its sibling has the other core)
 
 
 @dataclass
@@ -87,9 +88,10 @@ def read_new_lines(job: NewLinesJob) -> NewLines:
     if hasher is not None:
         hasher.update(data)
         result.prefix_digest = hasher.digest()
-    scan_lines(job, data, result)
+    ends = scan_lines(job, data, result)
     if result.count:
-        result.packed = pack_raw_lines(data, job.level, job.chain_from, [m for m, _ in result.marks])
+        result.packed = pack_raw_lines(data, job.level, job.chain_from, [m for m, _ in result.marks], ends,
+                                       job.threads)
     if job.keep_data:
         result.data = data
     return result
@@ -114,22 +116,16 @@ def _hash_prefix(handle, size: int):
     return hasher
 
 
-def scan_lines(job: NewLinesJob, data: bytes, result: NewLines) -> None:
-    """Count, classify and mark the newline-terminated lines of `data` into `result`."""
-    tracker, wants = job.tracker, job.tracker.wants
-    ascii, view, find = data.isascii(), memoryview(data), data.find
-    start, size, count, line0 = 0, len(data), 0, job.seq
-    skipped, marks = result.skipped, result.marks
-    while start < size:
-        end = find(b"\n", start) + 1 or size
-        count += 1
-        is_object, kind, payload_kind = line_kind(view[start:end], ascii)
-        if not is_object:
-            skipped.append(line0 + count)
-        elif wants(kind, payload_kind):
-            reason = tracker.feed(None, parse_line(data[start:end], fast=True))
-            if reason:
-                marks.append((count, reason))
-                result.turn_seq = line0 + count - (1 if job.closes_before else 0)
-        start = end
-    result.count = count
+def scan_lines(job: NewLinesJob, data: bytes, result: NewLines) -> list[int]:
+    """Count, classify and mark the newline-terminated lines of `data` into `result`; the
+    end offset of each line (packing reuses them: rollout.line_ends)."""
+    ends, damaged, wanted = classify_lines(data, job.tracker.wants)
+    line0, feed, marks = job.seq, job.tracker.feed, result.marks
+    result.skipped = [line0 + number + 1 for number in damaged]
+    for number in wanted:
+        reason = feed(None, parse_line(data[ends[number - 1] if number else 0:ends[number]], fast=True))
+        if reason:
+            marks.append((number + 1, reason))
+            result.turn_seq = line0 + number + 1 - (1 if job.closes_before else 0)
+    result.count = len(ends)
+    return ends

@@ -141,13 +141,15 @@ class PackingWorkers:
 
 def serve(jobs, results) -> None:
     """The worker's loop: each job on `jobs`, its NewLines on `results`, until `jobs` ends."""
+    from dataclasses import replace
+
     from agentcas.harnesses.new_lines import read_new_lines
     while True:
         try:
             job = _receive(jobs)
         except EOFError:
             return
-        _send(results, read_new_lines(job))
+        _send(results, read_new_lines(replace(job, threads=1)))   # the other workers have the other cores
 
 
 def main() -> int:

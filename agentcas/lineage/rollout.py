@@ -20,13 +20,15 @@ of that segment in *this* history (its successor's base) is known.
 
 from __future__ import annotations
 
+import bisect
 import json
 from dataclasses import dataclass, field
 
 import blake3
 
 from agentcas.cas import framing
-from agentcas.cas.digest import Digest, chain_prefix, chain_raw, chain_values, hash_blob, hash_object
+from agentcas.cas.digest import (Digest, chain_prefix, chain_raw, chain_step_hasher, chain_values, hash_blob,
+                                 hash_object)
 from agentcas.cas.objects import EMPTY_POSITION, ChunkRef, HistoryPosition, Segment
 from agentcas.cas.source import ObjectSource, load_object, verify_object
 from agentcas.errors import AgentcasError, IntegrityError, UsageError
@@ -164,7 +166,6 @@ def prepare(data: bytes, add_object, first_line: int = 1, raw_lines: bool = Fals
     # ~10 ms of imports that log, show and checkout do not need.
     from concurrent.futures import ThreadPoolExecutor
 
-    from agentcas.cas import chunking
     data = normalise(data)
     records = split_lines(data) if raw_lines else split_records(data, first_line)
     groups: list[list[tuple[int, int]]] = []
@@ -179,17 +180,8 @@ def prepare(data: bytes, add_object, first_line: int = 1, raw_lines: bool = Fals
         start, end = group[0][0], group[-1][1]
         hashes = [blake3.blake3(view[s:e]).digest() for s, e in group]
         sizes = [e - s for s, e in group]
-        if end - start <= INLINE_BYTES:
-            return PreparedSegment((), end - start, hashes, sizes, bytes(view[start:end])), []
-        refs, objects = [], []
-        regions = _stamp_regions(data, group) if raw_lines else [(start, end)]
-        for region_start, region_end in regions:
-            for piece in chunking.cut(view[region_start:region_end], chunking.ROLLOUT_AVG_SIZE,
-                                      chunking.ROLLOUT_MIN_SIZE, chunking.ROLLOUT_MAX_SIZE):
-                digest = hash_blob(piece)
-                objects.append((digest, framing.frame(framing.KIND_CHUNK, piece, level=level)))
-                refs.append(ChunkRef(digest, len(piece)))
-        return PreparedSegment(tuple(refs), end - start, hashes, sizes), objects
+        refs, inline, objects = _chunk_records(data, view, group, raw_lines, level)
+        return PreparedSegment(refs, end - start, hashes, sizes, inline), objects
 
     def packed():
         # zstd and BLAKE3 release the GIL: a large append packs its segments on two threads
@@ -208,6 +200,25 @@ def prepare(data: bytes, add_object, first_line: int = 1, raw_lines: bool = Fals
     return prepared
 
 
+def _chunk_records(data: bytes, view: memoryview, records, raw_lines: bool, level: int):
+    """(chunk refs, inline bytes, [(digest, framed chunk)]) of one segment's records, given
+    as (start, end) pairs: inline if they are at most INLINE_BYTES, else content-defined
+    chunks (of each stamp region, for raw lines)."""
+    from agentcas.cas import chunking
+    start, end = records[0][0], records[-1][1]
+    if end - start <= INLINE_BYTES:
+        return (), bytes(view[start:end]), []
+    refs, objects = [], []
+    regions = _stamp_regions(data, records) if raw_lines else [(start, end)]
+    for region_start, region_end in regions:
+        for piece in chunking.cut(view[region_start:region_end], chunking.ROLLOUT_AVG_SIZE,
+                                  chunking.ROLLOUT_MIN_SIZE, chunking.ROLLOUT_MAX_SIZE):
+            digest = hash_blob(piece)
+            objects.append((digest, framing.frame(framing.KIND_CHUNK, piece, level=level)))
+            refs.append(ChunkRef(digest, len(piece)))
+    return tuple(refs), b"", objects
+
+
 @dataclass
 class PackedLines:
     """Raw lines prepared without a store (an ingest worker's part): their segments, and the
@@ -217,15 +228,105 @@ class PackedLines:
     objects: list[tuple[Digest, bytes]]
 
 
-def pack_raw_lines(data: bytes, level: int, chain_from: bytes | None = None, marks=()) -> PackedLines:
+def line_ends(data: bytes) -> list[int]:
+    """The end offset (after its newline) of each line of newline-terminated `data`."""
+    ends, start, size, find = [], 0, len(data), data.find
+    while start < size:
+        start = find(b"\n", start) + 1 or size
+        ends.append(start)
+    return ends
+
+
+def pack_raw_lines(data: bytes, level: int, chain_from: bytes | None = None, marks=(),
+                   ends: list[int] | None = None, threads: int = READ_WORKERS) -> PackedLines:
     """`prepare` of `data`'s newline-terminated lines stored raw, collecting the chunk objects;
-    with `chain_from` (the digest of the history they will continue), `chain_ahead` too."""
+    with `chain_from` (the digest of the history they will continue), `chain_ahead` too.
+
+    `ends`: `line_ends(data)`, if the caller has them (ingest's scan of the lines). With
+    `chain_from`, the chain is computed here directly, one pass over the lines without lists
+    of record hashes (a record hash is only a step of the chain), while the segments' chunks
+    are compressed on `threads` threads (zstd releases the GIL; 1 in an ingest worker
+    process, whose sibling has the other core). The result is the same as `chain_ahead` of
+    `prepare`'s (tests/test_rollout.py).
+    """
     objects: list = []
-    segments = prepare(data, lambda digest, framed: objects.append((digest, framed)), raw_lines=True,
-                       level=level) if data else []
-    if chain_from is not None:
-        segments = chain_ahead(segments, chain_from, marks)
+    if chain_from is None or not data:
+        segments = prepare(data, lambda digest, framed: objects.append((digest, framed)), raw_lines=True,
+                           level=level) if data else []
+        if chain_from is not None:
+            segments = chain_ahead(segments, chain_from, marks)
+        return PackedLines(segments, objects)
+    if not data.endswith(b"\n"):
+        data, ends = normalise(data), None
+    ends = line_ends(data) if ends is None else ends
+    view = memoryview(data)
+    groups = _segment_groups(ends)
+
+    def chunk(group):
+        first, stop = group
+        return _chunk_records(data, view, list(zip([ends[first - 1] if first else 0] + ends[first:stop - 1],
+                                                   ends[first:stop])), True, level)
+
+    pool = None
+    if threads > 1 and len(groups) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+        pool = ThreadPoolExecutor(threads)
+    try:
+        # The chunks are compressed in the pool while this thread computes the chain.
+        chunked = pool.map(chunk, groups) if pool is not None else None
+        marks, chain, chained = [m for m in marks if m > 0], chain_from, []
+        for first, stop in groups:
+            base = chain
+            chain, at = _chain_lines(view, ends, first, stop, chain, marks)
+            chained.append(ChainedRecords(base, stop - first, chain, at))
+        segments = []
+        for (first, stop), records, (refs, inline, group_objects) in zip(
+                groups, chained, chunked if chunked is not None else map(chunk, groups)):
+            objects += group_objects
+            segments.append(PreparedSegment(refs, ends[stop - 1] - (ends[first - 1] if first else 0), [], [],
+                                            inline, records))
+    finally:
+        if pool is not None:
+            pool.shutdown()
     return PackedLines(segments, objects)
+
+
+def _segment_groups(ends: list[int]) -> list[tuple[int, int]]:
+    """(first, stop) record numbers of each segment `prepare` makes of lines ending at `ends`:
+    records are added to a segment while it spans at most MAX_SEGMENT_BYTES (a longer record
+    is a segment alone); each segment's end is found by bisection, not record by record."""
+    groups, first, count = [], 0, len(ends)
+    while first < count:
+        start = ends[first - 1] if first else 0
+        stop = max(bisect.bisect_right(ends, start + MAX_SEGMENT_BYTES, first), first + 1)
+        groups.append((first, stop))
+        first = stop
+    return groups
+
+
+def _chain_lines(view: memoryview, ends: list[int], first: int, stop: int, chain: bytes, marks: list):
+    """The prefix chain from `chain` over records first .. stop - 1 (the lines ending at
+    `ends[first:stop]`): (the value after them, {records into them: (bytes into them, value)}
+    at each of `marks` (counts of records into the append, ascending, consumed here) that
+    falls among them). Two hashers are reset per record instead of two made (~25% of the
+    per-record cost), and only the values at marks are kept."""
+    record, step = blake3.blake3(), chain_step_hasher()
+    at, start = {}, ends[first - 1] if first else 0
+    segment_start, count, mark = start, first, marks[0] if marks else 0
+    for end in ends[first:stop]:
+        record.reset()
+        record.update(view[start:end])
+        step.reset()
+        step.update(chain + record.digest())
+        chain = step.digest()
+        count += 1
+        if count == mark:
+            at[count - first] = (end - segment_start, chain)
+            while marks and marks[0] <= count:
+                marks.pop(0)
+            mark = marks[0] if marks else 0
+        start = end
+    return chain, at
 
 
 STAMP_SPLIT_BYTES = 32 * 1024
