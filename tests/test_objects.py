@@ -7,8 +7,8 @@ from agentcas.cas import encoding
 from agentcas.cas.digest import EMPTY, EMPTY_HISTORY, Digest, chain_prefix, hash_blob
 from agentcas.cas.encoding import NotCanonical
 from agentcas.cas.names import BadName
-from agentcas.cas.objects import (EMPTY_POSITION, JSON_FORMAT, MODE_EXEC, PACKED_FORMAT, Checkpoint, ChunkList,
-                                  ChunkRef, HistoryPosition, InvalidObject, Segment, Tree, TreeEntry)
+from agentcas.cas.objects import (EMPTY_POSITION, JSON_FORMAT, MODE_EXEC, PACKED_FORMAT, Checkpoint, CheckpointSeries,
+                                  ChunkList, ChunkRef, HistoryPosition, InvalidObject, Segment, Tree, TreeEntry)
 
 # --- docs/FORMAT.md "Test vectors" (keep the two in step) ---------------------------------------
 HELLO_ID = "8e4c7c1b99dbfd50e7a95185fead5ee1448fa904a2fdd778eaf5f2dbfd629a99"
@@ -331,3 +331,35 @@ def test_format_md_states_every_vector():
     from agentcas.cas import sealed
     assert set(OBJECT_CONTEXTS.values()) | set(PACKED_OBJECT_CONTEXTS.values()) | {
         PREFIX_CHAIN_CONTEXT, sealed._CONTEXT} <= {line for line in doc.split('"')}
+
+
+# --- CheckpointSeries: ingest's checkpoints with their shared fields encoded once ------------
+
+@pytest.mark.parametrize("parents, generation, skip", [((), 0, None), ((Digest(b"\x02" * 32),), 1, None),
+                                                       ((Digest(b"\x02" * 32),), 2**40, Digest(b"\x03" * 32)),
+                                                       ((Digest(b"\x02" * 32),), 0, None)])
+@pytest.mark.parametrize("reason", ["x", "codex turn t complete: é \u2028 " + "w" * 480])
+def test_a_checkpoint_series_encodes_exactly_as_checkpoint(parents, generation, skip, reason):
+    tree, runtime = Digest(b"\x01" * 32), {"agentcas": "0.1", "python": "3.11.7", "os": "Linux"}
+    history = HistoryPosition(Digest(b"\x04" * 32), 300, 2**33, Digest(b"\x05" * 32))
+    series = CheckpointSeries(tree, "thread-\u00e9", "who@host", "2026-12-01T23:00:00.123456Z", runtime)
+    want = Checkpoint(tree, parents, "thread-\u00e9", reason, "who@host", "2026-12-01T23:00:00.123456Z", runtime,
+                      history, generation=generation, skip=skip)
+    assert series.encode_with_id(parents, reason, history, generation, skip) == want.encode_with_id()
+    assert Checkpoint.decode(series.encode_with_id(parents, reason, history, generation, skip)[0]) == want
+
+
+def test_a_checkpoint_series_refuses_what_checkpoint_refuses():
+    tree, history = Digest(b"\x01" * 32), HistoryPosition(Digest(b"\x04" * 32), 3, 30, Digest(b"\x05" * 32))
+    with pytest.raises(InvalidObject, match="created_at"):
+        CheckpointSeries(tree, "t", "who", "yesterday", {})
+    with pytest.raises(InvalidObject, match="runtime"):
+        CheckpointSeries(tree, "t", "who", "2026-12-01T23:00:00.123456Z", {"python": 3})
+    series = CheckpointSeries(tree, "t", "who", "2026-12-01T23:00:00.123456Z", {})
+    for reason in ("", " ", "x" * 513, "\ud800"):
+        with pytest.raises(InvalidObject, match="reason"):
+            series.encode_with_id((), reason, history)
+    with pytest.raises(InvalidObject, match="generation"):
+        series.encode_with_id((), "r", history, 1)
+    with pytest.raises(InvalidObject, match="skip"):
+        series.encode_with_id((Digest(b"\x02" * 32),), "r", history, 1, Digest(b"\x03" * 32))

@@ -559,3 +559,36 @@ class Checkpoint:
                    doc["runtime"], HistoryPosition.from_doc(doc["history"]), doc["format"],
                    _int(doc.get("generation", 0), "generation"),
                    None if skip is None else _digest(skip, "skip"))
+
+
+class CheckpointSeries:
+    """Checkpoints that share their tree, thread, author, time and runtime (those one ingest
+    makes of a session file, one per turn): each one's packed bytes and id, the shared
+    fields encoded once instead of once per checkpoint.
+
+    A packed list is its tag, its count and its items' bytes one after another, so the
+    bytes are those of `Checkpoint(...).encode()` with the same fields (tests/test_objects.py);
+    the fields are checked as Checkpoint checks them (the shared ones once).
+    """
+
+    def __init__(self, tree: Digest, thread: str, author: str, created_at: str, runtime: dict):
+        Checkpoint(tree, (), thread, "-", author, created_at, runtime)   # checks the shared fields
+        self._head = bytes((packed.LIST,)) + packed.varint(11) + packed.encode(PACKED_FORMAT) + packed.encode(tree)
+        self._thread = packed.encode(thread)
+        self._shared = packed.encode(author) + packed.encode(created_at) + packed.encode(dict(runtime))
+
+    def encode_with_id(self, parents: tuple, reason: str, history: HistoryPosition, generation: int = 0,
+                       skip: Digest | None = None) -> tuple[bytes, Digest]:
+        """`Checkpoint(tree, parents, thread, reason, author, created_at, runtime, history,
+        generation=generation, skip=skip).encode_with_id()`."""
+        try:
+            check_reason(reason)
+        except UsageError as exc:
+            raise InvalidObject(str(exc)) from None
+        if type(generation) is not int or generation < 0 or (generation and not parents) \
+                or (skip is not None and (generation < 2 or type(skip) is not Digest)):
+            raise InvalidObject(f"checkpoint generation {generation!r} and skip {skip!r} do not fit its parents")
+        body = b"".join((self._head, packed.encode(list(parents)), self._thread, packed.encode(reason),
+                         self._shared, packed.encode(history.to_row()), packed.encode(generation),
+                         packed.encode(skip)))
+        return body, hash_object("checkpoint", body)

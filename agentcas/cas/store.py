@@ -210,11 +210,12 @@ class TableBlobStore(BlobStore):
         return out
 
     def has_many(self, keys):
-        with self.env.reader() as txn:
+        # buffers=True: a value is looked at, not copied out (a chunk is ~100 KB)
+        with self.env.reader(buffers=True) as txn:
             return {bytes(k) for k in keys if txn.get("objects", k) is not None}
 
     def header(self, key):
-        with self.env.reader() as txn:
+        with self.env.reader(buffers=True) as txn:
             value = txn.get("objects", key)
             return None if value is None else bytes(value[:framing.HEADER_SIZE])
 

@@ -14,12 +14,13 @@ object write and one metadata transaction for all of them.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 from agentcas.cas import framing
 from agentcas.cas.backends import Stores
 from agentcas.cas.digest import Digest
 from agentcas.cas.leases import Lease
-from agentcas.cas.objects import EMPTY_POSITION, Checkpoint, HistoryPosition, Tree
+from agentcas.cas.objects import EMPTY_POSITION, CheckpointSeries, HistoryPosition, Tree
 from agentcas.cas.source import ObjectSource
 from agentcas.cas.writer import BatchWriter
 from agentcas.errors import ConflictError
@@ -105,18 +106,18 @@ def _marks_plan(stores: Stores, thread: str, segments: list, marks, based_on: Hi
         head, new_objects, positions = rollout.link_segments_at(stores.objects, base, segments,
                                                                 [m for m, _ in marks])
         current = None if state is None else state.checkpoint
-        made, chain = [], []   # chain: (digest, checkpoint) made here, by generation
+        made, chain = [], []   # chain: (digest, its index) of the checkpoints made here, by generation
         if positions:
             new_objects[tree_id.raw] = framing.frame(framing.KIND_TREE, EMPTY_TREE.encode())
+            series = CheckpointSeries(tree_id, thread, who, created_at, runtime)
         for position, (_, reason) in zip(positions, marks):
             if not chain:
                 generation, skip = checkpoints.index_for_child(stores.objects, current)
             else:  # the parent is in `chain`: index without re-reading it from the store
                 generation, skip = _index_in_chain(stores.objects, chain)
-            cp = Checkpoint(tree_id, (current,) if current else (), thread, reason,
-                            who, created_at, runtime, position, generation=generation, skip=skip)
-            body, current = cp.encode_with_id()
-            chain.append((current, cp))
+            parents = (current,) if current else ()
+            body, current = series.encode_with_id(parents, reason, position, generation, skip)
+            chain.append((current, _Indexed(parents, generation, skip)))
             new_objects[current.raw] = framing.frame(framing.KIND_CHECKPOINT, body)
             made.append(current.hex())
         result = {"thread": thread, "appended": head.seq - base.seq, "first_seq": base.seq,
@@ -129,6 +130,16 @@ def _marks_plan(stores: Stores, thread: str, segments: list, marks, based_on: Hi
                     result=result)
 
     return plan
+
+
+@dataclass(frozen=True)
+class _Indexed:
+    """What indexing a child reads of a checkpoint just made (checkpoints.ancestor_at reads
+    these fields of a Checkpoint)."""
+
+    parents: tuple
+    generation: int
+    skip: Digest | None
 
 
 def _index_in_chain(objects: ObjectSource, chain: list) -> tuple[int, Digest | None]:
