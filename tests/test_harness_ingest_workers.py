@@ -141,6 +141,25 @@ def test_a_worker_that_dies_costs_only_speed(tmp_path, monkeypatch):
     assert all(r.status == "ingested" for r in b)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="F_GETPIPE_SZ is Linux's")
+def test_a_workers_result_pipe_holds_several_results(tmp_path):
+    """A worker writes its results into a pipe of RESULT_PIPE_BYTES, not the default 64 KiB,
+    so it goes on with its next job while the parent's reader thread waits for the GIL."""
+    import fcntl
+    paths = codex_files(tmp_path, 1, 4)
+    workers = packing_workers.PackingWorkers(1)
+    try:
+        st = os.stat(paths[0])
+        from agentcas.harnesses.new_lines import NewLinesJob
+        from agentcas.harnesses.turns import CodexTurns
+        job = NewLinesJob(str(paths[0]), st.st_ino, 0, 0, bytes(32), CodexTurns(), 0, False, 3, st.st_size)
+        assert workers.submit(job).result().count > 0
+        (worker,) = workers._workers
+        assert fcntl.fcntl(worker.proc.stdout.fileno(), fcntl.F_GETPIPE_SZ) >= packing_workers.RESULT_PIPE_BYTES
+    finally:
+        workers.close()
+
+
 def _children(pid: int) -> list[int]:
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as handle:

@@ -255,7 +255,7 @@ class Ingest:
         pending: list[_Pending] = []
         forks: list[_Pending] = []
         reading: deque = deque()   # (planned, future) in file order
-        state = {"pending": pending, "bytes": 0, "ahead": 0}
+        state = {"pending": pending, "bytes": 0, "ahead": 0, "planned": False}
         try:
             for session, report, st, key in changed:
                 try:
@@ -273,6 +273,7 @@ class Ingest:
                 while reading and (state["ahead"] > READ_AHEAD_BYTES or len(reading) > READ_AHEAD_FILES
                                    or reading[0][1].done()):
                     self._take(reading.popleft(), threads, forks, state)
+            state["planned"] = True
             while reading:
                 self._take(reading.popleft(), threads, forks, state)
         except BaseException:
@@ -322,9 +323,12 @@ class Ingest:
             return
         state["pending"].append(item)
         state["bytes"] += lines.size
-        if state["bytes"] >= BATCH_BYTES or len(state["pending"]) >= BATCH_FILES:
+        idle = self._inflight is None or self._inflight[1].done()
+        if state["bytes"] >= BATCH_BYTES or len(state["pending"]) >= BATCH_FILES or (state["planned"] and idle):
             # Land as we go, in the background: the next files are read and classified
-            # while this batch is written (LMDB).
+            # while this batch is written (LMDB). Once every file is planned, whatever
+            # was read lands whenever no batch is landing, so that little is left to
+            # land after the last file is read (that part is not overlapped).
             self._land_in_background(state["pending"])
             state["pending"], state["bytes"] = [], 0
 
