@@ -13,6 +13,7 @@ import json
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
+from agentcas.harnesses import line_kinds
 from agentcas.harnesses.line_kinds import classify_lines, line_kind
 from agentcas.harnesses.records import parse_line
 
@@ -118,9 +119,15 @@ def test_classify_lines_says_what_line_kind_says_of_each_line(raws):
     """One file's lines: valid UTF-8 whole, or with a line that is not (the whole-file check
     then fails and each line is checked), damaged lines among good ones."""
     data = b"".join(raw if raw.endswith(b"\n") else raw + b"\n" for raw in raws)
-    ends, damaged, wanted = classify_lines(data, wants_all)
-    starts = [0] + ends[:-1]
-    assert ends == [i + 1 for i, byte in enumerate(data) if byte == 0x0A]
-    kinds = [line_kind(data[s:e]) for s, e in zip(starts, ends)]
-    assert damaged == [n for n, (is_object, _, _) in enumerate(kinds) if not is_object]
-    assert wanted == [n for n, (is_object, kind, inner) in enumerate(kinds) if is_object and wants_all(kind, inner)]
+    starts_of = [0] + [i + 1 for i, byte in enumerate(data) if byte == 0x0A]
+    kinds = [line_kind(data[s:e]) for s, e in zip(starts_of, starts_of[1:])]
+    for piece in (line_kinds.UTF8_PIECE, 1):   # the whole-file UTF-8 check in one piece, or a line at a time
+        saved, line_kinds.UTF8_PIECE = line_kinds.UTF8_PIECE, piece
+        try:
+            ends, damaged, wanted = classify_lines(data, wants_all)
+        finally:
+            line_kinds.UTF8_PIECE = saved
+        assert ends == starts_of[1:]
+        assert damaged == [n for n, (is_object, _, _) in enumerate(kinds) if not is_object]
+        assert wanted == [n for n, (is_object, kind, inner) in enumerate(kinds)
+                          if is_object and wants_all(kind, inner)]

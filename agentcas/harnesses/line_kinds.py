@@ -65,7 +65,7 @@ def classify_lines(data: bytes, wants) -> tuple[list[int], list[int], list[int]]
     line; UTF-8 is checked once for the whole of `data` (a newline byte is never inside a
     UTF-8 sequence, so every line of valid UTF-8 is valid), per line only if that fails.
     """
-    valid_utf8 = data.isascii() or _is_utf8(data)
+    valid_utf8 = data.isascii() or _is_utf8_lines(data)
     decode, view, find = _HEAD.decode, memoryview(data), data.find
     ends, damaged, wanted = [], [], []
     start, size, number = 0, len(data), 0
@@ -89,6 +89,21 @@ def classify_lines(data: bytes, wants) -> tuple[list[int], list[int], list[int]]
         start = end
         number += 1
     return ends, damaged, wanted
+
+
+UTF8_PIECE = 1024 * 1024
+
+
+def _is_utf8_lines(data: bytes) -> bool:
+    """Whether newline-terminated `data` is UTF-8, decoded a piece of about UTF8_PIECE at a
+    time, each cut after a newline (no sequence spans one), so no whole-file copy is made."""
+    view, start, size = memoryview(data), 0, len(data)
+    while start < size:
+        end = data.find(b"\n", start + UTF8_PIECE) + 1 or size
+        if not _is_utf8(view[start:end]):
+            return False
+        start = end
+    return True
 
 
 def _is_utf8(raw) -> bool:
