@@ -6,12 +6,13 @@ turn). `read_new_lines` then:
 
 1. reads the file from the stored offset to its last newline (a partial last line waits);
 2. classifies every line in one pass over a memoryview (no copy per line): whether it is
-   a JSON object, its `type` and `payload.type` (line_kinds.line_kind); only a line whose
-   types the tracker `wants` is parsed whole and fed to it, which places a mark after
-   each turn boundary;
-3. packs the lines as the rollout layer stores them (rollout.pack_raw_lines: record
-   hashes, content-defined chunks, zstd) with the prefix chain computed ahead from the
-   stored digest at every mark, so landing them needs no per-record work.
+   a JSON object, its `type` and `payload.type` (line_kinds.classify_lines), finding the
+   line ends on the way; only a line whose types the tracker `wants` is parsed whole and
+   fed to it, which places a mark after each turn boundary;
+3. packs the lines as the rollout layer stores them (rollout.pack_raw_lines, given those
+   line ends: content-defined chunks, zstd) with the prefix chain computed ahead from the
+   stored digest (one BLAKE3 per record and one chain step, kept only at every mark and
+   segment end), so landing them needs no per-record work.
 
 It needs no store, so a large ingest runs it in worker processes (packing_workers.py)
 while the parent alone writes; a small one runs it in-process. Either way the result is

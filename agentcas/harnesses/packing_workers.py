@@ -7,7 +7,7 @@ parent plans the next files and alone writes to the store: the workers never ope
 
 Each worker is `python -m agentcas.harnesses.packing_workers`, a child process that reads
 jobs on its stdin and writes results on its stdout, one at a time, each a length-prefixed
-pickle (both ends are this code). The parent writes each job to the worker with the least
+pickle (both ends are this code), into a pipe widened to hold several results. The parent writes each job to the worker with the least
 work queued, ahead of the results (a worker never waits for the parent to take one), and
 one thread per worker reads its results in order into futures (it waits on the pipe
 without the GIL). A worker ignores SIGINT and SIGTERM (the
