@@ -336,17 +336,18 @@ def test_format_md_states_every_vector():
 # --- CheckpointSeries: ingest's checkpoints with their shared fields encoded once ------------
 
 @pytest.mark.parametrize("parents, generation, skip", [((), 0, None), ((Digest(b"\x02" * 32),), 1, None),
+                                                       ((Digest(b"\x02" * 32), Digest(b"\x06" * 32)), 3, None),
                                                        ((Digest(b"\x02" * 32),), 2**40, Digest(b"\x03" * 32)),
                                                        ((Digest(b"\x02" * 32),), 0, None)])
 @pytest.mark.parametrize("reason", ["x", "codex turn t complete: é \u2028 " + "w" * 480])
 def test_a_checkpoint_series_encodes_exactly_as_checkpoint(parents, generation, skip, reason):
     tree, runtime = Digest(b"\x01" * 32), {"agentcas": "0.1", "python": "3.11.7", "os": "Linux"}
-    history = HistoryPosition(Digest(b"\x04" * 32), 300, 2**33, Digest(b"\x05" * 32))
     series = CheckpointSeries(tree, "thread-\u00e9", "who@host", "2026-12-01T23:00:00.123456Z", runtime)
-    want = Checkpoint(tree, parents, "thread-\u00e9", reason, "who@host", "2026-12-01T23:00:00.123456Z", runtime,
-                      history, generation=generation, skip=skip)
-    assert series.encode_with_id(parents, reason, history, generation, skip) == want.encode_with_id()
-    assert Checkpoint.decode(series.encode_with_id(parents, reason, history, generation, skip)[0]) == want
+    for history in (HistoryPosition(Digest(b"\x04" * 32), 300, 2**33, Digest(b"\x05" * 32)), EMPTY_POSITION):
+        want = Checkpoint(tree, parents, "thread-\u00e9", reason, "who@host", "2026-12-01T23:00:00.123456Z",
+                          runtime, history, generation=generation, skip=skip)
+        assert series.encode_with_id(parents, reason, history, generation, skip) == want.encode_with_id()
+        assert Checkpoint.decode(series.encode_with_id(parents, reason, history, generation, skip)[0]) == want
 
 
 def test_a_checkpoint_series_refuses_what_checkpoint_refuses():

@@ -588,7 +588,22 @@ class CheckpointSeries:
         if type(generation) is not int or generation < 0 or (generation and not parents) \
                 or (skip is not None and (generation < 2 or type(skip) is not Digest)):
             raise InvalidObject(f"checkpoint generation {generation!r} and skip {skip!r} do not fit its parents")
-        body = b"".join((self._head, packed.encode(list(parents)), self._thread, packed.encode(reason),
-                         self._shared, packed.encode(history.to_row()), packed.encode(generation),
-                         packed.encode(skip)))
+        # The ids of the varying fields are written by packed's rules (a tag byte, then the
+        # payload) rather than through its general walk: one parent, the position, the skip.
+        if len(parents) == 1:
+            parents_bytes = _ONE_ID + parents[0].raw
+        else:
+            parents_bytes = packed.encode(list(parents))
+        if history.segment is not None:
+            position = b"".join((_POSITION, history.segment.raw, packed.encode(history.seq),
+                                 packed.encode(history.offset), _ID, history.digest.raw))
+        else:
+            position = packed.encode(history.to_row())
+        body = b"".join((self._head, parents_bytes, self._thread, packed.encode(reason), self._shared, position,
+                         packed.encode(generation), _NULL if skip is None else _ID + skip.raw))
         return body, hash_object("checkpoint", body)
+
+
+_ID, _NULL = bytes((packed.ID,)), bytes((packed.NULL,))
+_ONE_ID = bytes((packed.LIST, 1, packed.ID))          # a list of one id, before the id
+_POSITION = bytes((packed.LIST, 4, packed.ID))        # a position's row, before its segment id
