@@ -29,6 +29,10 @@ from agentcas.lineage.moves import Move, move_thread, move_threads
 from agentcas.refs.threads import ForkOrigin, ThreadState
 
 EMPTY_TREE = Tree.of([])
+# A turn's checkpoint (~470 bytes, 42,000 in the 1 GB ingest of bench_harnesses.py) is framed
+# at zstd's fastest level: it keeps 6.5% of its bytes off disk instead of 7% at level 3, in
+# half the time (4.4 against 9.6 µs a checkpoint, measured on those 42,000).
+CHECKPOINT_ZSTD_LEVEL = -1
 
 
 def prepare_raw(datas: list, writer: BatchWriter, level: int) -> list[list]:
@@ -118,7 +122,7 @@ def _marks_plan(stores: Stores, thread: str, segments: list, marks, based_on: Hi
             parents = (current,) if current else ()
             body, current = series.encode_with_id(parents, reason, position, generation, skip)
             chain.append((current, _Indexed(parents, generation, skip)))
-            new_objects[current.raw] = framing.frame(framing.KIND_CHECKPOINT, body)
+            new_objects[current.raw] = framing.frame(framing.KIND_CHECKPOINT, body, level=CHECKPOINT_ZSTD_LEVEL)
             made.append(current.hex())
         result = {"thread": thread, "appended": head.seq - base.seq, "first_seq": base.seq,
                   "checkpoints": made, "history": head.to_doc()}
