@@ -246,12 +246,13 @@ class Ingest:
         the next files are planned; results are taken in file order and batches land in the
         background while the next files are read.
         """
-        threads = {row["thread"]: row for row in self.store.threads()}
         guess = sum(max(0, st.st_size - self.state.entries.get(key, {}).get("bytes", 0))
                     for _, _, st, key in changed)
         if len(changed) > 1 and guess >= WORKER_BYTES:
             from agentcas.harnesses.packing_workers import PackingWorkers
             self._workers = PackingWorkers(WORKERS)
+            self._workers.start()   # their interpreters start while the threads are listed and files planned
+        threads = {row["thread"]: row for row in self.store.threads()}
         pending: list[_Pending] = []
         forks: list[_Pending] = []
         reading: deque = deque()   # (planned, future) in file order

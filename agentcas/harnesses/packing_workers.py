@@ -106,8 +106,8 @@ class _Worker:
 
 
 class PackingWorkers:
-    """Up to `count` worker processes (started as jobs arrive), each sent jobs ahead of its
-    results so that it never waits for the parent; `close()` ends them."""
+    """Up to `count` worker processes (started as jobs arrive, or all by `start()`), each sent
+    jobs ahead of its results so that it never waits for the parent; `close()` ends them."""
 
     def __init__(self, count: int):
         self.count = count
@@ -115,6 +115,12 @@ class PackingWorkers:
         self.failed = False
         self.closing = False
         self._workers: list[_Worker] = []
+
+    def start(self) -> None:
+        """Start all `count` workers now rather than as jobs arrive."""
+        with self.lock:
+            while len(self._workers) < self.count and not self.failed:
+                self._workers.append(_Worker(self))
 
     def submit(self, job) -> Future:
         """The future NewLines of `job`, or of None if its worker died (`failed` is then set:
