@@ -141,6 +141,31 @@ def test_a_worker_that_dies_costs_only_speed(tmp_path, monkeypatch):
     assert all(r.status == "ingested" for r in b)
 
 
+def test_a_results_chunks_travel_outside_its_pickle_and_arrive_as_bytes(tmp_path):
+    """A worker's result crosses the pipe as a small pickle plus its framed chunks as they
+    are (pickle protocol 5 buffers), and the parent gets the same chunks, as bytes."""
+    import io
+    import pickle
+
+    from agentcas.harnesses.new_lines import NewLinesJob, read_new_lines
+    from agentcas.harnesses.turns import CodexTurns
+    (path,) = codex_files(tmp_path, 1, 40, filler=20_000)
+    st = os.stat(path)
+    lines = read_new_lines(NewLinesJob(str(path), st.st_ino, 0, 0, bytes(32), CodexTurns(), 0, False, 3,
+                                       st.st_size, threads=1))
+    objects = list(lines.packed.objects)
+    chunk_bytes = sum(len(framed) for _, framed in objects)
+    whole = len(pickle.dumps(lines, protocol=5))
+    assert len(objects) > 1 and chunk_bytes > 10_000
+    stream = io.BytesIO()
+    packing_workers._send(stream, packing_workers._out_of_band(lines))
+    assert packing_workers.LENGTH.unpack(stream.getvalue()[:8])[0] <= whole - chunk_bytes + 50 * len(objects)
+    stream.seek(0)
+    got = packing_workers._receive(stream)
+    assert got.packed.objects == objects and all(type(framed) is bytes for _, framed in got.packed.objects)
+    assert (got.count, got.marks, got.packed.segments) == (lines.count, lines.marks, lines.packed.segments)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="F_GETPIPE_SZ is Linux's")
 def test_a_workers_result_pipe_holds_several_results(tmp_path):
     """A worker writes its results into a pipe of RESULT_PIPE_BYTES, not the default 64 KiB,

@@ -7,7 +7,9 @@ parent plans the next files and alone writes to the store: the workers never ope
 
 Each worker is `python -m agentcas.harnesses.packing_workers`, a child process that reads
 jobs on its stdin and writes results on its stdout, one at a time, each a length-prefixed
-pickle (both ends are this code), into a pipe widened to hold several results. The parent writes each job to the worker with the least
+pickle (both ends are this code) followed by the result's framed chunks as they are
+(pickle protocol 5 buffers: the parent copies them once), into a pipe widened to hold
+several results. The parent writes each job to the worker with the least
 work queued, ahead of the results (a worker never waits for the parent to take one), and
 one thread per worker reads its results in order into futures (it waits on the pipe
 without the GIL). A worker ignores SIGINT and SIGTERM (the
@@ -33,22 +35,46 @@ LENGTH = struct.Struct(">Q")
 
 
 def _send(stream, value) -> None:
-    body = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(LENGTH.pack(len(body)))
+    """Write `value`: the length of its pickle, the number and lengths of its out-of-band
+    buffers (pickle protocol 5: the `pickle.PickleBuffer`s in it, a result's framed chunks),
+    the pickle, then those buffers as they are."""
+    buffers: list = []
+    body = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+    raws = [buffer.raw() for buffer in buffers]
+    stream.write(b"".join([LENGTH.pack(len(body)), LENGTH.pack(len(raws))]
+                          + [LENGTH.pack(raw.nbytes) for raw in raws]))
     stream.write(body)
+    for raw in raws:
+        stream.write(raw)
     stream.flush()
 
 
 def _receive(stream):
-    """The next value on `stream`, or EOFError at its end."""
-    head = stream.read(LENGTH.size)
-    if len(head) < LENGTH.size:
+    """The next value on `stream`, or EOFError at its end. Each out-of-band buffer is read
+    into a bytes object of its own, which the value then holds as it is (a read-only buffer
+    is not copied again by pickle): a chunk crosses into the parent with one copy, not two."""
+    size, count = _read_lengths(stream, 2)
+    lengths = _read_lengths(stream, count)
+    body = _read_exactly(stream, size)
+    return pickle.loads(body, buffers=[_read_exactly(stream, length) for length in lengths])
+
+
+def _read_lengths(stream, count: int) -> tuple:
+    return struct.unpack(f">{count}Q", _read_exactly(stream, LENGTH.size * count))
+
+
+def _read_exactly(stream, size: int) -> bytes:
+    data = stream.read(size)
+    if len(data) < size:
         raise EOFError
-    (size,) = LENGTH.unpack(head)
-    body = stream.read(size)
-    if len(body) < size:
-        raise EOFError
-    return pickle.loads(body)
+    return data
+
+
+def _out_of_band(lines):
+    """`lines` (a NewLines) with its framed chunks marked to travel out of the pickle."""
+    if lines.packed is not None:
+        lines.packed.objects = [(digest, pickle.PickleBuffer(framed)) for digest, framed in lines.packed.objects]
+    return lines
 
 
 RESULT_PIPE_BYTES = 1024 * 1024   # Linux's limit for an unprivileged process (fs/pipe-max-size)
@@ -175,7 +201,7 @@ def serve(jobs, results) -> None:
             job = _receive(jobs)
         except EOFError:
             return
-        _send(results, read_new_lines(replace(job, threads=1)))   # the other workers have the other cores
+        _send(results, _out_of_band(read_new_lines(replace(job, threads=1))))   # the other workers have the other cores
 
 
 def main() -> int:
