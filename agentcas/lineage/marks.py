@@ -21,11 +21,11 @@ from agentcas.cas.backends import Stores
 from agentcas.cas.digest import Digest
 from agentcas.cas.leases import Lease
 from agentcas.cas.objects import EMPTY_POSITION, CheckpointSeries, HistoryPosition, Tree
-from agentcas.cas.source import ObjectSource
 from agentcas.cas.writer import BatchWriter
 from agentcas.errors import ConflictError
 from agentcas.lineage import checkpoints, rollout
 from agentcas.lineage.moves import Move, move_thread, move_threads
+from agentcas.refs.revisions import load_checkpoint
 from agentcas.refs.threads import ForkOrigin, ThreadState
 
 EMPTY_TREE = Tree.of([])
@@ -110,18 +110,18 @@ def _marks_plan(stores: Stores, thread: str, segments: list, marks, based_on: Hi
         head, new_objects, positions = rollout.link_segments_at(stores.objects, base, segments,
                                                                 [m for m, _ in marks])
         current = None if state is None else state.checkpoint
-        made, chain = [], []   # chain: (digest, its index) of the checkpoints made here, by generation
+        made, indexed = [], {}   # indexed: raw id -> _Indexed, of the checkpoints made here
+
+        def load(digest: Digest):  # one made here is not stored yet: its index, else the stored one
+            return indexed.get(digest.raw) or load_checkpoint(stores.objects, digest)
         if positions:
             new_objects[tree_id.raw] = framing.frame(framing.KIND_TREE, EMPTY_TREE.encode())
             series = CheckpointSeries(tree_id, thread, who, created_at, runtime)
         for position, (_, reason) in zip(positions, marks):
-            if not chain:
-                generation, skip = checkpoints.index_for_child(stores.objects, current)
-            else:  # the parent is in `chain`: index without re-reading it from the store
-                generation, skip = _index_in_chain(stores.objects, chain)
+            generation, skip = checkpoints.index_for_child(stores.objects, current, load)
             parents = (current,) if current else ()
             body, current = series.encode_with_id(parents, reason, position, generation, skip)
-            chain.append((current, _Indexed(parents, generation, skip)))
+            indexed[current.raw] = _Indexed(parents, generation, skip)
             new_objects[current.raw] = framing.frame(framing.KIND_CHECKPOINT, body, level=CHECKPOINT_ZSTD_LEVEL)
             made.append(current.hex())
         result = {"thread": thread, "appended": head.seq - base.seq, "first_seq": base.seq,
@@ -138,26 +138,9 @@ def _marks_plan(stores: Stores, thread: str, segments: list, marks, based_on: Hi
 
 @dataclass(frozen=True)
 class _Indexed:
-    """What indexing a child reads of a checkpoint just made (checkpoints.ancestor_at reads
-    these fields of a Checkpoint)."""
+    """What indexing a child reads of a checkpoint just made (checkpoints.index_for_child
+    reads these fields of a Checkpoint)."""
 
     parents: tuple
     generation: int
     skip: Digest | None
-
-
-def _index_in_chain(objects: ObjectSource, chain: list) -> tuple[int, Digest | None]:
-    """`checkpoints.index_for_child` of chain[-1], where `chain` holds consecutive first
-    parents just made (no store read for them)."""
-    parent = chain[-1][1]
-    if parent.parents and parent.generation == 0:
-        return 0, None   # the parent's chain is not indexed, so neither is the child
-    generation = parent.generation + 1
-    if generation < 2:
-        return generation, None
-    target = rollout.skip_index(generation)
-    first_generation = chain[0][1].generation
-    if target >= first_generation:
-        return generation, chain[target - first_generation][0]
-    oldest_id, oldest = chain[0]
-    return generation, checkpoints.ancestor_at(objects, oldest_id, oldest, target)
