@@ -6,7 +6,7 @@
 2. Replay at the head of a 100 MB Codex session whose last compaction is 1 MB from the end,
    vs the same replay on a 10 MB session (the cost should follow the tail, not the file).
 3. A Codex fork that copies 90% of a 20 MB parent: the bytes the fork adds to the store
-   (copied lines carry new timestamps, so only content-defined chunks dedupe).
+   (copied lines carry new timestamps, so only the content-defined chunks of long bodies dedupe).
 
 Sessions are built by tests/harness_samples.py (the shapes of docs/HARNESSES.md), with
 tool outputs sliced from a pool of pseudo-random words (text-like, compressible, not
@@ -209,7 +209,7 @@ def bench_fork(work: str, env: dict, size: int) -> None:
              "fork stored alone", "copy cost (beside / alone)"], rows,
             ["A copied line is never byte-identical to its source (new `timestamp`), so only line bodies can "
              "dedupe: ingest chunks the body of a line of 32 KiB or more on its own (lineage/rollout.py "
-             "`_stamp_regions`); shorter lines are chunked together (512 KiB average) and are stored again."])
+             "`_stamp_regions`); shorter lines are one chunk a segment (up to 1 MiB) and are stored again."])
 
 
 def main(argv) -> int:

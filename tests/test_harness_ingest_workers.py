@@ -141,6 +141,20 @@ def test_a_worker_that_dies_costs_only_speed(tmp_path, monkeypatch):
     assert all(r.status == "ingested" for r in b)
 
 
+GARBLED_WORKER = ("import sys; sys.stdin.buffer.read(8); "
+                  "sys.stdout.buffer.write(bytes(8) + bytes([255]) * 64); sys.stdout.flush(); sys.stdin.read()")
+
+
+def test_a_worker_whose_answers_make_no_sense_costs_only_speed(tmp_path, monkeypatch):
+    """A result stream that is garbage (a debugger's ptrace once garbled one) fails that
+    worker, never hangs the run: its files are read in the parent."""
+    codex_files(tmp_path, 4, 4)
+    monkeypatch.setattr(packing_workers, "worker_command", lambda: [sys.executable, "-c", GARBLED_WORKER])
+    (inline, a), (workers, b) = run_both(tmp_path, monkeypatch, lambda: ("codex", [str(tmp_path / "sessions")]))
+    assert everything(inline, a) == everything(workers, b)
+    assert all(r.status == "ingested" for r in b)
+
+
 def test_a_results_chunks_travel_outside_its_pickle_and_arrive_as_bytes(tmp_path):
     """A worker's result crosses the pipe as a small pickle plus its framed chunks as they
     are (pickle protocol 5 buffers), and the parent gets the same chunks, as bytes."""

@@ -131,3 +131,45 @@ def test_classify_lines_says_what_line_kind_says_of_each_line(raws):
         assert damaged == [n for n, (is_object, _, _) in enumerate(kinds) if not is_object]
         assert wanted == [n for n, (is_object, kind, inner) in enumerate(kinds)
                           if is_object and wants_all(kind, inner)]
+
+
+# --- the whole-log path: one decode_lines when every line is a compact object ----------------
+
+def classified_line_by_line(data: bytes) -> tuple[list, list]:
+    starts = [0] + [i + 1 for i, byte in enumerate(data) if byte == 0x0A]
+    kinds = [line_kind(data[s:e]) for s, e in zip(starts, starts[1:])]
+    return ([n for n, (is_object, _, _) in enumerate(kinds) if not is_object],
+            [n for n, (is_object, kind, inner) in enumerate(kinds) if is_object and wants_all(kind, inner)])
+
+
+@pytest.mark.parametrize("raws", [
+    # two values on one line (damaged) beside a good one: as many values as lines is not enough
+    [b'{"a":1} {"type":"user"}', b'{"type":"user"}', b'{"type":"x"}'],
+    [b'{"type":"user"}', b'{"a":1}{"type":"user"}'],
+    # an object spread over two lines, and a line of two values: the counts agree, the lines do not
+    [b'{"type":"user","a":', b'1}', b'{"x":1} {"type":"y"}'],
+    [b'{"a":{"type":"user"}', b',"b":{}}', b'{}{}'],
+    # whitespace decode_lines skips but a line is not: blank, spaces, CR LF
+    [b'{"type":"user"}', b'', b'{"type":"x"}'],
+    [b'{"type":"user"} ', b'{"type":"x"}'],
+    [b'{"type":"user"}\r', b'{"type":"x"}'],
+    [b' {"type":"user"}', b'{"type":"x"}'],
+    # a payload that is not an object, and values msgspec refuses inside a good shape
+    [b'{"type":"event_msg","payload":[1]}', b'{"type":"user"}'],
+    [b'{"type":"user","n":1e999}', b'{"type":"x"}'],
+    [b'{"type":"user","s":"\\ud800"}', b'{"type":"x"}'],
+])
+def test_classify_lines_whole_log_path_agrees_with_each_line(raws):
+    data = b"".join(raw + b"\n" for raw in raws)
+    damaged, wanted = classified_line_by_line(data)
+    ends, got_damaged, got_wanted = classify_lines(data, wants_all)
+    assert (got_damaged, got_wanted) == (damaged, wanted)
+
+
+def test_a_log_of_compact_objects_is_decoded_whole():
+    """The common case takes the one-call path (else the examples above test nothing new)."""
+    data = b'{"type":"event_msg","payload":{"type":"task_complete"}}\n{"type":"response_item"}\n{}\n'
+    ends = [56, 81, 84]
+    assert line_kinds.line_ends(data) == ends
+    assert line_kinds._classify_objects(data, ends, wants_all) == [0, 1]
+    assert line_kinds._classify_objects(data[:-1] + b" \n", ends, wants_all) is None

@@ -461,3 +461,29 @@ def test_pack_raw_lines_chains_as_chain_ahead_of_prepare(shape, threads):
         assert packed.segments == plain
         assert [(d, framing.unframe(v)) for d, v in packed.objects] == [(d, framing.unframe(v)) for d, v in objects]
     assert len(plain) > 1 and (shape != "stamped" or len(objects) > len(plain))
+
+
+def test_raw_lines_cut_only_long_bodies_into_content_defined_chunks():
+    """Ingest's chunking (rollout._stamp_regions): a segment's short lines are one chunk (no
+    harness repeats a run of them byte for byte), a long timestamped line's body is cut by
+    content so a fork's copy (new timestamp) shares its chunks, and a region over
+    ROLLOUT_MAX_SIZE without a timestamp is still cut."""
+    from agentcas.cas import chunking
+    import random
+    rng = random.Random(4)
+    short = b"".join(b'{"n": %d, "text": "%s"}\n' % (n, rng.randbytes(400).hex().encode()) for n in range(1000))
+    assert 512 * 1024 < len(short) <= rollout.MAX_SEGMENT_BYTES
+    packed = rollout.pack_raw_lines(short, 3, b"\x07" * 32, [])
+    assert len(packed.segments) == 1 and len(packed.objects) == 1
+
+    body = random.Random(5).randbytes(3 * 1024 * 1024).hex().encode()
+
+    def stamped(day: int) -> bytes:
+        return b'{"timestamp":"2026-11-0%dT10:00:00Z","body":"%s"}\n' % (day, body)
+    first = rollout.pack_raw_lines(stamped(1), 3, b"\x07" * 32, [])
+    copy = rollout.pack_raw_lines(stamped(2), 3, b"\x07" * 32, [])
+    cut = {d for d, _ in first.objects} & {d for d, _ in copy.objects}
+    assert len(first.objects) > 3 and len(cut) >= len(first.objects) - 3   # all but the chunks at the stamp
+
+    plain = b'{"body":"%s"}\n' % body
+    assert len(rollout.pack_raw_lines(plain, 3, b"\x07" * 32, []).objects) >= len(plain) // chunking.ROLLOUT_MAX_SIZE

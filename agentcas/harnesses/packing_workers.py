@@ -117,9 +117,13 @@ class _Worker:
         while True:
             try:
                 result = _receive(self.proc.stdout)
-            except (OSError, EOFError, pickle.UnpicklingError):
+            except EOFError:
                 if not pool.closing or self.waiting:
                     pool.failed = True
+                break
+            except Exception:   # a stream that makes no sense (seen under a debugger's ptrace):
+                pool.failed = True   # never a hang; the caller reads this worker's jobs itself
+                self.proc.kill()
                 break
             with pool.lock:
                 future, size = self.waiting.popleft()

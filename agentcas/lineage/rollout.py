@@ -209,10 +209,13 @@ def _chunk_records(data: bytes, view: memoryview, records, raw_lines: bool, leve
     if end - start <= INLINE_BYTES:
         return (), bytes(view[start:end]), []
     refs, objects = [], []
-    regions = _stamp_regions(data, records) if raw_lines else [(start, end)]
-    for region_start, region_end in regions:
-        for piece in chunking.cut(view[region_start:region_end], chunking.ROLLOUT_AVG_SIZE,
-                                  chunking.ROLLOUT_MIN_SIZE, chunking.ROLLOUT_MAX_SIZE):
+    regions = _stamp_regions(data, records) if raw_lines else [(start, end, True)]
+    for region_start, region_end, cut in regions:
+        region = view[region_start:region_end]
+        pieces = chunking.cut(region, chunking.ROLLOUT_AVG_SIZE, chunking.ROLLOUT_MIN_SIZE,
+                              chunking.ROLLOUT_MAX_SIZE) if cut or len(region) > chunking.ROLLOUT_MAX_SIZE \
+            else (region,)
+        for piece in pieces:
             digest = hash_blob(piece)
             objects.append((digest, framing.frame(framing.KIND_CHUNK, piece, level=level)))
             refs.append(ChunkRef(digest, len(piece)))
@@ -333,14 +336,18 @@ STAMP_SPLIT_BYTES = 32 * 1024
 _STAMP = b'{"timestamp":"'
 
 
-def _stamp_regions(data: bytes, group: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Byte ranges to chunk separately so that a long log line's body dedupes across files.
+def _stamp_regions(data: bytes, group: list[tuple[int, int]]) -> list[tuple[int, int, bool]]:
+    """Byte ranges of a segment of raw lines to chunk on their own, and whether each is
+    cut into content-defined chunks: only the bodies of long lines are.
 
     A harness that copies records into another log (a Codex fork re-persists its parent's
     items) gives each copy a new `{"timestamp":"..."` prefix. A line of STAMP_SPLIT_BYTES
     or more that starts so is cut after its timestamp value: the body after it is chunked
-    on its own, so the copy's body chunks equal the source's. Shorter lines are chunked
-    together as usual (one chunk per small body would cost more than the copy).
+    on its own (content-defined), so the copy's body chunks equal the source's. The
+    shorter lines between (and a long line's timestamp prefix) are one chunk per region,
+    not cut: no harness repeats a run of them byte for byte (a copy has new timestamps),
+    so cutting found nothing to share and cost ~1.1 s of CPU per GB (FastCDC's rolling
+    hash); a region over ROLLOUT_MAX_SIZE (a long line without a timestamp) is still cut.
     """
     regions, region_start = [], group[0][0]
     for start, end in group:
@@ -349,11 +356,11 @@ def _stamp_regions(data: bytes, group: list[tuple[int, int]]) -> list[tuple[int,
         quote = data.find(b'"', start + len(_STAMP), start + 96)
         if quote < 0:
             continue
-        regions.append((region_start, quote + 1))
-        regions.append((quote + 1, end))
+        regions.append((region_start, quote + 1, False))
+        regions.append((quote + 1, end, True))
         region_start = end
     if region_start < group[-1][1]:
-        regions.append((region_start, group[-1][1]))
+        regions.append((region_start, group[-1][1], False))
     return regions
 
 
