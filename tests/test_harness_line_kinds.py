@@ -173,3 +173,22 @@ def test_a_log_of_compact_objects_is_decoded_whole():
     assert line_kinds.line_ends(data) == ends
     assert line_kinds._classify_objects(data, ends, wants_all) == [0, 1]
     assert line_kinds._classify_objects(data[:-1] + b" \n", ends, wants_all) is None
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(OBJECTS, st.booleans()), min_size=1, max_size=10),
+       st.lists(st.sampled_from([b'{"a":1} {"type":"user"}', b'{"type":"user","x":', b'1}', b"{}{}", b"{} ",
+                                 b'{"type":"user","s":"\\ud800"}', b'{"payload":3}', b"", b' {"type":"x"}',
+                                 b'{"type":"user","x":\n1}']), max_size=4),
+       st.randoms(use_true_random=False))
+def test_classify_lines_of_compact_objects_agrees_with_each_line(objects, odd, rng):
+    """Logs of compact objects (the whole-file path), with now and then a line that only
+    looks like one: the same answer as line_kind of each line."""
+    raws = [encode(value, ascii_only, False) for value, ascii_only in objects]
+    for raw in odd:
+        raws.insert(rng.randrange(len(raws) + 1), raw)
+    data = b"".join(raw + b"\n" for raw in raws)
+    damaged, wanted = classified_line_by_line(data)
+    ends, got_damaged, got_wanted = classify_lines(data, wants_all)
+    assert ends == [i + 1 for i, byte in enumerate(data) if byte == 0x0A]
+    assert (got_damaged, got_wanted) == (damaged, wanted)
