@@ -135,3 +135,21 @@ def test_packed_refuses_nesting_deeper_than_the_limit():
         packed.decode(bytes([packed.LIST, 1]) * (MAX_DEPTH + 1) + bytes([packed.NULL]))
     nested = bytes([packed.LIST, 1]) * MAX_DEPTH + bytes([packed.NULL])   # at the limit: fine
     assert packed.encode(packed.decode(nested)) == nested
+
+
+@given(st.integers(min_value=0, max_value=packed.MAX_UINT), st.text())
+@example(127, "")
+@example(128, "\u00e9" * 200)
+def test_packed_hot_path_encoders_equal_encode(n, text):
+    """encode_uint and encode_text (CheckpointSeries's) write what encode writes."""
+    assert packed.encode_uint(n) == packed.encode(n)
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:
+        return
+    assert packed.encode_text(data) == packed.encode(text)
+
+
+def test_packed_encode_uint_refuses_what_does_not_fit():
+    with pytest.raises(NotCanonical):
+        packed.encode_uint(packed.MAX_UINT + 1)

@@ -595,12 +595,13 @@ class CheckpointSeries:
         else:
             parents_bytes = packed.encode(list(parents))
         if history.segment is not None:
-            position = b"".join((_POSITION, history.segment.raw, packed.encode(history.seq),
-                                 packed.encode(history.offset), _ID, history.digest.raw))
+            position = b"".join((_POSITION, history.segment.raw, packed.encode_uint(history.seq),
+                                 packed.encode_uint(history.offset), _ID, history.digest.raw))
         else:
             position = packed.encode(history.to_row())
-        body = b"".join((self._head, parents_bytes, self._thread, packed.encode(reason), self._shared, position,
-                         packed.encode(generation), _NULL if skip is None else _ID + skip.raw))
+        body = b"".join((self._head, parents_bytes, self._thread, packed.encode_text(reason.encode("utf-8")),
+                         self._shared, position, packed.encode_uint(generation),
+                         _NULL if skip is None else _ID + skip.raw))
         return body, hash_object("checkpoint", body)
 
 

@@ -42,6 +42,21 @@ def varint(n: int) -> bytes:
 
 _BYTE = [bytes((i,)) for i in range(256)]
 _UINTS = [bytes((UINT, i)) for i in range(128)]
+_UINT_TAG, _TEXT_TAG = bytes((UINT,)), bytes((TEXT,))
+
+
+def encode_uint(n: int) -> bytes:
+    """`encode(n)` of an int known to be >= 0, without the general walk (hot paths)."""
+    if n < 0x80:
+        return _UINTS[n]
+    if n > MAX_UINT:
+        raise NotCanonical("packed integers are in 0 .. 2^64 - 1")
+    return _UINT_TAG + varint(n)
+
+
+def encode_text(data: bytes) -> bytes:
+    """`encode(s)` of a str `s`, given `data = s.encode("utf-8")` (hot paths)."""
+    return b"".join((_TEXT_TAG, varint(len(data)), data))
 
 
 def encode(value) -> bytes:
