@@ -10,6 +10,7 @@ finishes.
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -153,6 +154,49 @@ def test_a_worker_whose_answers_make_no_sense_costs_only_speed(tmp_path, monkeyp
     (inline, a), (workers, b) = run_both(tmp_path, monkeypatch, lambda: ("codex", [str(tmp_path / "sessions")]))
     assert everything(inline, a) == everything(workers, b)
     assert all(r.status == "ingested" for r in b)
+
+
+FLIPPING_WORKER = """
+import io
+from agentcas.harnesses import packing_workers as p
+real = p._send
+def send(stream, value):
+    out = io.BytesIO()
+    real(out, value)
+    data = bytearray(out.getvalue())
+    data[len(data) // 2] ^= 1
+    stream.write(bytes(data))
+    stream.flush()
+p._send = send
+p.main()
+"""
+
+
+def test_a_worker_result_damaged_on_its_way_is_not_trusted(tmp_path, monkeypatch):
+    """A result whose bytes changed between worker and parent (one bit of each, mid-message:
+    in a framed chunk) is refused by its digest, and its file read in the parent: nothing
+    it carried lands."""
+    codex_files(tmp_path, 4, 40, filler=2_000)
+    monkeypatch.setattr(packing_workers, "worker_command", lambda: [sys.executable, "-c", FLIPPING_WORKER])
+    (inline, a), (workers, b) = run_both(tmp_path, monkeypatch, lambda: ("codex", [str(tmp_path / "sessions")]))
+    assert everything(inline, a) == everything(workers, b)
+    assert workers.fsck()["ok"]
+
+
+def test_every_byte_of_a_message_is_checked():
+    """A message with any one byte changed is StreamDamaged, never a value (lengths are
+    checked before they are used, so a damaged one cannot make the reader wait or allocate)."""
+    import io
+    stream = io.BytesIO()
+    value = {"objects": [(b"d" * 32, pickle.PickleBuffer(b"chunk %d " % n * 50)) for n in range(3)], "n": 7}
+    packing_workers._send(stream, value)
+    message = stream.getvalue()
+    assert packing_workers._receive(io.BytesIO(message))["n"] == 7
+    for at in range(0, len(message), 7):
+        damaged = bytearray(message)
+        damaged[at] ^= 0x40
+        with pytest.raises(packing_workers.StreamDamaged):
+            packing_workers._receive(io.BytesIO(bytes(damaged)))
 
 
 def test_a_results_chunks_travel_outside_its_pickle_and_arrive_as_bytes(tmp_path):

@@ -8,8 +8,10 @@ parent plans the next files and alone writes to the store: the workers never ope
 Each worker is `python -m agentcas.harnesses.packing_workers`, a child process that reads
 jobs on its stdin and writes results on its stdout, one at a time, each a length-prefixed
 pickle (both ends are this code) followed by the result's framed chunks as they are
-(pickle protocol 5 buffers: the parent copies them once), into a pipe widened to hold
-several results. The parent writes each job to the worker with the least
+(pickle protocol 5 buffers: the parent copies them once) and a BLAKE3 of all of it, into
+a pipe widened to hold several results. Nothing read from a pipe is trusted unchecked: a
+message whose digest differs (a debugger's ptrace has garbled one) ends that worker, and
+its files are read in the parent. The parent writes each job to the worker with the least
 work queued, ahead of the results (a worker never waits for the parent to take one), and
 one thread per worker reads its results in order into futures (it waits on the pipe
 without the GIL). A worker ignores SIGINT and SIGTERM (the
@@ -29,38 +31,75 @@ import subprocess
 import sys
 import threading
 from collections import deque
+
+import blake3
 from concurrent.futures import Future
 
 LENGTH = struct.Struct(">Q")
 
 
+class StreamDamaged(Exception):
+    """A message on a worker's pipe whose bytes are not the ones sent."""
+
+
 def _send(stream, value) -> None:
-    """Write `value`: the length of its pickle, the number and lengths of its out-of-band
-    buffers (pickle protocol 5: the `pickle.PickleBuffer`s in it, a result's framed chunks),
-    the pickle, then those buffers as they are."""
+    """Write `value` as one message: the length of its pickle and the number of its
+    out-of-band buffers (pickle protocol 5: the `pickle.PickleBuffer`s in it, a result's
+    framed chunks) and a tag of those two; the buffers' lengths and their tag; the pickle
+    and the buffers as they are; a BLAKE3 of everything before it. The reader checks each
+    length before it trusts it, and the whole before it unpickles (~35 ms a GB a side)."""
     buffers: list = []
     body = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
     raws = [buffer.raw() for buffer in buffers]
-    stream.write(b"".join([LENGTH.pack(len(body)), LENGTH.pack(len(raws))]
-                          + [LENGTH.pack(raw.nbytes) for raw in raws]))
+    counts = COUNTS.pack(len(body), len(raws))
+    lengths = struct.pack(f">{len(raws)}Q", *(raw.nbytes for raw in raws))
+    check = blake3.blake3(counts)
+    stream.write(counts + _tag(counts) + lengths + _tag(lengths))
+    check.update(lengths)
+    check.update(body)
     stream.write(body)
     for raw in raws:
+        check.update(raw)
         stream.write(raw)
+    stream.write(check.digest())
     stream.flush()
 
 
 def _receive(stream):
-    """The next value on `stream`, or EOFError at its end. Each out-of-band buffer is read
-    into a bytes object of its own, which the value then holds as it is (a read-only buffer
-    is not copied again by pickle): a chunk crosses into the parent with one copy, not two."""
-    size, count = _read_lengths(stream, 2)
-    lengths = _read_lengths(stream, count)
+    """The next value on `stream`: EOFError at its end, StreamDamaged if its bytes are not
+    the ones sent. Each out-of-band buffer is read into a bytes object of its own, which
+    the value then holds as it is (a read-only buffer is not copied again by pickle): a
+    chunk crosses into the parent with one copy, not two."""
+    counts = _checked(stream, COUNTS.size)
+    size, count = COUNTS.unpack(counts)
+    lengths = _checked(stream, LENGTH.size * count)
+    check = blake3.blake3(counts)
+    check.update(lengths)
     body = _read_exactly(stream, size)
-    return pickle.loads(body, buffers=[_read_exactly(stream, length) for length in lengths])
+    check.update(body)
+    buffers = []
+    for length in struct.unpack(f">{count}Q", lengths):
+        buffers.append(_read_exactly(stream, length))
+        check.update(buffers[-1])
+    if _read_exactly(stream, 32) != check.digest():
+        raise StreamDamaged("a message's bytes differ from their digest")
+    return pickle.loads(body, buffers=buffers)
 
 
-def _read_lengths(stream, count: int) -> tuple:
-    return struct.unpack(f">{count}Q", _read_exactly(stream, LENGTH.size * count))
+COUNTS = struct.Struct(">QQ")
+TAG_BYTES = 16
+
+
+def _tag(data: bytes) -> bytes:
+    return blake3.blake3(data).digest(TAG_BYTES)
+
+
+def _checked(stream, size: int) -> bytes:
+    """`size` bytes and the tag after them, which must be theirs."""
+    data = _read_exactly(stream, size + TAG_BYTES)
+    if _tag(data[:size]) != data[size:]:
+        raise StreamDamaged("a message's lengths differ from their tag")
+    return data[:size]
 
 
 def _read_exactly(stream, size: int) -> bytes:
@@ -217,6 +256,8 @@ def main() -> int:
         serve(jobs, results)
     except BrokenPipeError:   # the parent is gone: nobody reads the result
         os._exit(0)
+    except StreamDamaged:     # a job's bytes are not the ones sent: do nothing with it
+        os._exit(1)           # (the parent sees the pipe end and reads this worker's files itself)
     return 0
 
 
