@@ -31,9 +31,9 @@ import subprocess
 import sys
 import threading
 from collections import deque
+from concurrent.futures import Future
 
 import blake3
-from concurrent.futures import Future
 
 LENGTH = struct.Struct(">Q")
 
