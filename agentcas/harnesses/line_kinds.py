@@ -107,8 +107,9 @@ def _classify_objects(data: bytes, ends: list[int], wants) -> list[int] | None:
 
     One `decode_lines` of the whole buffer instead of a decode per line (the loop's Python:
     on the bench's sessions, each file read once, the median of 10 alternating runs went
-    from 1.63 to 1.46 s of CPU per GB; msgspec's parse is most of what is left). It splits values at whitespace, not
-    at lines, so the shape check makes the two the same: a `}` ends no line inside a value
+    from 1.63 to 1.46 s of CPU per GB; msgspec's parse is most of what is left).
+    decode_lines splits values at whitespace, not at lines, so the shape check makes the
+    two the same: a `}` ends no line inside a value
     (after a `}` inside one comes `,` `}` or `]`, never `{`; inside a string a newline is
     not JSON), so every newline ends a value, each line holds one value or more, and as
     many values as lines means one each. A log that fails anything here (a damaged line,

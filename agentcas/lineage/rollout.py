@@ -91,13 +91,8 @@ def split_lines(data: bytes) -> list[tuple[int, int]]:
     A harness log is stored byte for byte, so a damaged line (not JSON, not UTF-8) is
     kept as one record; readers of the rollout decide what to skip.
     """
-    records, start, size = [], 0, len(data)
-    while start < size:
-        end = data.find(b"\n", start)
-        end = size if end < 0 else end + 1
-        records.append((start, end))
-        start = end
-    return records
+    ends = line_ends(data)
+    return list(zip([0] + ends[:-1], ends))
 
 
 def normalise(data: bytes) -> bytes:
