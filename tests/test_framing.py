@@ -52,6 +52,23 @@ def test_compresses_only_when_it_saves_space():
     assert read_header(frame(KIND_CHUNK, text, compress=False))[1] == CODEC_RAW
 
 
+def test_small_tables_write_ordinary_zstd_frames_with_their_own_match_tables():
+    """framing.INGEST_ZSTD (harness logs) is level 3 with smaller match tables: its frames
+    read back like any other and declare their size, and they are not level 3's own (the
+    tables are applied, not dropped), at most a few percent larger."""
+    import random
+    rng = random.Random(3)
+    words = [b"def", b"return", b"thread", b"replay", b"chunk", b"value", b"json", b"store", b"line"]
+    text = b" ".join(rng.choice(words) + str(rng.randrange(10_000)).encode() for _ in range(90_000))
+    small = frame(KIND_CHUNK, text, written_at=0, level=framing.INGEST_ZSTD)
+    default = frame(KIND_CHUNK, text, written_at=0, level=3)
+    assert unframe(small) == (KIND_CHUNK, text)
+    assert read_header(small) == (KIND_CHUNK, CODEC_ZSTD, len(text), 0)
+    assert zstandard.get_frame_parameters(small[HEADER_SIZE:]).content_size == len(text)
+    assert small != default and len(small) <= len(default) * 1.05   # 3.3% here: dense numbers, a worst case
+    assert framing.INGEST_ZSTD == framing.SmallTables(3, 15, 14)
+
+
 def test_every_flipped_header_bit_is_caught():
     value = frame(KIND_TREE, b'{"entries":[]}', written_at=12345)
     for i in range(HEADER_SIZE):

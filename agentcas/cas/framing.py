@@ -15,6 +15,7 @@ import struct
 import threading
 import time
 import zlib
+from dataclasses import dataclass
 
 import zstandard
 
@@ -43,6 +44,25 @@ ROLLOUT_ZSTD_LEVEL = 7
 MAX_OBJECT_SIZE = 1 << 31
 
 
+@dataclass(frozen=True)
+class SmallTables:
+    """A zstd level whose match finder keeps 2**hash_log and 2**chain_log table entries
+    instead of the level's own (a `level` wherever frame takes one)."""
+
+    level: int
+    hash_log: int
+    chain_log: int
+
+
+# Harness logs (ingest): level 3's match finder (double fast) with 2^15 and 2^14 entries
+# instead of 2^17 and 2^16. Its tables, 192 KiB instead of 768, stay in a core's 1 MiB L2
+# cache beside the chunk being compressed: on ~500 KB chunks, median of 5 alternating runs,
+# 21% less CPU on the bench's sessions (2.67 vs 3.38 s a GB) for 0.5% more bytes (ratio
+# 5.454 vs 5.481), and 10% less on logs of source-code tool outputs (3.18 vs 3.54 s a GB,
+# ratio 5.399 vs 5.430). The frames are ordinary zstd frames; nothing reads them differently.
+INGEST_ZSTD = SmallTables(3, 15, 14)
+
+
 class CorruptValue(IntegrityError):
     """A stored value whose header or compressed body is damaged."""
 
@@ -51,15 +71,20 @@ _LOCAL = threading.local()
 PROBE_BYTES = 8192
 
 
-def _compressor(level: int) -> zstandard.ZstdCompressor:
+def _compressor(level: int | SmallTables) -> zstandard.ZstdCompressor:
     """One compressor per thread and level (they are not thread-safe, and cost to build)."""
     cache = getattr(_LOCAL, "compressors", None)
     if cache is None:
         cache = _LOCAL.compressors = {}
     compressor = cache.get(level)
     if compressor is None:
-        compressor = cache[level] = zstandard.ZstdCompressor(
-            level=level, write_content_size=True, write_checksum=False)
+        if isinstance(level, SmallTables):
+            compressor = zstandard.ZstdCompressor(compression_params=zstandard.ZstdCompressionParameters.from_level(
+                level.level, hash_log=level.hash_log, chain_log=level.chain_log, write_content_size=True,
+                write_checksum=False))
+        else:
+            compressor = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=False)
+        cache[level] = compressor
     return compressor
 
 
@@ -82,7 +107,7 @@ def _worth_compressing(data) -> bool:
 
 
 def frame(kind: int, data, compress: bool = True, written_at: int | None = None,
-          level: int = ZSTD_LEVEL) -> bytes:
+          level: int | SmallTables = ZSTD_LEVEL) -> bytes:
     """Frame `data` for storage, zstd-compressing it when that saves space."""
     size = len(data)
     body, codec = data, CODEC_RAW

@@ -41,7 +41,7 @@ class NewLinesJob:
     tracker: object          # turns.CodexTurns | turns.ClaudeTurns, primed with the open turn
     turn_seq: int            # where the open turn starts (a seq)
     closes_before: bool      # a boundary record opens the next turn (Claude), so that turn starts at it
-    level: int               # zstd level of new chunks
+    level: object             # zstd level of new chunks (int or framing.SmallTables)
     size: int                # bytes to read, as of the stat that planned the job
     keep_data: bool = False  # return the new lines' bytes too (a Codex fork measures its copy)
     # The whole-bytes BLAKE3 of the stored prefix (bytes 0..offset), as the last run left it:

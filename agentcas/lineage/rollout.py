@@ -150,7 +150,7 @@ def chain_ahead(prepared: list[PreparedSegment], base: bytes, marks) -> list[Pre
 
 
 def prepare(data: bytes, add_object, first_line: int = 1, raw_lines: bool = False,
-            level: int = framing.ROLLOUT_ZSTD_LEVEL) -> list[PreparedSegment]:
+            level: int | framing.SmallTables = framing.ROLLOUT_ZSTD_LEVEL) -> list[PreparedSegment]:
     """Validate, group and chunk new records; `add_object(digest, framed)` stores chunks.
 
     `first_line` numbers the first line of `data` in error messages (a file's tail).
@@ -195,7 +195,7 @@ def prepare(data: bytes, add_object, first_line: int = 1, raw_lines: bool = Fals
     return prepared
 
 
-def _chunk_records(data: bytes, view: memoryview, records, raw_lines: bool, level: int):
+def _chunk_records(data: bytes, view: memoryview, records, raw_lines: bool, level: int | framing.SmallTables):
     """(chunk refs, inline bytes, [(digest, framed chunk)]) of one segment's records, given
     as (start, end) pairs: inline if they are at most INLINE_BYTES, else content-defined
     chunks (of each stamp region, for raw lines)."""
@@ -235,7 +235,7 @@ def line_ends(data: bytes) -> list[int]:
     return ends
 
 
-def pack_raw_lines(data: bytes, level: int, chain_from: bytes | None = None, marks=(),
+def pack_raw_lines(data: bytes, level: int | framing.SmallTables, chain_from: bytes | None = None, marks=(),
                    ends: list[int] | None = None, threads: int = READ_WORKERS) -> PackedLines:
     """`prepare` of `data`'s newline-terminated lines stored raw, collecting the chunk objects;
     with `chain_from` (the digest of the history they will continue), `chain_ahead` too.
