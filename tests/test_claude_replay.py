@@ -166,3 +166,19 @@ def test_system_records_are_dropped_from_messages():
 def test_empty_transcript():
     doc = replay_claude([])
     assert doc["leaf"] is None and doc["chain"] == [] and doc["messages"] == [] and doc["session_id"] is None
+
+
+def test_a_parent_uuid_that_is_not_a_string_makes_a_root_never_a_failure():
+    """`parentUuid` holding a list or an object (damaged or foreign) is no parent: that record
+    starts a chain of its own, in the main conversation or in a sidechain (the SDK's chain
+    builder would fail on the unhashable value)."""
+    s = ClaudeSession()
+    s.prompt("hi")
+    s.say("hello")
+    s.node("assistant", parent=["not", "a", "uuid"], uuid="odd-list",
+           message={"id": "m9", "role": "assistant", "content": [{"type": "text", "text": "x"}]})
+    s.node("user", parent={"uuid": "x"}, uuid="odd-dict", isSidechain=True,
+           message={"role": "user", "content": "side"})
+    doc = replay(s)
+    assert doc["leaf"] == "odd-list" and doc["chain"] == ["odd-list"]
+    assert [side["root"] for side in doc["sidechains"]] == ["odd-dict"]

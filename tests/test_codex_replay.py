@@ -311,3 +311,41 @@ def test_replay_reads_only_the_tail_after_the_newest_compaction():
     doc = replay_codex(records, damaged_lines=[])   # a stored history's are known (damaged_lines.py)
     assert doc["turn_context"]["model"] == "m-after"
     assert min(records.read - {0}) > len(s.lines) - 40     # line 1 for the id, then only the tail
+
+
+def test_events_codex_cannot_deserialize_are_skipped_never_fatal():
+    """Codex skips a line that does not deserialize (codex-rs protocol.rs), so replay does:
+    a turn start or completion whose `turn_id: String` is not a string, a `turn_aborted`
+    whose `turn_id: Option<String>` is neither, a `user_message` whose `message` is not a
+    string, a compaction whose replacement history holds a non-object (not a ResponseItem).
+    Read as records, the first made replay fail (an unhashable turn id) and the last made a
+    later rollback fail (a number among the items)."""
+    s = CodexSession()
+    s.turn("one", "did one")
+    base = replay(s)
+    s.event("task_complete", turn_id=["x"], last_agent_message=None)
+    s.event("task_started", turn_id={"a": 1})
+    s.event("turn_aborted", turn_id=7, reason="interrupted")
+    s.event("user_message", message=["not", "text"])
+    s.record("compacted", {"message": "summary", "replacement_history": [text_item("user", "LOST"), 5]})
+    s.turn("two", "did two")
+    s.rollback(1)
+    doc = replay(s)
+    assert texts(doc) == texts(base) and doc["turn_context"] == base["turn_context"]
+    assert doc["compaction_line"] is None and doc["interrupted_turn"] is None and doc["skipped_lines"] == []
+
+
+def test_a_turn_start_without_its_id_is_skipped_so_the_next_turns_context_counts():
+    """A `task_started` without `turn_id` does not deserialize: the reverse scan does not see
+    it close the newer turn's segment, which then takes in the older turn's prompt and so
+    counts as a user turn: its `turn_context` (without an id: compatible) is the latest."""
+    s = CodexSession()
+    s.turn("one", "did one", model="model-a")
+    s.event("task_started")
+    context_b = s.record("turn_context", {"cwd": "/repo", "approval_policy": "on-request",
+                                          "sandbox_policy": {"type": "read-only"}, "model": "model-b",
+                                          "summary": "auto"})
+    s.reply("working")
+    s.event("task_complete", turn_id="t2", last_agent_message=None)
+    doc = replay(s)
+    assert doc["turn_context_line"] == context_b and doc["turn_context"]["model"] == "model-b"

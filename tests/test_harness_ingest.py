@@ -398,6 +398,25 @@ def test_replay_text_is_a_transcript_with_line_numbers(run, store_dir, tmp_path)
     assert run("replay", THREAD, "--at", "100000", store=store_dir).code == 2
 
 
+def test_replay_text_never_sends_a_logs_control_characters_to_the_terminal(run, store_dir, tmp_path):
+    """Escape sequences, bells, backspaces, C1 controls and bidi overrides in a log (a prompt,
+    the turn context's model and cwd) are shown escaped, and every line stays bounded."""
+    hostile = "hi \x1b]0;pwned\x07 \x1b[31mRED\x1b[0m \x08\x08XX \x9b2J \u202etxt.exe"
+    s = CodexSession()
+    s.turn(hostile, "ok", model="gpt\x1b[2J" + "m" * 300)
+    s.record("turn_context", {"cwd": "/r\n\nFAKE LINE\x1b[2J", "approval_policy": "on-request\x07",
+                              "sandbox_policy": {"type": "read-only"}, "model": "m\x9b", "summary": "auto"})
+    s.prompt(hostile)
+    codex_file(tmp_path, s)
+    assert run("ingest", "codex", tmp_path / "sessions", store=store_dir).code == 0
+    r = run("replay", THREAD, store=store_dir)
+    assert r.code == 0 and "\\x1b]0;pwned\\x07" in r.out and "\\u202etxt.exe" in r.out
+    shown = r.out.replace("\n", "")
+    assert not [c for c in shown if ord(c) < 0x20 or 0x7f <= ord(c) <= 0x9f or c in "\u202a\u202b\u202c\u202d\u202e"]
+    assert "FAKE LINE" not in [line.strip() for line in r.out.splitlines()]
+    assert all(len(line) < 400 for line in r.out.splitlines())
+
+
 def test_sigkill_during_ingest_leaves_whole_lines_and_a_rerun_finishes(store_dir, tmp_path):
     s = CodexSession()
     for n in range(300):

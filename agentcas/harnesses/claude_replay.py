@@ -39,6 +39,14 @@ def _is_node(record) -> bool:
     return record is not None and record.get("type") in NODE_TYPES and isinstance(record.get("uuid"), str)
 
 
+def _parent(entry):
+    """The record's `parentUuid` if it is a non-empty string, else None: a record whose
+    parent is anything else (a list, an object: damaged or foreign) is a root here, where
+    the SDK's `_build_conversation_chain` would fail on it."""
+    parent = entry.get("parentUuid")
+    return parent if isinstance(parent, str) and parent else None
+
+
 def _walk(start, by_uuid):
     """Records from `start` along parentUuid to a root (stops on a cycle)."""
     seen = set()
@@ -49,8 +57,8 @@ def _walk(start, by_uuid):
             break
         seen.add(uid)
         yield current
-        parent = current.get("parentUuid")
-        current = by_uuid.get(parent) if isinstance(parent, str) and parent else None
+        parent = _parent(current)
+        current = None if parent is None else by_uuid.get(parent)
 
 
 def build_chain(entries: list[dict]) -> list[dict]:
@@ -59,7 +67,7 @@ def build_chain(entries: list[dict]) -> list[dict]:
         return []
     by_uuid = {e["uuid"]: e for e in entries}
     position = {e["uuid"]: i for i, e in enumerate(entries)}
-    parents = {e.get("parentUuid") for e in entries if e.get("parentUuid")}
+    parents = {_parent(e) for e in entries}
     leaves = []
     for terminal in (e for e in entries if e["uuid"] not in parents):
         for node in _walk(terminal, by_uuid):
@@ -202,10 +210,10 @@ def _sidechains(entries: list[dict]) -> list[dict]:
     position = {e["uuid"]: i for i, e in enumerate(entries)}
     children: dict = {}
     for e in side:
-        children.setdefault(e.get("parentUuid"), []).append(e["uuid"])
+        children.setdefault(_parent(e), []).append(e["uuid"])
     out, seen_roots = [], set()
     for e in side:
-        parent = e.get("parentUuid")
+        parent = _parent(e)
         if (parent in by_uuid) or e["uuid"] in seen_roots:
             continue
         seen_roots.add(e["uuid"])

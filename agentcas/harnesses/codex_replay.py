@@ -254,20 +254,35 @@ def _payload(record):
 
 def _unreadable(record) -> bool:
     """A record Codex cannot deserialize, so skips as it reads the rollout (it never reaches
-    the replay): a `compacted` whose payload is not `CompactedItem {message: String,
-    replacement_history: Option<Vec<ResponseItem>>}`, a `turn_context` whose payload is not
-    an object, a `thread_rolled_back` whose `num_turns` is not a u32."""
+    the replay), among those replay reads (codex-rs protocol.rs): a `compacted` whose payload
+    is not `CompactedItem {message: String, replacement_history: Option<Vec<ResponseItem>>}`
+    (an element that is not an object is no ResponseItem), a `turn_context` whose payload is
+    not an object, a `thread_rolled_back` whose `num_turns` is not a u32, a turn start or
+    completion whose `turn_id` is not a string (`turn_id: String`), a `turn_aborted` whose
+    `turn_id` is there but not a string (`Option<String>`), a `user_message` whose
+    `message` is not a string."""
     kind = record.get("type")
     payload = record.get("payload")
     if kind == "compacted":
-        return not (isinstance(payload, dict) and isinstance(payload.get("message"), str)
-                    and (payload.get("replacement_history") is None
-                         or isinstance(payload["replacement_history"], list)))
+        if not (isinstance(payload, dict) and isinstance(payload.get("message"), str)):
+            return True
+        history = payload.get("replacement_history")
+        return history is not None and not (isinstance(history, list)
+                                            and all(isinstance(item, dict) for item in history))
     if kind == "turn_context":
         return not isinstance(payload, dict)
-    if kind == "event_msg" and isinstance(payload, dict) and payload.get("type") == "thread_rolled_back":
+    if kind != "event_msg" or not isinstance(payload, dict):
+        return False
+    event_type = payload.get("type")
+    if event_type == "thread_rolled_back":
         turns = payload.get("num_turns")
         return not (isinstance(turns, int) and not isinstance(turns, bool) and 0 <= turns <= U32_MAX)
+    if event_type in TURN_STARTED or event_type in TURN_COMPLETE:
+        return not isinstance(payload.get("turn_id"), str)
+    if event_type == "turn_aborted":
+        return payload.get("turn_id") is not None and not isinstance(payload["turn_id"], str)
+    if event_type == "user_message":
+        return not isinstance(payload.get("message"), str)
     return False
 
 
@@ -330,7 +345,7 @@ def replay_codex(records, damaged_lines=None) -> dict:
             state["pending"] += event["num_turns"]
         elif event_type in TURN_COMPLETE:
             active = active or _Segment()
-            closed.add(event.get("turn_id"))
+            closed.add(_str_or_none(event.get("turn_id")))
             if active.turn_id is None:
                 active.turn_id = _str_or_none(event.get("turn_id"))
         elif event_type == "turn_aborted":

@@ -10,6 +10,7 @@ Ingest classifies lines without building them: line_kinds.py.
 from __future__ import annotations
 
 import json
+import re
 
 import orjson
 
@@ -78,9 +79,24 @@ def detect_format(records) -> str | None:
     return None
 
 
+# What a log's text must not send to a terminal: C0 and C1 controls and DEL (escape
+# sequences, backspace, bell) and the bidirectional overrides that reorder what is shown.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(match) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 def preview(text, limit: int = PREVIEW_CHARS) -> str:
-    """`text` on one line, at most `limit` characters (an ellipsis marks a cut)."""
+    """`text` on one line, at most `limit` characters (an ellipsis marks a cut): runs of
+    whitespace become one space and any other control or bidi character is escaped
+    (`\\x1b`, `\\u202e`), so a log's bytes never drive the terminal they are shown on."""
     if not isinstance(text, str):
         text = json.dumps(text, ensure_ascii=False, sort_keys=True)
     text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 1] + "\u2026"
+    shown = _UNPRINTABLE.sub(_escape, text[:limit])
+    if len(text) <= limit and len(shown) <= limit:
+        return shown
+    return shown[:limit - 1] + "\u2026"

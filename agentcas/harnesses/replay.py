@@ -130,31 +130,31 @@ def _item_text(item: dict) -> tuple[str, str]:
 def render_text(doc: dict, records=None, limit: int = 100) -> str:
     """A readable transcript with file line numbers and bounded previews (never executes)."""
     if doc["format"] == CODEX:
-        lines = [f"codex thread {doc['thread_id']} at record {doc['at']}: {len(doc['items'])} items"]
+        lines = [f"codex thread {preview(doc['thread_id'], 80)} at record {doc['at']}: {len(doc['items'])} items"]
         if doc["compaction_line"]:
             lines.append(f"  (history from the compaction at line {doc['compaction_line']})")
         for item, line in zip(doc["items"], doc["item_lines"]):
             role, text = _item_text(item)
-            lines.append(f"{line:>7}  {role:<10} {preview(text, limit)}")
+            lines.append(f"{line:>7}  {preview(role, 20):<10} {preview(text, limit)}")
         context = doc["turn_context"]
         if isinstance(context, dict):
-            lines.append(f"turn context (line {doc['turn_context_line']}): model {context.get('model')}, "
-                         f"approval {context.get('approval_policy')}, cwd {context.get('cwd')}")
+            lines.append(f"turn context (line {doc['turn_context_line']}): model {preview(context.get('model'), 60)}, "
+                         f"approval {preview(context.get('approval_policy'), 40)}, cwd {preview(context.get('cwd'), 120)}")
         else:
             lines.append("turn context: none (the next turn re-injects the full context)")
         if doc["rolled_back_turns"]:
-            lines.append("rolled back turns: " + ", ".join(doc["rolled_back_turns"]))
+            lines.append("rolled back turns: " + preview(", ".join(doc["rolled_back_turns"]), 400))
         if doc["interrupted_turn"]:
-            lines.append(f"unfinished turn {doc['interrupted_turn']}: kept as it is (a dangling call is "
+            lines.append(f"unfinished turn {preview(doc['interrupted_turn'], 80)}: kept as it is (a dangling call is "
                          "answered \"aborted\" only at prompt time)")
         if doc["skipped_lines"]:
             lines.append("skipped damaged lines: " + ", ".join(map(str, doc["skipped_lines"][:50])))
         return "\n".join(lines)
-    lines = [f"claude session {doc['session_id']} at record {doc['at']}: leaf {doc['leaf']}, "
+    lines = [f"claude session {preview(doc['session_id'], 80)} at record {doc['at']}: leaf {preview(doc['leaf'], 80)}, "
              f"{len(doc['chain'])} records in the chain, {len(doc['visible'])} visible"]
     if doc["compaction"]:
-        lines.append(f"  (chain starts at compaction boundary {doc['compaction']['boundary']}; "
-                     f"logical parent {doc['compaction']['logical_parent']})")
+        lines.append(f"  (chain starts at compaction boundary {preview(doc['compaction']['boundary'], 80)}; "
+                     f"logical parent {preview(doc['compaction']['logical_parent'], 80)})")
     by_uuid = {}
     if records is not None:
         for index in range(len(records)):
@@ -175,17 +175,18 @@ def render_text(doc: dict, records=None, limit: int = 100) -> str:
                 if kind == "text":
                     parts.append(block.get("text", ""))
                 elif kind == "tool_use":
-                    parts.append(f"[tool_use {block.get('name')} {preview(block.get('input'), 60)}]")
+                    parts.append(f"[tool_use {preview(block.get('name'), 40)} {preview(block.get('input'), 60)}]")
                 elif kind == "tool_result":
                     parts.append(f"[tool_result {preview(block.get('content'), 60)}]")
                 elif kind == "thinking":
                     parts.append("[thinking]")
                 else:
-                    parts.append(f"[{kind}]")
+                    parts.append(f"[{preview(kind, 40)}]")
             content = " ".join(str(p) for p in parts)
-        lines.append(f"{line:>7}  {role:<10} {preview(content, limit)}")
+        lines.append(f"{line:>7}  {preview(role, 20):<10} {preview(content, limit)}")
     if doc["abandoned"]:
         lines.append(f"abandoned: {len(doc['abandoned'])} records on branches not chosen")
     for side in doc["sidechains"]:
-        lines.append(f"sidechain {side['root']} -> {side['leaf']} ({len(side['uuids'])} records)")
+        lines.append(f"sidechain {preview(side['root'], 80)} -> {preview(side['leaf'], 80)} "
+                     f"({len(side['uuids'])} records)")
     return "\n".join(lines)
