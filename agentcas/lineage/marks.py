@@ -29,10 +29,11 @@ from agentcas.refs.revisions import load_checkpoint
 from agentcas.refs.threads import ForkOrigin, ThreadState
 
 EMPTY_TREE = Tree.of([])
-# A turn's checkpoint (~470 bytes, 42,000 in the 1 GB ingest of bench_harnesses.py) is framed
-# at zstd's fastest level: it keeps 6.5% of its bytes off disk instead of 7% at level 3, in
-# half the time (4.4 against 9.6 µs a checkpoint, measured on those 42,000).
-CHECKPOINT_ZSTD_LEVEL = -1
+# A turn's checkpoint (~470 bytes, 42,000 in the 1 GB ingest of bench_harnesses.py) is stored
+# raw. zstd kept 6.5% of its bytes off disk (1.3 MB a GB ingested, 0.6% of the store) for
+# ~4 µs, but each compress releases the GIL, and with the reader threads wanting it that was a
+# thread switch per checkpoint: raw, the ingest's context switches fell from 34-45k to 24-25k,
+# its parent's CPU by 0.3-0.5 s and its wall by 0.15-0.5 s in each of 4 alternating pairs.
 
 
 def prepare_raw(datas: list, writer: BatchWriter, level: int | framing.SmallTables) -> list[list]:
@@ -136,7 +137,7 @@ def _marks_plan(stores: Stores, thread: str, segments: list, marks, based_on: Hi
             body, current = series.encode_with_id(parents, reason, position, generation, skip)
             indexed[current.raw] = _Indexed(parents, generation, skip)
             by_generation[generation] = current
-            new_objects[current.raw] = framing.frame(framing.KIND_CHECKPOINT, body, level=CHECKPOINT_ZSTD_LEVEL)
+            new_objects[current.raw] = framing.frame(framing.KIND_CHECKPOINT, body, compress=False)
             made.append(current.hex())
         result = {"thread": thread, "appended": head.seq - base.seq, "first_seq": base.seq,
                   "checkpoints": made, "history": head.to_doc()}

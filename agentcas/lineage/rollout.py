@@ -770,8 +770,11 @@ def link_segments_at(objects: ObjectSource, head: HistoryPosition, prepared: lis
         segment = Segment(head, index, skip, item.count, item.length, Digest(chain), item.chunks, item.inline)
         body = segment.encode()
         segment_id = hash_object("segment", body)
-        level = framing.ROLLOUT_ZSTD_LEVEL if item.inline else framing.ZSTD_LEVEL
-        new_objects[segment_id.raw] = framing.frame(framing.KIND_SEGMENT, body, level=level)
+        # A segment that lists chunks is ids and counts: zstd never shrinks it, so it is not
+        # tried (a compress is a GIL release, a thread switch for a busy ingest); inline
+        # bytes are records, compressed at the rollout level.
+        new_objects[segment_id.raw] = framing.frame(framing.KIND_SEGMENT, body, compress=bool(item.inline),
+                                                    level=framing.ROLLOUT_ZSTD_LEVEL)
         pending[segment_id.raw] = segment
         SEGMENT_LINKS.put(segment_id.raw, _segment_links(segment))
         positions += [HistoryPosition(segment_id, s, o, d) for s, o, d in inside]
