@@ -120,7 +120,8 @@ def _marks_plan(stores: Stores, thread: str, segments: list, marks, based_on: Hi
         def index(parent: Digest | None) -> tuple[int, Digest | None]:
             """checkpoints.index_for_child, without its skip-list walk when the skip target
             was made here: the checkpoints made here follow one another, so the one at
-            generation skip_index(g) is the target (~40% of a turn checkpoint's cost)."""
+            generation skip_index(g) is the target (the walk was 0.5 of the 2.7 s that
+            cProfile gave planning the 42,000 turn checkpoints of the 1 GB bench)."""
             made_here = indexed.get(parent.raw) if parent is not None else None
             if made_here is not None and made_here.generation:
                 generation = made_here.generation + 1
