@@ -416,12 +416,20 @@ def rollout_cat(ctx, thread, start, stop):
 def ingest(ctx, harness, paths, thread, watch):
     """Ingest Codex or Claude Code session files (or directories) byte for byte, a checkpoint per turn."""
     from agentcas.harnesses import ingest as ingest_module
+    stopped: list = []
+    if watch:   # before the store opens: a SIGTERM at once still ends the watch cleanly
+        import signal
+        for number in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(number, lambda *_: stopped.append(True))
     run = ingest_module.Ingest(ctx.store(), harness, paths, thread)
+    refusals_shown: set = set()
 
     def show(reports):
         for r in reports:
             if r.status == "refused":   # on stderr, with --json too: the document has it as well
-                click.echo(f"agentcas: error: refused: {r.error}", err=True)
+                if (r.path, r.error) not in refusals_shown:   # --watch: once, not every pass
+                    click.echo(f"agentcas: error: refused: {r.error}", err=True)
+                    refusals_shown.add((r.path, r.error))
             elif ctx.as_json:
                 continue
             elif r.status == "ingested":
@@ -437,10 +445,6 @@ def ingest(ctx, harness, paths, thread, watch):
                            + f"  [{r.path}]")
 
     if watch:
-        import signal
-        stopped = []
-        for number in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(number, lambda *_: stopped.append(True))
         totals = {"passes": 0, "appended": 0, "checkpoints": 0}
 
         def on_run(reports):

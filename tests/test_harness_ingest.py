@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ import time
 
 import pytest
 from conftest import AGENTCAS
-from harness_samples import ClaudeSession, CodexSession
+from harness_samples import ClaudeSession, CodexSession, dumps
 
 from agentcas import Store
 from agentcas.harnesses.ingest import Ingest
@@ -316,20 +317,30 @@ def test_thread_option_on_a_codex_fork_keeps_its_link_to_the_parent(run, store_d
     assert cat(run, store_dir, "my-fork") == child.data()
 
 
-def test_two_files_of_one_session_in_one_run_one_lands_the_other_is_refused(run, store_dir, tmp_path):
-    """Files land in batches (one transaction); a batch with a loser is retried file by file."""
+def test_files_of_one_session_in_one_run_land_one_after_another(run, store_dir, tmp_path):
+    """Two files of one thread in one run (a copy that went on, a resumed session) are taken
+    in turn, the later one planned against what the earlier one stored: it appends what it
+    has beyond that, as a second run would; a file that differs within the stored part is
+    refused by name, and the others land. A link to a file is that file, once."""
     a, other = sample_codex(), CodexSession("other-0001")
     other.turn("unrelated")
-    copy = sample_codex()
-    copy.turn("diverges")
+    went_on = sample_codex()
+    went_on.turn("goes on")
+    differs = sample_codex()
+    differs.lines[3] = differs.lines[3].replace(b"deploy", b"DEPLOY")
     codex_file(tmp_path, a)
     codex_file(tmp_path, other)
-    codex_file(tmp_path, copy, name="rollout-2026-11-30T22-00-00-copy.jsonl")
+    codex_file(tmp_path, went_on, name="rollout-2026-11-30T22-00-00-went-on.jsonl")
+    codex_file(tmp_path, differs, name="rollout-2026-11-30T23-00-00-differs.jsonl")
+    day = next(p for p in (tmp_path / "sessions").rglob("*") if p.is_dir() and not any(q.is_dir() for q in p.iterdir()))
+    os.symlink(next(day.glob("*other-0001.jsonl")), day / "rollout-2026-11-30T23-30-00-link.jsonl")
     r = run("--json", "ingest", "codex", tmp_path / "sessions", store=store_dir)
     assert r.code == 1
     statuses = {f["path"].rsplit("/", 1)[-1]: f["status"] for f in r.json()["files"]}
-    assert sorted(statuses.values()) == ["ingested", "ingested", "refused"]
-    assert statuses["rollout-2026-11-30T21-30-12-other-0001.jsonl"] == "ingested"
+    assert statuses["rollout-2026-11-30T22-00-00-went-on.jsonl"] == "ingested"
+    assert statuses["rollout-2026-11-30T23-00-00-differs.jsonl"] == "refused"
+    assert sorted(statuses.values()) == ["ingested", "ingested", "ingested", "refused"]   # the link: no report
+    assert cat(run, store_dir, THREAD) == went_on.data()
     assert cat(run, store_dir, "codex/other-0001") == other.data()
     assert run("fsck", store=store_dir).code == 0
 
@@ -502,6 +513,35 @@ def test_watch_exits_zero_on_sigint(store_dir, tmp_path):
     assert json.loads(out)["watch"]["appended"] == len(s.lines)
 
 
+def test_watch_names_a_refused_path_once_not_every_pass(store_dir, tmp_path):
+    """A path that stays refused (missing, not a session) is reported when first seen, not
+    again at every pass (4 a second); a FIFO is named as what it is."""
+    s = CodexSession()
+    s.turn("one")
+    codex_file(tmp_path, s)
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([AGENTCAS, "--store", str(store_dir), "ingest", "codex", str(tmp_path / "sessions"),
+                             str(tmp_path / "missing.jsonl"), str(fifo), "--watch"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if b"".join(Store.open(str(store_dir)).rollout_read(THREAD)) == s.data():
+                break
+        except Exception:  # noqa: BLE001 - not ingested yet
+            pass
+        time.sleep(0.05)
+    time.sleep(1.5)   # several passes
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    lines = err.decode().splitlines()
+    assert len([line for line in lines if "missing.jsonl" in line]) == 1, lines
+    assert [line for line in lines if "pipe.jsonl" in line] == [
+        f"agentcas: error: refused: not a regular file or directory: {fifo}"]
+
+
 def test_watch_follows_new_lines_and_sigterm_exits_zero_with_everything_committed(store_dir, tmp_path):
     s = CodexSession()
     s.turn("one")
@@ -543,3 +583,96 @@ def test_watch_follows_new_lines_and_sigterm_exits_zero_with_everything_committe
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__]))
+
+
+def test_a_fork_of_a_fork_in_one_run_is_linked_where_it_copied(run, store_dir, tmp_path):
+    """Forks land after their parents, a fork of a fork after the fork it copies, so its
+    fork point is measured against that fork as stored (three runs or one: the same)."""
+    root = CodexSession("root-0001")
+    root.turn("one")
+    root.turn("two")
+    middle = CodexSession("middle-0001", forked_from="root-0001")
+    middle.copy_lines(root, 16)
+    middle.turn("three")
+    leaf = CodexSession("leaf-0001", forked_from="middle-0001")
+    leaf.copy_lines(middle)
+    leaf.turn("four")
+    for session in (root, middle, leaf):
+        codex_file(tmp_path, session)
+    assert run("ingest", "codex", tmp_path / "sessions", store=store_dir).code == 0
+    tree = run("--json", "lineage", store=store_dir).json()["threads"]
+    middle_node = tree[0]["children"][0]
+    assert middle_node["thread"] == "codex/middle-0001" and middle_node["forked_from"]["seq"] == 16
+    assert middle_node["children"][0]["thread"] == "codex/leaf-0001"
+    assert middle_node["children"][0]["forked_from"]["seq"] == len(middle.lines)
+
+
+def test_the_stat_shortcut_holds_only_for_the_thread_the_run_would_use(run, store_dir, tmp_path):
+    """An unchanged file is skipped on its stat only if it went into the thread this run
+    names: `--thread Y` after `--thread X`, or no --thread after one, ingests it again."""
+    path = codex_file(tmp_path, sample_codex())
+    assert run("ingest", "codex", path, "--thread", "named-x", store=store_dir).code == 0
+    assert run("ingest", "codex", path, "--thread", "named-y", store=store_dir).code == 0
+    assert run("ingest", "codex", path, store=store_dir).code == 0
+    names = {t["thread"] for t in run("--json", "branch", store=store_dir).json()["threads"]}
+    assert {"named-x", "named-y", THREAD} <= names
+    assert cat(run, store_dir, "named-y") == cat(run, store_dir, THREAD) == path.read_bytes()
+    again = run("--json", "ingest", "codex", path, "--thread", "named-y", store=store_dir).json()
+    assert [f["status"] for f in again["files"]] == ["unchanged"]
+
+
+def test_a_claude_transcript_with_only_its_first_snapshot_waits(run, store_dir, tmp_path):
+    """Claude writes a `file-history-snapshot` (no sessionId) before the first prompt: such
+    a file waits, nothing stored, and is ingested once the prompt is there."""
+    project = tmp_path / "projects" / "-repo"
+    project.mkdir(parents=True)
+    snapshot = dumps({"type": "file-history-snapshot", "messageId": "m0", "snapshot": {"trackedFileBackups": {}},
+                      "isSnapshotUpdate": False})
+    path = project / "s-snap.jsonl"
+    path.write_bytes(snapshot)
+    r = run("--json", "ingest", "claude", path, store=store_dir)
+    assert r.code == 0 and [f["status"] for f in r.json()["files"]] == ["waiting"]
+    assert run("--json", "branch", store=store_dir).json()["threads"] == []
+    session = ClaudeSession("s-snap")
+    session.prompt("hello")
+    path.write_bytes(snapshot + session.data())
+    r = run("--json", "ingest", "claude", path, store=store_dir)
+    assert r.code == 0 and [f["status"] for f in r.json()["files"]] == ["ingested"]
+    assert cat(run, store_dir, "claude/s-snap") == path.read_bytes()
+
+
+def test_a_first_record_longer_than_the_identity_head_is_read_to_its_end(run, store_dir, tmp_path):
+    """The thread id is read from complete lines, however long the first one is (a prompt
+    carrying a 33 MiB image): the file is ingested, not left waiting as a partial line."""
+    project = tmp_path / "projects" / "-repo"
+    project.mkdir(parents=True)
+    session = ClaudeSession("s-big")
+    session.prompt("look: " + "A" * (33 * 1024 * 1024))
+    session.say("I see it")
+    path = project / "s-big.jsonl"
+    path.write_bytes(session.data())
+    r = run("--json", "ingest", "claude", path, store=store_dir)
+    assert r.code == 0 and [(f["status"], f["thread"]) for f in r.json()["files"]] == [("ingested", "claude/s-big")]
+
+
+def test_a_file_name_or_prompt_that_is_not_text_costs_no_other_file(run, store_dir, tmp_path):
+    """A checkpoint reason is made from a prompt and a file name; one holding a lone
+    surrogate (a JSON `\\ud83d` escape, a file name's undecodable bytes) is written escaped,
+    so that file lands and so do the others (it failed the whole run with exit 4)."""
+    good = codex_file(tmp_path, CodexSession("good-0001"))
+    odd = CodexSession("odd-0001")
+    turn = odd.start(prompt="x")
+    odd.lines[-1] = odd.lines[-1].replace(b'"x"', b'"bad \\\\ud83d prompt"')
+    odd.reply("y")
+    odd.complete(turn)
+    odd.start(prompt="unfinished")   # the run ends mid-turn: its end-of-read reason names the file
+    name = os.fsdecode(b"rollout-2026-11-30T21-00-00-odd-\xff.jsonl")
+    odd_path = codex_file(tmp_path, odd, name=name)
+    proc = subprocess.run([AGENTCAS, "--store", str(store_dir), "--json", "ingest", "codex",
+                           str(tmp_path / "sessions")], capture_output=True)   # bytes: the name is not UTF-8
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout.decode("utf-8", "surrogateescape"))
+    assert sorted(f["status"] for f in doc["files"]) == ["ingested", "ingested"]
+    reasons = [c["reason"] for c in run("--json", "log", "codex/odd-0001", store=store_dir).json()["checkpoints"]]
+    assert any("\\udcff" in reason for reason in reasons), reasons
+    assert cat(run, store_dir, "codex/odd-0001") == odd_path.read_bytes() and good.exists()

@@ -101,13 +101,38 @@ def _agent_file(path: str) -> bool:
 
 
 def identify_file(harness: str, session: SessionFile) -> SessionIdentity | None:
-    """`identify` over the file's head, read in growing pieces (64 KiB up to HEAD_BYTES)."""
+    """`identify` over the file's head, read in growing pieces (64 KiB up to HEAD_BYTES,
+    and beyond until the head holds a complete line: a first record may be a 64 MiB line)."""
     size = 65536
     with open(session.path, "rb") as handle:
         while True:
             handle.seek(0)
             head = handle.read(size)
             identity = identify(harness, head, session)
-            if identity is not None or len(head) < size or size >= HEAD_BYTES:
+            if identity is not None or len(head) < size or (size >= HEAD_BYTES and b"\n" in head):
                 return identity
             size *= 8
+
+
+# Claude Code records that carry no sessionId: a transcript may start with them (a
+# `file-history-snapshot` is written before the first prompt).
+_CLAUDE_ID_LESS = frozenset({"file-history-snapshot", "summary"})
+
+
+def identity_to_come(harness: str, handle) -> bool:
+    """Whether a file that `identify` found no thread in may still get one as it grows (it
+    waits, nothing stored): it holds no complete line yet, or (Claude) its complete lines
+    are only records that carry no sessionId. `handle` is the file, opened for reading."""
+    handle.seek(0)
+    head = handle.read(HEAD_BYTES)
+    if b"\n" not in head:
+        while True:   # the first line may be longer than the head: look for its end
+            piece = handle.read(HEAD_BYTES)
+            if not piece:
+                return True
+            if b"\n" in piece:
+                return False
+    if harness != CLAUDE:
+        return False
+    records = [parse_line(raw) for _, raw in iter_lines(head[:head.rfind(b"\n") + 1])]
+    return all(record is not None and record.get("type") in _CLAUDE_ID_LESS for record in records)

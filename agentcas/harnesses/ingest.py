@@ -89,8 +89,9 @@ class IngestState:
     on this machine, so the state is per machine, never in the shared metadata.
     """
 
-    def __init__(self, local):
+    def __init__(self, local, named: bool = False):
         self.local = local
+        self.named = named   # this run's threads are named by --thread, not by the files
         self.entries: dict = {}
         self._dirty: set = set()
 
@@ -117,10 +118,14 @@ class IngestState:
                 if isinstance(entry, dict) and entry.get("path") == path:
                     self.entries[path] = entry
 
-    def unchanged(self, key: str, st: os.stat_result) -> bool:
+    def unchanged(self, key: str, st: os.stat_result, thread: str | None = None) -> bool:
+        """Whether the file is as the row last saw it, ingested into the thread this run
+        would use: `thread` (--thread), or the file's own (a row written under --thread
+        does not count for a run without it, nor for one naming another thread)."""
         entry = self.entries.get(key)
         return entry is not None and (entry["size"], entry["mtime_ns"], entry["ino"]) == \
-            (st.st_size, st.st_mtime_ns, st.st_ino)
+            (st.st_size, st.st_mtime_ns, st.st_ino) and bool(entry.get("named")) == (thread is not None) \
+            and (thread is None or entry["thread"] == thread)
 
     def record(self, key: str, st: os.stat_result, thread: str, history: dict, turn_seq: int,
                prefix: bytes | None = None) -> None:
@@ -128,6 +133,8 @@ class IngestState:
         self.entries[key] = {"path": key, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino,
                              "thread": thread, "bytes": history["offset"], "seq": history["seq"],
                              "digest": history["digest"], "turn_seq": turn_seq}
+        if self.named:
+            self.entries[key]["named"] = True
         if prefix is not None:
             self.entries[key]["prefix"] = prefix.hex()
         self._dirty.add(key)
@@ -200,7 +207,7 @@ class Ingest:
         self.thread = thread
         if thread is not None:
             check_thread_name(thread)
-        self.state = IngestState(store.stores.local)
+        self.state = IngestState(store.stores.local, named=thread is not None)
         self._inflight = None   # (executor, future) of the batch landing in the background
         self._workers = None    # packing_workers.PackingWorkers of a large run
 
@@ -209,11 +216,13 @@ class Ingest:
         files, missing = discovery.find_sessions(self.harness, self.paths)
         if self.thread is not None and len(files) > 1:
             raise UsageError(f"--thread names one session, but {len(files)} files were found")
-        reports = [FileReport(path, status="refused", error=f"no such file or directory: {path}")
-                   for path in missing]
+        reports = [FileReport(path, status="refused", error=(
+            f"not a regular file or directory: {path}" if os.path.exists(path)   # a FIFO, a device
+            else f"no such file or directory: {path}")) for path in missing]
         self.state.load([os.path.abspath(session.path) for session in files])
         changed = []
         names = None
+        inodes: set = set()
         for session in files:
             report = FileReport(session.path)
             reports.append(report)
@@ -223,7 +232,11 @@ class Ingest:
                 report.status, report.error = "refused", f"cannot stat {session.path}: {exc.strerror}"
                 continue
             key = os.path.abspath(session.path)
-            if self.state.unchanged(key, st):
+            if (st.st_dev, st.st_ino) in inodes:
+                reports.pop()   # the same file by another path (a link): one file, one report
+                continue
+            inodes.add((st.st_dev, st.st_ino))
+            if self.state.unchanged(key, st, self.thread):
                 if names is None:   # one listing a run: a stat-unchanged file's thread must still exist
                     names = self.store.thread_names()
                 entry = self.state.entries[key]
@@ -257,6 +270,8 @@ class Ingest:
         forks: list[_Pending] = []
         reading: deque = deque()   # (planned, future) in file order
         state = {"pending": pending, "bytes": 0, "ahead": 0, "planned": False}
+        claimed: set = set()   # threads a file of this pass lands in
+        later: list = []       # files of a thread already claimed: planned again after this pass
         try:
             for session, report, st, key in changed:
                 try:
@@ -269,6 +284,12 @@ class Ingest:
                     continue
                 if planned is None:
                     continue
+                if planned.thread in claimed:
+                    # Another file of this pass (a copy, a resumed Claude session) lands in this
+                    # thread first: this one is planned against what that one leaves.
+                    later.append((session, report, st, key))
+                    continue
+                claimed.add(planned.thread)
                 reading.append((planned, self._read(planned.job)))
                 state["ahead"] += planned.job.size
                 while reading and (state["ahead"] > READ_AHEAD_BYTES or len(reading) > READ_AHEAD_FILES
@@ -288,13 +309,24 @@ class Ingest:
                 self._workers = None
         self._land_in_background(None)
         self._land(state["pending"])
-        if forks:
-            from dataclasses import replace
-            for item in forks:
+        self._land_forks(forks)
+        if later:
+            self._ingest(later)
+
+    def _land_forks(self, forks: list) -> None:
+        """Land the Codex forks whose parent was not stored when they were planned, each
+        after its parent (a fork of a fork of this run waits for the fork it copies), with
+        the copy measured against the parent as landed."""
+        from dataclasses import replace
+        while forks:
+            threads = {item.append.thread for item in forks}
+            ready = [item for item in forks if item.append.forked_from.thread not in threads] or forks
+            for item in ready:
                 parent = item.append.forked_from.thread
                 item.append = replace(item.append, forked_from=ForkOrigin(parent, None,
                                                                           self._copied(parent, item.append.data)))
-            self._land(forks)
+            self._land(ready)
+            forks = [item for item in forks if item not in ready]
 
     def _read(self, job):
         """The NewLines of `job` to come (a future's `done`/`result`): from a worker, or read now."""
@@ -342,7 +374,7 @@ class Ingest:
         with open(session.path, "rb") as handle:
             identity = self._identity(session)
             if identity is None:
-                if b"\n" not in handle.read(discovery.HEAD_BYTES):
+                if discovery.identity_to_come(self.harness, handle):
                     report.status, report.partial_bytes = "waiting", st.st_size
                     return None
                 what = "session_meta with a payload.id" if self.harness == CODEX else "record with a sessionId"

@@ -80,8 +80,10 @@ def detect_format(records) -> str | None:
 
 
 # What a log's text must not send to a terminal: C0 and C1 controls and DEL (escape
-# sequences, backspace, bell) and the bidirectional overrides that reorder what is shown.
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# sequences, backspace, bell) and the bidirectional overrides that reorder what is shown;
+# and lone surrogates (a JSON `\ud83d` escape, a file name's undecodable bytes), which are
+# not text at all: a checkpoint reason made of them would be refused, failing the ingest.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 def _escape(match) -> str:
@@ -91,8 +93,9 @@ def _escape(match) -> str:
 
 def preview(text, limit: int = PREVIEW_CHARS) -> str:
     """`text` on one line, at most `limit` characters (an ellipsis marks a cut): runs of
-    whitespace become one space and any other control or bidi character is escaped
-    (`\\x1b`, `\\u202e`), so a log's bytes never drive the terminal they are shown on."""
+    whitespace become one space and any other control or bidi character, or lone surrogate,
+    is escaped (`\\x1b`, `\\u202e`, `\\udcff`): valid text that never drives the terminal
+    it is shown on."""
     if not isinstance(text, str):
         text = json.dumps(text, ensure_ascii=False, sort_keys=True)
     text = " ".join(text.split())
