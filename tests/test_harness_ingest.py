@@ -676,3 +676,29 @@ def test_a_file_name_or_prompt_that_is_not_text_costs_no_other_file(run, store_d
     reasons = [c["reason"] for c in run("--json", "log", "codex/odd-0001", store=store_dir).json()["checkpoints"]]
     assert any("\\udcff" in reason for reason in reasons), reasons
     assert cat(run, store_dir, "codex/odd-0001") == odd_path.read_bytes() and good.exists()
+
+
+def test_an_ingest_that_another_ingest_overtook_plans_again_instead_of_refusing(store_dir, tmp_path, monkeypatch):
+    """Two ingests of one directory at once: the one whose threads the other moved while it
+    read its files plans them again against what the other stored (they are then unchanged,
+    or append what the other did not have), instead of refusing them with exit 1."""
+    sessions = [CodexSession(f"race-{n:04d}") for n in range(3)]
+    for n, s in enumerate(sessions):
+        s.turn(f"task {n}")
+        codex_file(tmp_path, s)
+    store = Store.open(str(store_dir))
+    overtaken = []
+    real_land = Ingest._land_batch
+
+    def land_after_another_run(self, batch):
+        if not overtaken:   # another ingest lands first, between this one's plan and its landing
+            overtaken.append(None)
+            overtaken[0] = Ingest(Store.open(str(store_dir)), "codex", [str(tmp_path / "sessions")]).run()
+        return real_land(self, batch)
+    monkeypatch.setattr(Ingest, "_land_batch", land_after_another_run)
+    reports = Ingest(store, "codex", [str(tmp_path / "sessions")]).run()
+    assert {r.status for r in overtaken[0]} == {"ingested"}
+    assert [r.status for r in reports] == ["unchanged"] * 3, [(r.status, r.error) for r in reports]
+    for s in sessions:
+        assert b"".join(store.rollout_read(f"codex/{s.thread_id}")) == s.data()
+    assert store.fsck()["ok"]

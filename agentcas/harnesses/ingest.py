@@ -167,6 +167,7 @@ class _Pending:
     turn_seq: int
     size: int                # bytes of new lines
     prefix: bytes | None = None  # BLAKE3 of the file's bytes through the new lines (IngestState)
+    session: object = None   # discovery.SessionFile: to plan the file again if its thread moved
 
 
 @dataclass
@@ -180,6 +181,7 @@ class _Planned:
     row: dict | None         # the thread's row as listed at the start of the run
     parent: str | None       # the thread it links to in `lineage` (a fork's parent, a subagent's session)
     job: object              # new_lines.NewLinesJob
+    session: object = None   # discovery.SessionFile
 
 
 class _Ready:
@@ -209,6 +211,7 @@ class Ingest:
             check_thread_name(thread)
         self.state = IngestState(store.stores.local, named=thread is not None)
         self._inflight = None   # (executor, future) of the batch landing in the background
+        self._moved: list | None = []   # files whose thread moved under them (another ingest): planned again once
         self._workers = None    # packing_workers.PackingWorkers of a large run
 
     def run(self) -> list[FileReport]:
@@ -312,6 +315,15 @@ class Ingest:
         self._land_forks(forks)
         if later:
             self._ingest(later)
+        if self._moved:
+            # Another process landed in their threads while they were read (two ingests of
+            # one directory at once): planned again against what it stored, they append
+            # what it did not, or are unchanged; a second loss is refused by name.
+            moved, self._moved = self._moved, None
+            try:
+                self._ingest(moved)
+            finally:
+                self._moved = []
 
     def _land_forks(self, forks: list) -> None:
         """Land the Codex forks whose parent was not stored when they were planned, each
@@ -408,7 +420,7 @@ class Ingest:
         job = NewLinesJob(session.path, st.st_ino, stored, seq, (based_on or EMPTY_POSITION).digest.raw, tracker,
                           turn_seq or 0, self.harness == CLAUDE, INGEST_ZSTD_LEVEL, st.st_size - stored,
                           keep_data=fork, prefix_digest=known_prefix, hash_prefix=stored > 0, thread=thread)
-        return _Planned(report, key, st, thread, row, identity.parent, job)
+        return _Planned(report, key, st, thread, row, identity.parent, job, session)
 
     def _finish(self, planned: _Planned, lines, threads: dict) -> _Pending | None:
         """The append of a file's new lines (None if there is nothing to land), with its end mark."""
@@ -435,7 +447,8 @@ class Ingest:
             origin = ForkOrigin(planned.parent, None, copied)
         based_on = None if row is None else HistoryPosition.from_doc(row["history"])
         append = SessionAppend(thread, lines.data, tuple(marks), based_on, origin, lines.packed)
-        return _Pending(report, planned.key, planned.st, append, lines.turn_seq, lines.size, lines.prefix_digest)
+        return _Pending(report, planned.key, planned.st, append, lines.turn_seq, lines.size, lines.prefix_digest,
+                        planned.session)
 
     def _identity(self, session):
         """The file's thread and parent link; `--thread NAME` renames the thread, keeps the link."""
@@ -555,6 +568,9 @@ class Ingest:
         except ConflictError:
             if len(batch) == 1:
                 item = batch[0]
+                if self._moved is not None and item.session is not None:
+                    self._moved.append((item.session, item.report, item.st, item.key))   # planned again
+                    return
                 item.report.status, item.report.error = "refused", (
                     f"{item.report.path}: thread {item.append.thread} moved while it was read; run ingest again")
                 return
