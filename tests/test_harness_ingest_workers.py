@@ -217,7 +217,9 @@ def test_a_results_chunks_travel_outside_its_pickle_and_arrive_as_bytes(tmp_path
     assert len(objects) > 1 and chunk_bytes > 10_000
     stream = io.BytesIO()
     packing_workers._send(stream, packing_workers._out_of_band(lines))
-    assert packing_workers.LENGTH.unpack(stream.getvalue()[:8])[0] <= whole - chunk_bytes + 50 * len(objects)
+    head = packing_workers.LENGTH.size + packing_workers.TAG_BYTES   # the rest's length and its tag
+    body_size, count = packing_workers.COUNTS.unpack_from(stream.getvalue(), head)
+    assert count == len(objects) and body_size <= whole - chunk_bytes + 50 * len(objects)
     stream.seek(0)
     got = packing_workers._receive(stream)
     assert got.packed.objects == objects and all(type(framed) is bytes for _, framed in got.packed.objects)
