@@ -102,16 +102,21 @@ def _agent_file(path: str) -> bool:
 
 def identify_file(harness: str, session: SessionFile) -> SessionIdentity | None:
     """`identify` over the file's head, read in growing pieces (64 KiB up to HEAD_BYTES,
-    and beyond until the head holds a complete line: a first record may be a 64 MiB line)."""
+    and beyond until the head holds a complete line, up to IDENTITY_MAX_BYTES: a first
+    record may be a 64 MiB line)."""
     size = 65536
     with open(session.path, "rb") as handle:
         while True:
             handle.seek(0)
             head = handle.read(size)
             identity = identify(harness, head, session)
-            if identity is not None or len(head) < size or (size >= HEAD_BYTES and b"\n" in head):
+            if identity is not None or len(head) < size or size >= IDENTITY_MAX_BYTES \
+                    or (size >= HEAD_BYTES and b"\n" in head):
                 return identity
-            size *= 8
+            size = min(size * 8, IDENTITY_MAX_BYTES)
+
+
+IDENTITY_MAX_BYTES = 1 << 30   # a file whose first GiB holds no complete line is no session
 
 
 # Claude Code records that carry no sessionId: a transcript may start with them (a

@@ -338,7 +338,8 @@ class Ingest:
                 item.append = replace(item.append, forked_from=ForkOrigin(parent, None,
                                                                           self._copied(parent, item.append.data)))
             self._land(ready)
-            forks = [item for item in forks if item not in ready]
+            landed = {id(item) for item in ready}
+            forks = [item for item in forks if id(item) not in landed]
 
     def _read(self, job):
         """The NewLines of `job` to come (a future's `done`/`result`): from a worker, or read now."""
