@@ -532,7 +532,7 @@ def test_watch_names_a_refused_path_once_not_every_pass(store_dir, tmp_path):
         except Exception:  # noqa: BLE001 - not ingested yet
             pass
         time.sleep(0.05)
-    time.sleep(1.5)   # several passes
+    time.sleep(0.8)   # three passes or more
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
