@@ -702,3 +702,26 @@ def test_an_ingest_that_another_ingest_overtook_plans_again_instead_of_refusing(
     for s in sessions:
         assert b"".join(store.rollout_read(f"codex/{s.thread_id}")) == s.data()
     assert store.fsck()["ok"]
+
+
+def test_a_turn_left_open_keeps_its_prompt_when_this_machine_has_no_row_for_the_file(run, store_dir, tmp_path):
+    """A run that ends mid-turn stores an end-of-read checkpoint; a later run that has no
+    stat-cache row for the file (it moved, as Codex archives sessions; another machine)
+    finds where the open turn started from the newest turn-boundary checkpoint, not from
+    that end-of-read one, so the turn's checkpoint still names its prompt."""
+    s = CodexSession()
+    s.turn("first task", "done")
+    turn = s.start(prompt="the second task")
+    s.reply("working on it")
+    half = len(s.lines)
+    s.complete(turn)
+    first = tmp_path / "first" / "rollout-2026-11-30T21-30-12-x.jsonl"
+    first.parent.mkdir()
+    first.write_bytes(b"".join(s.lines[:half]))
+    assert run("ingest", "codex", first, store=store_dir).code == 0
+    moved = tmp_path / "archived" / "rollout-2026-11-30T21-30-12-x.jsonl"
+    moved.parent.mkdir()
+    moved.write_bytes(s.data())
+    assert run("ingest", "codex", moved, store=store_dir).code == 0
+    reasons = [c["reason"] for c in run("--json", "log", THREAD, store=store_dir).json()["checkpoints"]]
+    assert reasons[0].startswith("codex turn ") and reasons[0].endswith(": the second task"), reasons

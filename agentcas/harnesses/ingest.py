@@ -46,6 +46,8 @@ STATE_KEY = b"\x01ingest\0"      # statcache rows of ingest (the snapshot's star
 BATCH_BYTES = 64 * 1024 * 1024
 BATCH_FILES = 512
 CONTEXT_BYTES = 4 * 1024 * 1024     # re-read of an open turn, for its prompt in the reason
+END_OF_READ = "ingest of "   # the reason of a checkpoint at the end of what a run read
+END_MARKS_BACK = 64          # end-of-read checkpoints walked back to find the open turn's start
 WORKER_BYTES = 32 * 1024 * 1024     # a run reading at least this much (in 2+ files) uses worker processes
 WORKERS = 2
 READ_AHEAD_BYTES = 2 * BATCH_BYTES  # files read (by workers) ahead of the one being taken
@@ -431,10 +433,10 @@ class Ingest:
         report.partial_bytes, report.skipped_lines = lines.partial_bytes, lines.skipped
         marks, count, name = list(lines.marks), lines.count, preview(os.path.basename(report.path), 160)
         if count and (not marks or marks[-1][0] != count):
-            marks.append((count, f"ingest of {name}: {seq + count} lines read"))
+            marks.append((count, f"{END_OF_READ}{name}: {seq + count} lines read"))
         elif not count and row is not None and seq and (row["checkpoint"] is None
                                                         or self._checkpoint_seq(row) != seq):
-            marks.append((0, f"ingest of {name}: {seq} lines read"))
+            marks.append((0, f"{END_OF_READ}{name}: {seq} lines read"))
         if not count and not marks:
             report.status = "waiting" if report.partial_bytes else "unchanged"
             if row is not None:
@@ -496,15 +498,30 @@ class Ingest:
         except AgentcasError:
             return None
 
+    def _boundary_seq(self, checkpoint: str | None) -> int:
+        """The seq of the newest turn-boundary checkpoint at or before `checkpoint` along its
+        first parents (an end-of-read mark, `ingest of ...`, is no boundary: the turn open
+        then started before it), 0 if there is none within END_MARKS_BACK checkpoints."""
+        for _ in range(END_MARKS_BACK):
+            if checkpoint is None:
+                return 0
+            try:
+                doc = self.store.show(checkpoint)
+            except AgentcasError:
+                return 0
+            if not doc["reason"].startswith(END_OF_READ):
+                return doc["history"]["seq"]
+            checkpoint = doc["parents"][0] if doc["parents"] else None
+        return 0
+
     def _context(self, thread: str, row, turn_seq):
         """A turn tracker primed with the stored records of the open turn (for its prompt)."""
         tracker = turn_tracker(self.harness)
         if row is None or not row["history"]["seq"]:
             return tracker, 0
         head_seq = row["history"]["seq"]
-        if turn_seq is None:
-            cp_seq = self._checkpoint_seq(row) if row["checkpoint"] else None
-            turn_seq = max(0, (cp_seq or 0) - 1)
+        if turn_seq is None:   # no row of this machine says: the newest turn boundary does
+            turn_seq = max(0, self._boundary_seq(row["checkpoint"]) - 1)
         start = max(0, min(turn_seq, head_seq))
         data, size = [], 0
         for piece in self.store.rollout_read(thread, start, head_seq):
