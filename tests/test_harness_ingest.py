@@ -492,20 +492,25 @@ def test_claude_file_without_a_session_id_is_refused_and_nothing_written(run, st
     assert run("--json", "branch", store=store_dir).json()["threads"] == []
 
 
+def wait_until_stored(store_dir, thread: str, data: bytes, timeout: float = 30) -> None:
+    """Poll until `thread`'s rollout is `data` (a --watch running beside the test), or time out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if b"".join(Store.open(str(store_dir)).rollout_read(thread)) == data:
+                return
+        except Exception:  # noqa: BLE001 - not ingested yet
+            pass
+        time.sleep(0.05)
+
+
 def test_watch_exits_zero_on_sigint(store_dir, tmp_path):
     s = CodexSession()
     s.turn("one")
     codex_file(tmp_path, s)
     proc = subprocess.Popen([AGENTCAS, "--store", str(store_dir), "--json", "ingest", "codex",
                              str(tmp_path / "sessions"), "--watch"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if b"".join(Store.open(str(store_dir)).rollout_read(THREAD)) == s.data():
-                break
-        except Exception:  # noqa: BLE001 - not ingested yet
-            pass
-        time.sleep(0.05)
+    wait_until_stored(store_dir, THREAD, s.data())
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
@@ -524,14 +529,7 @@ def test_watch_names_a_refused_path_once_not_every_pass(store_dir, tmp_path):
     proc = subprocess.Popen([AGENTCAS, "--store", str(store_dir), "ingest", "codex", str(tmp_path / "sessions"),
                              str(tmp_path / "missing.jsonl"), str(fifo), "--watch"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if b"".join(Store.open(str(store_dir)).rollout_read(THREAD)) == s.data():
-                break
-        except Exception:  # noqa: BLE001 - not ingested yet
-            pass
-        time.sleep(0.05)
+    wait_until_stored(store_dir, THREAD, s.data())
     time.sleep(0.8)   # three passes or more
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
