@@ -8,18 +8,25 @@
    vs the same replay on a 10 MB session (the cost should follow the tail, not the file).
 3. A Codex fork that copies 90% of a 20 MB parent: the bytes the fork adds to the store
    (copied lines carry new timestamps, so only the content-defined chunks of long bodies dedupe).
+4. (`--parts=cpu`, not in the default parts) Where the first ingest's CPU goes: the CPU of
+   all its processes beside restic's, and the library floor, the calls into C libraries that
+   any ingest storing these files with this format makes (one process), beside restic on one
+   core (GOMAXPROCS=1). Both tools keep 2 cores busy, so wall time follows total CPU: the
+   floor says how much CPU is left for everything written in Python.
 
 Sessions are built by tests/harness_samples.py (the shapes of docs/HARNESSES.md), with
 tool outputs sliced from a pool of pseudo-random words (text-like, compressible, not
 repeated across files). `--quick` uses 200 files / 100 MB and 20 MB / 4 MB sessions;
-`--parts=replay,fork,ingest` runs only some parts.
+`--parts=replay,fork,ingest` runs only some parts (`cpu` only when named).
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -121,10 +128,18 @@ def in_process(store: str, *args) -> dict:
 FIRST_RUNS = 3   # first ingests (and restic backups), alternating: this host's speed drifts by ±20%
 
 
-def bench_ingest(work: str, env: dict, count: int, total: int) -> None:
+def bench_sessions(work: str, count: int, total: int) -> tuple[str, int]:
+    """The ingest parts' session directory (written once a run) and its size in bytes."""
     sessions = os.path.join(work, "sessions")
-    h.progress(f"writing {count} Codex sessions, {total / MB:.0f} MB")
-    size = write_sessions(sessions, count, total, TextPool(1))
+    if not os.path.isdir(sessions):
+        h.progress(f"writing {count} Codex sessions, {total / MB:.0f} MB")
+        write_sessions(sessions, count, total, TextPool(1))
+    return sessions, sum(os.path.getsize(p) for p in glob.glob(os.path.join(sessions, "**", "*.jsonl"),
+                                                               recursive=True))
+
+
+def bench_ingest(work: str, env: dict, count: int, total: int) -> None:
+    sessions, size = bench_sessions(work, count, total)
     firsts, restic_firsts = [], []
     for run in range(FIRST_RUNS):   # each pair into an empty store and an empty restic repo
         store, restic_repo = os.path.join(work, f"store-{run}"), os.path.join(work, f"restic-{run}")
@@ -159,6 +174,78 @@ def bench_ingest(work: str, env: dict, count: int, total: int) -> None:
              f"{stats['objects']} objects, {h.fmt_bytes(stats['object_bytes'])} stored; restic repo "
              f"{h.fmt_bytes(h.disk_bytes(restic_repo))}. Target: first ingest at most restic; second "
              f"under 0.5 s. {h.load_note()}."])
+
+
+def cpu_run(cmd, env: dict, warm_paths=()) -> tuple[float, float]:
+    """(wall, CPU seconds: user + system of the command and every process it waited for)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall = h.run(cmd, env=env, warm_paths=warm_paths)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+FLOOR = r"""
+import glob, json, sys, time
+from agentcas.cas import chunking, framing
+from agentcas.cas.digest import hash_blob
+from agentcas.harnesses.line_kinds import _HEAD
+from agentcas.repository import INGEST_ZSTD_LEVEL
+parts = dict.fromkeys(["read", "UTF-8 check", "msgspec validation", "content-defined cut", "BLAKE3 of chunks",
+                       "zstd framing"], 0.0)
+for path in sorted(glob.glob(sys.argv[1] + "/**/*.jsonl", recursive=True)):
+    clock = time.process_time
+    t = clock(); data = open(path, "rb").read(); parts["read"] += clock() - t
+    t = clock(); data.isascii() or str(data, "utf-8"); parts["UTF-8 check"] += clock() - t
+    t = clock(); _HEAD.decode_lines(data); parts["msgspec validation"] += clock() - t
+    t = clock()
+    pieces = list(chunking.cut(memoryview(data), chunking.ROLLOUT_AVG_SIZE, chunking.ROLLOUT_MIN_SIZE,
+                               chunking.ROLLOUT_MAX_SIZE))
+    parts["content-defined cut"] += clock() - t
+    t = clock(); [hash_blob(piece) for piece in pieces]; parts["BLAKE3 of chunks"] += clock() - t
+    t = clock(); [framing.frame(framing.KIND_CHUNK, piece, level=INGEST_ZSTD_LEVEL) for piece in pieces]
+    parts["zstd framing"] += clock() - t
+print(json.dumps(parts))
+"""
+
+
+def bench_cpu(work: str, env: dict, count: int, total: int) -> None:
+    """Issue 9's first ingest as CPU: see the module's point 4."""
+    sessions, size = bench_sessions(work, count, total)
+    runs = {"agentcas": [], "restic": [], "restic, 1 core": []}
+    for run in range(FIRST_RUNS):
+        store, repo, repo1 = (os.path.join(work, f"cpu-{name}-{run}") for name in ("store", "restic", "restic1"))
+        h.run([h.AGENTCAS, "init", store], env=env)
+        for path in (repo, repo1):
+            h.run(["restic", "init", "-q", "--repository-version", "2", "--repo", path], env=env)
+        h.progress(f"CPU of the first ingest ({run + 1}/{FIRST_RUNS})")
+        runs["agentcas"].append(cpu_run([h.AGENTCAS, "--store", store, "ingest", "codex", sessions], env,
+                                        [sessions]))
+        runs["restic"].append(cpu_run(["restic", "backup", "-q", "--repo", repo, sessions], env, [sessions]))
+        runs["restic, 1 core"].append(cpu_run(["restic", "backup", "-q", "--repo", repo1, sessions],
+                                              dict(env, GOMAXPROCS="1"), [sessions]))
+        h.run(["rm", "-rf", store, repo, repo1])
+    h.progress("library floor")
+    h.settle()
+    h.warm(sessions)
+    floor_parts = json.loads(h.output([sys.executable, "-c", FLOOR, sessions], env=env))
+    floor = sum(floor_parts.values())
+    wall = {name: statistics.median(w for w, _ in values) for name, values in runs.items()}
+    cpu = {name: statistics.median(c for _, c in values) for name, values in runs.items()}
+    h.table(f"Where the first ingest's CPU goes: {count} Codex session files, {h.fmt_bytes(size)} "
+            f"(medians of {FIRST_RUNS}, alternating)",
+            ["measure", "agentcas", "restic", "agentcas / restic"],
+            [["wall, first ingest vs `restic backup`", h.fmt_time(wall["agentcas"]), h.fmt_time(wall["restic"]),
+              h.fmt_ratio(h.ratio(wall["agentcas"], wall["restic"]))],
+             ["CPU, all processes (user + system)", h.fmt_time(cpu["agentcas"]), h.fmt_time(cpu["restic"]),
+              h.fmt_ratio(h.ratio(cpu["agentcas"], cpu["restic"]))],
+             ["library floor, one process vs restic's CPU on one core (GOMAXPROCS=1)", h.fmt_time(floor),
+              h.fmt_time(cpu["restic, 1 core"]), h.fmt_ratio(h.ratio(floor, cpu["restic, 1 core"]))],
+             ["CPU above the floor (Python: per line, record, checkpoint, file; pipes; start-up)",
+              h.fmt_time(cpu["agentcas"] - floor), "-", "-"]],
+            ["Library floor, by part: " + ", ".join(f"{name} {h.fmt_time(value)}" for name, value in floor_parts.items())
+             + ". It leaves out the per-record chain (one BLAKE3 of each record and one chain step, which the "
+             "format needs) and the turn checkpoints. restic, 1 core: wall "
+             f"{h.fmt_time(wall['restic, 1 core'])}. {h.load_note()}."])
 
 
 def bench_replay(work: str, env: dict, big: int, small: int) -> None:
@@ -241,6 +328,8 @@ def main(argv) -> int:
             bench_fork(work, env, 20 * MB if not quick else 5 * MB)
         if "ingest" in parts:
             bench_ingest(work, env, count, total)
+        if "cpu" in parts:
+            bench_cpu(work, env, count, total)
     return 0
 
 
