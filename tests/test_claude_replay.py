@@ -182,3 +182,16 @@ def test_a_parent_uuid_that_is_not_a_string_makes_a_root_never_a_failure():
     doc = replay(s)
     assert doc["leaf"] == "odd-list" and doc["chain"] == ["odd-list"]
     assert [side["root"] for side in doc["sidechains"]] == ["odd-dict"]
+
+
+def test_a_record_whose_type_is_not_a_string_is_no_node():
+    """A `type` holding a list or an object matches no record type (the SDK's `type in (...)`
+    checks never take it), so the record is passed over: the chain goes round it. It made
+    replay fail (`unhashable type: 'list'`) until types were taken only as strings."""
+    s = ClaudeSession()
+    first = s.prompt("hi")
+    s.node(["user"], parent=first, uuid="odd-type", message={"role": "user", "content": "x"})
+    s.node({"a": 1}, parent=first, uuid="odd-type-2", message={"role": "user", "content": "y"})
+    doc = replay(s)
+    assert doc["chain"] == [first] and doc["leaf"] == first
+    assert "odd-type" not in doc["abandoned"] and doc["messages"] == [{"role": "user", "content": "hi"}]

@@ -349,3 +349,18 @@ def test_a_turn_start_without_its_id_is_skipped_so_the_next_turns_context_counts
     s.event("task_complete", turn_id="t2", last_agent_message=None)
     doc = replay(s)
     assert doc["turn_context_line"] == context_b and doc["turn_context"]["model"] == "model-b"
+
+
+def test_a_record_or_item_whose_type_is_not_a_string_is_passed_over():
+    """serde reads a `RolloutLine`'s and a `ResponseItem`'s tag only as a string: a line whose
+    `type` (or its payload's) is a list, an object or a number does not deserialize, and
+    Codex skips it. Replay equals the replay without those lines; they once made it fail
+    (`unhashable type: 'list'` in the item-type lookup)."""
+    s = CodexSession()
+    s.turn("one", "did one")
+    base = replay(s)
+    s.lines.append(dumps({"timestamp": "t", "type": ["response_item"], "payload": text_item("user", "LOST")}))
+    s.item({"type": {"a": 1}, "role": "user", "content": [{"type": "input_text", "text": "LOST"}]})
+    s.item({"type": 7, "role": "assistant", "content": []})
+    doc = replay(s)
+    assert texts(doc) == texts(base) and doc["item_lines"] == base["item_lines"] and doc["skipped_lines"] == []

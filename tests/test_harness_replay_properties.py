@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from harness_samples import ClaudeSession, CodexSession
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -105,3 +107,52 @@ def test_replay_at_a_checkpoint_defaults_to_its_position():
     result = store.ingest_append([SessionAppend("codex/t", data, ((first, "turn one"), (len(s.lines), "end")))])
     checkpoint = result[0]["checkpoints"][0]
     assert stored_replay.replay(store, checkpoint) == replay_codex(parse_records(cut(data, first)))
+
+
+def _value_paths(value, path=()):
+    """Every place in a JSON value: () for the value itself, then keys and indexes down."""
+    yield path
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            yield from _value_paths(inner, path + (key,))
+    elif isinstance(value, list):
+        for index, inner in enumerate(value):
+            yield from _value_paths(inner, path + (index,))
+
+
+def _replaced(value, path, new):
+    if not path:
+        return new
+    head, *rest = path
+    copy = dict(value) if isinstance(value, dict) else list(value)
+    copy[head] = _replaced(value[head], tuple(rest), new)
+    return copy
+
+
+ODD_VALUES = st.sampled_from([[1], ["user"], {"x": 1}, {}, 1.5, -1, 2 ** 70, True, None, "", "\u202e"])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(["codex", "claude"]), st.lists(st.tuples(st.integers(0, 10 ** 6), st.integers(0, 10 ** 6),
+                                                              ODD_VALUES), min_size=1, max_size=3))
+def test_replay_of_a_log_whose_values_have_unexpected_types_never_fails(fmt, changes):
+    """Any value of any record (the record's own `type`, a payload's, a uuid, a content list)
+    replaced by a value of another JSON type: replay and its transcript still answer, as
+    the harnesses do (a record they cannot read is passed over, never fatal). A list `type`
+    once made replay fail (`unhashable type: 'list'`), a number as a message's content or a
+    list as `logicalParentUuid` the text transcript."""
+    from agentcas.harnesses.replay import render_text
+    if fmt == "codex":
+        session = build_codex(["turn", "compact", "turn", "rollback", "unfinished"])
+    else:
+        session = build_claude(["prompt", "say", "tool", "sidechain", "compact", "prompt", "say"], lambda n: 0)
+    lines = [json.loads(raw) for raw in session.lines]
+    for line_pick, place_pick, new in changes:
+        index = line_pick % len(lines)
+        places = list(_value_paths(lines[index]))
+        lines[index] = _replaced(lines[index], places[place_pick % len(places)], new)
+    records = parse_records(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+    doc = replay_codex(records) if fmt == "codex" else replay_claude(records)
+    assert doc["format"] == fmt and doc["at"] == len(lines)
+    assert render_text(doc, records)
+    json.dumps(doc)

@@ -32,11 +32,13 @@ records dropped, `isMeta` text kept (Claude Code sends it to the model; agent-lo
 
 from __future__ import annotations
 
+from agentcas.harnesses.records import record_type
+
 NODE_TYPES = frozenset({"user", "assistant", "progress", "system", "attachment"})
 
 
 def _is_node(record) -> bool:
-    return record is not None and record.get("type") in NODE_TYPES and isinstance(record.get("uuid"), str)
+    return record is not None and record_type(record) in NODE_TYPES and isinstance(record.get("uuid"), str)
 
 
 def _parent(entry):
@@ -151,7 +153,8 @@ def _before_compaction(chain: list[dict], by_uuid: dict) -> set:
     out: set = set()
     todo = [e.get("logicalParentUuid") for e in chain if _is_boundary(e)]
     while todo:
-        start = by_uuid.get(todo.pop())
+        start = todo.pop()
+        start = by_uuid.get(start) if isinstance(start, str) else None   # a uuid is a string (the SDK's `str | None`)
         if start is None:
             continue
         for node in _walk(start, by_uuid):

@@ -37,6 +37,8 @@ lazily from the end.
 
 from __future__ import annotations
 
+from agentcas.harnesses.records import record_type
+
 SUMMARY_PREFIX = (
     "Another language model started to solve this problem and produced a summary of its thinking "
     "process. You also have access to the state of the tools that were used by that language model. "
@@ -110,7 +112,7 @@ def is_contextual_dev_content(content) -> bool:
 
 def is_api_item(item) -> bool:
     """`is_api_message`: every known item but system messages (unknown types are dropped)."""
-    if not isinstance(item, dict) or item.get("type") not in API_ITEM_TYPES:
+    if record_type(item) not in API_ITEM_TYPES:
         return False
     return not (item["type"] == "message" and item.get("role") == "system")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from agentcas.harnesses.records import CLAUDE, CODEX, iter_lines, parse_line
+from agentcas.harnesses.records import CLAUDE, CODEX, iter_lines, parse_line, record_type
 
 HEAD_BYTES = 8 * 1024 * 1024
 
@@ -140,4 +140,4 @@ def identity_to_come(harness: str, handle) -> bool:
     if harness != CLAUDE:
         return False
     records = [parse_line(raw) for _, raw in iter_lines(head[:head.rfind(b"\n") + 1])]
-    return all(record is not None and record.get("type") in _CLAUDE_ID_LESS for record in records)
+    return all(record is not None and record_type(record) in _CLAUDE_ID_LESS for record in records)

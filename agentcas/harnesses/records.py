@@ -65,12 +65,21 @@ def parse_records(data: bytes, first_line: int = 1) -> list[tuple[int, dict | No
     return [(line, parse_line(raw)) for line, raw in iter_lines(data, first_line)]
 
 
+def record_type(value) -> str | None:
+    """`value`'s `type` if it is a string, else None. Neither harness reads a record (or a
+    Codex payload) whose tag is a list, an object or a number (serde refuses the line, the
+    Claude SDK matches no type), so such a record is of no known type; and a string is what
+    the type sets here can look up (a list in a frozenset lookup raises TypeError)."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
 def detect_format(records) -> str | None:
     """"codex" or "claude" from the first records that say, else None."""
     for _, record in records:
         if record is None:
             continue
-        kind = record.get("type")
+        kind = record_type(record)
         if kind in CODEX_TYPES and "payload" in record:
             return CODEX
         if "sessionId" in record or (kind in CLAUDE_TYPES and ("uuid" in record or "leafUuid" in record

@@ -112,13 +112,18 @@ def replay_records(store, rev: str, at: int | None = None, fmt: str | None = Non
 
 # --- text transcripts --------------------------------------------------------------------------
 
+def _parts(value) -> list:
+    """The content parts of an item: a list's elements that are objects (a log may hold anything)."""
+    return [part for part in value if isinstance(part, dict)] if isinstance(value, list) else []
+
+
 def _item_text(item: dict) -> tuple[str, str]:
     kind = item.get("type")
     if kind == "message":
-        texts = [p.get("text", "") for p in item.get("content") or [] if isinstance(p, dict)]
+        texts = [p.get("text", "") for p in _parts(item.get("content"))]
         return str(item.get("role")), " ".join(t for t in texts if isinstance(t, str))
     if kind == "reasoning":
-        summary = [p.get("text", "") for p in item.get("summary") or [] if isinstance(p, dict)]
+        summary = [p.get("text", "") for p in _parts(item.get("summary"))]
         return "reasoning", " ".join(t for t in summary if isinstance(t, str))
     if kind in ("function_call", "custom_tool_call"):
         return "call", f"{item.get('name')} {item.get('arguments', item.get('input', ''))}"
