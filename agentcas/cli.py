@@ -17,6 +17,7 @@ import click
 
 from agentcas import __version__
 from agentcas.errors import AgentcasError, UsageError
+from agentcas.terminal_text import escape_controls
 
 if TYPE_CHECKING:
     from agentcas.repository import Store
@@ -57,7 +58,7 @@ class Context:
         if self.as_json:
             click.echo(json.dumps(doc, indent=2, ensure_ascii=False, sort_keys=True))
         elif text is not None:
-            click.echo(text)
+            click.echo(escape_controls(text, lines=True))
 
 
 pass_ctx = click.make_pass_decorator(Context)
@@ -260,7 +261,7 @@ def revert(ctx, thread, rev, expect):
     result = ctx.store().revert(thread, rev, expect)
     if not ctx.as_json:
         for note in result["notes"]:
-            click.echo(f"agentcas: note: {note}", err=True)
+            click.echo(f"agentcas: note: {_one_line(note)}", err=True)
     ctx.emit(result, f"Reverted {thread} to {result['checkpoint'][:12]} "
                      f"(was {(result['previous'] or '-')[:12]}, now seq {result['history']['seq']})")
     if not ctx.as_json:
@@ -274,8 +275,8 @@ def _print_open_effects(doc, verb: str) -> None:
     click.echo(f"agentcas: note: {doc['count']} pending or unknown effects were recorded after the "
                f"target (seq >= {doc['since_seq']}); {verb} undid none of them:", err=True)
     for e in doc["effects"]:
-        click.echo(f"  {e['state']:<8} {e['rollback']:<13} {e['id']}  {e['kind']} {e['target']!r}"
-                   f" (seq {e['first_seq']})", err=True)
+        click.echo(escape_controls(f"  {e['state']:<8} {e['rollback']:<13} {e['id']}  {e['kind']} {e['target']!r}"
+                                   f" (seq {e['first_seq']})"), err=True)
     if doc["has_more"]:
         click.echo(f"  ... and more: agentcas effects THREAD --since REV --state pending,unknown", err=True)
 
@@ -428,21 +429,21 @@ def ingest(ctx, harness, paths, thread, watch):
         for r in reports:
             if r.status == "refused":   # on stderr, with --json too: the document has it as well
                 if (r.path, r.error) not in refusals_shown:   # --watch: once, not every pass
-                    click.echo(f"agentcas: error: refused: {r.error}", err=True)
+                    click.echo(f"agentcas: error: refused: {_one_line(r.error)}", err=True)
                     refusals_shown.add((r.path, r.error))
             elif ctx.as_json:
                 continue
             elif r.status == "ingested":
-                click.echo(f"{r.thread}: +{r.appended} records (seq {r.first_seq}..{r.seq}), "
+                click.echo(escape_controls(f"{r.thread}: +{r.appended} records (seq {r.first_seq}..{r.seq}), "
                            f"{len(r.checkpoints)} checkpoints"
                            + (f", damaged lines {', '.join(map(str, r.skipped_lines[:20]))} kept and skipped "
                               "by replay" if r.skipped_lines else "")
                            + (f", {r.partial_bytes} bytes of a partial line wait" if r.partial_bytes else "")
-                           + f"  [{r.path}]")
+                           + f"  [{r.path}]"))
             elif not watch:
-                click.echo(f"{r.thread or '-'}: {r.status}"
-                           + (f" ({r.partial_bytes} bytes of a partial line)" if r.partial_bytes else "")
-                           + f"  [{r.path}]")
+                click.echo(escape_controls(f"{r.thread or '-'}: {r.status}"
+                                           + (f" ({r.partial_bytes} bytes of a partial line)" if r.partial_bytes else "")
+                                           + f"  [{r.path}]"))
 
     if watch:
         totals = {"passes": 0, "appended": 0, "checkpoints": 0}
@@ -864,7 +865,7 @@ def main(argv=None) -> int:
     except click.ClickException as exc:
         if debug:
             _print_traceback()
-        click.echo(f"agentcas: error: {exc.format_message()}", err=True)
+        click.echo(f"agentcas: error: {_one_line(exc.format_message())}", err=True)
         return exc.exit_code
     except AgentcasError as exc:
         if debug:
@@ -907,7 +908,8 @@ def _print_traceback() -> None:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    """`text` as one line, safe on a terminal (a message may quote a name or a log)."""
+    return escape_controls(" ".join(text.split()))
 
 
 def entry_point():

@@ -428,6 +428,41 @@ def test_replay_text_never_sends_a_logs_control_characters_to_the_terminal(run, 
     assert all(len(line) < 400 for line in r.out.splitlines())
 
 
+def _terminal_controls(text: str) -> list[str]:
+    return [c for c in text.replace("\n", "") if ord(c) < 0x20 or 0x7f <= ord(c) <= 0x9f
+            or c in "\u061c\u200e\u200f\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"]
+
+
+def test_ingest_never_sends_a_file_names_or_a_logs_controls_to_the_terminal(run, store_dir, tmp_path):
+    """File names holding an OSC title change, a one-byte CSI, a bidi override or an SGR
+    sequence are shown escaped in ingest's report and refusals (they went out raw, and
+    click stripped the SGR one when piped, naming a file that does not exist); a session id
+    that would make a thread name holding a C1 control or a bidi override is refused by
+    name like one holding a C0 control, and the other files land."""
+    names = ["rollout-a\x1b]0;T\x07.jsonl", "rollout-b\u009b2J\u202e.jsonl", "rollout-c\x1b[5m.jsonl"]
+    for n, name in enumerate(names):
+        codex_file(tmp_path, CodexSession(f"name-{n:04d}"), name=name)
+    codex_file(tmp_path, CodexSession("not-text"), name="rollout-d\x1b]0;X\x07.jsonl").write_bytes(b'{"a": 1}\n')
+    r = run("ingest", "codex", tmp_path / "sessions", store=store_dir)
+    assert r.code == 1
+    assert not _terminal_controls(r.out) and not _terminal_controls(r.err), (r.out, r.err)
+    assert "rollout-c\\x1b[5m.jsonl" in r.out and "rollout-b\\x9b2J\\u202e.jsonl" in r.out
+    assert "refused: " in r.err and "rollout-d\\x1b]0;X\\x07.jsonl" in r.err
+    assert sorted(t["thread"] for t in Store.open(str(store_dir)).threads()) == [f"codex/name-{n:04d}" for n in range(3)]
+    claude = tmp_path / "claude"
+    for n, session_id in enumerate(["ab\u202ecd", "ab\u009b2Jcd", "ab\u2028cd", "plain-0001"]):
+        c = ClaudeSession(session_id)
+        c.prompt("hi")
+        (claude / f"p{n}").mkdir(parents=True)
+        (claude / f"p{n}" / f"s{n}.jsonl").write_bytes(c.data())
+    r = run("ingest", "claude", claude, store=store_dir)
+    assert r.code == 1 and r.err.count("invalid thread name") == 3, r.err
+    assert not _terminal_controls(r.out) and not _terminal_controls(r.err)
+    assert "claude/plain-0001" in run("branch", store=store_dir).out
+    assert not _terminal_controls(run("lineage", store=store_dir).out)
+    assert Store.open(str(store_dir)).fsck()["ok"]
+
+
 def test_sigkill_during_ingest_leaves_whole_lines_and_a_rerun_finishes(store_dir, tmp_path):
     s = CodexSession()
     for n in range(300):

@@ -16,7 +16,8 @@ TREE = Tree(()).digest()
 
 
 @pytest.mark.parametrize("name", ["main", "feature/x", "a-b_c.d", "v1.2", "日本語", "a/b/c", "x" * 200,
-                                  "a@b", "@x", "a-", "-dash"])
+                                  "a@b", "@x", "a-", "-dash",
+                                  "\u05e9\u05dc\u05d5\u05dd", "caf\u00e9\u00a0x"])   # right-to-left text itself, U+00A0: names
 def test_valid_thread_names(name):
     assert check_thread_name(name) == name
 
@@ -24,7 +25,9 @@ def test_valid_thread_names(name):
 @pytest.mark.parametrize("name", ["", "@", "a..b", "a@{1}", "a b", "a~1", "a^", "a:b", "a?", "a*", "a[b",
                                   "a\\b", "a\x01b", "a\x7fb", "a\nb", "/a", "a/", "a//b", ".a", "a/.b",
                                   "a.lock", "a/b.lock/c", "a.", "x" * 201, "é" * 101, None,
-                                  "t\udcff"])  # UTF-8 only
+                                  "t\udcff",  # UTF-8 only
+                                  # what a log's id could use to reorder or break the lines showing it:
+                                  "ab\u202ecd", "a\u2066b", "a\u200fb", "a\u009b2Jb", "a\x85b", "a\u2028b"])
 def test_invalid_thread_names(name):
     with pytest.raises(BadThreadName) as info:
         check_thread_name(name)

@@ -10,9 +10,10 @@ Ingest classifies lines without building them: line_kinds.py.
 from __future__ import annotations
 
 import json
-import re
 
 import orjson
+
+from agentcas.terminal_text import escape_controls
 
 CODEX = "codex"
 CLAUDE = "claude"
@@ -88,18 +89,6 @@ def detect_format(records) -> str | None:
     return None
 
 
-# What a log's text must not send to a terminal: C0 and C1 controls and DEL (escape
-# sequences, backspace, bell) and the bidirectional overrides that reorder what is shown;
-# and lone surrogates (a JSON `\ud83d` escape, a file name's undecodable bytes), which are
-# not text at all: a checkpoint reason made of them would be refused, failing the ingest.
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
-
-
-def _escape(match) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
-
 def preview(text, limit: int = PREVIEW_CHARS) -> str:
     """`text` on one line, at most `limit` characters (an ellipsis marks a cut): runs of
     whitespace become one space and any other control or bidi character, or lone surrogate,
@@ -108,7 +97,7 @@ def preview(text, limit: int = PREVIEW_CHARS) -> str:
     if not isinstance(text, str):
         text = json.dumps(text, ensure_ascii=False, sort_keys=True)
     text = " ".join(text.split())
-    shown = _UNPRINTABLE.sub(_escape, text[:limit])
+    shown = escape_controls(text[:limit])
     if len(text) <= limit and len(shown) <= limit:
         return shown
     return shown[:limit - 1] + "\u2026"

@@ -3,7 +3,10 @@
 Components are separated by "/"; none may be empty, start with "." or end with
 ".lock"; the name may not contain "..", "@{", control characters, space, or any of
 ~ ^ : ? * [ \\ ; it may not end with "/" or "." and may not be "@" alone. It must be
-valid UTF-8.
+valid UTF-8. Beyond git, the C1 controls (U+0080-U+009F), the bidirectional marks,
+overrides and isolates and the line and paragraph separators are refused too: a name
+may come from a log's content (an ingested session's id), and those characters would
+let it reorder or break the lines that show it (Trojan Source).
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ from __future__ import annotations
 from agentcas.errors import UsageError
 
 MAX_THREAD_NAME = 200
-_FORBIDDEN = set(" ~^:?*[\\\x7f")
+_FORBIDDEN = set(" ~^:?*[\\\x7f") | {chr(c) for c in range(0x80, 0xA0)} \
+    | set("\u061c\u200e\u200f\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
 class BadThreadName(UsageError):
@@ -35,7 +39,8 @@ def check_thread_name(name: str) -> str:
     if ".." in name or "@{" in name:
         bad("contains '..' or '@{'")
     if any(ord(c) < 0x20 or c in _FORBIDDEN for c in name):
-        bad("contains a space, control character or one of ~^:?*[\\")
+        bad("contains a space, control character, bidirectional or line separator character "
+            "or one of ~^:?*[\\")
     if name.endswith("/") or name.endswith("."):
         bad("ends with '/' or '.'")
     for part in name.split("/"):
