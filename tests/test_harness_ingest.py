@@ -654,6 +654,21 @@ def test_the_stat_shortcut_holds_only_for_the_thread_the_run_would_use(run, stor
     assert [f["status"] for f in again["files"]] == ["unchanged"]
 
 
+def test_the_stat_shortcut_holds_only_for_the_harness_that_wrote_the_row(run, store_dir, tmp_path):
+    """`ingest claude` of a Codex file is refused (not a Claude session) whether or not
+    `ingest codex` read that file before: the stat row of the codex run does not answer
+    for a claude run (it answered "codex/...: unchanged", exit 0, for the same file a copy
+    of which was refused)."""
+    path = codex_file(tmp_path, sample_codex())
+    assert run("ingest", "codex", path, store=store_dir).code == 0
+    r = run("--json", "ingest", "claude", path, store=store_dir)
+    assert r.code == 1 and "not a claude" in r.err.lower(), (r.out, r.err)
+    assert [f["status"] for f in r.json()["files"]] == ["refused"]
+    again = run("--json", "ingest", "codex", path, store=store_dir).json()
+    assert [f["status"] for f in again["files"]] == ["unchanged"]
+    assert cat(run, store_dir, THREAD) == path.read_bytes()
+
+
 def test_a_claude_transcript_with_only_its_first_snapshot_waits(run, store_dir, tmp_path):
     """Claude writes a `file-history-snapshot` (no sessionId) before the first prompt: such
     a file waits, nothing stored, and is ingested once the prompt is there."""

@@ -91,8 +91,9 @@ class IngestState:
     on this machine, so the state is per machine, never in the shared metadata.
     """
 
-    def __init__(self, local, named: bool = False):
+    def __init__(self, local, harness: str, named: bool = False):
         self.local = local
+        self.harness = harness   # a row counts only for a run of the harness that wrote it
         self.named = named   # this run's threads are named by --thread, not by the files
         self.entries: dict = {}
         self._dirty: set = set()
@@ -121,20 +122,22 @@ class IngestState:
                     self.entries[path] = entry
 
     def unchanged(self, key: str, st: os.stat_result, thread: str | None = None) -> bool:
-        """Whether the file is as the row last saw it, ingested into the thread this run
-        would use: `thread` (--thread), or the file's own (a row written under --thread
-        does not count for a run without it, nor for one naming another thread)."""
+        """Whether the file is as the row last saw it, ingested by this run's harness into the
+        thread this run would use: `thread` (--thread), or the file's own (a row written under
+        --thread does not count for a run without it, nor for one naming another thread; a
+        row of `ingest codex` not for `ingest claude`, which must look at the file to refuse
+        it; a row from before rows named their harness costs one look)."""
         entry = self.entries.get(key)
         return entry is not None and (entry["size"], entry["mtime_ns"], entry["ino"]) == \
             (st.st_size, st.st_mtime_ns, st.st_ino) and bool(entry.get("named")) == (thread is not None) \
-            and (thread is None or entry["thread"] == thread)
+            and (thread is None or entry["thread"] == thread) and entry.get("harness") == self.harness
 
     def record(self, key: str, st: os.stat_result, thread: str, history: dict, turn_seq: int,
                prefix: bytes | None = None) -> None:
         """`prefix`: the BLAKE3 of the file's first `history["offset"]` bytes, if known."""
         self.entries[key] = {"path": key, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino,
                              "thread": thread, "bytes": history["offset"], "seq": history["seq"],
-                             "digest": history["digest"], "turn_seq": turn_seq}
+                             "digest": history["digest"], "turn_seq": turn_seq, "harness": self.harness}
         if self.named:
             self.entries[key]["named"] = True
         if prefix is not None:
@@ -211,7 +214,7 @@ class Ingest:
         self.thread = thread
         if thread is not None:
             check_thread_name(thread)
-        self.state = IngestState(store.stores.local, named=thread is not None)
+        self.state = IngestState(store.stores.local, harness, named=thread is not None)
         self._inflight = None   # (executor, future) of the batch landing in the background
         self._moved: list | None = []   # files whose thread moved under them (another ingest): planned again once
         self._workers = None    # packing_workers.PackingWorkers of a large run
