@@ -213,6 +213,8 @@ def branch(ctx, name, rev, delete):
     if delete:
         if not name:
             raise click.UsageError("branch -d needs a thread name")
+        if rev is not None:   # `branch -d a b` would otherwise delete a, say so, and keep b
+            raise click.UsageError(f"branch -d deletes one thread: got {name!r} and {rev!r} (delete each in turn)")
         result = store.delete_thread(name)
         ctx.emit(result, f"Deleted thread {name}")
     elif name is not None:

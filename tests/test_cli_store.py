@@ -178,6 +178,8 @@ def test_branch_create_list_delete(tmp_path):
     failed(run_cli("branch", "feature", store=store), 3, "already exists")
     failed(run_cli("branch", "bad..name", store=store), 2, "invalid thread name")
     failed(run_cli("branch", "-d", "nosuch", store=store), 1, "nosuch")
+    # Two names: refused whole (it deleted the first, said so with exit 0, and kept the second).
+    failed(run_cli("branch", "-d", "feature", "old", store=store), 2, "deletes one thread")
     assert store_rows(tmp_path / "store") == before
 
     assert ok(run_cli("--json", "branch", "-d", "feature", store=store))["deleted"] is True
