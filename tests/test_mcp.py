@@ -440,3 +440,24 @@ def test_summary_maps_are_capped_and_the_answer_stays_bounded(store_dir, workspa
     assert diff["effect_summary"]["total"] == 60 and diff["files"]["added"]["count"] == 300
     assert diff["effects_page"]["has_more"] and diff["effects_page"]["returned_count"] < 60
     assert "sneaky" in extra
+
+
+def test_every_request_is_answered_before_the_server_ends_at_the_end_of_stdin(store_dir, workspace):
+    """A client that writes its requests and closes stdin (a script, a pipe) gets every
+    answer: the SDK's loop ended with stdin and cancelled the calls still running, so the
+    last checkpoints were made and their ids never told (the answers to 3 of 5 lost)."""
+    import subprocess
+    lines = [{"jsonrpc": "2.0", "id": 1, "method": "initialize",
+              "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
+             {"jsonrpc": "2.0", "method": "notifications/initialized"}]
+    lines += [{"jsonrpc": "2.0", "id": n, "method": "tools/call",
+               "params": {"name": "create_checkpoint", "arguments": {"reason": f"step {n}"}}} for n in range(2, 6)]
+    proc = subprocess.run([AGENTCAS, "--store", str(store_dir), "mcp"], cwd=str(workspace), capture_output=True,
+                          input="".join(json.dumps(line) + "\n" for line in lines).encode(), timeout=120,
+                          env=dict(os.environ, AGENTCAS_AUTHOR="tester"))
+    assert proc.returncode == 0, proc.stderr
+    answers = {doc["id"]: doc for doc in map(json.loads, proc.stdout.decode().splitlines())}
+    assert sorted(answers) == [1, 2, 3, 4, 5], proc.stdout
+    made = [answers[n]["result"]["structuredContent"]["checkpoint_id"] for n in range(2, 6)]
+    log = Store.open(str(store_dir)).log(Store.open(str(store_dir)).threads()[0]["thread"])
+    assert [c["checkpoint"] for c in log][:4] == made[::-1]

@@ -70,12 +70,111 @@ def _tool_error(exc: Exception) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=bounded_error(exc))], is_error=True)
 
 
+class _Unanswered:
+    """The ids of the requests read and not answered yet, and an event set when none is.
+
+    The SDK's serve loop ends when its read stream does and cancels the calls still
+    running: a client that writes its requests and closes stdin (a script, a pipe) lost
+    the answers to the last ones, although they ran (a checkpoint made, its id never
+    told). So the read side, at the end of stdin, waits until every request it passed
+    on has its response or error written (or was cancelled by the client) before it
+    ends the stream."""
+
+    def __init__(self):
+        self.ids: set = set()
+        self.none_left = anyio.Event()
+        self.none_left.set()
+
+    def read(self, item) -> None:
+        message = getattr(item, "message", None)
+        if isinstance(message, types.JSONRPCRequest):
+            self.ids.add(message.id)
+            if self.none_left.is_set():
+                self.none_left = anyio.Event()
+        elif isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled":
+            self._answered((message.params or {}).get("requestId"))
+
+    def written(self, item) -> None:
+        message = getattr(item, "message", None)
+        if isinstance(message, (types.JSONRPCResponse, types.JSONRPCError)):
+            self._answered(message.id)
+
+    def _answered(self, request_id) -> None:
+        self.ids.discard(request_id)
+        if not self.ids:
+            self.none_left.set()
+
+
+class _AnswersFirstReader:
+    """The SDK's read stream, whose end waits for the answers to what was read (_Unanswered)."""
+
+    def __init__(self, inner, unanswered: _Unanswered):
+        self._inner, self._unanswered = inner, unanswered
+
+    def __getattr__(self, name):   # last_context and the rest, as the SDK's stream has them
+        return getattr(self._inner, name)
+
+    async def receive(self):
+        try:
+            item = await self._inner.receive()
+        except anyio.EndOfStream:
+            await self._unanswered.none_left.wait()
+            raise
+        self._unanswered.read(item)
+        return item
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        try:
+            return await self.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+
+class _AnswerCountingWriter:
+    """The SDK's write stream, telling _Unanswered of each response it writes."""
+
+    def __init__(self, inner, unanswered: _Unanswered):
+        self._inner, self._unanswered = inner, unanswered
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    async def send(self, item, /) -> None:
+        await self._inner.send(item)
+        self._unanswered.written(item)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+
 def serve_stdio(host: ToolHost) -> None:
-    """Serve `host`'s tools on stdin/stdout until the client closes the connection."""
+    """Serve `host`'s tools on stdin/stdout until the client closes the connection and
+    every request it sent has its answer."""
     server = build_server(host)
 
     async def run():
         async with stdio_server() as (read_stream, write_stream):
-            await server.run(read_stream, write_stream, server.create_initialization_options())
+            unanswered = _Unanswered()
+            await server.run(_AnswersFirstReader(read_stream, unanswered),
+                             _AnswerCountingWriter(write_stream, unanswered),
+                             server.create_initialization_options())
 
     anyio.run(run)
