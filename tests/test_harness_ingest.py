@@ -519,6 +519,31 @@ def test_ingest_racing_a_writer_that_writes_partial_lines(store, tmp_path):
     assert b"".join(store.rollout_read(THREAD)) == path.read_bytes()
 
 
+def test_a_claude_image_prompt_closes_a_turn_and_an_interruption_marker_does_not(run, store_dir, tmp_path):
+    """A prompt that is only a pasted image is the user's prompt (it was folded into the
+    turn before it); the `[Request interrupted by user for tool use]` record Claude Code
+    writes when the user presses Esc is not (it closed a turn and became the next reason)."""
+    project = tmp_path / "projects" / "-repo"
+    project.mkdir(parents=True)
+    c = ClaudeSession("s-img")
+    c.prompt("one")
+    c.say("a")
+    c.prompt([{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0K"}}])
+    c.tool()
+    c.prompt([{"type": "text", "text": "[Request interrupted by user for tool use]"}])
+    c.prompt("three")
+    c.say("c")
+    (project / "s-img.jsonl").write_bytes(c.data())
+    assert run("ingest", "claude", project, store=store_dir).code == 0
+    log = run("--json", "log", "claude/s-img", store=store_dir).json()["checkpoints"]
+    lines = {n: line for n, line in enumerate(c.lines, 1)}
+    image = next(n for n, line in lines.items() if b'"image"' in line)
+    three = next(n for n, line in lines.items() if b'"three"' in line)
+    reasons = {e["history"]["seq"]: e["reason"] for e in log}
+    assert sorted(reasons) == [image, three, len(c.lines)], reasons
+    assert "one" in reasons[image] and "[image]" in reasons[three] and "interrupted" not in reasons[three]
+
+
 def test_claude_file_without_a_session_id_is_refused_and_nothing_written(run, store_dir, tmp_path):
     path = tmp_path / "notes.jsonl"
     path.write_bytes(b'{"type":"summary","summary":"x","leafUuid":"u"}\n{"hello":1}\n')

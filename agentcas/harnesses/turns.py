@@ -87,14 +87,23 @@ def real_prompt(record) -> str | None:
     elif isinstance(content, list):
         if any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content):
             return None
-        text = " ".join(b.get("text", "") for b in content
-                        if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str))
+        text = " ".join(b.get("text", "") if b.get("type") == "text" else f"[{b['type']}]" for b in content
+                        if isinstance(b, dict) and (b.get("type") == "text" and isinstance(b.get("text"), str)
+                                                    or b.get("type") in ATTACHED_BLOCKS))
     else:
         return None
-    stripped = text.lstrip()
-    if not stripped or stripped.startswith(("<local-command-stdout>", "<local-command-caveat>")):
+    stripped = text.strip()
+    if not stripped or stripped.startswith(("<local-command-stdout>", "<local-command-caveat>")) \
+            or stripped in INTERRUPTION_MARKERS:
         return None
     return text
+
+
+# A prompt may be only a pasted image or document: it is still the user's prompt (shown
+# in a reason as `[image]`). Claude Code writes these texts as a user record when the
+# user interrupts a turn (Esc): the harness's, not a prompt; the next prompt closes it.
+ATTACHED_BLOCKS = ("image", "document")
+INTERRUPTION_MARKERS = ("[Request interrupted by user]", "[Request interrupted by user for tool use]")
 
 
 def turn_tracker(harness: str):
