@@ -519,6 +519,24 @@ def test_ingest_racing_a_writer_that_writes_partial_lines(store, tmp_path):
     assert b"".join(store.rollout_read(THREAD)) == path.read_bytes()
 
 
+def test_a_turn_end_codex_cannot_read_is_no_checkpoint(run, store_dir, tmp_path):
+    """A `task_complete` whose `turn_id` is not a string does not deserialize, so Codex (and
+    replay) skip it: the turn is still open there, and ingest makes no turn checkpoint
+    for it (it made "codex turn ? complete"); the turn's real end makes one."""
+    s = CodexSession()
+    s.turn("one", "did one")
+    turn = s.start(prompt="two")
+    s.reply("did two")
+    s.event("task_complete", turn_id=True, last_agent_message=None)
+    s.complete(turn)
+    codex_file(tmp_path, s)
+    assert run("ingest", "codex", tmp_path / "sessions", store=store_dir).code == 0
+    log = run("--json", "log", THREAD, store=store_dir).json()["checkpoints"]
+    assert sorted(e["history"]["seq"] for e in log) == [next(n for n, line in enumerate(s.lines, 1)
+                                                             if b"task_complete" in line), len(s.lines)]
+    assert not any("turn ?" in e["reason"] for e in log)
+
+
 def test_a_claude_image_prompt_closes_a_turn_and_an_interruption_marker_does_not(run, store_dir, tmp_path):
     """A prompt that is only a pasted image is the user's prompt (it was folded into the
     turn before it); the `[Request interrupted by user for tool use]` record Claude Code

@@ -254,7 +254,7 @@ def _payload(record):
     return payload if isinstance(payload, dict) else {}
 
 
-def _unreadable(record) -> bool:
+def codex_cannot_read(record) -> bool:
     """A record Codex cannot deserialize, so skips as it reads the rollout (it never reaches
     the replay), among those replay reads (codex-rs protocol.rs): a `compacted` whose payload
     is not `CompactedItem {message: String, replacement_history: Option<Vec<ResponseItem>>}`
@@ -331,7 +331,7 @@ def replay_codex(records, damaged_lines=None) -> dict:
         if record is None:
             skipped.add(line)
             continue
-        if _unreadable(record):
+        if codex_cannot_read(record):
             continue
         kind = record.get("type")
         event = _event(record)
@@ -405,7 +405,7 @@ def replay_codex(records, damaged_lines=None) -> dict:
         if record is None:
             skipped.add(line)
             continue
-        if _unreadable(record):
+        if codex_cannot_read(record):
             continue
         kind = record.get("type")
         event = _event(record)

@@ -11,6 +11,7 @@ without parsing the rest): no other record can close a turn or name a prompt.
 
 from __future__ import annotations
 
+from agentcas.harnesses.codex_replay import codex_cannot_read
 from agentcas.harnesses.records import CODEX, preview
 
 REASON_WORDS = 80
@@ -25,7 +26,8 @@ class CodexTurns:
 
     def feed(self, raw: bytes, record: dict | None) -> str | None:
         """The reason of a checkpoint after this record, if it closes a turn."""
-        if record is None or record.get("type") != "event_msg" or not isinstance(record.get("payload"), dict):
+        if record is None or record.get("type") != "event_msg" or not isinstance(record.get("payload"), dict) \
+                or codex_cannot_read(record):   # Codex skips it: no boundary, as in replay
             return None
         event = record["payload"]
         kind = event.get("type")
