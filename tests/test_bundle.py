@@ -828,3 +828,14 @@ def test_cli_import_of_a_lying_chunk_list_writes_nothing(run, tmp_path):
         assert result.code == 4, result
         assert "size" in result.err and "Traceback" not in result.err
         assert store_rows(store_dir) == before
+
+
+def test_export_to_an_empty_path_is_a_usage_error(tmp_path, run, workspace):
+    """`-o ''` named the current directory ("... already exists", exit 3): it is no path."""
+    store = tmp_path / "s"
+    assert run("init", store).code == 0
+    assert run("commit", workspace, "-m", "one", store=store).code == 0
+    before = sorted(os.listdir(tmp_path))
+    result = run("export", "main", "-o", "", store=store, cwd=tmp_path)
+    assert result.code == 2 and "empty" in result.err and "Traceback" not in result.err, result
+    assert sorted(os.listdir(tmp_path)) == before

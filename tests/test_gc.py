@@ -89,7 +89,7 @@ def test_parse_duration():
     assert [parse_duration(t) for t in ("0s", "90s", "15m", "1h", "7d", "2w", "45")] == \
         [0, 90, 900, 3600, 7 * 86400, 14 * 86400, 45]
     assert parse_duration("now", allow_now=True) == 0
-    for bad in ("", "1y", "-1s", "1.5h", "now", "h"):
+    for bad in ("", "1y", "-1s", "1.5h", "now", "h", "\u0665s", "\uff15m"):   # Arabic-Indic, fullwidth digits
         with pytest.raises(UsageError):
             parse_duration(bad)
 

@@ -90,6 +90,8 @@ def export_bundle(stores: Stores, checkpoint: Digest, thread: str, out_path: str
     Files and rollout records are scanned for secrets first (exchange/secret_scan.py).
     """
     check_thread_name(thread)
+    if not out_path:   # abspath('') is the current directory, which "already exists"
+        raise UsageError("the bundle's output path is empty")
     out_path = os.path.abspath(out_path)
     if os.path.lexists(out_path):
         raise ConflictError(f"{out_path} already exists; not overwriting")

@@ -51,7 +51,7 @@ SWEEP_LEVELS = ((framing.KIND_CHECKPOINT, framing.KIND_SIGNATURE),
                 (framing.KIND_CHUNK,))
 LEVEL_OF_KIND = {kind: level for level, kinds in enumerate(SWEEP_LEVELS) for kind in kinds}
 
-_DURATION = re.compile(r"(\d+)\s*([smhdw]?)")
+_DURATION = re.compile(r"([0-9]+)[ \t]*([smhdw]?)")   # ASCII digits: int() also reads "٥"
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
