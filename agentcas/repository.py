@@ -43,7 +43,7 @@ INGEST_ZSTD_LEVEL = framing.INGEST_ZSTD   # harness logs: level 3 (small tables)
 # format-1 store opens and is marked 2 on its first writable open; its objects and rows
 # stay as they are (every reader here reads both forms).
 STORE_FORMAT = 2
-_REFLOG_REV = re.compile(r"^(.+)@\{(\d+)\}$")
+_REFLOG_REV = re.compile(r"^(.+)@\{(\d+)\}$", re.ASCII)
 UNRELATED_NOTE = "the target checkpoint is not in this thread's ancestry (a checkpoint of an unrelated thread)"
 WORLD_NOTE = ("revert moves the thread's pointer only: files written, requests sent and money spent "
               "by the agent are not undone")

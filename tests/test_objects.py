@@ -213,6 +213,7 @@ def _cp_doc(**changes):
     _cp_doc(author=5),
     _cp_doc(reason=""),
     _cp_doc(created_at=5),
+    _cp_doc(created_at="\uff12\uff10\uff12\uff16-11-29T12:00:00.000000Z"),   # fullwidth digits: not the format's
     _cp_doc(runtime=[]),
     _cp_doc(history={"seq": 0}),
     _cp_doc(thread=7),

@@ -157,6 +157,8 @@ def test_revisions(chain):
     ("~1", UnknownRevision),
     ("", UsageError),
     ("x" * 2000, UsageError),
+    ("main~\u0661", (UnknownRevision, UsageError)),     # Arabic-Indic one: git reads ASCII digits only
+    ("main@{\uff11}", (UnknownRevision, UsageError)),   # fullwidth one
 ])
 def test_bad_revisions(chain, text, error):
     store, _ = chain

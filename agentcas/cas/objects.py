@@ -31,7 +31,7 @@ MAX_REASON_BYTES = 1024
 # A path in a checkpoint, relative to its root, holds at most PATH_MAX - 1 bytes (Linux):
 # deeper trees could be neither committed nor restored, so readers refuse them.
 MAX_PATH_BYTES = 4095
-_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", re.ASCII)
 
 
 class InvalidObject(IntegrityError):

@@ -20,8 +20,8 @@ from agentcas.cas.source import ObjectSource, load_object
 from agentcas.errors import IntegrityError, NotFound, UsageError
 from agentcas.refs.threads import read_reflog, read_thread
 
-_SUFFIX = re.compile(r"(~\d*|\^)$")
-_REFLOG = re.compile(r"^(.+)@\{(\d+)\}$")
+_SUFFIX = re.compile(r"(~\d*|\^)$", re.ASCII)
+_REFLOG = re.compile(r"^(.+)@\{(\d+)\}$", re.ASCII)
 _HEX = re.compile(r"^[0-9a-f]{8,64}$")
 MIN_PREFIX = 8
 

@@ -29,7 +29,7 @@ from agentcas.signing.keys import BadKey, PublicKey, SigningKey, key_id
 NAMESPACE_CHECKPOINT = "agentcas-checkpoint-v1"
 MESSAGE_PREFIX = b"agentcas signed statement v1\n"
 MAX_ENVELOPE_BYTES = 4096
-_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", re.ASCII)
 _NAMESPACE = re.compile(r"[a-z0-9][a-z0-9.-]{0,63}")
 _KEY_ID = re.compile(r"[0-9a-f]{16}")
 _SIG = re.compile(r"[0-9a-f]{128}")
