@@ -461,3 +461,23 @@ def test_every_request_is_answered_before_the_server_ends_at_the_end_of_stdin(st
     made = [answers[n]["result"]["structuredContent"]["checkpoint_id"] for n in range(2, 6)]
     log = Store.open(str(store_dir)).log(Store.open(str(store_dir)).threads()[0]["thread"])
     assert [c["checkpoint"] for c in log][:4] == made[::-1]
+
+
+def test_a_line_that_is_no_json_rpc_message_is_answered_with_a_null_id_error(store_dir, workspace):
+    """JSON-RPC 2.0: a line that is not JSON gets a parse error (-32700), a JSON value that is
+    no message an invalid request (-32600), each with id null, and the server goes on (the
+    SDK answered nothing, so a client waiting for an answer waited forever)."""
+    import subprocess
+    lines = [json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                         "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                                    "clientInfo": {"name": "t", "version": "1"}}}),
+             "not json {", json.dumps({"a": 1}),
+             json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+             json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})]
+    proc = subprocess.run([AGENTCAS, "--store", str(store_dir), "mcp"], cwd=str(workspace), capture_output=True,
+                          input="".join(line + "\n" for line in lines).encode(), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    answers = [json.loads(line) for line in proc.stdout.decode().splitlines()]
+    assert [a["id"] for a in answers] == [1, None, None, 2]
+    assert [a["error"]["code"] for a in answers[1:3]] == [-32700, -32600]
+    assert {t["name"] for t in answers[3]["result"]["tools"]} == TOOLS

@@ -18,6 +18,7 @@ import jsonschema
 import mcp_types as types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
 
 from agentcas import __version__
 from agentcas.errors import AgentcasError
@@ -106,22 +107,28 @@ class _Unanswered:
 
 
 class _AnswersFirstReader:
-    """The SDK's read stream, whose end waits for the answers to what was read (_Unanswered)."""
+    """The SDK's read stream, whose end waits for the answers to what was read (_Unanswered),
+    and which answers a line that is no JSON-RPC message itself, as JSON-RPC 2.0 says: a
+    parse error (-32700) or an invalid request (-32600), with a null id (the SDK passed the
+    failure on to its loop, which answered nothing: a client waiting for it would hang)."""
 
-    def __init__(self, inner, unanswered: _Unanswered):
-        self._inner, self._unanswered = inner, unanswered
+    def __init__(self, inner, unanswered: _Unanswered, replies):
+        self._inner, self._unanswered, self._replies = inner, unanswered, replies
 
     def __getattr__(self, name):   # last_context and the rest, as the SDK's stream has them
         return getattr(self._inner, name)
 
     async def receive(self):
-        try:
-            item = await self._inner.receive()
-        except anyio.EndOfStream:
-            await self._unanswered.none_left.wait()
-            raise
-        self._unanswered.read(item)
-        return item
+        while True:
+            try:
+                item = await self._inner.receive()
+            except anyio.EndOfStream:
+                await self._unanswered.none_left.wait()
+                raise
+            if not isinstance(item, Exception):
+                self._unanswered.read(item)
+                return item
+            await self._replies.send(SessionMessage(_refusal_of_a_line(item)))
 
     def __aiter__(self):
         return self
@@ -140,6 +147,15 @@ class _AnswersFirstReader:
 
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
+
+
+def _refusal_of_a_line(failure: Exception) -> types.JSONRPCError:
+    errors = failure.errors() if callable(getattr(failure, "errors", None)) else []   # pydantic's
+    if any(isinstance(error, dict) and error.get("type") == "json_invalid" for error in errors):
+        code, message = types.PARSE_ERROR, "Parse error: the line is not JSON"
+    else:
+        code, message = types.INVALID_REQUEST, "Invalid Request: the line is not a JSON-RPC 2.0 message"
+    return types.JSONRPCError(jsonrpc="2.0", id=None, error=types.ErrorData(code=code, message=message))
 
 
 class _AnswerCountingWriter:
@@ -173,7 +189,7 @@ def serve_stdio(host: ToolHost) -> None:
     async def run():
         async with stdio_server() as (read_stream, write_stream):
             unanswered = _Unanswered()
-            await server.run(_AnswersFirstReader(read_stream, unanswered),
+            await server.run(_AnswersFirstReader(read_stream, unanswered, write_stream),
                              _AnswerCountingWriter(write_stream, unanswered),
                              server.create_initialization_options())
 
