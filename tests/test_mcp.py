@@ -472,6 +472,8 @@ def test_a_line_that_is_no_json_rpc_message_is_answered_with_a_null_id_error(sto
                          "params": {"protocolVersion": "2025-06-18", "capabilities": {},
                                     "clientInfo": {"name": "t", "version": "1"}}}),
              "not json {", json.dumps({"a": 1}),
+             # a cancellation naming no request id (a list): ignored (it once ended the server)
+             json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": [1]}}),
              json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
              json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})]
     proc = subprocess.run([AGENTCAS, "--store", str(store_dir), "mcp"], cwd=str(workspace), capture_output=True,

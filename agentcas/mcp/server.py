@@ -93,7 +93,9 @@ class _Unanswered:
             if self.none_left.is_set():
                 self.none_left = anyio.Event()
         elif isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled":
-            self._answered((message.params or {}).get("requestId"))
+            request_id = (message.params or {}).get("requestId")
+            if isinstance(request_id, (int, str)):   # an id is one (a list is no id, nor hashable)
+                self._answered(request_id)
 
     def written(self, item) -> None:
         message = getattr(item, "message", None)
