@@ -289,6 +289,36 @@ def test_unreachable_services_are_named_in_one_line(tmp_path, workspace):
     assert "s3cr3t" not in result.err
 
 
+def test_no_s3_credentials_is_named_not_an_internal_error(tmp_path, monkeypatch):
+    """No credentials anywhere: botocore's NoCredentialsError reached the CLI as an "internal
+    error" line that named neither the service nor what to set."""
+    from agentcas.cas.blobstore.base import BlobUnavailable
+    from agentcas.cas.blobstore.s3 import S3BlobStore
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {"HOME": str(tmp_path), "AWS_CONFIG_FILE": str(tmp_path / "none"),
+                        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "AWS_EC2_METADATA_DISABLED": "true",
+                        "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_REGION": "us-east-1",
+                        "AGENTCAS_RETRY_SECONDS": "1"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(BlobUnavailable) as info:
+        S3BlobStore("s3://nowhere-bucket/x")
+    assert "S3 at http://127.0.0.1:9" in str(info.value) and "AWS_SECRET_ACCESS_KEY" in str(info.value)
+
+
+def test_an_s3_endpoint_holding_a_password_is_refused_without_printing_it(tmp_path):
+    """botocore sent `http://user:password@host` as it is and echoed it in its connection
+    error with only the key id masked: the password reached the terminal. Such a URL is a
+    usage error that shows it without its user part."""
+    env = {"AGENTCAS_STORE": "s3://nowhere-bucket/x", "AGENTCAS_REFS": "postgresql://agentcas@127.0.0.1:9/none",
+           "AWS_ENDPOINT_URL": "http://agentcaskey:SUPERSECRETXY@127.0.0.1:9", "AWS_ACCESS_KEY_ID": "agentcaskey",
+           "AWS_SECRET_ACCESS_KEY": "s3cr3t", "AWS_REGION": "us-east-1", "AGENTCAS_RETRY_SECONDS": "1",
+           "AGENTCAS_CACHE_DIR": str(tmp_path / "c")}
+    result = run_cli("log", "main", env=env)
+    assert result.code == 2 and "SUPERSECRETXY" not in result.err and "AWS_ENDPOINT_URL" in result.err, result
+    assert "http://127.0.0.1:9" in result.err
+
+
 def test_a_second_machine_committing_what_the_first_stored_hashes_it_once(shared, tmp_path):
     """Machine b commits a copy of a tree machine a already stored: its first commit hashes
     every file (its stat cache is empty) and finds the objects in the bucket; its next commit

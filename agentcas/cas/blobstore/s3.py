@@ -45,6 +45,7 @@ import collections
 import os
 import queue
 import random
+import re
 import threading
 import time
 from collections import Counter
@@ -165,8 +166,14 @@ def endpoint_url() -> str | None:
         if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
             raise UsageError(f"${name} must be an http:// or https:// URL with a host and an optional port "
                              f"in 1..65535 (http://HOST:PORT), not {_without_userinfo(text)[:80]!r}")
+        if "@" in parts.netloc:   # botocore would send it as it is, and echo it in its errors
+            raise UsageError(f"${name} holds a user or password ({_without_userinfo(text)[:80]!r} without it): "
+                             "S3 credentials go in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
         return text.strip()
     return None
+
+
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s\"']*@")
 
 
 def _without_userinfo(url: str) -> str:
@@ -233,12 +240,11 @@ class S3BlobStore(BlobStore):
 
     def _reason(self, exc: BaseException) -> str:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        text = _USERINFO.sub(r"\1", text)   # any URL's user:password@, before a key in it is masked
         for name in ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN"):
             secret = os.environ.get(name)
             if secret:
                 text = text.replace(secret, "***")
-        if self.endpoint and self.endpoint != _without_userinfo(self.endpoint):
-            text = text.replace(self.endpoint.rstrip("/"), _without_userinfo(self.endpoint).rstrip("/"))
         return text
 
     @staticmethod
@@ -266,6 +272,11 @@ class S3BlobStore(BlobStore):
                 return attempt()
             except Exception as exc:  # noqa: BLE001 - classified below
                 if not self._retryable(exc):
+                    if isinstance(exc, self._exceptions.NoCredentialsError):
+                        raise BlobUnavailable(f"{self.name}: no AWS credentials found (set AWS_ACCESS_KEY_ID and "
+                                              "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)") from None
+                    if isinstance(exc, self._exceptions.BotoCoreError):   # botocore's own, not the server's
+                        raise BlobUnavailable(f"{self.name}: {self._reason(exc)}") from None
                     raise
                 if time.monotonic() >= deadline:
                     raise BlobUnavailable(f"{self.name} unavailable after {tries} tries in "
