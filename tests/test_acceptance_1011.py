@@ -4,6 +4,7 @@ held-out tests would use the product: through the CLI contract and the issues' w
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Literal
 
 import pytest
@@ -267,3 +268,15 @@ def test_a_malformed_shared_store_setting_is_refused_by_name(team, tmp_path, nam
     assert bad.code == 2, bad
     assert bad.err.startswith(f"agentcas: error: ${name} must be ") and bad.err.count("\n") == 1, bad.err
     assert "internal error" not in bad.err and not cache.exists()
+
+
+def test_init_through_a_mistyped_bucket_with_the_teams_refs_makes_no_bucket(team, tmp_path, s3_server):
+    """`init` with the team's refs and a bucket that does not exist is refused (the refs
+    belong to another store), and leaves no bucket behind: the bucket was made before the
+    refs database was asked, so the refusal's "nothing was written" was not true."""
+    env, s3_url, _ = team
+    typo = f"s3://typo-bucket-{os.getpid()}/shared"
+    refused = run_cli("init", env=dict(env, AGENTCAS_STORE=typo, AGENTCAS_CACHE_DIR=str(tmp_path / "c3")))
+    assert refused.code == 3 and "nothing was written" in refused.err, refused
+    assert f"typo-bucket-{os.getpid()}" not in {b["Name"] for b in s3_server.client().list_buckets()["Buckets"]}
+    assert run_cli("--json", "fsck", env=env).json()["ok"]

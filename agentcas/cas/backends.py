@@ -105,7 +105,7 @@ def shared_stores(store_url: str, refs_url: str | None, create: bool = False) ->
     from agentcas.cas.lmdb_store import open_lmdb
     from agentcas.cas.metastore.postgres import PostgresMetadataStore
     meta = PostgresMetadataStore(refs_url, create=create, check=False)  # checked by its first request
-    remote = S3BlobStore(store_url, create=create)
+    remote = S3BlobStore(store_url, create=create, bucket_with_marker=create)   # init: claim, then make it
     # This machine's table environment for this store: the cache (its objects table) and
     # the stat cache, per store (a cache directory may be shared by several stores).
     cache_dir = default_cache_dir(store_url)

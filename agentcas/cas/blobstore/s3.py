@@ -166,9 +166,6 @@ def endpoint_url() -> str | None:
         if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
             raise UsageError(f"${name} must be an http:// or https:// URL with a host and an optional port "
                              f"in 1..65535 (http://HOST:PORT), not {_without_userinfo(text)[:80]!r}")
-        if "@" in parts.netloc:   # botocore would send it as it is, and echo it in its errors
-            raise UsageError(f"${name} holds a user or password ({_without_userinfo(text)[:80]!r} without it): "
-                             "S3 credentials go in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
         return text.strip()
     return None
 
@@ -190,7 +187,7 @@ class S3BlobStore(BlobStore):
 
     chunk_sizes = chunking.REMOTE  # every object is a request (cas/chunking.py)
 
-    def __init__(self, url: str, create: bool = False):
+    def __init__(self, url: str, create: bool = False, bucket_with_marker: bool = False):
         import boto3
         import botocore.config
         import botocore.exceptions
@@ -226,7 +223,7 @@ class S3BlobStore(BlobStore):
         # botocore asks before every PUT body (`Expect: 100-continue`): a round trip per object.
         self._client.meta.events.register("before-sign.s3.PutObject", _no_expect)
         self._pool = ThreadPoolExecutor(max_workers=self.connections, thread_name_prefix="agentcas-s3")
-        self._open_bucket(create)
+        self._open_bucket(create, bucket_with_marker)
 
     # -- requests, retries, errors ----------------------------------------------------------
 
@@ -298,7 +295,12 @@ class S3BlobStore(BlobStore):
 
     # -- bucket --------------------------------------------------------------------------
 
-    def _open_bucket(self, create: bool) -> None:
+    def _open_bucket(self, create: bool, with_marker: bool) -> None:
+        """Check the bucket is there, or (`create`) make it. `with_marker` (init): a missing
+        one is made only when the store's marker is written (`create_marker`): init first asks
+        the refs database whether this prefix may be claimed, and a refusal there (a mistyped
+        bucket beside another store's refs) must leave no bucket behind."""
+        self._bucket_to_create = False
         try:
             self._call(lambda: self._client.head_bucket(Bucket=self.bucket))
             return
@@ -308,6 +310,12 @@ class S3BlobStore(BlobStore):
                 raise self._refused(exc, f"access to bucket {self.bucket}") from None
         if not create:
             raise BlobUnavailable(f"{self.name}: the bucket does not exist (run `agentcas init` with this URL)")
+        if with_marker:
+            self._bucket_to_create = True
+        else:
+            self._create_bucket()
+
+    def _create_bucket(self) -> None:
         options = {}
         if self.region != "us-east-1":
             options["CreateBucketConfiguration"] = {"LocationConstraint": self.region}
@@ -321,10 +329,14 @@ class S3BlobStore(BlobStore):
 
     def read_marker(self) -> bytes | None:
         """The marker's bytes, or None if the prefix has none (no store was made here)."""
-        return self._read(self._marker)
+        return None if self._bucket_to_create else self._read(self._marker)
 
     def create_marker(self, data: bytes) -> bool:
-        """Write the marker unless one exists (If-None-Match: *); True if written now."""
+        """Write the marker unless one exists (If-None-Match: *); True if written now. The
+        bucket `init` found missing is made here, first."""
+        if self._bucket_to_create:
+            self._create_bucket()
+            self._bucket_to_create = False
         return self._create(self._marker, data)
 
     # -- reads and create-if-absent writes of one name ---------------------------------
