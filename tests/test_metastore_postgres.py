@@ -12,7 +12,7 @@ import time
 import psycopg
 import pytest
 
-from agentcas.cas.metastore.base import MetadataUnavailable
+from agentcas.cas.metastore.base import MetadataUnavailable, Read
 from agentcas.cas.metastore.postgres import SCHEMA_VERSION, PostgresMetadataStore, SchemaMissing, SchemaTooNew
 from conftest import run_cli
 from services import PG_PASSWORD, PostgresServer
@@ -163,6 +163,28 @@ def test_a_hung_server_gives_a_bounded_wait_then_names_postgresql(hung_postgres)
         # called failed (a COMMIT whose answer is lost: the module doc's unknown outcome).
         assert txn.get("refs", b"t") in (b"1", b"2")
     store.write(lambda txn: txn.put("refs", b"t", b"3"))
+    store.close()
+
+
+def test_a_write_sent_to_a_hung_server_is_reported_as_of_unknown_outcome(hung_postgres):
+    """An exchange (one statement: a ref move) sent on an open connection to a server that
+    then hangs is queued there and applied when it wakes, after the command said it failed:
+    seen as a commit that exited 1 and landed. The error says the write may still apply,
+    and a read that times out does not."""
+    store = PostgresMetadataStore(hung_postgres.create_database(), create=True)
+    store.exchange(writes=[("refs", b"t", b"1")])   # a pooled connection, open when it hangs
+    hung_postgres.hang()
+    with pytest.raises(MetadataUnavailable) as raised:
+        store.exchange(writes=[("refs", b"t", b"2")])
+    assert "sent and never answered" in str(raised.value) and "before retrying" in str(raised.value)
+    hung_postgres.resume()
+    store.exchange(writes=[("refs", b"t", b"3")])
+    store.exchange(reads=[Read("refs", b"t")])
+    hung_postgres.hang()
+    with pytest.raises(MetadataUnavailable) as raised:
+        store.exchange(reads=[Read("refs", b"t")])
+    assert "never answered" not in str(raised.value)
+    hung_postgres.resume()
     store.close()
 
 

@@ -575,18 +575,32 @@ class PostgresMetadataStore(MetadataStore):
                "%s::bytea[], %s::boolean[], %s::text[], %s::bytea[], %s::bytea[], %s::text[], "
                "%s::bytea[], %s::bytea[])")
 
+        unanswered_writes = []
+
         def attempt(conn):
             self.statements += 1
             self.round_trips += 1
             if writes:
                 crashpoints.reached("pg.open")  # nothing sent yet: the exchange is one statement
-            row = conn.execute(sql, params).fetchone()
+            try:
+                row = conn.execute(sql, params).fetchone()
+            except NoAnswer:
+                if writes:
+                    unanswered_writes.append(True)
+                raise
             if writes:
                 crashpoints.reached("pg.commit")
             return row
 
         try:
             applied, schema, keys, vals = self._with_connection(attempt)
+        except MetadataUnavailable as exc:
+            if not unanswered_writes:
+                raise
+            # A write that reached a hung server is still queued there: it may be applied
+            # when the server wakes, after this command has said it failed.
+            raise MetadataUnavailable(f"{exc}; a write was sent and never answered: the server may still "
+                                      "apply it, so look (agentcas log / reflog) before retrying") from None
         except (pg_errors.UndefinedFunction, pg_errors.UndefinedTable):
             self._check_schema()  # names what is missing (no schema, or an older one)
             raise
