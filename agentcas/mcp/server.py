@@ -108,17 +108,35 @@ class _Unanswered:
             self.none_left.set()
 
 
-class _AnswersFirstReader:
+class _StreamWrapper:
+    """One of the SDK's streams, passed through: its attributes (last_context and the rest)
+    and its closing are the wrapped stream's."""
+
+    def __init__(self, inner, unanswered: _Unanswered):
+        self._inner, self._unanswered = inner, unanswered
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+
+class _AnswersFirstReader(_StreamWrapper):
     """The SDK's read stream, whose end waits for the answers to what was read (_Unanswered),
     and which answers a line that is no JSON-RPC message itself, as JSON-RPC 2.0 says: a
     parse error (-32700) or an invalid request (-32600), with a null id (the SDK passed the
     failure on to its loop, which answered nothing: a client waiting for it would hang)."""
 
     def __init__(self, inner, unanswered: _Unanswered, replies):
-        self._inner, self._unanswered, self._replies = inner, unanswered, replies
-
-    def __getattr__(self, name):   # last_context and the rest, as the SDK's stream has them
-        return getattr(self._inner, name)
+        super().__init__(inner, unanswered)
+        self._replies = replies
 
     async def receive(self):
         while True:
@@ -141,15 +159,6 @@ class _AnswersFirstReader:
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise StopAsyncIteration from None
 
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def __aenter__(self):
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.aclose()
-
 
 def _refusal_of_a_line(failure: Exception) -> types.JSONRPCError:
     errors = failure.errors() if callable(getattr(failure, "errors", None)) else []   # pydantic's
@@ -160,27 +169,12 @@ def _refusal_of_a_line(failure: Exception) -> types.JSONRPCError:
     return types.JSONRPCError(jsonrpc="2.0", id=None, error=types.ErrorData(code=code, message=message))
 
 
-class _AnswerCountingWriter:
+class _AnswerCountingWriter(_StreamWrapper):
     """The SDK's write stream, telling _Unanswered of each response it writes."""
-
-    def __init__(self, inner, unanswered: _Unanswered):
-        self._inner, self._unanswered = inner, unanswered
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
 
     async def send(self, item, /) -> None:
         await self._inner.send(item)
         self._unanswered.written(item)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def __aenter__(self):
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.aclose()
 
 
 def serve_stdio(host: ToolHost) -> None:
