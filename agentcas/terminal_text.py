@@ -25,6 +25,11 @@ def _escape(match) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
+def holds_controls(text: str) -> bool:
+    """Whether `text` holds any character `escape_controls` escapes in a one-line field."""
+    return _UNSAFE_IN_A_FIELD.search(text) is not None
+
+
 def escape_controls(text: str, lines: bool = False) -> str:
     """`text` with every control, bidi and separator character and lone surrogate escaped;
     `lines`: newlines and tabs kept (a multi-line report)."""

@@ -89,9 +89,14 @@ def real_prompt(record) -> str | None:
     elif isinstance(content, list):
         if any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content):
             return None
-        text = " ".join(b.get("text", "") if b.get("type") == "text" else f"[{b['type']}]" for b in content
-                        if isinstance(b, dict) and (b.get("type") == "text" and isinstance(b.get("text"), str)
-                                                    or b.get("type") in ATTACHED_BLOCKS))
+        parts = []
+        for block in content:
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "text" and isinstance(block.get("text"), str):
+                parts.append(block["text"])
+            elif kind in ATTACHED_BLOCKS:
+                parts.append(f"[{kind}]")
+        text = " ".join(parts)
     else:
         return None
     stripped = text.strip()

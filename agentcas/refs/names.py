@@ -12,10 +12,10 @@ let it reorder or break the lines that show it (Trojan Source).
 from __future__ import annotations
 
 from agentcas.errors import UsageError
+from agentcas.terminal_text import holds_controls
 
 MAX_THREAD_NAME = 200
-_FORBIDDEN = set(" ~^:?*[\\\x7f") | {chr(c) for c in range(0x80, 0xA0)} \
-    | set("\u061c\u200e\u200f\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+_FORBIDDEN = set(" ~^:?*[\\")
 
 
 class BadThreadName(UsageError):
@@ -38,7 +38,7 @@ def check_thread_name(name: str) -> str:
         bad("'@' alone is reserved")
     if ".." in name or "@{" in name:
         bad("contains '..' or '@{'")
-    if any(ord(c) < 0x20 or c in _FORBIDDEN for c in name):
+    if holds_controls(name) or any(c in _FORBIDDEN for c in name):   # what a terminal would obey, too
         bad("contains a space, control character, bidirectional or line separator character "
             "or one of ~^:?*[\\")
     if name.endswith("/") or name.endswith("."):
