@@ -560,14 +560,18 @@ def gc_explain(ctx, object_id, grace, expire_reflog):
 
 
 def _open_store_checked(ctx):
-    """ctx.store(), but an LMDB file LMDB itself cannot open is corruption (exit 4)."""
-    from agentcas.cas.lmdb_store import StoreUnavailable
-    from agentcas.gc.fsck import StoreCorrupt
+    """ctx.store(), but an LMDB file LMDB itself cannot open, or one whose pages are damaged
+    (so that the store's own records read as missing), is corruption (exit 4)."""
+    from agentcas.cas.lmdb_store import StoreCorrupt, StoreUnavailable
     try:
         return ctx.store()
     except StoreUnavailable as exc:
         if "cannot open store" in str(exc):
             raise StoreCorrupt(f"store database is corrupt: {exc}") from None
+        path = ctx.store_path or os.environ.get("AGENTCAS_STORE")
+        if path and os.path.isfile(os.path.join(path, "data.mdb")):
+            from agentcas.gc.fsck import check_pages
+            check_pages(os.path.abspath(path))
         raise
 
 
@@ -856,6 +860,8 @@ _accept_json_after_the_command(cli)
 
 def main(argv=None) -> int:
     debug = os.environ.get("AGENTCAS_DEBUG") == "1"
+    from agentcas.cas import fatal_signals
+    fatal_signals.arm()  # a damaged store file: one line and exit 4, not a bus error
     try:
         cli.main(args=argv, prog_name="agentcas", standalone_mode=False)
         return 0
@@ -897,8 +903,10 @@ def _system_failure(exc: Exception):
         from agentcas.cas.system_errors import from_os_error
         return from_os_error(exc)
     if type(exc).__module__.startswith("lmdb"):
-        from agentcas.cas.lmdb_store import lmdb_errno
+        from agentcas.cas.lmdb_store import CORRUPTION, corrupt_store, lmdb_errno
         from agentcas.cas.system_errors import from_errno
+        if isinstance(exc, CORRUPTION):
+            return corrupt_store(exc)
         code = lmdb_errno(exc)
         return None if code is None else from_errno(code, "in the store", detail=str(exc))
     return None
