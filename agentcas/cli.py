@@ -127,7 +127,7 @@ def init(ctx, directory):
 @click.option("--thread", default="main", show_default=True)
 @click.option("--rollout", "rollout_file", type=click.Path(dir_okay=False), help="Growing JSONL rollout file; its new tail is appended.")
 @click.option("--expect", metavar="REV", help="Commit only if the thread is at REV (else exit 3).")
-@click.option("--allow-secret", "allow_secrets", multiple=True, metavar="GLOB", help="Store files matching GLOB even if they look like secrets.")
+@click.option("--allow-secret", "allow_secrets", multiple=True, metavar="GLOB", help="Store files matching GLOB even if they look like secrets (':reason': the reason).")
 @pass_ctx
 def commit(ctx, path, reason, thread, rollout_file, expect, allow_secrets):
     """Snapshot the workspace PATH as a checkpoint on a thread."""
@@ -775,12 +775,14 @@ def _transfer_text(verb: str, result: dict, objects: int, size: int) -> str:
 @click.option("--force", is_flag=True, help="Replace the remote thread even if it is not a fast-forward.")
 @click.option("--allow-rollout-secrets", is_flag=True,
               help="Push rollout records even if they look like secrets.")
+@click.option("--allow-secret", "allow_secrets", multiple=True, metavar="GLOB",
+              help="Push file names matching GLOB (':reason': checkpoint reasons) even if they look like secrets.")
 @pass_ctx
-def push(ctx, remote, thread, force, allow_rollout_secrets):
+def push(ctx, remote, thread, force, allow_rollout_secrets, allow_secrets):
     """Send THREAD to REMOTE: only the objects it lacks, then its ref by compare-and-swap."""
     with Progress("push") as progress:
         result = ctx.store().push(remote, thread, force, progress=progress,
-                                  allow_rollout_secrets=allow_rollout_secrets)
+                                  allow_rollout_secrets=allow_rollout_secrets, allow_secrets=allow_secrets)
     ctx.emit(result, _transfer_text("push", result, result["objects_sent"], result["bytes_sent"]))
 
 

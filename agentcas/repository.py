@@ -325,6 +325,8 @@ class Store:
                progress=None) -> dict:
         """Snapshot `workspace` (and the new tail of `rollout_file`) as a checkpoint on `thread`."""
         check_reason(reason)
+        from agentcas.workspace.snapshot import check_reason_secret, snapshot  # lazy: only commit reads a workspace
+        check_reason_secret(reason, allow_secrets)
         check_thread_name(thread)
         expected = self.resolve(expect) if expect else None
         if not os.path.isdir(workspace):
@@ -335,7 +337,6 @@ class Store:
             # Refuse a stale --expect before storing anything; the plan checks again, for a
             # thread that moves while we snapshot.
             self._check_expected(thread, expected, expect)
-        from agentcas.workspace.snapshot import snapshot  # lazy: only commit reads a workspace
         with self._lease(f"commit {thread}", thread) as lease:
             skip = [self.path] if self.path else []
             # A rollout file inside the workspace is stored once, as history, not as a file too.
@@ -814,12 +815,13 @@ class Store:
         return remote, here, LocalStoreEndpoint(other.stores, remote.url)
 
     def push(self, remote: str, thread: str, force: bool = False, progress=None,
-             allow_rollout_secrets: bool = False) -> dict:
+             allow_rollout_secrets: bool = False, allow_secrets=()) -> dict:
         """Send THREAD to the remote: missing objects, then its ref by compare-and-swap.
 
         The rollout segments the remote lacks are scanned for secrets first (refused
-        naming thread, seq and rule unless `allow_rollout_secrets`)."""
-        from agentcas.exchange.secret_scan import refuse_rollout_secrets
+        naming thread, seq and rule unless `allow_rollout_secrets`), and so are the reasons
+        and file names of the checkpoints and trees it sends (unless `allow_secrets` globs)."""
+        from agentcas.exchange.secret_scan import refuse_name_secrets, refuse_rollout_secrets
         from agentcas.exchange.transfer import transfer
         check_thread_name(thread)
         info, here, there = self._remote_endpoints(remote)
@@ -829,6 +831,7 @@ class Store:
                 refuse_rollout_secrets(source, [d for d, kind in objects if kind == framing.KIND_SEGMENT], thread,
                                        "push", "nothing was sent", allow_rollout_secrets,
                                        private_keys_always=False)
+                refuse_name_secrets(source, objects, "push", "nothing was sent", allow_secrets)
 
         result = transfer(here, there, thread, force, "push", f"push from {here.url}", progress,
                           check_outgoing)

@@ -47,7 +47,7 @@ from agentcas.errors import ConflictError, IntegrityError, UsageError
 from agentcas.exchange.bundle_format import (MAGIC, MAX_SIGNATURES, RECORD_HEAD, TRAILER, TRAILER_MAGIC, U32,
                                              BundleCorrupt, Manifest, ManifestFile, ParsedBundle, iter_records,
                                              parse, read_record_value, restamp)
-from agentcas.exchange.secret_scan import is_binary_file, refuse_rollout_secrets
+from agentcas.exchange.secret_scan import is_binary_file, refuse_name_secrets, refuse_rollout_secrets
 from agentcas.lineage import rollout
 from agentcas.lineage.closure import MissingObject, Walker
 from agentcas.refs import threads
@@ -116,6 +116,7 @@ def export_bundle(stores: Stores, checkpoint: Digest, thread: str, out_path: str
         refuse_rollout_secrets(txn, [d for d, kind, _ in records if kind == framing.KIND_SEGMENT], thread,
                                "export", "no bundle was written", allow_rollout_secrets,
                                private_keys_always=True)
+        refuse_name_secrets(txn, records, "export", "no bundle was written", allow_secrets)
         stored = [e for _, e in env.envelopes_for(meta, txn, checkpoint) if e.statement.thread == thread]
         stored.sort(key=lambda e: e.statement.signed_at, reverse=True)
         envelopes = stored[: MAX_SIGNATURES - (1 if key is not None else 0)]  # newest first

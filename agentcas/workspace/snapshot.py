@@ -239,6 +239,7 @@ class Snapshotter:
                     check_name(name)
                 except (UnicodeEncodeError, BadName):
                     raise WorkspaceError(f"file name not allowed in a checkpoint: {rel!r}") from None
+                self._check_name_secret(rel_dir, name, rel)
                 if is_dir:
                     children.append((name, "dir"))
                     stack.append(rel)
@@ -308,6 +309,16 @@ class Snapshotter:
     # -- secrets ------------------------------------------------------------------------------
     def _allowed(self, rel: str) -> bool:
         return any(fnmatch.fnmatchcase(rel, glob) for glob in self.allow_secrets)
+
+    def _check_name_secret(self, rel_dir: str, name: str, rel: str) -> None:
+        """Refuse a file or directory name that looks like a credential (never echoing it)."""
+        from agentcas.workspace import secrets  # lazy: see _store_files
+        finding = secrets.scan_text(name, rel)
+        if finding is not None and not self._allowed(rel):
+            where = f"directory {rel_dir!r}" if rel_dir else "the workspace's top directory"
+            raise SecretFound(f"possible secret ({finding.rule}) in the name of an entry of {where}; nothing was "
+                              f"committed (use --allow-secret with a glob matching its path if it is meant "
+                              "to be stored)")
 
     def _check_secret(self, rel: str, data: bytes, lines_before: int = 0, sniff: bool = True) -> None:
         """Refuse `data` if it holds a secret; `lines_before`: newlines in the file before
@@ -651,6 +662,15 @@ def _read_into(handle, buffer: memoryview) -> int:
 
 def _mode(st: os.stat_result) -> int:
     return MODE_EXEC if st.st_mode & 0o100 else MODE_FILE
+
+
+def check_reason_secret(reason: str, allow_secrets=()) -> None:
+    """Refuse a commit reason that looks like a credential, unless a glob allows ':reason'."""
+    from agentcas.workspace import secrets
+    finding = secrets.scan_text(reason, secrets.REASON)
+    if finding is not None and not any(fnmatch.fnmatchcase(secrets.REASON, glob) for glob in allow_secrets):
+        raise SecretFound(f"possible secret ({finding.rule}) in the commit reason; nothing was committed "
+                          f"(use --allow-secret '{secrets.REASON}' if it is meant to be stored)")
 
 
 def snapshot(objects: ObjectSource, local: ObjectStore, root: str, allow_secrets=(), progress=None,
