@@ -298,7 +298,15 @@ class ToolHost:
         path = self._inside_workspace(workspace if workspace is not None else self.workspace_root, "workspace")
         if not isinstance(reason, str):
             raise ToolError("reason must be a string")
-        result = self.store.commit(path, reason, thread)
+        from agentcas.workspace.snapshot import SecretFound
+        try:
+            result = self.store.commit(path, reason, thread)
+        except SecretFound as exc:
+            # The agent cannot pass --allow-secret: say what it and its host can do.
+            raise ToolError(f"{exc.finding}; nothing was committed. Remove the secret (or reword the reason) "
+                            "and call create_checkpoint again, or ask the host to add the file to "
+                            ".agentcasignore or to commit it itself with `agentcas commit --allow-secret "
+                            f"{exc.allow}`") from None
         text, cut = preview(reason, REASON_PREVIEW_CHARS)
         return {"checkpoint_id": result["checkpoint"], "thread": thread, "history_seq": result["history"]["seq"],
                 "reason_preview": text, "reason_truncated": cut, "parents": result["parents"],
@@ -488,6 +496,12 @@ class ToolHost:
         if os.path.lexists(target):
             raise ToolError("dest exists: restore writes only into a new directory")
         result = self.store.checkout(full, target)
+        from agentcas.workspace.snapshot import RESTORED_MARKER
+        with open(os.path.join(target, RESTORED_MARKER), "w") as marker:
+            # Inside the workspace, so later checkpoints would store the copy: this file leaves
+            # the directory out of them (delete it to have the copy checkpointed).
+            marker.write(f"restored from checkpoint {full}; agentcas leaves this directory out of "
+                         "checkpoints while this file is here\n")
         return {"performed": True, "status": "restored", "message": "files written; effects not undone",
                 "host_command": command, "open_effects": open_effects,
                 "result": {"checkpoint_id": full, "files": result["files"]}, "note": RESTORE_NOTE}

@@ -78,12 +78,27 @@ _DECODED_ROWS: dict = {}
 _DECODED_ROWS_MAX = 200_000
 
 
+# A directory holding this file is a restored copy of a checkpoint (the MCP server's
+# restore_checkpoint writes one into the agent's workspace): it is left out of snapshots,
+# or the next checkpoint would store the restored copy beside the files it came from.
+RESTORED_MARKER = ".agentcas-restored"
+
+
 class WorkspaceError(AgentcasError):
     """The workspace holds something agentcas will not snapshot."""
 
 
 class SecretFound(AgentcasError):
-    """A file looks like it holds a credential."""
+    """A file (its bytes or its name) or the reason looks like it holds a credential.
+
+    `finding` says where (never the secret), `allow` the --allow-secret argument that
+    would let it be stored; a caller that cannot pass that flag (an MCP agent) words its
+    own advice from them.
+    """
+
+    def __init__(self, finding: str, allow: str):
+        self.finding, self.allow = finding, allow
+        super().__init__(f"{finding}; nothing was committed (use --allow-secret {allow} if it is meant to be stored)")
 
 
 class FileChanged(AgentcasError):
@@ -228,7 +243,8 @@ class Snapshotter:
                 # whose name could not be stored.
                 # entry.path is already canonical: the root is a real path and the walk
                 # never enters a symlink (realpath here cost O(depth) lstats per entry).
-                if is_dir and (name == ".agentcas" or entry.path in self.skip_dirs):
+                if is_dir and (name == ".agentcas" or entry.path in self.skip_dirs
+                               or os.path.isfile(os.path.join(entry.path, RESTORED_MARKER))):
                     continue
                 if self._ignored(rel, is_dir):
                     continue
@@ -316,9 +332,8 @@ class Snapshotter:
         finding = secrets.scan_text(name, rel)
         if finding is not None and not self._allowed(rel):
             where = f"directory {rel_dir!r}" if rel_dir else "the workspace's top directory"
-            raise SecretFound(f"possible secret ({finding.rule}) in the name of an entry of {where}; nothing was "
-                              f"committed (use --allow-secret with a glob matching its path if it is meant "
-                              "to be stored)")
+            raise SecretFound(f"possible secret ({finding.rule}) in the name of an entry of {where}",
+                              "with a glob matching its path")
 
     def _check_secret(self, rel: str, data: bytes, lines_before: int = 0, sniff: bool = True) -> None:
         """Refuse `data` if it holds a secret; `lines_before`: newlines in the file before
@@ -331,9 +346,8 @@ class Snapshotter:
             self.allowed_secrets.add(rel)
             return
         if finding is not None:
-            raise SecretFound(
-                f"possible secret ({finding.rule}) in {finding.path} line {finding.line + lines_before}; nothing "
-                f"was committed (use --allow-secret '{finding.path}' if it is meant to be stored)")
+            raise SecretFound(f"possible secret ({finding.rule}) in {finding.path} line {finding.line + lines_before}",
+                              f"'{finding.path}'")
 
     def _scan_file(self, item: FileItem) -> None:
         try:
@@ -669,8 +683,7 @@ def check_reason_secret(reason: str, allow_secrets=()) -> None:
     from agentcas.workspace import secrets
     finding = secrets.scan_text(reason, secrets.REASON)
     if finding is not None and not any(fnmatch.fnmatchcase(secrets.REASON, glob) for glob in allow_secrets):
-        raise SecretFound(f"possible secret ({finding.rule}) in the commit reason; nothing was committed "
-                          f"(use --allow-secret '{secrets.REASON}' if it is meant to be stored)")
+        raise SecretFound(f"possible secret ({finding.rule}) in the commit reason", f"'{secrets.REASON}'")
 
 
 def snapshot(objects: ObjectSource, local: ObjectStore, root: str, allow_secrets=(), progress=None,
