@@ -155,6 +155,52 @@ MUTATIONS = {
            ["            pass\n"],
            ["tests/test_gc_markset.py::test_markset_spills_past_its_budget_and_finds_every_id_in_both_tables",
             "tests/test_gc_markset.py::test_gc_with_a_tiny_memory_budget_deletes_exactly_the_garbage_on_lmdb"]),
+    # A damaged store file (cas/lmdb_pages.py, cas/fatal_signals.py): fsck checks the data
+    # file's pages before LMDB reads them; other commands meet a SIGBUS with one line.
+    "P0": ("agentcas/gc/fsck.py", ["        check_pages(stores.path)\n"], ["        pass\n"],
+           ["tests/test_lmdb_pages.py::test_a_page_past_the_end_of_a_truncated_file_is_reported"]),
+    "P1": ("agentcas/cas/lmdb_pages.py",
+           ["    if offsets and (min(offsets) < upper or max(offsets) > page_size - NODE_HEADER):"],
+           ["    if False:"],
+           ["tests/test_lmdb_pages.py::test_every_byte_of_a_node_offset_is_checked"]),
+    "F1": ("agentcas/cas/fatal_signals.py", ["    if _armed:\n        _install()\n"], ["    pass\n"],
+           ["tests/test_lmdb_pages.py::test_other_commands_meeting_a_damaged_page_end_with_a_line_pointing_to_fsck"]),
+    "C1": ("agentcas/cli.py", ["        if isinstance(exc, CORRUPTION):\n            return corrupt_store(exc)\n"],
+           [""], ["tests/test_lmdb_pages.py::test_an_lmdb_corruption_error_is_an_integrity_error_with_one_line"]),
+    # Whole or nothing on a full disk: init's lock file written out first; keygen's cleanup.
+    "K1": ("agentcas/cas/lmdb_store.py", ["                _allocate_lock_file(self.path)\n"], [""],
+           ["tests/test_system_errors.py::test_init_on_a_full_disk_is_whole_or_nothing"]),
+    "K2": ("agentcas/signing/keys.py", ["                os.rmdir(directory)\n"], ["                pass\n"],
+           ["tests/test_system_errors.py::test_keygen_on_a_full_disk_names_the_file_and_leaves_nothing"]),
+    # Secrets: decoded JSON strings, reasons and names; the shipped window overlap.
+    "J1": ("agentcas/exchange/secret_scan.py", ["    if any(escape in raw for escape in _HIDING_ESCAPES):"],
+           ["    if False:"], ["tests/test_secret_scan.py::test_json_escapes_do_not_hide_a_secret_from_the_rollout_scan"]),
+    "N1": ("agentcas/workspace/snapshot.py", ["                self._check_name_secret(rel_dir, name, rel)\n"], [""],
+           ["tests/test_secret_scan.py::test_a_secret_in_a_file_name_is_refused_at_commit_and_at_export"]),
+    "N2": ("agentcas/repository.py", ["        check_reason_secret(reason, allow_secrets)\n"], [""],
+           ["tests/test_secret_scan.py::test_a_secret_in_a_commit_reason_is_refused_at_commit_and_at_export_and_push"]),
+    "N3": ("agentcas/exchange/bundle.py",
+           ["        refuse_name_secrets(txn, records, \"export\", \"no bundle was written\", allow_secrets)\n"], [""],
+           ["tests/test_secret_scan.py::test_a_secret_in_a_commit_reason_is_refused_at_commit_and_at_export_and_push",
+            "tests/test_secret_scan.py::test_a_secret_in_a_file_name_is_refused_at_commit_and_at_export"]),
+    "W1": ("agentcas/workspace/secrets.py", ["SCAN_OVERLAP = 64 * 1024"], ["SCAN_OVERLAP = 512"],
+           ["tests/test_secret_scan.py::test_the_shipped_window_overlap_finds_a_long_secret_straddling_two_windows"]),
+    # MCP: the echo of an unknown method, restored copies, cursors bound to their target.
+    "M1": ("agentcas/mcp/server.py", ["        item = _bounded_echo(item)\n"], [""],
+           ["tests/test_mcp.py::test_an_unknown_method_is_answered_without_echoing_its_whole_name"]),
+    "M2": ("agentcas/workspace/snapshot.py",
+           ["                               or os.path.isfile(os.path.join(entry.path, RESTORED_MARKER))):"],
+           ["                               ):"],
+           ["tests/test_mcp.py::test_a_restored_copy_inside_the_workspace_is_left_out_of_later_checkpoints"]),
+    "M3": ("agentcas/mcp/tools.py", ["        if doc[0] != tool or doc[1] != key:"], ["        if doc[0] != tool:"],
+           ["tests/test_mcp.py::test_a_cursor_issued_for_one_thread_or_checkpoint_is_refused_for_another"]),
+    # Terminal text: CR, VT and FF escaped in reports too; LangGraph string versions.
+    "T1": ("agentcas/terminal_text.py", ['_UNSAFE_IN_LINES = re.compile(f"[\\x00-\\x08\\x0b-\\x1f{_UNSAFE}]")'],
+           ['_UNSAFE_IN_LINES = re.compile(f"[\\x00-\\x08\\x0e-\\x1f{_UNSAFE}]")'],
+           ["tests/test_terminal_text.py::test_carriage_return_vertical_tab_and_form_feed_are_escaped_like_other_controls"]),
+    "V1": ("agentcas/langgraph/saver.py",
+           ["        if isinstance(current, str):\n            return int(current.split(\".\")[0]) + 1\n"], [""],
+           ["tests/test_langgraph_saver.py::test_next_version_continues_the_counter_of_another_savers_string_version"]),
 }
 
 

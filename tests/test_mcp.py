@@ -528,3 +528,28 @@ def test_create_checkpoint_refused_for_a_secret_says_what_the_agent_and_host_can
     assert "possible secret (GitHub token) in env.sh line 1; nothing was committed" in text
     assert "use --allow-secret" not in text  # a flag the agent cannot pass
     assert "ask the host" in text and "agentcas commit --allow-secret 'env.sh'" in text
+
+
+def test_a_cursor_issued_for_one_thread_or_checkpoint_is_refused_for_another(store_dir, workspace, thread_of,
+                                                                            store):
+    """A cursor names its tool and target: on another thread it would start that thread's
+    walk at a checkpoint of the first one (outside what the agent asked for)."""
+    thread_of(3, "main")
+    other = thread_of(3, "side")
+    for i in range(5):
+        (workspace / "memory" / f"n{i}.md").write_text(str(i))
+    one = store.commit(str(workspace), "files")["checkpoint"]
+    two = store.commit(str(workspace), "more files")["checkpoint"]
+
+    async def body(s):
+        page = await ok(s, "list_checkpoints", thread="main", limit=1)
+        files = await ok(s, "inspect_checkpoint", checkpoint_id=one, limit=2)
+        return (page, files,
+                await refused(s, "list_checkpoints", thread="side", limit=1, cursor=page["next_cursor"]),
+                await refused(s, "inspect_checkpoint", checkpoint_id=two, limit=2,
+                              cursor=files["files_page"]["next_cursor"]))
+    page, files, wrong_thread, wrong_checkpoint = drive(store_dir, workspace, body, "--thread", "*")
+    assert page["has_more"] and files["files_page"]["truncated"]
+    assert "cursor belongs to another list_checkpoints call, not to this one" in wrong_thread
+    assert "cursor belongs to another inspect_checkpoint call, not to this one" in wrong_checkpoint
+    assert other  # the side thread exists: the refusal is the cursor's, not the thread's

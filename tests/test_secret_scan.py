@@ -183,3 +183,27 @@ def test_a_secret_in_a_file_name_is_refused_at_commit_and_at_export(tmp_path):
     assert result.code == 4 and "an entry name in tree" in result.err and TOKEN not in result.err, result
     assert not bundle.exists()
     assert run_cli("export", "main", "-o", bundle, "--allow-secret", "ghp_*", store=store).code == 0
+
+
+def test_the_shipped_window_overlap_finds_a_long_secret_straddling_two_windows():
+    """A file is scanned in windows of SCAN_WINDOW bytes that overlap by SCAN_OVERLAP: a
+    secret cut by the first window's end one byte before it would match is found whole in
+    the second, with the shipped constants (no test override): private key blocks whose
+    header has a few words or many (1,027 characters; no prefix of one matches a rule)."""
+    from agentcas.workspace import secrets
+    for secret, rule in ((b"-----BEGIN ENCRYPTED PRIVATE KEY-----", "private key block"),
+                         (b"-----BEGIN " + b"RSA4096 " * 125 + b"PRIVATE KEY-----", "private key block")):
+        assert secrets.scan(secret, "t", sniff=False).rule == rule
+        assert secrets.scan(secret[:-1], "t", sniff=False) is None
+        cut = secrets.SCAN_WINDOW - len(secret) + 1  # the first window ends one byte short of it
+        data = b"x" * (cut - 1) + b"\n" + secret + b"\n" + b"y" * 1000
+        found = []
+        windows = secrets.WindowScan(lambda window, lines: found.extend(
+            (lines + line + 1, rule) for line, rule in findings_in(window)))
+        piece = 1 << 20
+        released = []
+        for start in range(0, len(data), piece):
+            released += windows.feed(data[start:start + piece])
+        released += windows.finish()
+        assert b"".join(released) == data
+        assert found == [(2, rule)], (rule, found)
