@@ -201,6 +201,9 @@ MUTATIONS = {
     "V1": ("agentcas/langgraph/saver.py",
            ["        if isinstance(current, str):\n            return int(current.split(\".\")[0]) + 1\n"], [""],
            ["tests/test_langgraph_saver.py::test_next_version_continues_the_counter_of_another_savers_string_version"]),
+    "Sg": ("agentcas/gc/fsck.py", ["            elif not self.source.has(Digest(key[32:64])):\n"],
+           ["            elif False:\n"],
+           ["tests/test_fsck.py::test_fsck_reports_a_signature_listed_but_not_stored"]),
 }
 
 
