@@ -204,6 +204,10 @@ MUTATIONS = {
     "Sg": ("agentcas/gc/fsck.py", ["            elif not self.source.has(Digest(key[32:64])):\n"],
            ["            elif False:\n"],
            ["tests/test_fsck.py::test_fsck_reports_a_signature_listed_but_not_stored"]),
+    "Hv": ("agentcas/lineage/rollout.py",
+           ["        if (seq, offset, digest) != (head.seq, head.offset, head.digest):\n"], ["        if False:\n"],
+           ["tests/test_rollout.py::test_history_verify_refuses_a_head_position_that_lies_about_its_prefix[digest]",
+            "tests/test_rollout.py::test_history_verify_refuses_a_head_position_that_lies_about_its_prefix[seq]"]),
 }
 
 
