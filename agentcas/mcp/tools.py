@@ -306,7 +306,7 @@ class ToolHost:
             raise ToolError(f"{exc.finding}; nothing was committed. Remove the secret (or reword the reason) "
                             "and call create_checkpoint again, or ask the host to add the file to "
                             ".agentcasignore or to commit it itself with `agentcas commit --allow-secret "
-                            f"{exc.allow}`") from None
+                            f"{exc.allow or 'GLOB'}`") from None
         text, cut = preview(reason, REASON_PREVIEW_CHARS)
         return {"checkpoint_id": result["checkpoint"], "thread": thread, "history_seq": result["history"]["seq"],
                 "reason_preview": text, "reason_truncated": cut, "parents": result["parents"],

@@ -96,9 +96,10 @@ class SecretFound(AgentcasError):
     own advice from them.
     """
 
-    def __init__(self, finding: str, allow: str):
+    def __init__(self, finding: str, allow: str | None = None):
         self.finding, self.allow = finding, allow
-        super().__init__(f"{finding}; nothing was committed (use --allow-secret {allow} if it is meant to be stored)")
+        super().__init__(f"{finding}; nothing was committed (use --allow-secret {allow} if it is meant to be "
+                         "stored)" if allow else finding)
 
 
 class FileChanged(AgentcasError):
