@@ -10,7 +10,6 @@ independent of agentcas.cas.lmdb_pages, which they test.
 from __future__ import annotations
 
 import os
-import shutil
 import struct
 
 import lmdb
