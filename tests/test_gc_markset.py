@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import run_cli
-from test_gc import all_keys, closure_of_threads, later, records, write_files
+from support.gc_stores import all_keys, closure_of_threads, later, records, write_files
 
 from agentcas import Store
 from agentcas.gc import markset

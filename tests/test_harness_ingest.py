@@ -13,7 +13,7 @@ import time
 
 import pytest
 from conftest import AGENTCAS
-from harness_samples import ClaudeSession, CodexSession, dumps
+from support.harness_samples import ClaudeSession, CodexSession, dumps
 
 from agentcas import Store
 from agentcas.harnesses.ingest import Ingest

@@ -18,7 +18,7 @@ import time
 
 import pytest
 from conftest import AGENTCAS
-from harness_samples import ClaudeSession, CodexSession
+from support.harness_samples import ClaudeSession, CodexSession
 
 from agentcas import Store
 from agentcas.harnesses import ingest, packing_workers

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from harness_samples import ClaudeSession, CodexSession
+from support.harness_samples import ClaudeSession, CodexSession
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from agentcas import Store

@@ -31,6 +31,7 @@ from langgraph.types import Command, interrupt  # noqa: E402
 
 from agentcas import Store  # noqa: E402
 from agentcas.langgraph import AgentcasSaver, CorruptCheckpoint, thread_name  # noqa: E402
+from support.ciphers import AesGcm  # noqa: E402
 
 
 def chat_graph(saver):
@@ -214,18 +215,6 @@ def test_a_list_that_does_not_extend_its_parent_is_stored_whole(saver):
     assert got == {a: [1, 2, 3], b: [1, 2, 3, 4], c: [9, 2], d: [9, 2, 5]}
 
 
-class AesGcm(CipherProtocol):
-    def __init__(self, key: bytes):
-        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-        self.aead = AESGCM(key)
-
-    def encrypt(self, plaintext: bytes) -> tuple[str, bytes]:
-        nonce = os.urandom(12)
-        return "aesgcm", nonce + self.aead.encrypt(nonce, plaintext, None)
-
-    def decrypt(self, ciphername: str, ciphertext: bytes) -> bytes:
-        assert ciphername == "aesgcm"
-        return self.aead.decrypt(ciphertext[:12], ciphertext[12:], None)
 
 
 def test_encrypted_serializer_round_trips(tmp_path):
@@ -633,7 +622,7 @@ def test_sigkill_inside_the_final_transaction_keeps_the_old_checkpoint(tmp_path)
         assert saver.get_tuple(config("k")) is not None
 
 
-# Issue 14: the crash walk of a put. Each scenario builds a base store, counts the durable steps
+# The crash walk of a put. Each scenario builds a base store, counts the durable steps
 # (cas/crashpoints.py) of one saver call in a forked child, then for every step N: copies the
 # base, runs the call in a child killed (SIGKILL) at step N, and checks that the thread's refs
 # are exactly the old ones or the newest checkpoint is the new one, that fsck is clean, and that
@@ -853,7 +842,7 @@ def test_an_async_put_waiting_on_a_hung_server_leaves_the_event_loop_running(tmp
     """aput on a shared store whose PostgreSQL stops answering: while the put waits for the
     server, the event loop goes on running other tasks (a ticker counts its turns during the
     put), and the put lands once the server answers again."""
-    from services import PostgresServer
+    from support.services import PostgresServer
     server = PostgresServer()
     try:
         for name, value in server.env().items():

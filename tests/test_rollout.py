@@ -347,7 +347,7 @@ def test_reads_load_segments_proportional_to_records_read_plus_log_n(monkeypatch
 def test_appends_load_log_n_segments(monkeypatch):
     """Linking segment n walks to its skip target in at most ceil(log2 n) + 2 segment loads,
     for every n up to 1100 (measured: at most ceil(log2 n) + 1). An off-by-one in the skip
-    walk (ancestor_at_index taking `skip_at > index`) costs 40 loads at n = 1025 (issue 15)."""
+    walk (ancestor_at_index taking `skip_at > index`) costs 40 loads at n = 1025."""
     store = Store.memory()
     loads = SegmentLoads(monkeypatch)
     head, over = EMPTY_POSITION, []

@@ -1,4 +1,4 @@
-"""Rollout records are scanned for credentials when history leaves the store (issue 14, 5).
+"""Rollout records are scanned for credentials when history leaves the store.
 
 `export` and `push` refuse a record that looks like a secret, naming thread, seq and rule
 but never the secret, unless --allow-rollout-secrets; `scan REV` reports files and history.
@@ -105,7 +105,7 @@ def test_scan_of_a_clean_checkpoint(tmp_path):
     result = run_cli("--json", "scan", "main", store=store)
     assert result.code == 0, result
     assert result.json()["clean"] and result.json()["records"] == 2
-    assert run_cli("scan", "main", "--json", store=store).json() == result.json()  # as in the issue
+    assert run_cli("scan", "main", "--json", store=store).json() == result.json()
 
 
 def test_findings_name_every_line_in_order_whatever_the_rule_order():

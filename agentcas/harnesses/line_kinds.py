@@ -9,7 +9,7 @@ faster than orjson on Codex logs), and a line that is not ASCII is checked to be
 `parse_line`'s own answer, so the two never disagree: msgspec refuses some lines that
 `parse_line` accepts (a lone surrogate escape, a number out of its range, nesting deeper
 than its limit, a `payload` that is not an object), never the other way round
-(tests/test_harness_records.py). `classify_lines` is `line_kind` of every line of a file
+(tests/test_harness_line_kinds.py). `classify_lines` is `line_kind` of every line of a file
 (what ingest calls): one msgspec call for a file of compact objects, else one loop, with the
 UTF-8 check made once for the whole file. A module of its own because importing msgspec costs
 ~50 ms, which an ingest with nothing new to read does not pay.

@@ -4,7 +4,7 @@ A blob store holds framed objects (cas/framing.py: header, then raw or zstd byte
 nothing else. It has no transactions: every operation is idempotent, an object is
 written only if absent (create-if-absent), and a reader that finds a key gets the
 bytes that were first written under it. It does not verify: callers read objects
-through `cas.objects_source.ObjectSource`, which checks every value against its id.
+through `cas.source.ObjectSource`, which checks every value against its id.
 Backends: memory.py, ../lmdb_store.py (in the store's one LMDB environment), s3.py.
 """
 

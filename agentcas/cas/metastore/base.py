@@ -1,7 +1,7 @@
 """The metadata-store interface: small mutable tables in atomic transactions.
 
 Tables (names below): `meta` (format record, counters), `refs` (threads/NAME), `reflog`,
-`leases` (writers in progress, see gc/leases.py), `trust`, `remotes`, `signatures`
+`leases` (writers in progress, see cas/leases.py), `trust`, `remotes`, `signatures`
 (checkpoint || signature id -> nothing: an index), `imports`. Keys and values are
 bytes; values of every table are sealed by the layer that owns them (cas/sealed.py).
 

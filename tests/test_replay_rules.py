@@ -1,4 +1,4 @@
-"""Held-out-style acceptance of issue 9's replay half, through the real CLI.
+"""Replay by the harnesses' resume rules, through the real CLI.
 
 Every session here is written by this file's own builders (`Rollout`, `Transcript`) from
 ../shared/background/agent-logs.md and the harnesses' source it cites, not by the repo's
@@ -695,7 +695,7 @@ def test_at_zero_and_at_beyond_the_end(store_dir, tmp_path):
 
 
 def test_format_that_contradicts_the_thread_is_refused(store_dir, tmp_path):
-    """`--format` names the format of a history that is neither (issue 9); one the thread is
+    """`--format` names the format of a history that is neither; one the thread is
     positively not would print a replay the harness never builds (a Claude chain of a Codex
     rollout is empty, a Codex replay of a transcript has no items): a usage error instead (exit
     2, DESIGN.md CLI contract), as for an `--at` the history does not have."""
