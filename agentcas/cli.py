@@ -29,7 +29,7 @@ class Context:
         self.as_json = as_json
         self.refs = refs or os.environ.get("AGENTCAS_REFS") or None
         self.refs_flag = refs  # given on the command line ($AGENTCAS_REFS may be set for a whole shell)
-        self._store = None
+        self._store: Store | None = None
 
     def check_refs(self, path: str) -> None:
         """`--refs` names the refs of an s3:// store; given with a directory store it would

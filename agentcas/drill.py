@@ -114,7 +114,7 @@ class SumOfSquaresAgent:
         state = self.state()
         self._record({"type": "turn", "event": "start", "next_i": state["next_i"],
                       "partial_sum": state["partial_sum"]})
-        done = []
+        done: list = []
         while state["next_i"] <= n and (max_steps is None or len(done) < max_steps):
             i = state["next_i"]
             state = {"next_i": i + 1, "partial_sum": state["partial_sum"] + i * i}

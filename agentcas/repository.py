@@ -286,9 +286,9 @@ class Store:
     def log(self, thread: str | None = None, limit: int | None = None) -> list[dict]:
         """Checkpoints newest first along first parents from a thread (or revision)."""
         thread = thread or "main"
-        out = []
+        out: list[dict] = []
         with self.meta.reader() as txn:
-            digest = revisions.resolve(txn, self.source, thread)
+            digest: Digest | None = revisions.resolve(txn, self.source, thread)
         with self.source.reading() as objects:
             while digest is not None and (limit is None or len(out) < limit):
                 cp = revisions.load_checkpoint(objects, digest)
@@ -357,7 +357,8 @@ class Store:
                                         f"{current.hex() if current else 'nothing'}, not at {expect!r}; "
                                         "nothing was committed")
                 history = EMPTY_POSITION if state is None else state.history
-                appended, new_objects = 0, {}
+                appended = 0
+                new_objects: dict[bytes, bytes] = {}
                 if tail is not None:
                     prepared, based_on = tail
                     if history != based_on:
@@ -391,6 +392,7 @@ class Store:
                 tree, stats, needed = snapshot(self.source, self.stores.local, workspace, allow_secrets,
                                                progress, skip, skip_files, lease, known)
                 _, move = move_thread(self.stores, lease, thread, plan)
+        assert move is not None and isinstance(move.result, tuple)  # a commit always moves its thread
         digest, cp, appended = move.result
         return {"checkpoint": digest.hex(), "tree": tree.hex(), "thread": thread,
                 "parents": [p.hex() for p in cp.parents], "history": cp.history.to_doc(),
@@ -432,8 +434,10 @@ class Store:
 
             state, move = move_thread(self.stores, lease, thread, plan)
         if move is None:
+            assert state is not None  # no move only when the thread exists and nothing was new
             return {"thread": thread, "appended": 0, "first_seq": state.history.seq,
                     "history": state.history.to_doc()}
+        assert isinstance(move.result, tuple)
         base, head = move.result
         return {"thread": thread, "appended": head.seq - base.seq, "first_seq": base.seq,
                 "history": head.to_doc()}
@@ -602,7 +606,7 @@ class Store:
         roots = []
         for row in rows:
             parent = row["forked_from"]["thread"] if row["forked_from"] else None
-            if parent in by_name and parent != row["thread"]:
+            if parent is not None and parent in by_name and parent != row["thread"]:
                 children.setdefault(parent, []).append(row["thread"])
             else:
                 roots.append(row["thread"])
@@ -901,6 +905,7 @@ class Store:
             if existing is None:
                 raise NotFound(f"no effect {effect_id!r} in the history of thread {thread!r}; "
                                "nothing was written")
+            assert effect_id is not None  # `change` means an --id was given
             record = effects.state_change(effect_id, state, utc_now())
         else:
             missing = [f"--{n}" for n, v in (("kind", kind), ("target", target), ("rollback", rollback))
@@ -911,6 +916,7 @@ class Store:
             if existing is not None:
                 raise ConflictError(f"effect {effect_id!r} already exists in thread {thread!r} (to record a "
                                     "new state give only --id and --state); nothing was written")
+            assert kind is not None and target is not None and rollback is not None  # checked above
             record = effects.new_effect(effect_id or effects.new_effect_id(), kind, target, state, rollback,
                                         provider, operation, utc_now())
         guard = None if effect_id is None else self._effect_guard(thread, effect_id, read_at)
@@ -1144,7 +1150,9 @@ def _source_state(txn: Txn, objects: ObjectSource, source: str) -> tuple[History
             return state.history, state.checkpoint, source
     entry = _reflog_state(txn, objects, source)
     if entry is not None:
-        return entry.history, entry.checkpoint, _REFLOG_REV.match(source).group(1)
+        named = _REFLOG_REV.match(source)
+        assert named is not None  # a reflog state was found for it
+        return entry.history, entry.checkpoint, named.group(1)
     digest = revisions.resolve(txn, objects, source)
     cp = revisions.load_checkpoint(objects, digest)
     return cp.history, digest, cp.thread
@@ -1152,7 +1160,8 @@ def _source_state(txn: Txn, objects: ObjectSource, source: str) -> tuple[History
 
 def _fork_ancestry(txn: Txn, name: str) -> set[str]:
     """`name` and the threads it was forked from, transitively (those that still exist)."""
-    names, current = set(), name
+    names: set[str] = set()
+    current: str | None = name
     while current is not None and current not in names and _is_name(current):
         names.add(current)
         state = threads.read_thread(txn, current)

@@ -338,7 +338,7 @@ class Lease:
         raise LeaseExpired(f"this {self.what} took longer than its lease ({LEASE_SECONDS:.0f} s) "
                            "and a gc may have run meanwhile; nothing was changed, retry")
 
-    def expect(self) -> tuple[str, bytes, bytes]:
+    def expect(self) -> tuple[str, bytes, bytes | None]:
         """The exchange expectation that this lease is still held as written (gc drops a
         lease it judged dead, so a vanished or changed row means it may have swept)."""
         return "leases", self.key, self.value

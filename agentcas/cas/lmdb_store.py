@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from typing import Any
 from contextlib import contextmanager
 
 import lmdb
@@ -241,7 +242,7 @@ class LmdbObjectStore(ObjectStore):
         self._gate = _ResizeGate()
         self.env = self._open_env(create)
         self.env.reader_check()
-        self.dbs = {}
+        self.dbs: dict[str, Any] = {}  # table -> its handle (None: a table newer than a read-only store)
         if self.readonly:
             # Not inside an explicit read transaction: handles opened there die with it
             # (every later get() fails with EINVAL); py-lmdb's own transaction keeps them.
@@ -315,7 +316,7 @@ class LmdbObjectStore(ObjectStore):
         while True:
             with self._gate.shared():
                 try:
-                    txn = self.env.begin(buffers=buffers)
+                    txn = self.env.begin(buffers=buffers)  # type: ignore[call-overload]  # the stubs miss `buffers`
                 except lmdb.MapResizedError:
                     txn = None  # another process grew the map: adopt its size, then retry
                 except lmdb.Error as exc:

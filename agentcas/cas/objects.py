@@ -13,6 +13,7 @@ read in (its `format`), so re-encoding a stored object always gives back its id.
 from __future__ import annotations
 
 import re
+from collections.abc import Set
 from dataclasses import dataclass, field
 
 from agentcas.cas import encoding, framing, packed
@@ -51,7 +52,7 @@ def _int(value, what: str, low: int = 0) -> int:
     return value
 
 
-def _keys(doc, required: set, optional: set = frozenset(), what: str = "object") -> None:
+def _keys(doc, required: set, optional: Set[str] = frozenset(), what: str = "object") -> None:
     if not isinstance(doc, dict):
         raise InvalidObject(f"{what} must be a JSON object")
     missing = required - doc.keys()

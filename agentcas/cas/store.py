@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Callable, Iterator, TypeVar
 
 from agentcas.cas import framing
@@ -49,7 +49,7 @@ class ObjectStore(ABC):
     url: str
 
     @abstractmethod
-    def reader(self, buffers: bool = False) -> "contextmanager[Txn]":
+    def reader(self, buffers: bool = False) -> AbstractContextManager[Txn]:
         """A consistent read-only snapshot.
 
         With `buffers=True`, values may be memoryviews into the store that are valid
@@ -111,7 +111,7 @@ class MemoryObjectStore(ObjectStore):
 
     def __init__(self) -> None:
         self.url = "memory://"
-        self._tables = {name: {} for name in TABLES}
+        self._tables: dict[str, dict] = {name: {} for name in TABLES}
         self._lock = threading.RLock()
 
     @contextmanager

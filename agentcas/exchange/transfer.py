@@ -288,7 +288,7 @@ def transfer(source: Endpoint, target: Endpoint, thread: str, force: bool = Fals
         if problem:
             raise NotFastForward(f"not a fast-forward of thread {thread!r} at {target.url}: "
                                  f"{problem}; nothing was changed (use --force to replace it)")
-    missing = []
+    missing: list[Digest] = []
     for start in range(0, len(needed), HAS_MANY_BATCH):
         batch = [digest for digest, _ in needed[start:start + HAS_MANY_BATCH]]
         present = target.has_many(batch)

@@ -11,6 +11,7 @@ the one reported, so a chunk shared by several threads is explained by one of th
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest
@@ -66,7 +67,7 @@ def explain(stores: Stores, text: str, now: float | None = None, grace: int = DE
         target = resolve_object(objects, text)
         value = objects.raw(target)
         kind, _, _, written_at = framing.read_header(value)
-        doc = {"object": target.hex(), "kind": framing.KIND_NAMES[kind], "written_at": written_at,
+        doc: dict[str, Any] = {"object": target.hex(), "kind": framing.KIND_NAMES[kind], "written_at": written_at,
                "size": len(value), "alive": False, "root": None, "path": [], "notes": []}
         parents: dict[bytes, tuple] = {}
         walker = MarkWalker(objects)

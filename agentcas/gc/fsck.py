@@ -27,6 +27,8 @@ corrupt" (exit 4).
 
 from __future__ import annotations
 
+from typing import Any
+
 import lmdb
 
 from agentcas.cas import encoding, framing
@@ -159,6 +161,8 @@ class Fsck:
         """A `signatures` row must list an envelope over the checkpoint its key names."""
         try:
             data = load_object(self.source, Digest(key[32:64]), framing.KIND_SIGNATURE)
+            if data is None:
+                return  # a missing envelope is reported by the object pass
             # Only the checkpoint id is read (signing/ sits above gc/; it decodes the rest).
             named = Digest.parse(encoding.decode(data)["statement"]["checkpoint"]).raw
         except lmdb.Error:
@@ -214,7 +218,7 @@ class Fsck:
                 digest = Digest(raw)
                 verify_object(kind, digest, data)
                 decoder = DECODERS.get(kind)
-                obj = decoder(data) if decoder else None
+                obj: Any = decoder(data) if decoder else None
                 if kind == framing.KIND_SEGMENT:
                     self.check_segment(digest, obj)
                 elif kind == framing.KIND_CHECKPOINT:

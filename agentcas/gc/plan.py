@@ -269,7 +269,7 @@ def plan_gc(stores: Stores, now: float | None = None, grace: int = DEFAULT_GRACE
         signatures += mark_signatures(txn, objects, seen)
     pages.release()
 
-    live_pins = [p for p in pins if p.live]
+    live_pins = [p for p in pins if p.live()]
     if live_pins:
         notes.append(f"{len(live_pins)} write(s) in progress: the sweep waits until none is "
                      "(a write in progress may reuse any stored object)")

@@ -36,7 +36,7 @@ from agentcas.cas.leases import LeaseRow, read_leases
 from agentcas.cas.metastore.base import MetaTxn as Txn
 from agentcas.cas.source import ObjectSource, load_object
 from agentcas.errors import IntegrityError
-from agentcas.lineage.closure import MissingObject, Walker
+from agentcas.lineage.closure import MarkSetLike, MissingObject, Walker
 from agentcas.refs import threads
 from agentcas.refs.threads import ThreadState
 
@@ -104,7 +104,7 @@ def reflog_roots(txn: Txn, reflog_cutoff: float) -> tuple[list[Root], int, int]:
     """
     roots: list[Root] = []
     total = expiring = 0
-    previous: tuple[str, object] | None = None
+    previous: tuple[str, threads.ReflogEntry] | None = None
 
     def keep(name, entry):
         roots.extend(entry_roots(name, entry))
@@ -145,7 +145,7 @@ class MarkWalker(Walker):
     re-validates every object in full). A malformed one still stops gc (GcAborted).
     """
 
-    def __init__(self, objects: ObjectSource, seen: set | None = None, pages=None):
+    def __init__(self, objects: ObjectSource, seen: MarkSetLike | None = None, pages=None):
         super().__init__(objects, seen, verify=True, follow_parents=True)
         self.pages = pages  # a gc.pages.PageReleaser ticked per object read, or None
 
@@ -256,7 +256,7 @@ def mark_root(walker: MarkWalker, root: Root) -> int:
     return count
 
 
-def mark_signatures(txn: Txn, objects: ObjectSource, seen: set) -> int:
+def mark_signatures(txn: Txn, objects: ObjectSource, seen: MarkSetLike) -> int:
     """Mark signature objects whose checkpoint is marked; the number newly marked."""
     count = 0
     for key, _ in txn.scan("signatures"):

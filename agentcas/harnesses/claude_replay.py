@@ -130,7 +130,7 @@ def messages_view(records: list[dict]) -> list[dict]:
     for entry in records:
         if entry.get("type") not in ("user", "assistant"):
             continue
-        message = entry.get("message") if isinstance(entry.get("message"), dict) else {}
+        message = entry["message"] if isinstance(entry.get("message"), dict) else {}
         content = message.get("content")
         if entry["type"] == "assistant":
             message_id = message.get("id")

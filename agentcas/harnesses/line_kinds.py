@@ -89,8 +89,10 @@ def classify_lines(data: bytes, wants) -> tuple[list[int], list[int], list[int]]
             is_object, kind, inner = line_kind(view[start:end], valid_utf8)
         else:
             if valid_utf8 or _is_utf8(view[start:end]):
-                is_object, kind, inner = True, head.type, None if head.payload is None else head.payload.type
-                kind, inner = kind if type(kind) is str else None, inner if type(inner) is str else None
+                head_kind, inner_kind = head.type, None if head.payload is None else head.payload.type
+                is_object = True
+                kind = head_kind if type(head_kind) is str else None
+                inner = inner_kind if type(inner_kind) is str else None
             else:
                 is_object, kind, inner = False, None, None
         if not is_object:

@@ -226,7 +226,8 @@ class PackingWorkers:
                 worker.proc.kill()
         for worker in self._workers:
             try:
-                worker.proc.stdin.close()
+                if worker.proc.stdin is not None:
+                    worker.proc.stdin.close()
             except OSError:
                 pass
         for worker in self._workers:
@@ -236,7 +237,8 @@ class PackingWorkers:
             except subprocess.TimeoutExpired:
                 worker.proc.kill()
                 worker.proc.wait()
-            worker.proc.stdout.close()
+            if worker.proc.stdout is not None:
+                worker.proc.stdout.close()
         self._workers.clear()
 
 

@@ -9,6 +9,8 @@ its `skipped_lines` then come from damaged_lines.py (a cached scan of the whole 
 
 from __future__ import annotations
 
+from typing import Any
+
 from agentcas.errors import AgentcasError, UsageError
 from agentcas.harnesses.claude_replay import replay_claude
 from agentcas.harnesses.codex_replay import replay_codex
@@ -117,7 +119,7 @@ def _parts(value) -> list:
     return [part for part in value if isinstance(part, dict)] if isinstance(value, list) else []
 
 
-def _item_text(item: dict) -> tuple[str, str]:
+def _item_text(item: dict) -> tuple[str, Any]:
     kind = item.get("type")
     if kind == "message":
         texts = [p.get("text", "") for p in _parts(item.get("content"))]

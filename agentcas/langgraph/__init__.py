@@ -63,8 +63,8 @@ class AgentcasSaver(AsyncSaverMethods, SaverRewrites, SaverWrites):
                 lines = self._index.lines_of(conf["thread_id"])
             wanted = [n for n in lines if ns is None or n == thread_name(conf["thread_id"], ns)]
             with self._lock:
-                groups = [(conf["thread_id"], self._ns_of(n, lines[n]), n) for n in wanted]
-            groups = [group for group in groups if group[1] is not None]
+                named = [(conf["thread_id"], self._ns_of(n, lines[n]), n) for n in wanted]
+            groups = [(thread_id, ns, n) for thread_id, ns, n in named if ns is not None]
         before_id = get_checkpoint_id(before) if before else None
         only_id = get_checkpoint_id(config) if config else None
         for thread_id, ns, name in groups:

@@ -18,9 +18,6 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (BaseCheckpointSaver, ChannelVersions, Checkpoint, CheckpointMetadata,
                                        CheckpointTuple)
 
-_DONE = object()  # what `next` returns off the loop when a listing is exhausted
-
-
 class AsyncSaverMethods(BaseCheckpointSaver[int]):
     """LangGraph's async checkpointer methods over the sync ones, off the event loop."""
 
@@ -31,8 +28,8 @@ class AsyncSaverMethods(BaseCheckpointSaver[int]):
                     before: RunnableConfig | None = None, limit: int | None = None) -> AsyncIterator[CheckpointTuple]:
         listing = await asyncio.to_thread(self.list, config, filter=filter, before=before, limit=limit)
         while True:
-            item = await asyncio.to_thread(next, listing, _DONE)
-            if item is _DONE:
+            item = await asyncio.to_thread(next, listing, None)
+            if item is None:  # a listing yields tuples, never None
                 return
             yield item
 

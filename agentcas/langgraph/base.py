@@ -102,7 +102,7 @@ class BaseAgentcasSaver(BaseCheckpointSaver[int]):
         if isinstance(store, str) or hasattr(store, "__fspath__"):
             store, _ = Store.init(str(store), refs=refs)
             self._owned = store
-        self.store: Store = store  # type: ignore[assignment]
+        self.store: Store = store
         self.author = author or default_author()
         self._lock = threading.RLock()
         self._index = CheckpointIndex(store)
@@ -304,7 +304,7 @@ class BaseAgentcasSaver(BaseCheckpointSaver[int]):
         parent_id = line.lg_parent(node) or doc.get("parent_checkpoint_id")
         return CheckpointTuple(
             config=checkpoint_config(thread_id, ns, node.lg_id),
-            checkpoint={**checkpoint, "channel_values": values},
+            checkpoint={**checkpoint, "channel_values": values},  # type: ignore[typeddict-item]
             metadata=metadata,
             parent_config=checkpoint_config(thread_id, ns, parent_id) if parent_id else None,
             pending_writes=pending_writes)

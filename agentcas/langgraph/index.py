@@ -13,6 +13,7 @@ and the ids re-indexed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import HistoryPosition
@@ -20,6 +21,9 @@ from agentcas.errors import IntegrityError
 from agentcas.langgraph.names import BRANCHES, is_branch_of, parse_reason, thread_root
 from agentcas.langgraph.records import CorruptCheckpoint
 from agentcas.refs.threads import ThreadState
+
+if TYPE_CHECKING:
+    from agentcas.repository import Store
 
 
 @dataclass(slots=True)
@@ -133,7 +137,7 @@ def _mark(line: Line) -> None:
 class CheckpointIndex:
     """The lines of one store, each brought up to date with its refs when asked for."""
 
-    def __init__(self, store):
+    def __init__(self, store: Store):
         self.store = store
         self.lines: dict[str, Line] = {}
 

@@ -143,11 +143,11 @@ class LineRecords:
 
     def __init__(self, records: list[tuple[int, dict]], start: int):
         self.start = start
-        self.item_seqs: dict[str, list[int]] = {}
-        self.item_records: dict[str, list[dict]] = {}
+        self.item_seqs: dict[Any, list[int]] = {}  # keyed by the records' "ch" (a str when well formed)
+        self.item_records: dict[Any, list[dict]] = {}
         self.decoded: dict[str, list] = {}
         self.done: dict[str, tuple[int, int]] = {}  # per channel: items lo <= i < hi all decoded
-        self.writes: dict[str, list[tuple[int, dict]]] = {}
+        self.writes: dict[Any, list[tuple[int, dict]]] = {}
         self.by_seq: dict[int, dict] = dict(records)  # what an item's reference ("r") names
         for seq, record in records:
             if record["k"] == "item":

@@ -94,7 +94,8 @@ class SaverWrites(BaseAgentcasSaver):
         """Plan and land one put on the thread as the index now has it (Retry if it moved)."""
         line = self._index.refresh(name)
         expected = line.head()
-        parent = line.nodes.get(line.by_id.get(parent_id)) if parent_id else None
+        parent_raw = line.by_id.get(parent_id) if parent_id else None
+        parent = line.nodes.get(parent_raw) if parent_raw is not None else None
         parent_channels, parent_lists, parent_entries = self._parent_values(line, parent)
         # The new history continues the line that holds the parent (the thread, or a branch it
         # folds back), so the parent's pending writes on that line stay on a line.
@@ -176,7 +177,7 @@ class SaverWrites(BaseAgentcasSaver):
                 how["items"] = {"from": end_seq, "base": how["items"]["base"]}
         ck_kind, ck_data = self.serde.dumps_typed({k: v for k, v in checkpoint.items() if k != "channel_values"})
         md_kind, md_data = self.serde.dumps_typed(metadata)
-        doc = {"format": FORMAT, "thread_id": str(thread_id), "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"],
+        doc: dict[str, Any] = {"format": FORMAT, "thread_id": str(thread_id), "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"],
                "parent_checkpoint_id": parent_id, "channels": channels,
                "checkpoint": {"t": ck_kind, "v": ck_data}, "metadata": {"t": md_kind, "v": md_data}}
         filed = {part for part in SERDE_FILES if len(doc[part]["v"]) > RECORD_VALUE_BYTES}
@@ -283,7 +284,7 @@ class SaverWrites(BaseAgentcasSaver):
 
             landed: list[HistoryPosition] = []
             sealed = writer.land(final)
-            self._remember_tail(*landed, records)
+            self._remember_tail(landed[0], landed[1], records)
         if seal and sealed is not None:  # the new version reads like the one it seals
             if node.digest.raw in self._values:
                 self._values[sealed.raw] = self._values[node.digest.raw]

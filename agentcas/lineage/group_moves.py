@@ -29,6 +29,7 @@ writer take a lease and plan again; so does content large enough to be stored ea
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import partial
 from typing import Callable
 
 from agentcas import testing_hooks
@@ -81,11 +82,13 @@ class _Overlay(ObjectSource):
 
 def refs_under(txn, prefix: str) -> list[tuple[str, ThreadState]]:
     """(name, state) of ref `prefix` and of every ref below it (`prefix/...`), by name."""
-    out = []
+    out: list[tuple[str, ThreadState]] = []
     for key, _ in txn.scan("refs", threads.PREFIX + prefix.encode("utf-8")):
         name = bytes(key)[len(threads.PREFIX):].decode("utf-8")
         if name == prefix or name.startswith(prefix + "/"):
-            out.append((name, threads.read_thread(txn, name)))
+            state = threads.read_thread(txn, name)
+            if state is not None:  # a listed row is never absent
+                out.append((name, state))
     return out
 
 
@@ -286,8 +289,7 @@ class GroupWriter:
             if self.watch is not None:
                 testing_hooks.reached("group.before_land")
                 try:
-                    self.stores.meta.write(lambda txn, view=view, waiting=waiting:
-                                           self._land_at_once(txn, view, waiting))
+                    self.stores.meta.write(partial(self._land_at_once, view=view, waiting=waiting))
                 except LostRace:
                     continue
                 except SweptMeanwhile:
@@ -321,7 +323,8 @@ class GroupWriter:
 
     def _land_at_once(self, txn, view: GroupView, waiting: dict[bytes, bytes]) -> None:
         """The whole landing in the environment's one write transaction (a SweepWatch writer)."""
-        self.watch.check(txn)
+        if self.watch is not None:
+            self.watch.check(txn)
         if self.lease.row is not None:
             self.lease.check(txn)
         missing = sorted(raw for raw in (self.needed | view.needed) - waiting.keys() if not has_object(txn, raw))

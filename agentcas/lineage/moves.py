@@ -92,9 +92,11 @@ def move_thread(stores: Stores, lease: Lease, thread: str,
         if move is None:
             return base.state, None
         _store_objects(stores, move.objects, move.needed, move.action)
-        landed, base = _land(stores, lease, base, move, keep_lease)
+        landed, after = _land(stores, lease, base, move, keep_lease)
         if landed:
-            return base.state, move
+            assert after is not None  # a landed move returns its base
+            return after.state, move
+        base = after
     raise ConflictError(f"thread {thread!r} kept moving under {MAX_ATTEMPTS} attempts; "
                         "nothing was changed, retry")
 

@@ -145,7 +145,9 @@ def chain_ahead(prepared: list[PreparedSegment], base: bytes, marks) -> list[Pre
             at[number] = (sum(item.record_sizes[:number]), values[number - 1])
         out.append(PreparedSegment(item.chunks, item.length, [], [], item.inline,
                                    ChainedRecords(chain, count, values[-1] if values else chain, at)))
-        chain, done = out[-1].chained.end, done + count
+        chained = out[-1].chained
+        assert chained is not None  # made just above
+        chain, done = chained.end, done + count
     return out
 
 
@@ -472,7 +474,9 @@ class History:
         """
         if not 0 <= seq < head.seq:
             raise UsageError(f"seq {seq} is outside the history (0..{head.seq - 1})")
-        node_id, node, cut = head.segment, self.segment(head.segment), head
+        node_id: Digest | None = head.segment
+        assert node_id is not None  # seq < head.seq: the history is not empty
+        node, cut = self.segment(node_id), head
         while node.base.seq > seq:
             if node.skip is not None:
                 skip = self.segment(node.skip)
@@ -481,6 +485,7 @@ class History:
                     continue
             cut = node.base
             node_id = node.base.segment
+            assert node_id is not None  # a base holding records ends in a segment
             node = self.segment(node_id)
         return node_id, node, cut
 
@@ -544,7 +549,8 @@ class History:
         chain = [(node, cut)]
         while node.base.seq > start:
             cut = node.base
-            node = self.segment(node.base.segment)
+            assert cut.segment is not None  # a base holding records ends in a segment
+            node = self.segment(cut.segment)
             chain.append((node, cut))
         chain.reverse()
         stored = (self.stored_chunks(node, cut) for node, cut in chain)
@@ -626,7 +632,8 @@ class History:
             self.check_position(segment.base)
         if (segment.skip is None) != (segment.index < 2) or (
                 segment.skip is not None
-                and self.ancestor_at_index(segment.base.segment, skip_index(segment.index)) != segment.skip):
+                and (segment.base.segment is None
+                     or self.ancestor_at_index(segment.base.segment, skip_index(segment.index)) != segment.skip)):
             raise IntegrityError(f"segment {digest.hex()} has a skip pointer that is not its ancestor at "
                                  f"index {skip_index(segment.index)}")
 
@@ -659,7 +666,7 @@ class History:
             offset += len(piece)
         if (seq, offset, digest) != (head.seq, head.offset, head.digest):
             raise IntegrityError(
-                f"history at segment {head.segment.hex()} does not match its position "
+                f"history at segment {head.segment.hex() if head.segment else None} does not match its position "
                 f"(seq {seq} vs {head.seq}, offset {offset} vs {head.offset})")
         return seq
 
@@ -741,6 +748,7 @@ def link_segments_at(objects: ObjectSource, head: HistoryPosition, prepared: lis
         index = 0 if head.segment is None else links(head.segment)[0] + 1
         skip = None
         if index >= 2:
+            assert head.segment is not None  # index >= 2: two segments below
             skip = search_skip_list(links, head.segment, skip_index(index))
             if skip is None:
                 raise IntegrityError(f"the segment chain back from {head.segment.hex()} has no segment "

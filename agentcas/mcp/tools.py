@@ -39,8 +39,14 @@ import secrets
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from typing import TYPE_CHECKING
+
 from agentcas.errors import AgentcasError, NotFound, UsageError
 from agentcas.lineage.effects import NOT_UNDONE_NOTE, OPEN_STATES
+
+if TYPE_CHECKING:
+    from agentcas.cas.objects import Checkpoint
+    from agentcas.repository import Store
 
 TRUNCATED = "…[truncated]"
 MAX_ANSWER_BYTES = 64 * 1024
@@ -119,12 +125,12 @@ class ToolSpec:
 class ToolHost:
     """The tools over one Store, scoped and bounded as the host decided."""
 
-    store: object
+    store: Store
     globs: tuple[str, ...] = ("*",)
     allow_restore: bool = False
     limit: int = DEFAULT_LIMIT
     workspace_root: str = field(default_factory=os.getcwd)
-    _key: bytes | None = None     # the cursor key: the store's (see the module doc)
+    _key: bytes = b""             # the cursor key: the store's (see the module doc)
     _trees: OrderedDict = field(default_factory=OrderedDict)
     _summaries: OrderedDict = field(default_factory=OrderedDict)
     _diffs: OrderedDict = field(default_factory=OrderedDict)
@@ -134,7 +140,7 @@ class ToolHost:
             raise UsageError(f"--limit must be 1..{MAX_HOST_LIMIT}, got {self.limit}")
         self.globs = tuple(self.globs) or ("*",)
         self.workspace_root = os.path.realpath(self.workspace_root)
-        if self._key is None:
+        if not self._key:
             try:
                 self._key = self.store.token_key(CURSOR_KEY_PURPOSE)
             except AgentcasError:
@@ -250,7 +256,7 @@ class ToolHost:
                             f"(threads matching {', '.join(self.globs)})")
         return thread
 
-    def _checkpoint(self, checkpoint_id) -> tuple[str, object]:
+    def _checkpoint(self, checkpoint_id) -> tuple[str, Checkpoint]:
         """(full id, Checkpoint) of an in-scope checkpoint named by hex id or prefix."""
         if not isinstance(checkpoint_id, str) or not _HEX_ID.match(checkpoint_id):
             raise ToolError("checkpoint_id must be 8..64 lowercase hex characters")
@@ -326,7 +332,8 @@ class ToolHost:
             entries = [] if start is None else self.store.log(start, n + 1)
         else:
             entries = self.store.log(after, n + 2)[1:]  # the walk resumes after the cursor's checkpoint
-        items, used = [], 0
+        items: list[dict] = []
+        used = 0
         for entry in entries[:n]:
             text, _ = preview(entry["reason"], REASON_PREVIEW_CHARS)
             item = {"checkpoint_id": entry["checkpoint"], "thread": preview(entry["thread"], TEXT_PREVIEW_CHARS)[0],
@@ -359,7 +366,8 @@ class ToolHost:
         n = self._limit(limit)
         start = self.unseal("inspect_checkpoint", full, cursor) or 0
         files = self._tree_files(full, cp.tree.hex())
-        items, used = [], 0
+        items: list[dict] = []
+        used = 0
         for entry in files[start:start + n]:
             path, cut = preview(entry["path"], PATH_PREVIEW_CHARS)
             item = {"path_preview": path, "path_truncated": cut, "size": entry["size"],
@@ -523,7 +531,7 @@ def bounded_error(exc: Exception) -> str:
     """
     text = " ".join(str(exc).split()) or type(exc).__name__
     text = _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
-    return "error: " + preview(text, 1000)[0]
+    return "error: " + (preview(text, 1000)[0] or "")
 
 
 __all__ = ["ToolHost", "ToolError", "ToolSpec", "bounded_error", "MAX_ANSWER_BYTES", "TRUNCATED", "NotFound"]

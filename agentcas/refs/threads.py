@@ -289,6 +289,7 @@ def encode_reflog_payload(old: Digest | None, new: ThreadState, action: str, mes
         h = new.history
         parts.append(_varint(h.seq))
         if h.seq:
+            assert h.segment is not None  # a non-empty history ends in a segment
             parts += [h.segment.raw, _varint(h.offset), h.digest.raw]
     if fork is not None:
         parts += [_text(fork.thread), _varint(fork.seq)]

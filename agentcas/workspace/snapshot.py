@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import blake3
 
@@ -50,6 +51,9 @@ from agentcas.cas.source import ObjectSource
 from agentcas.cas.store import ObjectStore
 from agentcas.cas.writer import BatchWriter
 from agentcas.errors import AgentcasError, IntegrityError
+
+if TYPE_CHECKING:
+    import pathspec
 
 IGNORE_FILE = ".agentcasignore"
 RACY_NS = 2_000_000_000
@@ -173,7 +177,7 @@ class Snapshotter:
         self.allowed_secrets: set[str] = set()
         # A shared store's writer uploads in the background while the workers go on hashing.
         self.writer = BatchWriter(objects, lease=lease, known=known, background=known is not None)
-        self._ignores: dict[str, object] = {}  # directory rel path -> its .agentcasignore spec
+        self._ignores: dict[str, pathspec.GitIgnoreSpec] = {}  # directory rel path -> its .agentcasignore spec
         self._started_ns = time.time_ns()
         self._buffers = threading.local()  # one read buffer per worker thread
 
@@ -213,7 +217,7 @@ class Snapshotter:
         while stack:
             rel_dir = stack.pop()
             abs_dir = os.path.join(self.root, rel_dir)
-            children = []
+            children: list[tuple[str, Any]] = []  # (name, "dir" or its FileItem)
             try:
                 entries = sorted(os.scandir(abs_dir), key=lambda e: e.name)
                 self._load_ignore(rel_dir, {entry.name for entry in entries})
@@ -309,7 +313,7 @@ class Snapshotter:
     def _allowed(self, rel: str) -> bool:
         return any(fnmatch.fnmatchcase(rel, glob) for glob in self.allow_secrets)
 
-    def _check_secret(self, rel: str, data: bytes, lines_before: int = 0, sniff: bool = True) -> None:
+    def _check_secret(self, rel: str, data: bytes | memoryview, lines_before: int = 0, sniff: bool = True) -> None:
         """Refuse `data` if it holds a secret; `lines_before`: newlines in the file before
         `data` (a window of a streamed file)."""
         from agentcas.workspace import secrets  # lazy: see _store_files
@@ -455,7 +459,7 @@ class Snapshotter:
         with (_InlinePool() if small else ThreadPoolExecutor(WORKERS, initializer=_yield_to_writer)) as pool:
             for _ in pool.map(self._scan_file, todo):  # every file, before anything is stored
                 pass
-            pending = []
+            pending: list = []
             in_flight = 0
             queue = [item for item in reversed(todo) if item.st.st_size <= STREAM_BYTES]
             while queue or pending:
@@ -518,7 +522,7 @@ class Snapshotter:
         hasher = blake3.blake3(max_threads=1)
         refs: list[ChunkRef] = []
         in_flight: deque = deque()  # futures of released windows' (digest, size, framed or None)
-        windows = None
+        windows: secrets.WindowScan | None = None
         size = 0
 
         def store(limit: int) -> bool:
@@ -548,6 +552,7 @@ class Snapshotter:
                 windows = secrets.WindowScan(check)
             hasher.update(piece)
             size += len(piece)
+            assert windows is not None  # made from the first piece
             released = windows.feed(piece)
             if released:
                 submit(released)

@@ -107,3 +107,13 @@ class BlobStore(ABC):
 
     def close(self) -> None:
         pass
+
+    # A shared store's prefix holds a marker naming the store that owns it (cas/backends.py);
+    # only the backends a shared store is made of have one.
+    def read_marker(self) -> bytes | None:
+        """The marker's bytes, or None if the prefix has none."""
+        raise NotImplementedError(f"{type(self).__name__} has no store marker")
+
+    def create_marker(self, data: bytes) -> bool:
+        """Write the marker unless one exists; True if written now."""
+        raise NotImplementedError(f"{type(self).__name__} has no store marker")

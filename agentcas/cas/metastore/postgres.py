@@ -57,6 +57,7 @@ import re
 import threading
 import time
 from contextlib import contextmanager
+from typing import Any
 from urllib.parse import quote
 
 import psycopg
@@ -348,7 +349,7 @@ class PostgresMetadataStore(MetadataStore):
             raise UsageError(f"not a valid PostgreSQL URL: {exc} (postgresql://USER@HOST:PORT/DB)") from None
         self._dsn = dsn
         self._params = params
-        self._secrets = [s for s in (params.get("password"), os.environ.get("PGPASSWORD")) if s]
+        self._secrets = [str(s) for s in (params.get("password"), os.environ.get("PGPASSWORD")) if s]
         host = str(params.get("host") or os.environ.get("PGHOST") or "localhost")
         port = str(params.get("port") or os.environ.get("PGPORT") or "5432")
         dbname = str(params.get("dbname") or os.environ.get("PGDATABASE") or params.get("user") or "")
@@ -389,7 +390,7 @@ class PostgresMetadataStore(MetadataStore):
     def _connect(self) -> psycopg.Connection:
         self.connections += 1
         bound = timeout_seconds()
-        options = {}
+        options: dict[str, Any] = {}
         if "connect_timeout" not in self._params:
             options["connect_timeout"] = CONNECT_SECONDS
         if bound > 0:
@@ -397,7 +398,7 @@ class PostgresMetadataStore(MetadataStore):
             ms = max(1, int(bound * 1000))
             options["options"] = " ".join(filter(None, (
                 f"-c statement_timeout={ms}",
-                self._params.get("options"))))
+                str(self._params.get("options") or ""))))
         try:
             conn = _BoundedConnection.connect(self._dsn, autocommit=True, application_name="agentcas", **options)
         except psycopg.OperationalError as exc:
