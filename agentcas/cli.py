@@ -75,8 +75,8 @@ class Progress:
     def __enter__(self):
         if sys.stderr.isatty():
             from rich.console import Console
-            from rich.progress import BarColumn, DownloadColumn, Progress as RichProgress, \
-                TransferSpeedColumn, TimeRemainingColumn
+            from rich.progress import BarColumn, DownloadColumn, TimeRemainingColumn, TransferSpeedColumn
+            from rich.progress import Progress as RichProgress
             self.bar = RichProgress("[progress.description]{task.description}", BarColumn(),
                                     DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
                                     console=Console(stderr=True), transient=True)
@@ -280,7 +280,7 @@ def _print_open_effects(doc, verb: str) -> None:
         click.echo(escape_controls(f"  {e['state']:<8} {e['rollback']:<13} {e['id']}  {e['kind']} {e['target']!r}"
                                    f" (seq {e['first_seq']})"), err=True)
     if doc["has_more"]:
-        click.echo(f"  ... and more: agentcas effects THREAD --since REV --state pending,unknown", err=True)
+        click.echo("  ... and more: agentcas effects THREAD --since REV --state pending,unknown", err=True)
 
 
 @cli.command()

@@ -15,8 +15,17 @@ from dataclasses import dataclass
 
 from agentcas import __version__, testing_hooks
 from agentcas.cas import encoding, framing
-from agentcas.cas.backends import (STORE_KEY, Stores, check_binding, claim_prefix, embedded_stores, is_shared_url,
-                                   mark_prefix, memory_stores, shared_stores)
+from agentcas.cas.backends import (
+    STORE_KEY,
+    Stores,
+    check_binding,
+    claim_prefix,
+    embedded_stores,
+    is_shared_url,
+    mark_prefix,
+    memory_stores,
+    shared_stores,
+)
 from agentcas.cas.digest import Digest
 from agentcas.cas.leases import Lease, sweep_active
 from agentcas.cas.lmdb_store import StoreUnavailable, open_lmdb
@@ -124,7 +133,7 @@ class Store:
 
     # -- opening ------------------------------------------------------------------------------
     @classmethod
-    def init(cls, path: str, refs: str | None = None) -> tuple["Store", bool]:
+    def init(cls, path: str, refs: str | None = None) -> tuple[Store, bool]:
         """Create a store at `path` (a directory, or s3://... with `refs`); (store, created)."""
         if is_shared_url(path):
             return cls._init_shared(path, refs)
@@ -163,7 +172,7 @@ class Store:
         return cls(stores, path), True
 
     @classmethod
-    def _init_shared(cls, url: str, refs: str | None) -> tuple["Store", bool]:
+    def _init_shared(cls, url: str, refs: str | None) -> tuple[Store, bool]:
         stores = shared_stores(url, refs, create=True)
         try:
             binding = claim_prefix(stores)  # refuses another store's prefix or database first
@@ -176,7 +185,7 @@ class Store:
         return cls(stores, None), created
 
     @classmethod
-    def open(cls, path: str, refs: str | None = None) -> "Store":
+    def open(cls, path: str, refs: str | None = None) -> Store:
         if path.startswith("memory://"):
             return cls.memory()
         if is_shared_url(path):
@@ -189,7 +198,7 @@ class Store:
         return cls(embedded_stores(open_lmdb(path), path), path)
 
     @classmethod
-    def memory(cls) -> "Store":
+    def memory(cls) -> Store:
         stores = memory_stores()
         _write_format(stores)
         return cls(stores, None)
@@ -723,13 +732,12 @@ class Store:
 
     def verify(self, rev: str) -> dict:
         """Check the stored signatures of checkpoint `rev`; raise unless a trusted one verifies."""
-        from agentcas.exchange.bundle import SignatureRejected
-        from agentcas.signing import envelope, trust
         # The thread a signature must name: the thread given as REV, else the checkpoint's
         # own (as `sign` binds it); a signature made for another thread is invalid here.
         # A thread that an import landed at this checkpoint also accepts the bundle's thread
         # (`import --as NEW` keeps the signer's thread name, recorded in `imports`).
-        from agentcas.exchange.bundle import read_import
+        from agentcas.exchange.bundle import SignatureRejected, read_import
+        from agentcas.signing import envelope, trust
         digest, thread = self._signing_thread(rev)
         with self.meta.reader() as txn:
             trusted = trust.list_trusted(txn)
@@ -791,7 +799,7 @@ class Store:
         removed = self.meta.write(lambda txn: remote_table.remove_remote(txn, name))
         return dict(removed.to_doc(), removed=True)
 
-    def _open_remote_store(self, remote) -> "Store":
+    def _open_remote_store(self, remote) -> Store:
         if remote.shared:
             if self.url == remote.url:
                 raise UsageError(f"remote {remote.name!r} ({remote.url}) is this store itself")
@@ -860,7 +868,7 @@ class Store:
                 "up_to_date": result.up_to_date, "forced": result.forced}
 
     # -- harness sessions (agentcas/harnesses): raw lines, checkpoints without a workspace ------------
-    def ingest_append(self, appends: list["SessionAppend"], author: str | None = None) -> list[dict]:
+    def ingest_append(self, appends: list[SessionAppend], author: str | None = None) -> list[dict]:
         """Append raw log lines to several threads, with a checkpoint at each mark.
 
         Each SessionAppend's lines are stored byte for byte (no JSON check); each mark
@@ -1114,7 +1122,7 @@ class SessionAppend:
     forked_from: ForkOrigin | None = None
     # `data` prepared ahead (rollout.pack_raw_lines at INGEST_ZSTD_LEVEL, chained from
     # `based_on`'s digest at these marks), e.g. in an ingest worker; `data` may then be empty.
-    packed: "rollout.PackedLines | None" = None
+    packed: rollout.PackedLines | None = None
 
 
 def _is_name(text: str) -> bool:

@@ -28,9 +28,7 @@ import os
 import random
 import resource
 import statistics
-import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)

@@ -29,7 +29,6 @@ Pass/fail: every page under 50 ms and last/first within 2x.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import statistics
 import sys

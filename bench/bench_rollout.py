@@ -50,8 +50,8 @@ def kib_record(rollout: Rollout, size: int = 1024) -> bytes:
 # --- workers: in-process measurements in a fresh process ---------------------------------------
 
 def worker(name: str, args: list[str]) -> None:
-    from agentcas.repository import Store
     from agentcas.cas.store import TABLES
+    from agentcas.repository import Store
     store = Store.open(args[0])
     used = store.objects.used_bytes
 

@@ -18,9 +18,7 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 

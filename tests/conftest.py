@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-
 from agentcas import Store
 
 # Fixtures kept beside the helpers they go with (tests/support/), offered to every test.
@@ -85,6 +84,7 @@ def tree_bytes(root: Path) -> dict:
 def store_rows(store_dir: Path) -> dict:
     """Every (table, key) -> value in a store, read raw through LMDB, to assert nothing changed."""
     import lmdb
+
     from agentcas.cas.store import TABLES
     env = lmdb.open(str(store_dir), readonly=True, lock=False, max_dbs=len(TABLES) + 2)
     rows = {}

@@ -13,25 +13,16 @@ import unicodedata
 import pytest
 import zstandard
 
-from conftest import store_rows, tree_bytes, views
-from support.bundles import ALICE, CREATED, IDENTITY, MALLORY, Craft, good_craft, snapshot
 from agentcas import Store, testing_hooks
 from agentcas.cas import encoding, framing
 from agentcas.cas.digest import EMPTY, Digest, hash_blob, hash_object
 from agentcas.cas.objects import EMPTY_POSITION, Checkpoint
-from agentcas.cas.store import TABLES
 from agentcas.errors import ConflictError, IntegrityError
 from agentcas.exchange import bundle_format as bf
 from agentcas.signing import envelope, keys
 
-
-
-
-
-
-
-
-
+from conftest import store_rows, tree_bytes, views
+from support.bundles import ALICE, CREATED, IDENTITY, MALLORY, Craft, good_craft, snapshot
 
 
 def refused(store: Store, data: bytes, tmp_path, fragment: str, **options) -> str:
@@ -617,6 +608,7 @@ def test_export_scans_a_large_file_window_by_window(tmp_path, monkeypatch, at):
     """Files are scanned for export in overlapping windows (bounded memory); the finding
     names the line counted from the start of the file."""
     import random as rnd
+
     from agentcas.exchange.bundle import SecretInBundle
     from agentcas.workspace import secrets
     monkeypatch.setattr(secrets, "SCAN_WINDOW", 64 << 10)
@@ -680,9 +672,10 @@ def test_objects_that_lie_about_sizes_are_refused(case, receiver, tmp_path):
 def _history_craft(chunk_sizes, count=None, length=None):
     """good_craft() plus a one-record history cut into chunks 4 + 4 whose segment declares
     `chunk_sizes` (and `count`, `length`)."""
+    import blake3
+
     from agentcas.cas.digest import chain_prefix
     from agentcas.cas.objects import ChunkRef, Segment
-    import blake3
     craft = good_craft(sign=False)
     record = b'{"a":1}\n'
     pieces = (record[:4], record[4:])

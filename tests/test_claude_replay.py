@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from support.harness_samples import ClaudeSession
-
 from agentcas.harnesses.claude_replay import replay_claude
 from agentcas.harnesses.records import parse_records
+
+from support.harness_samples import ClaudeSession
 
 
 def replay(session: ClaudeSession) -> dict:

@@ -24,6 +24,7 @@ from agentcas import Store
 from agentcas.lineage import rollout
 from agentcas.lineage.closure import Walker
 from agentcas.refs import threads
+
 from conftest import AGENTCAS, run_cli, store_rows, views
 
 

@@ -13,7 +13,6 @@ small inputs take many steps. `-m crash` selects these tests; the total is print
 
 from __future__ import annotations
 
-
 import pytest
 
 from conftest import AGENTCAS, run_cli

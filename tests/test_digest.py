@@ -6,8 +6,17 @@ import subprocess
 import blake3
 import pytest
 
-from agentcas.cas.digest import (EMPTY, EMPTY_HISTORY, OBJECT_CONTEXTS, PREFIX_CHAIN_CONTEXT, Digest,
-                                 DigestMismatch, chain_prefix, hash_blob, hash_object)
+from agentcas.cas.digest import (
+    EMPTY,
+    EMPTY_HISTORY,
+    OBJECT_CONTEXTS,
+    PREFIX_CHAIN_CONTEXT,
+    Digest,
+    DigestMismatch,
+    chain_prefix,
+    hash_blob,
+    hash_object,
+)
 from agentcas.errors import IntegrityError, UsageError
 
 HELLO = b"hello\n"

@@ -7,9 +7,10 @@ import os
 
 import pytest
 
-from conftest import store_rows
 from agentcas import drill
 from agentcas.repository import Store
+
+from conftest import store_rows
 
 
 def test_drill_cli_passes_without_a_store(run, tmp_path):

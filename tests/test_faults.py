@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import tree_bytes
 from support.cli_forks import CliForks, thread_states
-from conftest import run_cli, tree_bytes
 from support.crash_walk import SCENARIOS, SERVER_ENV, Walk, make_workspace, records
 
 ERRNOS = ("EIO", "ENOSPC")

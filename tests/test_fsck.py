@@ -301,6 +301,7 @@ def test_fsck_and_pull_refuse_lying_skip_pointers_and_generations(tmp_path):
     """A segment whose skip pointer is not its ancestor at skip_index, and a checkpoint whose
     generation does not follow its parent's: fsck names both, pull refuses them."""
     import blake3
+
     from agentcas.cas.digest import chain_prefix
     from agentcas.cas.objects import Checkpoint
     from agentcas.lineage.rollout import History

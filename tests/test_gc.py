@@ -9,26 +9,21 @@ import time
 
 import pytest
 
-from conftest import views
-from support.gc_stores import LATER, all_keys, closure_of_threads, later, records, write_files
-
 from agentcas import Store
 from agentcas.cas import encoding, framing
 from agentcas.cas.digest import Digest, hash_blob, hash_object
+from agentcas.cas.leases import Lease, LeaseRow, this_host
 from agentcas.cas.objects import Tree, TreeEntry
 from agentcas.cas.sealed import seal
 from agentcas.cas.store import save_object
-from agentcas.cas.leases import Lease, LeaseRow, this_host
 from agentcas.errors import UsageError
 from agentcas.gc.plan import parse_duration, plan_gc
 from agentcas.gc.roots import GcAborted
 from agentcas.gc.sweep import execute
 from agentcas.lineage import rollout
-from agentcas.lineage.closure import Walker
-from agentcas.refs import threads
 
-
-
+from conftest import views
+from support.gc_stores import all_keys, closure_of_threads, later, records, write_files
 
 
 @pytest.fixture(params=["memory", "lmdb"])
@@ -408,6 +403,7 @@ def test_report_memory_does_not_grow_with_the_objects_it_counts(tmp_path, monkey
     # and spool are gc's bounded structures. With a 64 KiB budget, 12,000 live objects
     # (a dict of them: over 1 MiB of Python objects) must fit in well under that.
     import tracemalloc
+
     from agentcas.gc import markset, report
     store, _ = Store.init(str(tmp_path / "store"))
     files = {f"d{i % 40}/f{i}": b"%d" % i * 3 for i in range(12_000)}

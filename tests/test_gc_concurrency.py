@@ -124,6 +124,7 @@ def _garbage_store(tmp_path, count: int):
 
 def _count_objects(store_dir) -> int:
     import lmdb
+
     from agentcas.cas.store import TABLES
     env = lmdb.open(str(store_dir), readonly=True, max_dbs=len(TABLES) + 2)
     try:

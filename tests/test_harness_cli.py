@@ -12,10 +12,8 @@ import signal
 import subprocess
 import time
 
-import pytest
-
-from support.spec_sessions import Claude, Codex
 from conftest import AGENTCAS
+from support.spec_sessions import Claude, Codex
 
 
 def cli(store_dir, *args):

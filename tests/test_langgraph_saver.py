@@ -24,13 +24,13 @@ pytest.importorskip("langgraph.checkpoint.conformance",
 from langchain_core.messages import AIMessage, HumanMessage  # noqa: E402
 from langgraph.checkpoint.base import empty_checkpoint  # noqa: E402
 from langgraph.checkpoint.base.id import uuid6  # noqa: E402
-from langgraph.checkpoint.serde.base import CipherProtocol  # noqa: E402
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer  # noqa: E402
 from langgraph.graph import END, START, MessagesState, StateGraph  # noqa: E402
 from langgraph.types import Command, interrupt  # noqa: E402
 
 from agentcas import Store  # noqa: E402
 from agentcas.langgraph import AgentcasSaver, CorruptCheckpoint, thread_name  # noqa: E402
+
 from support.ciphers import AesGcm  # noqa: E402
 
 
@@ -936,7 +936,8 @@ def test_push_and_pull_carry_a_thread_the_saver_resumes(tmp_path, run):
 
 # --- the decoded-items index of a listing (records.LineRecords) -----------------------------------
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st
 
 from agentcas.langgraph.records import LineRecords  # noqa: E402
 

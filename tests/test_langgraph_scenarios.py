@@ -14,7 +14,6 @@ bench extra); AgentcasSaver must show the same state history, next nodes and int
 from __future__ import annotations
 
 import asyncio
-import json
 import operator
 import os
 import random
@@ -23,11 +22,10 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-from typing import Literal
-from dataclasses import dataclass
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import pytest
 
@@ -42,8 +40,8 @@ from langgraph.types import Command, interrupt  # noqa: E402
 from typing_extensions import TypedDict  # noqa: E402
 
 from agentcas import Store  # noqa: E402
-from agentcas.errors import IntegrityError  # noqa: E402
 from agentcas.langgraph import AgentcasSaver, AsyncAgentcasSaver, CorruptCheckpoint  # noqa: E402
+
 from support.ciphers import AesGcm  # noqa: E402
 
 
@@ -585,6 +583,7 @@ def test_sigkill_during_puts_leaves_the_old_or_the_new_checkpoint(tmp_path):
 def _flip_each_object(path: Path):
     """Yield (object id, where) with that stored object's bytes damaged, restoring it after."""
     import lmdb
+
     from agentcas.cas.store import TABLES
     env = lmdb.open(str(path), max_dbs=len(TABLES) + 2)
     with env.begin() as txn:

@@ -25,15 +25,16 @@ import time
 
 import pytest
 
-from conftest import tree_bytes
-from support.bundles import Craft, good_craft, snapshot
 from agentcas import Store, testing_hooks
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest, hash_blob, hash_object
-from agentcas.cas.objects import Checkpoint, ChunkList, ChunkRef, Segment, Tree, TreeEntry
 from agentcas.cas.leases import LeaseExpired, LeaseRow, begin_sweep, end_sweep, read_leases
+from agentcas.cas.objects import Checkpoint, ChunkList, ChunkRef, Segment, Tree, TreeEntry
 from agentcas.errors import AgentcasError, ConflictError, IntegrityError
 from agentcas.gc import sweep
+
+from conftest import tree_bytes
+from support.bundles import Craft, good_craft, snapshot
 
 CREATED = "2026-12-01T09:00:00.000000Z"
 

@@ -14,6 +14,7 @@ import pytest
 
 from agentcas.cas.metastore.base import MetadataUnavailable, Read
 from agentcas.cas.metastore.postgres import SCHEMA_VERSION, PostgresMetadataStore, SchemaMissing, SchemaTooNew
+
 from conftest import run_cli
 from support.services import PG_PASSWORD, PostgresServer
 

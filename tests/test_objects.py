@@ -7,8 +7,21 @@ from agentcas.cas import encoding
 from agentcas.cas.digest import EMPTY, EMPTY_HISTORY, Digest, chain_prefix, hash_blob
 from agentcas.cas.encoding import NotCanonical
 from agentcas.cas.names import BadName
-from agentcas.cas.objects import (EMPTY_POSITION, JSON_FORMAT, MODE_EXEC, PACKED_FORMAT, Checkpoint, CheckpointSeries,
-                                  ChunkList, ChunkRef, HistoryPosition, InvalidObject, Segment, Tree, TreeEntry)
+from agentcas.cas.objects import (
+    EMPTY_POSITION,
+    JSON_FORMAT,
+    MODE_EXEC,
+    PACKED_FORMAT,
+    Checkpoint,
+    CheckpointSeries,
+    ChunkList,
+    ChunkRef,
+    HistoryPosition,
+    InvalidObject,
+    Segment,
+    Tree,
+    TreeEntry,
+)
 
 # --- docs/FORMAT.md "Test vectors" (keep the two in step) ---------------------------------------
 HELLO_ID = "8e4c7c1b99dbfd50e7a95185fead5ee1448fa904a2fdd778eaf5f2dbfd629a99"
@@ -328,8 +341,8 @@ def test_format_md_states_every_vector():
                     "agentcas 2026-11 signature v1", "agentcas 2026-11 history prefix v1",
                     "agentcas 2026-11 sealed table value v1"):
         assert context in doc, context
-    from agentcas.cas.digest import OBJECT_CONTEXTS, PACKED_OBJECT_CONTEXTS, PREFIX_CHAIN_CONTEXT
     from agentcas.cas import sealed
+    from agentcas.cas.digest import OBJECT_CONTEXTS, PACKED_OBJECT_CONTEXTS, PREFIX_CHAIN_CONTEXT
     assert set(OBJECT_CONTEXTS.values()) | set(PACKED_OBJECT_CONTEXTS.values()) | {
         PREFIX_CHAIN_CONTEXT, sealed._CONTEXT} <= {line for line in doc.split('"')}
 

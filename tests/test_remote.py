@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import random
 import time
 
@@ -19,8 +18,7 @@ from agentcas.cas import framing
 from agentcas.cas.store import TABLES
 from agentcas.errors import ConflictError, IntegrityError, NotFound, UsageError
 from agentcas.exchange import remote as remote_table
-from agentcas.exchange.transfer import (CorruptTransfer, LocalStoreEndpoint, NotFastForward, restamp,
-                                        transfer)
+from agentcas.exchange.transfer import CorruptTransfer, LocalStoreEndpoint, NotFastForward, restamp, transfer
 from agentcas.lineage.closure import Walker
 
 from conftest import tree_bytes, views

@@ -12,8 +12,6 @@ import os
 
 import pytest
 
-from conftest import views
-
 from agentcas import Store
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest
@@ -21,6 +19,8 @@ from agentcas.cas.objects import EMPTY_POSITION
 from agentcas.errors import IntegrityError, UsageError
 from agentcas.lineage import rollout
 from agentcas.refs import threads
+
+from conftest import views
 
 
 def records(count: int, start: int = 0, size: int = 0, tag: str = "m") -> list[bytes]:
@@ -468,8 +468,9 @@ def test_raw_lines_cut_only_long_bodies_into_content_defined_chunks():
     harness repeats a run of them byte for byte), a long timestamped line's body is cut by
     content so a fork's copy (new timestamp) shares its chunks, and a region over
     ROLLOUT_MAX_SIZE without a timestamp is still cut."""
-    from agentcas.cas import chunking
     import random
+
+    from agentcas.cas import chunking
     rng = random.Random(4)
     short = b"".join(b'{"n": %d, "text": "%s"}\n' % (n, rng.randbytes(400).hex().encode()) for n in range(1000))
     assert 512 * 1024 < len(short) <= rollout.MAX_SEGMENT_BYTES

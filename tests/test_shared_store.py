@@ -11,9 +11,10 @@ import time
 
 import pytest
 
+from agentcas import Store
+
 from conftest import AGENTCAS, run_cli, tree_bytes
 from support.files import write
-from agentcas import Store
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ import uuid
 import pytest
 
 from conftest import run_cli, tree_bytes
-from support.services import PG_PASSWORD, S3_SECRET_KEY
 from support.files import write
+from support.services import PG_PASSWORD, S3_SECRET_KEY
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -252,6 +252,7 @@ def test_a_format_1_store_works_through_the_cli_and_a_newer_one_is_refused(tmp_p
     assert run_cli("checkout", "main@{3}", tmp_path / "old", store=store).code == 0
     # The same store marked as a future format 3: refused, saying to upgrade.
     import lmdb
+
     from agentcas.cas import encoding
     from agentcas.cas.sealed import seal, unseal
     env = lmdb.open(str(store), max_dbs=20)

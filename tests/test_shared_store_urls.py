@@ -9,7 +9,6 @@ import pytest
 
 from conftest import run_cli
 
-
 # -- a shared store's two URLs belong together -------------------------------------------
 
 @pytest.fixture

@@ -453,6 +453,7 @@ def test_reasons_at_the_limits_are_accepted(mem, ws):
 def test_allowed_secret_is_rescanned_by_a_later_commit_without_the_flag(tmp_path):
     """--allow-secret applies to one commit; the stat cache must not carry it forward."""
     import time as _time
+
     from agentcas import Store
     from agentcas.workspace import snapshot as snapshot_module
     from agentcas.workspace.snapshot import SecretFound

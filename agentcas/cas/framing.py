@@ -15,8 +15,8 @@ import struct
 import threading
 import time
 import zlib
-from typing import cast
 from dataclasses import dataclass
+from typing import cast
 
 import zstandard
 

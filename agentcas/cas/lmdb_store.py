@@ -16,8 +16,8 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from typing import Any
 from contextlib import contextmanager
+from typing import Any
 
 import lmdb
 
@@ -34,7 +34,7 @@ INITIAL_MAP_SIZE = int(os.environ.get("AGENTCAS_LMDB_MAP_SIZE", str(16 << 30)))
 MIN_MAP_SIZE = 1 << 30
 DATA_FILE = "data.mdb"
 
-_OPEN: dict[str, "LmdbObjectStore"] = {}
+_OPEN: dict[str, LmdbObjectStore] = {}
 _OPEN_LOCK = threading.Lock()
 
 

@@ -111,7 +111,7 @@ def _text(value, what: str) -> str:
     return value
 
 
-def _packed_chunks(value, what: str) -> tuple["ChunkRef", ...]:
+def _packed_chunks(value, what: str) -> tuple[ChunkRef, ...]:
     if not isinstance(value, list):
         raise InvalidObject(f"{what} must be a list")
     refs = []
@@ -198,7 +198,7 @@ class ChunkList:
         return hash_object("chunklist", self.encode())
 
     @classmethod
-    def decode(cls, data: bytes) -> "ChunkList":
+    def decode(cls, data: bytes) -> ChunkList:
         if not _is_json(data):
             (chunks,) = _packed_row(data, "chunklist", 1)
             return cls(_packed_chunks(chunks, "chunklist"))
@@ -252,7 +252,7 @@ class TreeEntry:
         return [0, self.name, self.id, self.mode, self.size, self.chunks]
 
     @classmethod
-    def from_row(cls, row) -> "TreeEntry":
+    def from_row(cls, row) -> TreeEntry:
         if not isinstance(row, list) or not row or row[0] not in (0, 1) or isinstance(row[0], bool) \
                 or len(row) != (3 if row[0] == 1 else 6):
             raise InvalidObject("tree entry has the wrong shape")
@@ -265,7 +265,7 @@ class TreeEntry:
             raise InvalidObject(str(exc)) from None
 
     @classmethod
-    def from_doc(cls, doc) -> "TreeEntry":
+    def from_doc(cls, doc) -> TreeEntry:
         if not isinstance(doc, dict):
             raise InvalidObject("tree entry must be an object")
         allowed = {"name", "type", "id", "mode", "size", "chunks"}
@@ -304,7 +304,7 @@ class Tree:
             raise InvalidObject(str(exc)) from None
 
     @classmethod
-    def of(cls, entries) -> "Tree":
+    def of(cls, entries) -> Tree:
         return cls(tuple(sorted(entries, key=lambda e: e.name.encode("utf-8"))))
 
     def encode(self) -> bytes:
@@ -328,7 +328,7 @@ class Tree:
         return hash_object("tree", self.encode())
 
     @classmethod
-    def decode(cls, data: bytes) -> "Tree":
+    def decode(cls, data: bytes) -> Tree:
         if not _is_json(data):
             (entries,) = _packed_row(data, "tree", 1)
             if not isinstance(entries, list):
@@ -373,14 +373,14 @@ class HistoryPosition:
         return [self.segment, self.seq, self.offset, self.digest]
 
     @classmethod
-    def from_row(cls, row) -> "HistoryPosition":
+    def from_row(cls, row) -> HistoryPosition:
         if not isinstance(row, list) or len(row) != 4:
             raise InvalidObject("history position has the wrong shape")
         return cls(_opt_id(row[0], "segment"), _int(row[1], "seq"), _int(row[2], "offset"),
                    _id(row[3], "digest"))
 
     @classmethod
-    def from_doc(cls, doc) -> "HistoryPosition":
+    def from_doc(cls, doc) -> HistoryPosition:
         _keys(doc, {"segment", "seq", "offset", "digest"}, what="history position")
         segment = None if doc["segment"] is None else _digest(doc["segment"], "segment")
         return cls(segment, _int(doc["seq"], "seq"), _int(doc["offset"], "offset"),
@@ -446,7 +446,7 @@ class Segment:
         return hash_object("segment", self.encode())
 
     @classmethod
-    def decode(cls, data: bytes) -> "Segment":
+    def decode(cls, data: bytes) -> Segment:
         if not _is_json(data):
             base, index, skip, count, length, digest, chunks, inline = _packed_row(data, "segment", 8)
             if not isinstance(inline, bytes):
@@ -532,7 +532,7 @@ class Checkpoint:
         return body, hash_object("checkpoint", body)
 
     @classmethod
-    def decode(cls, data: bytes) -> "Checkpoint":
+    def decode(cls, data: bytes) -> Checkpoint:
         if not _is_json(data):
             (tree, parents, thread, reason, author, created_at, runtime, history, generation,
              skip) = _packed_row(data, "checkpoint", 10)

@@ -9,8 +9,8 @@ with LMDB, `reading()` pins one read snapshot for a burst of reads.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Iterable, Iterator
 
 import blake3
 

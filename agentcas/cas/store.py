@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
 
 from agentcas.cas import framing
 from agentcas.cas.blobstore.base import BlobInfo, BlobStore
@@ -191,7 +192,7 @@ def _list_objects(txn: Txn, start: bytes | None = None) -> Iterator[BlobInfo]:
 class TableBlobStore(BlobStore):
     """The `objects` table of an environment as a BlobStore."""
 
-    def __init__(self, env: "ObjectStore"):
+    def __init__(self, env: ObjectStore):
         self.env = env
         self.url = env.url
 
@@ -274,7 +275,7 @@ class TableBlobStore(BlobStore):
 class TableMetadataStore(MetadataStore):
     """The metadata tables of an environment as a MetadataStore (same transactions)."""
 
-    def __init__(self, env: "ObjectStore"):
+    def __init__(self, env: ObjectStore):
         self.env = env
         self.url = env.url
 

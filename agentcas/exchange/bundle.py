@@ -34,19 +34,32 @@ import blake3
 
 from agentcas import testing_hooks
 from agentcas.cas import crashpoints, encoding, framing
-from agentcas.cas.digest import Digest
-from agentcas.cas.objects import Checkpoint, HistoryPosition, InvalidObject
-from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.backends import Stores
 from agentcas.cas.blobstore.base import BlobInfo, BlobStore
+from agentcas.cas.digest import Digest
 from agentcas.cas.leases import Lease
 from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.objects import Checkpoint, HistoryPosition, InvalidObject
+from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.source import ObjectSource
 from agentcas.cas.system_errors import from_os_error
 from agentcas.errors import ConflictError, IntegrityError, UsageError
-from agentcas.exchange.bundle_format import (MAGIC, MAX_SIGNATURES, RECORD_HEAD, TRAILER, TRAILER_MAGIC, U32,
-                                             BundleCorrupt, Manifest, ManifestFile, ParsedBundle, iter_records,
-                                             parse, read_record_value, restamp)
+from agentcas.exchange.bundle_format import (
+    MAGIC,
+    MAX_SIGNATURES,
+    RECORD_HEAD,
+    TRAILER,
+    TRAILER_MAGIC,
+    U32,
+    BundleCorrupt,
+    Manifest,
+    ManifestFile,
+    ParsedBundle,
+    iter_records,
+    parse,
+    read_record_value,
+    restamp,
+)
 from agentcas.exchange.secret_scan import is_binary_file, refuse_rollout_secrets
 from agentcas.lineage import rollout
 from agentcas.lineage.closure import MissingObject, Walker

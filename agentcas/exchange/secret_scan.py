@@ -14,8 +14,8 @@ private-key block in a bundle: a private key never leaves in a bundle (as for fi
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest

@@ -28,13 +28,13 @@ import struct
 import time
 import zlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
 
 from agentcas.cas import framing
-from agentcas.cas.digest import Digest
 from agentcas.cas.backends import Stores
+from agentcas.cas.digest import Digest
 from agentcas.cas.leases import Lease
 from agentcas.cas.source import ObjectSource, verify_object
 from agentcas.cas.writer import BatchWriter

@@ -14,8 +14,8 @@ import time
 from typing import Any
 
 from agentcas.cas import framing
-from agentcas.cas.digest import Digest
 from agentcas.cas.backends import Stores
+from agentcas.cas.digest import Digest
 from agentcas.cas.source import ObjectSource
 from agentcas.errors import IntegrityError, NotFound, UsageError
 from agentcas.gc.plan import DEFAULT_EXPIRE_REFLOG, DEFAULT_GRACE

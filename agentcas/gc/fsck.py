@@ -32,12 +32,12 @@ from typing import Any
 import lmdb
 
 from agentcas.cas import encoding, framing
-from agentcas.cas.digest import Digest
-from agentcas.cas.objects import Checkpoint, ChunkList, HistoryPosition, Segment, Tree
-from agentcas.cas.sealed import unseal
 from agentcas.cas.backends import Stores
+from agentcas.cas.digest import Digest
 from agentcas.cas.leases import LeaseRow
 from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.objects import Checkpoint, ChunkList, HistoryPosition, Segment, Tree
+from agentcas.cas.sealed import unseal
 from agentcas.cas.source import ObjectSource, load_object, verify_object
 from agentcas.errors import IntegrityError
 from agentcas.gc.markset import MarkSet

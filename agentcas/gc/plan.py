@@ -30,15 +30,14 @@ import time
 from dataclasses import dataclass, field
 
 from agentcas.cas import framing
-from agentcas.cas.digest import Digest
 from agentcas.cas.backends import Stores
+from agentcas.cas.digest import Digest
 from agentcas.errors import IntegrityError, UsageError
-from agentcas.lineage.closure import MissingObject
-from agentcas.refs import threads
 from agentcas.gc.markset import KeySpool, MarkSet
 from agentcas.gc.pages import PageReleaser
-from agentcas.gc.roots import (GcAborted, MarkWalker, all_roots, mark_root, mark_signatures,
-                               read_pins, young_closure)
+from agentcas.gc.roots import GcAborted, MarkWalker, all_roots, mark_root, mark_signatures, read_pins, young_closure
+from agentcas.lineage.closure import MissingObject
+from agentcas.refs import threads
 
 DEFAULT_GRACE = 3600
 DEFAULT_EXPIRE_REFLOG = 90 * 86400

@@ -26,14 +26,14 @@ segments up to the one holding record N-1 (that segment whole) and nothing after
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest
-from agentcas.cas.objects import EMPTY_POSITION, ChunkList, HistoryPosition, Segment, Tree
 from agentcas.cas.leases import LeaseRow, read_leases
 from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.objects import EMPTY_POSITION, ChunkList, HistoryPosition, Segment, Tree
 from agentcas.cas.source import ObjectSource, load_object
 from agentcas.errors import IntegrityError
 from agentcas.lineage.closure import MarkSetLike, MissingObject, Walker

@@ -33,16 +33,15 @@ from dataclasses import dataclass
 
 from agentcas import testing_hooks
 from agentcas.cas import encoding, framing
-from agentcas.cas.sealed import seal
 from agentcas.cas.backends import Stores
 from agentcas.cas.leases import SWEEP_WINDOW, begin_sweep, end_sweep
 from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.sealed import seal
 from agentcas.cas.source import ObjectSource
 from agentcas.errors import IntegrityError
 from agentcas.gc.pages import PageReleaser
 from agentcas.gc.plan import HEADER_WINDOW, KEY_SIZE, SWEEP_LEVELS, GcPlan
-from agentcas.gc.roots import (GcAborted, MarkWalker, entry_roots, mark_root, mark_signatures,
-                               read_pins, state_roots)
+from agentcas.gc.roots import GcAborted, MarkWalker, entry_roots, mark_root, mark_signatures, read_pins, state_roots
 from agentcas.refs import threads
 
 BATCH_DELETES = 10_000

@@ -473,9 +473,10 @@ class Ingest:
         first): an edit anywhere in the stored part is found. A file that only grew is
         checked by its job instead, against the whole-bytes digest the last run recorded.
         """
+        import blake3
+
         from agentcas.cas.digest import chain_prefix
         from agentcas.cas.objects import EMPTY_POSITION
-        import blake3
         handle.seek(0)
         digest, seq, remaining, carry = EMPTY_POSITION.digest, 0, based_on.offset, b""
         while remaining > 0:

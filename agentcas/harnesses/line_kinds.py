@@ -34,7 +34,7 @@ class _Head(msgspec.Struct):
     """The fields of a record ingest reads from every line (others are skipped, not built)."""
 
     type: object = None
-    payload: "_Payload | None" = None   # any other JSON value: decoded by parse_line instead
+    payload: _Payload | None = None   # any other JSON value: decoded by parse_line instead
 
 
 _HEAD = msgspec.json.Decoder(_Head)

@@ -14,8 +14,14 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import (ChannelVersions, Checkpoint, CheckpointMetadata, CheckpointTuple,
-                                       get_checkpoint_id, get_checkpoint_metadata)
+from langgraph.checkpoint.base import (
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
+)
 
 from agentcas.errors import ConflictError
 from agentcas.langgraph.aio import AsyncSaverMethods

@@ -15,8 +15,14 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import (BaseCheckpointSaver, ChannelVersions, Checkpoint, CheckpointMetadata,
-                                       CheckpointTuple)
+from langgraph.checkpoint.base import (
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+)
+
 
 class AsyncSaverMethods(BaseCheckpointSaver[int]):
     """LangGraph's async checkpointer methods over the sync ones, off the event loop."""

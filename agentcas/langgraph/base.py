@@ -40,10 +40,26 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from agentcas.cas.objects import HistoryPosition, Tree, TreeEntry
 from agentcas.errors import ConflictError, IntegrityError
 from agentcas.langgraph.index import CheckpointIndex, Line, Node
-from agentcas.langgraph.names import (BRANCHES, ROOT, decode_component, is_hashed, ns_component,
-                                      thread_component, thread_root)
-from agentcas.langgraph.records import (FORMAT, RECORD, VALUES, CorruptCheckpoint, LineRecords,
-                                        decode_layout1, doc_of_checkpoint_record, parse_records, value_bytes)
+from agentcas.langgraph.names import (
+    BRANCHES,
+    ROOT,
+    decode_component,
+    is_hashed,
+    ns_component,
+    thread_component,
+    thread_root,
+)
+from agentcas.langgraph.records import (
+    FORMAT,
+    RECORD,
+    VALUES,
+    CorruptCheckpoint,
+    LineRecords,
+    decode_layout1,
+    doc_of_checkpoint_record,
+    parse_records,
+    value_bytes,
+)
 from agentcas.refs.threads import ThreadState
 
 if TYPE_CHECKING:

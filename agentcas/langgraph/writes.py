@@ -28,8 +28,18 @@ from agentcas.cas.objects import EMPTY_POSITION, HistoryPosition
 from agentcas.langgraph.base import BaseAgentcasSaver, Retry
 from agentcas.langgraph.index import Line, Node
 from agentcas.langgraph.names import checkpoint_reason, sealed_reason, value_file
-from agentcas.langgraph.records import (FORMAT, RECORD_VALUE_BYTES, SERDE_FILES, VALUES, Earlier, checkpoint_record,
-                                        jsonl, record_value, value_bytes, value_fields)
+from agentcas.langgraph.records import (
+    FORMAT,
+    RECORD_VALUE_BYTES,
+    SERDE_FILES,
+    VALUES,
+    Earlier,
+    checkpoint_record,
+    jsonl,
+    record_value,
+    value_bytes,
+    value_fields,
+)
 from agentcas.refs.threads import ForkOrigin, ThreadState
 
 CACHED_CHECKPOINTS = 4

@@ -19,7 +19,6 @@ from agentcas.errors import IntegrityError, NotFound
 from agentcas.lineage.rollout import SkipLinks, search_skip_list, skip_index
 from agentcas.refs.revisions import load_checkpoint
 
-
 CHECKPOINT_LINKS = SkipLinks()  # checkpoints: (generation, skip, first parent)
 
 

@@ -27,14 +27,14 @@ So import, transfer and fsck refuse the same lies, and a store that fsck passes 
 
 from __future__ import annotations
 
-from typing import Iterator, Protocol
+from collections.abc import Iterator
+from typing import Protocol
 
 import blake3
 
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest
-from agentcas.cas.objects import (MAX_PATH_BYTES, Checkpoint, ChunkList, HistoryPosition, PathTooLong,
-                                  Segment, Tree)
+from agentcas.cas.objects import MAX_PATH_BYTES, Checkpoint, ChunkList, HistoryPosition, PathTooLong, Segment, Tree
 from agentcas.cas.source import ObjectSource, load_object, verify_object
 from agentcas.errors import IntegrityError
 

@@ -31,8 +31,8 @@ import functools
 import json
 import sqlite3
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from agentcas.cas.objects import EMPTY_POSITION, HistoryPosition
 from agentcas.errors import IntegrityError

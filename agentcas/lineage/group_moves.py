@@ -28,16 +28,16 @@ writer take a lease and plan again; so does content large enough to be stored ea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
 from functools import partial
-from typing import Callable
 
 from agentcas import testing_hooks
 from agentcas.cas import framing
 from agentcas.cas.backends import Stores
 from agentcas.cas.digest import Digest, hash_blob
 from agentcas.cas.leases import Lease, SweepWatch, SweptMeanwhile
-from agentcas.cas.objects import ChunkList, ChunkRef, Checkpoint, HistoryPosition, Tree, TreeEntry
+from agentcas.cas.objects import Checkpoint, ChunkList, ChunkRef, HistoryPosition, Tree, TreeEntry
 from agentcas.cas.source import ObjectSource, unframe_verified
 from agentcas.cas.store import has_object, save_object
 from agentcas.cas.writer import BATCH_BYTES
@@ -190,7 +190,7 @@ class GroupWriter:
         self._waiting_bytes = 0
         self.needed: set[bytes] = set()
 
-    def __enter__(self) -> "GroupWriter":
+    def __enter__(self) -> GroupWriter:
         # Taken before anything stored is looked at, as every writer's lease (Lease.__enter__).
         if self.optimistic and self.stores.embedded is not None:
             watch = SweepWatch()

@@ -21,8 +21,8 @@ collects them after the grace period.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from agentcas.cas.backends import Stores
 from agentcas.cas.leases import Lease

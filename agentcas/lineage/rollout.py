@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 import blake3
 
 from agentcas.cas import framing
-from agentcas.cas.digest import (Digest, chain_prefix, chain_raw, chain_step_hasher, chain_values, hash_blob,
-                                 hash_object)
+from agentcas.cas.digest import Digest, chain_prefix, chain_raw, chain_step_hasher, chain_values, hash_blob, hash_object
 from agentcas.cas.objects import EMPTY_POSITION, ChunkRef, HistoryPosition, Segment
 from agentcas.cas.source import ObjectSource, load_object, verify_object
 from agentcas.errors import AgentcasError, IntegrityError, UsageError
@@ -112,7 +111,7 @@ class PreparedSegment:
     record_hashes: list[bytes]
     record_sizes: list[int] = field(default_factory=list)
     inline: bytes = b""
-    chained: "ChainedRecords | None" = None
+    chained: ChainedRecords | None = None
 
     @property
     def count(self) -> int:

@@ -38,7 +38,6 @@ import re
 import secrets
 from collections import OrderedDict
 from dataclasses import dataclass, field
-
 from typing import TYPE_CHECKING
 
 from agentcas.errors import AgentcasError, NotFound, UsageError

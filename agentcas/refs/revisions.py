@@ -14,8 +14,8 @@ import re
 
 from agentcas.cas import framing
 from agentcas.cas.digest import DIGEST_SIZE, Digest
-from agentcas.cas.objects import Checkpoint
 from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.objects import Checkpoint
 from agentcas.cas.source import ObjectSource, load_object
 from agentcas.errors import IntegrityError, NotFound, UsageError
 from agentcas.refs.threads import read_reflog, read_thread

@@ -25,7 +25,7 @@ import blake3
 
 from agentcas import testing_hooks
 from agentcas.cas import crashpoints, framing
-from agentcas.cas.digest import DigestMismatch, Digest
+from agentcas.cas.digest import Digest, DigestMismatch
 from agentcas.cas.objects import MAX_PATH_BYTES, ChunkList, PathTooLong, Tree, TreeEntry
 from agentcas.cas.source import ObjectSource, load_object, verify_object
 from agentcas.cas.system_errors import from_os_error

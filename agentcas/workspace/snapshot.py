@@ -98,7 +98,7 @@ class FileTooLarge(AgentcasError):
     """A file does not fit in memory (files are read whole while they are stored)."""
 
 
-def _too_large(item: "FileItem") -> FileTooLarge:
+def _too_large(item: FileItem) -> FileTooLarge:
     return FileTooLarge(f"not enough memory to read {item.rel} ({item.st.st_size} bytes); "
                         "nothing was committed")
 

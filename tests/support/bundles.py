@@ -4,7 +4,7 @@ test breaks exactly one thing; `good_craft()` imports cleanly; keys and a receiv
 from __future__ import annotations
 
 import pytest
-from conftest import views
+
 from agentcas import Store
 from agentcas.cas import encoding, framing
 from agentcas.cas.digest import EMPTY, Digest, hash_blob, hash_object
@@ -13,6 +13,7 @@ from agentcas.cas.store import TABLES
 from agentcas.exchange import bundle_format as bf
 from agentcas.signing import envelope, keys
 
+from conftest import views
 
 ALICE = keys.generate()
 MALLORY = keys.generate()
@@ -72,7 +73,7 @@ class Craft:
         return body + blake3.blake3(body).digest()
 
     @classmethod
-    def explode(cls, path: str) -> "Craft":
+    def explode(cls, path: str) -> Craft:
         """The parts of an exported bundle, ready to be changed and reassembled."""
         craft = cls()
         with open(path, "rb") as handle:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+
 from langgraph.checkpoint.serde.base import CipherProtocol  # noqa: E402
 
 

@@ -93,7 +93,7 @@ def _child(doc: dict, out_path: str, err_path: str, value_path: str) -> None:
         stdin = os.open(doc["stdin"] if doc.get("stdin") else os.devnull, os.O_RDONLY)
         os.dup2(stdin, 0)
         os.close(stdin)
-        sys.stdin = open(0, "r", closefd=False)
+        sys.stdin = open(0, closefd=False)
         sys.stdout = open(1, "w", closefd=False)
         sys.stderr = open(2, "w", closefd=False)
         if "argv" in doc:

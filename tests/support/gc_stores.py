@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import time
-from conftest import views
+
 from agentcas import Store
 from agentcas.lineage.closure import Walker
 from agentcas.refs import threads
+
+from conftest import views
 
 LATER = 5  # seconds: plan "now" this far ahead, so objects just written are past a 0s grace
 

@@ -64,7 +64,7 @@ class CodexSession:
         self.lines.append(data)
         return len(self.lines)
 
-    def copy_lines(self, other: "CodexSession", count: int | None = None) -> None:
+    def copy_lines(self, other: CodexSession, count: int | None = None) -> None:
         """A fork's copy of the source's lines (records as they were, fresh timestamps)."""
         for line in other.lines[:count]:
             doc = json.loads(line)

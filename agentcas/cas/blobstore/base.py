@@ -11,8 +11,8 @@ Backends: memory.py, ../lmdb_store.py (in the store's one LMDB environment), s3.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping, Sequence
 
 from agentcas.cas.chunking import LOCAL, ChunkSizes
 from agentcas.errors import AgentcasError

@@ -23,12 +23,13 @@ Backends: memory.py, ../lmdb_store.py, postgres.py.
 
 from __future__ import annotations
 
-from agentcas.errors import AgentcasError
-
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import TypeVar
+
+from agentcas.errors import AgentcasError
 
 T = TypeVar("T")
 

@@ -65,8 +65,7 @@ from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict, timeout_from_conninfo
 
 from agentcas.cas import crashpoints, settings
-from agentcas.cas.metastore.base import (TABLES, MetadataStore, MetadataUnavailable, MetaTxn, Read,
-                                         prefix_end)
+from agentcas.cas.metastore.base import TABLES, MetadataStore, MetadataUnavailable, MetaTxn, prefix_end
 from agentcas.errors import UsageError
 
 SCHEMA_VERSION = 2
@@ -197,7 +196,7 @@ class _PgTxn(MetaTxn):
     """Statements whose result nobody reads (BEGIN, put) wait and go out in one pipeline
     with the next statement or the COMMIT: a ref move is three round trips, not five."""
 
-    def __init__(self, store: "PostgresMetadataStore", conn: psycopg.Connection, writable: bool,
+    def __init__(self, store: PostgresMetadataStore, conn: psycopg.Connection, writable: bool,
                  begin: str | None = None):
         self._store = store
         self._conn = conn
