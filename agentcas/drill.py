@@ -253,7 +253,8 @@ def run_drill(echo=print, keep: bool = False) -> DrillReport:
                                   os.path.join(recovered, "rollout.jsonl"))
             log = store.log("main")
             store.close()
-            _require(log[1]["checkpoint"] == memo["checkpoint"], "the finished checkpoint does not follow the imported one")
+            _require(log[1]["checkpoint"] == memo["checkpoint"],
+                     "the finished checkpoint does not follow the imported one")
             return (f"checkpoint {result['checkpoint'][:12]} follows {memo['checkpoint'][:12]}, "
                     f"+{result['appended_records']} rollout records")
 
@@ -330,7 +331,8 @@ def run_checkpoint_drill(store: Store, rev: str, echo=print, keep: bool = False)
             finally:
                 os.close(dest_fd)
             found = {path for path, _ in walk_directory(dest)}
-            _require(found == expected_paths, f"restore has extra or missing paths: {sorted(found ^ expected_paths)[:3]}")
+            _require(found == expected_paths,
+                     f"restore has extra or missing paths: {sorted(found ^ expected_paths)[:3]}")
             scratch = memo["scratch"]
             with scratch.source.reading() as txn:
                 restored_history = b"".join(rollout.History(txn).read(cp.history))

@@ -47,7 +47,8 @@ from agentcas.refs.threads import ForkOrigin, ThreadState
 STORE_DIR = ".agentcas"
 FORMAT_KEY = b"format"
 TOKEN_KEY_PREFIX = b"token-key/"
-INGEST_ZSTD_LEVEL = framing.INGEST_ZSTD   # harness logs: level 3 (small tables), 4x faster than the rollout level 7, ~3% larger
+# Harness logs: level 3 (small tables), 4x faster than the rollout level 7, ~3% larger.
+INGEST_ZSTD_LEVEL = framing.INGEST_ZSTD
 # Store format 2 (docs/FORMAT.md section 7): packed objects and compact reflog rows. A
 # format-1 store opens and is marked 2 on its first writable open; its objects and rows
 # stay as they are (every reader here reads both forms).
@@ -207,7 +208,8 @@ class Store:
         self.stores.close()
 
     def _check_format(self) -> None:
-        _, (value, binding) = self.meta.exchange(reads=[Read("meta", FORMAT_KEY), Read("meta", STORE_KEY)])  # one request
+        # One request for both rows.
+        _, (value, binding) = self.meta.exchange(reads=[Read("meta", FORMAT_KEY), Read("meta", STORE_KEY)])
         if self.stores.shared:
             check_binding(self.stores, binding)
         if value is None:

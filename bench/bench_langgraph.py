@@ -78,9 +78,9 @@ def bench_langgraph(work: str, msgs: list[dict], delta: bool, budget: float) -> 
             return functools.reduce(add_messages, writes, state)
 
         # The functional form: class bodies' annotations would be strings here (PEP 563).
-        State = TypedDict("State", {"messages": Annotated[list, DeltaChannel(batch_add)]})
+        State = TypedDict("State", {"messages": Annotated[list, DeltaChannel(batch_add)]})  # noqa: UP013
     else:
-        State = TypedDict("State", {"messages": Annotated[list, add_messages]})
+        State = TypedDict("State", {"messages": Annotated[list, add_messages]})  # noqa: UP013
 
     builder = StateGraph(State)
     builder.add_node("agent", lambda state: {})  # stands in for the model call

@@ -169,7 +169,7 @@ def main(argv: list[str]) -> int:
     load = h.load_note()
     from agentcas import Store
     from agentcas.mcp.tools import ToolHost
-    rows, effect_rows = [], []
+    rows = []
     with h.work_dir("mcp") as work:
         workspace = os.path.join(work, "ws")
         for i in range(FILES):

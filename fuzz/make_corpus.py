@@ -62,7 +62,7 @@ def main() -> None:
         signed = envelope.sign(key, store.resolve("main"), "main")
         seed("envelope", signed.encode())
         with store.objects.reader() as txn:
-            for raw, value in txn.scan("objects"):
+            for _, value in txn.scan("objects"):
                 value = bytes(value)
                 kind, data = framing.unframe(value)
                 if len(value) <= 4096:

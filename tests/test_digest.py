@@ -58,7 +58,7 @@ def test_raw_must_be_32_bytes():
 def test_digest_is_frozen_hashable_ordered():
     a, b = Digest(bytes(32)), Digest(b"\x01" * 32)
     assert a < b and len({a, Digest(bytes(32))}) == 1
-    with pytest.raises(Exception):
+    with pytest.raises(AttributeError):
         a.raw = b"y" * 32
 
 

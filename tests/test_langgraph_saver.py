@@ -937,7 +937,7 @@ def test_push_and_pull_carry_a_thread_the_saver_resumes(tmp_path, run):
 # --- the decoded-items index of a listing (records.LineRecords) -----------------------------------
 
 from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st
+from hypothesis import strategies as st  # noqa: E402
 
 from agentcas.langgraph.records import LineRecords  # noqa: E402
 

@@ -530,7 +530,8 @@ def _writer(tmp_path, path, who, count):
 
 def _logged(log: Path) -> tuple[list[str], list[str]]:
     lines = log.read_text().splitlines()
-    return [l.split()[1] for l in lines if l.startswith("start")], [l.split()[1] for l in lines if l.startswith("done")]
+    return ([line.split()[1] for line in lines if line.startswith("start")],
+            [line.split()[1] for line in lines if line.startswith("done")])
 
 
 def test_two_processes_on_one_thread_lose_no_checkpoint(tmp_path):
@@ -709,7 +710,7 @@ def _extend(state, writes):  # a DeltaChannel reducer: one call with a batch of 
 
 @pytest.mark.parametrize("every", [3, 50])
 def test_prune_keep_latest_keeps_a_delta_channels_state(tmp_path, every):
-    Notes = TypedDict("Notes", {"notes": Annotated[list, DeltaChannel(_extend, snapshot_frequency=every)]})
+    Notes = TypedDict("Notes", {"notes": Annotated[list, DeltaChannel(_extend, snapshot_frequency=every)]})  # noqa: UP013
 
     def build(saver):
         builder = StateGraph(Notes)

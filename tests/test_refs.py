@@ -213,7 +213,7 @@ def test_thread_name_wins_over_hex_prefix(chain):
 
 # --- reflog rows, version 2 (docs/FORMAT.md 6.2 and 9b) -----------------------------------------
 from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st
+from hypothesis import strategies as st  # noqa: E402
 
 from agentcas.cas import encoding  # noqa: E402
 from agentcas.cas.objects import EMPTY_POSITION, HistoryPosition  # noqa: E402

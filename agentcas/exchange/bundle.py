@@ -209,7 +209,8 @@ def _scan_files(txn: ObjectSource, tree_id: Digest, allow_secrets, scanned: set)
             continue
         allowed = any(fnmatch.fnmatchcase(path, g) for g in allow_secrets)
         # Window by window, so a file of any size is scanned in bounded memory.
-        windows = secrets.WindowScan(lambda data, lines: _refuse_secret(data, lines, path, allowed))
+        windows = secrets.WindowScan(lambda data, lines, path=path, allowed=allowed:
+                                     _refuse_secret(data, lines, path, allowed))
         for data in verified_chunks(txn, entry, path):
             windows.feed(data)
         windows.finish()

@@ -19,8 +19,8 @@ transaction for an embedded store; a listing of the bucket for a shared one).
    (lineage/closure.Walker, one shared `seen` set); a missing object is reported with
    what refers to it (on a shared store, missing means absent from step 2's listing of
    the bucket, kept in a bounded gc.markset.MarkSet: the walk reads through this
-   machine's cache, which may still hold what the bucket lost), and a corrupt object found in step 2 is annotated with its
-   referrer and root.
+   machine's cache, which may still hold what the bucket lost), and a corrupt object
+   found in step 2 is annotated with its referrer and root.
 A damaged LMDB file (lmdb.Error while reading) is reported as "store database is
 corrupt" (exit 4).
 """

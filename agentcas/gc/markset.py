@@ -21,8 +21,9 @@ so marking a million objects took ~100 MB. `MarkSet` holds the same ids packed:
 `KeySpool` keeps a list of (32-byte id, u64) pairs, gc's candidates and young objects,
 packed in memory up to SPOOL_BUFFER bytes (or MEMORY_BUDGET/8 if smaller) and in a
 temporary file beyond, read back in order in batches. `KeySizes` maps ids to a u64 (a
-shared store's listed sizes, for the report) in a temporary LMDB table from the start, its pages released like the spilled
-mark table's. So gc's memory for marks, candidates and sizes is bounded by constants.
+shared store's listed sizes, for the report) in a temporary LMDB table from the start,
+its pages released like the spilled mark table's. So gc's memory for marks, candidates and
+sizes is bounded by constants.
 """
 
 from __future__ import annotations

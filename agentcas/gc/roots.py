@@ -16,11 +16,12 @@ dropped.
 
 Mark: one `MarkWalker` (lineage/closure.Walker) shares a single `seen` mark set of raw
 32-byte digests across all roots (a markset.MarkSet in gc: bounded memory, spilling to
-disk), so each object is visited once however many threads share it. Interior objects (checkpoints, trees, chunk lists, segments) decide what
-else is alive, so they are verified against their ids; chunks are leaves and are only
-checked for presence. A history is followed back through segment `base` links only,
-so a fork that shares the first N records of a deleted parent keeps exactly the
-segments up to the one holding record N-1 (that segment whole) and nothing after it.
+disk), so each object is visited once however many threads share it. Interior objects
+(checkpoints, trees, chunk lists, segments) decide what else is alive, so they are
+verified against their ids; chunks are leaves and are only checked for presence. A
+history is followed back through segment `base` links only, so a fork that shares the
+first N records of a deleted parent keeps exactly the segments up to the one holding
+record N-1 (that segment whole) and nothing after it.
 """
 
 from __future__ import annotations

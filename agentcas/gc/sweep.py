@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 
 from agentcas import testing_hooks
 from agentcas.cas import encoding, framing
@@ -195,11 +196,15 @@ def _delete_signature_rows(txn: Txn, checkpoints: list[bytes]) -> None:
             txn.delete("signatures", sig_key)
 
 
+def _put_last_gc(txn: Txn, sealed: bytes) -> None:
+    txn.put("meta", LAST_GC_KEY, sealed)
+
+
 def settle(stores: Stores, doc: dict) -> None:
     """Two small write transactions so the next write can reuse the pages just freed."""
     for step in (1, 2):
-        payload = encoding.encode(dict(doc, settle=step))
-        stores.meta.write(lambda txn: txn.put("meta", LAST_GC_KEY, seal("meta", LAST_GC_KEY, payload)))
+        sealed = seal("meta", LAST_GC_KEY, encoding.encode(dict(doc, settle=step)))
+        stores.meta.write(partial(_put_last_gc, sealed=sealed))
 
 
 def execute(stores: Stores, plan: GcPlan, wait: float = DEFAULT_WAIT,

@@ -146,7 +146,8 @@ def render_text(doc: dict, records=None, limit: int = 100) -> str:
         context = doc["turn_context"]
         if isinstance(context, dict):
             lines.append(f"turn context (line {doc['turn_context_line']}): model {preview(context.get('model'), 60)}, "
-                         f"approval {preview(context.get('approval_policy'), 40)}, cwd {preview(context.get('cwd'), 120)}")
+                         f"approval {preview(context.get('approval_policy'), 40)}, "
+                         f"cwd {preview(context.get('cwd'), 120)}")
         else:
             lines.append("turn context: none (the next turn re-injects the full context)")
         if doc["rolled_back_turns"]:

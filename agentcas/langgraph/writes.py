@@ -187,9 +187,10 @@ class SaverWrites(BaseAgentcasSaver):
                 how["items"] = {"from": end_seq, "base": how["items"]["base"]}
         ck_kind, ck_data = self.serde.dumps_typed({k: v for k, v in checkpoint.items() if k != "channel_values"})
         md_kind, md_data = self.serde.dumps_typed(metadata)
-        doc: dict[str, Any] = {"format": FORMAT, "thread_id": str(thread_id), "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"],
-               "parent_checkpoint_id": parent_id, "channels": channels,
-               "checkpoint": {"t": ck_kind, "v": ck_data}, "metadata": {"t": md_kind, "v": md_data}}
+        doc: dict[str, Any] = {
+            "format": FORMAT, "thread_id": str(thread_id), "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"],
+            "parent_checkpoint_id": parent_id, "channels": channels,
+            "checkpoint": {"t": ck_kind, "v": ck_data}, "metadata": {"t": md_kind, "v": md_data}}
         filed = {part for part in SERDE_FILES if len(doc[part]["v"]) > RECORD_VALUE_BYTES}
         for part in filed:
             files[SERDE_FILES[part]] = doc[part]["v"]

@@ -161,7 +161,8 @@ class ToolHost:
                              "items": {"type": "array", "items": _EFFECT_ITEM}, "has_more": {"type": "boolean"},
                              "note": {"type": "string"}}, ["count", "items", "has_more", "note"])
         restore_out = _obj({"performed": {"type": "boolean"}, "status": {"type": "string"},
-                            "message": {"type": "string"}, "host_command": {"type": "array", "items": {"type": "string"}},
+                            "message": {"type": "string"},
+                            "host_command": {"type": "array", "items": {"type": "string"}},
                             "open_effects": open_effects, "result": {"type": ["object", "null"]},
                             "note": {"type": "string"}},
                            ["performed", "status", "host_command", "open_effects", "note"])

@@ -480,7 +480,10 @@ class Snapshotter:
                     self.progress(done, total)
             for item in todo:
                 if item.st.st_size > STREAM_BYTES:
-                    size = self._store_stream(item, pool, lambda part: self.progress and self.progress(done + part, total))
+                    def report(part: int, done: int = done) -> None:
+                        if self.progress:
+                            self.progress(done + part, total)
+                    size = self._store_stream(item, pool, report)
                     done += size
                     self.stats.read_bytes += size
                     if self.progress:
