@@ -246,6 +246,23 @@ def test_live_pin_stops_the_sweep_and_dead_pin_is_dropped(any_store, tmp_path):
         assert txn.count("leases") == 0
 
 
+def test_a_dead_writers_lease_is_no_write_in_progress_in_the_plan(any_store, tmp_path):
+    """The plan counts only live leases as writes in progress: a lease left by a process of
+    this host that is gone is neither a pin root nor a note that the sweep will wait."""
+    store = any_store
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    key = b"fedcba9876543210"
+    row = LeaseRow(key, "crashed commit", this_host(), int(dead), time.time(), time.time() + 600)
+    store.meta.write(lambda txn: txn.put("leases", key, row.encode()))
+    plan = store.gc(grace=0, expire_reflog=0, dry_run=True, now=later())["plan"]
+    assert plan["roots"]["pin"] == 0
+    assert not any("in progress" in note for note in plan["notes"])
+    with Lease(store.meta, "live write"):
+        plan = store.gc(grace=0, expire_reflog=0, dry_run=True, now=later())["plan"]
+    assert plan["roots"]["pin"] == 1 and any("1 write(s) in progress" in note for note in plan["notes"])
+
+
 def test_ref_moved_during_gc_is_marked_before_sweeping(any_store, tmp_path):
     """A branch created between plan and sweep onto an unreachable checkpoint keeps it whole."""
     store = any_store
