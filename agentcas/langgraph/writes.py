@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from langgraph.checkpoint.base import WRITES_IDX_MAP, ChannelVersions, Checkpoint, CheckpointMetadata
@@ -79,6 +80,23 @@ def extends(value: list, previous: list) -> bool:
     return True
 
 
+@dataclass
+class _ChannelPlan:
+    """What a put stores for its channels: their entries in the checkpoint record, the files
+    of its tree, the lists it remembers, and the records appended after `base_seq`."""
+
+    base_seq: int
+    own: list[tuple[int, bytes]]  # this put's value records (what later records may name)
+    channels: dict[str, dict] = field(default_factory=dict)
+    files: dict[str, Any] = field(default_factory=dict)
+    lists: dict[str, list] = field(default_factory=dict)
+    records: list[bytes] = field(default_factory=list)
+
+    def next_seq(self) -> int:
+        """The seq the next appended record will have."""
+        return self.base_seq + len(self.records)
+
+
 class SaverWrites(BaseAgentcasSaver):
     """The steps of put and put_writes (one attempt each; the public methods retry them)."""
 
@@ -115,7 +133,6 @@ class SaverWrites(BaseAgentcasSaver):
                            if line.refs[ref].checkpoint == parent.digest), None)
         held = line.refs.get(holder) if holder is not None else None
         base = held.history if held is not None else parent.history if parent is not None else EMPTY_POSITION
-        values = checkpoint["channel_values"]
         recent: list[list[tuple[int, bytes]]] = []
         own: list[tuple[int, bytes]] = []  # this put's value records
 
@@ -123,62 +140,9 @@ class SaverWrites(BaseAgentcasSaver):
             if not recent:
                 recent.append(self._recent_values(base, parent) if parent is not None else [])
             return own + recent[0]
-        channels: dict[str, dict] = {}
-        files: dict[str, Any] = {}
-        lists: dict[str, list] = {}
-        records: list[bytes] = []
-        for ch in checkpoint["channel_versions"]:
-            before = parent_channels.get(ch)
-            if ch not in new_versions and before is not None:
-                channels[ch] = before  # unchanged: the parent's record, file or items, stored once
-                if "rec" in before:
-                    pass
-                elif "file" in before:
-                    files[f"{VALUES}/{before['file']}"] = parent_entries[before["file"]]
-                else:
-                    base_file = before["items"].get("base")
-                    if base_file:
-                        files[f"{VALUES}/{base_file['file']}"] = parent_entries[base_file["file"]]
-                    if ch in parent_lists:
-                        lists[ch] = parent_lists[ch]
-                continue
-            if ch not in values:
-                continue  # an empty channel
-            value = values[ch]
-            previous = parent_lists.get(ch)
-            if previous is None and before is None and isinstance(value, list):
-                previous = []  # a new list channel extends the empty list: its items go to the rollout
-            if isinstance(value, list) and previous is not None and extends(value, previous):
-                if before is not None and "items" in before:
-                    channels[ch] = before
-                    base_file = before["items"].get("base")
-                else:  # the parent's whole stored list (or nothing) is the base these items extend
-                    base_file = before
-                    channels[ch] = {"items": {"from": base.seq + len(records), "base": base_file}}
-                if base_file:
-                    files[f"{VALUES}/{base_file['file']}"] = parent_entries[base_file["file"]]
-                for item in value[len(previous):]:
-                    kind, data = self.serde.dumps_typed(item)
-                    records.append(jsonl({"k": "item", "ch": ch, "t": kind, **value_fields(data, earlier)}))
-                lists[ch] = list(value)
-                continue
-            kind, data = self.serde.dumps_typed(value)
-            if not isinstance(value, list) and len(data) <= RECORD_VALUE_BYTES:
-                # A small value: a record in the history (no blob, no tree entry), so the
-                # writes and items that repeat its bytes can name them.
-                channels[ch] = {"rec": base.seq + len(records), "n": len(data), "t": kind}
-                own.append((base.seq + len(records), data))
-                records.append(jsonl({"k": "val", "ch": ch, "t": kind, **record_value(data)}))
-                continue
-            file = value_file(ch)
-            files[f"{VALUES}/{file}"] = data
-            if isinstance(value, list):
-                # A list that does not extend its parent's: stored whole, as the base that the
-                # items appended after this checkpoint extend ("from" is filled in below).
-                channels[ch] = {"items": {"from": None, "base": {"file": file, "t": kind}}}
-                lists[ch] = list(value)
-            else:
-                channels[ch] = {"file": file, "t": kind}
+        plan = _ChannelPlan(base.seq, own)
+        self._plan_channels(plan, checkpoint, new_versions, parent_channels, parent_lists, parent_entries, earlier)
+        channels, files, lists, records = plan.channels, plan.files, plan.lists, plan.records
         # link() appends exactly these records onto `base`, and the move lands only if the
         # thread is still at `expected`, so the new history's seq is known here.
         end_seq = base.seq + len(records)
@@ -230,6 +194,63 @@ class SaverWrites(BaseAgentcasSaver):
         while len(self._docs) > CACHED_CHECKPOINTS:
             self._docs.popitem(last=False)
         return digest
+
+    def _plan_channels(self, plan: _ChannelPlan, checkpoint: Checkpoint, new_versions: ChannelVersions,
+                       parent_channels: dict, parent_lists: dict, parent_entries: dict, earlier: Earlier) -> None:
+        """How each channel of `checkpoint` is stored, into `plan`: the parent's entry when
+        unchanged, new items when a list extends the parent's, a record when small, a file else."""
+        for ch in checkpoint["channel_versions"]:
+            before = parent_channels.get(ch)
+            if ch not in new_versions and before is not None:
+                plan.channels[ch] = before  # unchanged: the parent's record, file or items, stored once
+                if "rec" in before:
+                    pass
+                elif "file" in before:
+                    plan.files[f"{VALUES}/{before['file']}"] = parent_entries[before["file"]]
+                else:
+                    base_file = before["items"].get("base")
+                    if base_file:
+                        plan.files[f"{VALUES}/{base_file['file']}"] = parent_entries[base_file["file"]]
+                    if ch in parent_lists:
+                        plan.lists[ch] = parent_lists[ch]
+                continue
+            if ch not in checkpoint["channel_values"]:
+                continue  # an empty channel
+            value = checkpoint["channel_values"][ch]
+            previous = parent_lists.get(ch)
+            if previous is None and before is None and isinstance(value, list):
+                previous = []  # a new list channel extends the empty list: its items go to the rollout
+            if isinstance(value, list) and previous is not None and extends(value, previous):
+                if before is not None and "items" in before:
+                    plan.channels[ch] = before
+                    base_file = before["items"].get("base")
+                else:  # the parent's whole stored list (or nothing) is the base these items extend
+                    base_file = before
+                    plan.channels[ch] = {"items": {"from": plan.next_seq(), "base": base_file}}
+                if base_file:
+                    plan.files[f"{VALUES}/{base_file['file']}"] = parent_entries[base_file["file"]]
+                for item in value[len(previous):]:
+                    kind, data = self.serde.dumps_typed(item)
+                    plan.records.append(jsonl({"k": "item", "ch": ch, "t": kind, **value_fields(data, earlier)}))
+                plan.lists[ch] = list(value)
+                continue
+            kind, data = self.serde.dumps_typed(value)
+            if not isinstance(value, list) and len(data) <= RECORD_VALUE_BYTES:
+                # A small value: a record in the history (no blob, no tree entry), so the
+                # writes and items that repeat its bytes can name them.
+                plan.channels[ch] = {"rec": plan.next_seq(), "n": len(data), "t": kind}
+                plan.own.append((plan.next_seq(), data))
+                plan.records.append(jsonl({"k": "val", "ch": ch, "t": kind, **record_value(data)}))
+                continue
+            file = value_file(ch)
+            plan.files[f"{VALUES}/{file}"] = data
+            if isinstance(value, list):
+                # A list that does not extend its parent's: stored whole, as the base that the
+                # items appended after this checkpoint extend ("from" is filled in below).
+                plan.channels[ch] = {"items": {"from": None, "base": {"file": file, "t": kind}}}
+                plan.lists[ch] = list(value)
+            else:
+                plan.channels[ch] = {"file": file, "t": kind}
 
     @staticmethod
     def _move(view: Any, name: str, state: ThreadState | None, parent: Node | None, new: ThreadState,
