@@ -47,6 +47,10 @@ class Remote:
     def shared(self) -> bool:
         return self.url.startswith("s3://")
 
+    def to_json(self) -> dict:
+        """The JSON the CLI prints for it (the same as its stored document)."""
+        return self.to_doc()
+
     def to_doc(self) -> dict:
         doc = {"name": self.name, "url": self.url}
         if self.refs:

@@ -140,14 +140,11 @@ class GroupView:
                author: str, created_at: str | None = None) -> Digest:
         """Build a checkpoint object (stored before the refs move); its id."""
         now, runtime = self._now_runtime()
-        generation, skip = checkpoints.index_for_child(self.objects, parents[0] if parents else None,
-                                                       self.checkpoint, memo=True)
-        cp = Checkpoint(tree, tuple(parents), thread, reason, author, created_at or now, runtime, history,
-                        generation=generation, skip=skip)
-        body, digest = cp.encode_with_id()
-        checkpoints.CHECKPOINT_LINKS.put(digest.raw, checkpoints.links_of(cp))
+        digest, cp, framed = checkpoints.build_checkpoint(self.objects, tree, tuple(parents), thread, reason,
+                                                          author, created_at or now, runtime, history,
+                                                          load=self.checkpoint)
         self._checkpoints[digest.raw] = cp
-        self.objects.waiting[digest.raw] = framing.frame(framing.KIND_CHECKPOINT, body)
+        self.objects.waiting[digest.raw] = framed
         self.needed.add(tree.raw)
         self.needed.update(p.raw for p in parents)
         if history.segment is not None:
