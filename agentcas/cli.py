@@ -34,20 +34,22 @@ class Context:
     def check_refs(self, path: str) -> None:
         """`--refs` names the refs of an s3:// store; given with a directory store it would
         be ignored, and the user would think the commit went to the team's store."""
-        if self.refs_flag and not path.startswith("s3://"):
+        from agentcas.cas.backends import is_shared_url
+        if self.refs_flag and not is_shared_url(path):
             raise UsageError(f"--refs is only for an s3://BUCKET/PREFIX store, and {path} is a directory "
                              "store; nothing was done")
 
     def store(self) -> Store:
         if self._store is None:
             # Lazy: --help, --version and usage errors need no store (~50 ms of imports).
+            from agentcas.cas.backends import is_shared_url
             from agentcas.repository import STORE_DIR, Store, find_store
             path = self.store_path or os.environ.get("AGENTCAS_STORE") or find_store()
             if not path:
                 raise AgentcasError(f"no store found: use --store DIR, set AGENTCAS_STORE, "
                                     f"or run 'agentcas init' to create ./{STORE_DIR}")
             self.check_refs(path)
-            if str(path).startswith("s3://"):  # before the request pool's threads start
+            if is_shared_url(path):  # before the request pool's threads start
                 from agentcas.cas.blobstore.s3 import cap_malloc_arenas
                 cap_malloc_arenas()
             self._store = Store.open(path, refs=self.refs)

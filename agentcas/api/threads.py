@@ -13,7 +13,7 @@ from agentcas.api.results import (BranchResult, DeleteResult, ForkResult, LogEnt
                                   ThreadInfo)
 from agentcas.cas.objects import HistoryPosition
 from agentcas.errors import ConflictError, NotFound, UsageError
-from agentcas.lineage import checkpoints, rollout
+from agentcas.lineage import checkpoints
 from agentcas.lineage.fork_tree import Lineage, fork_tree
 from agentcas.lineage.group_moves import GroupWriter, refs_under
 from agentcas.lineage.moves import Move, lease_for, move_thread

@@ -42,15 +42,11 @@ from agentcas.cas.store import has_object, save_object
 from agentcas.cas.writer import BATCH_BYTES
 from agentcas.errors import ConflictError
 from agentcas.lineage import checkpoints, rollout
-from agentcas.lineage.moves import MAX_ATTEMPTS, VanishedObject
+from agentcas.lineage.moves import MAX_ATTEMPTS, LostRace, VanishedObject
 from agentcas.refs import threads
 from agentcas.refs.names import check_thread_name
 from agentcas.refs.revisions import load_checkpoint
 from agentcas.refs.threads import ThreadState
-
-
-class LostRace(Exception):
-    """A ref the plan read or moves changed before it landed: plan again."""
 
 
 class _Overlay(ObjectSource):

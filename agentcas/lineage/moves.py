@@ -38,6 +38,14 @@ class VanishedObject(IntegrityError):
     """An object a move relied on was deleted before it landed (a concurrent gc)."""
 
 
+class LostRace(Exception):
+    """A ref a move read or moves changed before it landed: abandon the transaction, plan again.
+
+    The one retry signal of both move engines (this module's and lineage/group_moves.py's);
+    never seen by a caller: after MAX_ATTEMPTS lost races the move raises ConflictError.
+    """
+
+
 @dataclass
 class Move:
     """What a move will do to one thread, planned against its state."""
@@ -139,10 +147,6 @@ def _land(stores: Stores, lease: Lease, base: threads.MoveBase, move: Move,
     return False, threads.decode_base(base.name, values[1:])
 
 
-class _LostRace(Exception):
-    """A thread of a move is no longer where its plan read it: abandon the transaction."""
-
-
 def move_threads(stores: Stores, lease: Lease, plans: list, keep_lease: bool = False) -> list:
     """`move_thread` for several threads at once: [(thread, plan)] -> [(state read, move or None)].
 
@@ -172,13 +176,13 @@ def move_threads(stores: Stores, lease: Lease, plans: list, keep_lease: bool = F
             for name, state, move in zip(names, states, moves):
                 if move is not None and not threads.set_if_equals(txn, name, state, move.new, move.action,
                                                                   move.message, move.history_implied):
-                    raise _LostRace(name)
+                    raise LostRace(name)
             if not keep_lease:
                 lease.release(txn)
 
         try:
             stores.meta.write(final)
-        except _LostRace:
+        except LostRace:
             continue
         return list(zip(states, moves))
     shown = ", ".join(repr(n) for n in names[:3]) + (" ..." if len(names) > 3 else "")
