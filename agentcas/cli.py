@@ -284,8 +284,8 @@ def _print_open_effects(doc, verb: str) -> None:
     click.echo(f"agentcas: note: {doc.count} pending or unknown effects were recorded after the "
                f"target (seq >= {doc.since_seq}); {verb} undid none of them:", err=True)
     for e in doc.effects:
-        click.echo(escape_controls(f"  {e['state']:<8} {e['rollback']:<13} {e['id']}  {e['kind']} {e['target']!r}"
-                                   f" (seq {e['first_seq']})"), err=True)
+        click.echo(escape_controls(f"  {e.state:<8} {e.rollback:<13} {e.id}  {e.kind} {e.target!r}"
+                                   f" (seq {e.first_seq})"), err=True)
     if doc.has_more:
         click.echo(f"  ... and more: agentcas effects THREAD --since REV --state pending,unknown", err=True)
 
@@ -348,9 +348,9 @@ def effects(ctx, rev, since, states, limit, cursor):
         raise click.UsageError("--state needs at least one state")
     doc = ctx.store().effects.list(rev, since, wanted, limit, cursor)
     t = doc.totals
-    lines = [f"{e['state']:<8} {e['rollback']:<13} {e['id']}  {e['kind']} {e['target']!r}"
-             + (f" via {e['provider']}" + (f" {e['operation']}" if e["operation"] else "") if e["provider"] else "")
-             + f" (seq {e['first_seq']}" + (f", state at {e['state_seq']})" if e["state_seq"] != e["first_seq"] else ")")
+    lines = [f"{e.state:<8} {e.rollback:<13} {e.id}  {e.kind} {e.target!r}"
+             + (f" via {e.provider}" + (f" {e.operation}" if e.operation else "") if e.provider else "")
+             + f" (seq {e.first_seq}" + (f", state at {e.state_seq})" if e.state_seq != e.first_seq else ")")
              for e in doc.effects]
 
     def counts(table):

@@ -1,4 +1,4 @@
-"""The typed results of the `Store` API.
+"""The typed results of the `Store` API, all in one namespace (docs/API.md lists them).
 
 Each result is a frozen dataclass whose fields are what the CLI, the MCP tools and the
 adapters read; `to_json()` gives the one JSON document `agentcas --json` prints for it
@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentcas.cas.objects import HistoryPosition
+from agentcas.lineage.appends import AppendResult
+from agentcas.lineage.effects_index import EffectState
 from agentcas.lineage.effects_ledger import EffectAdded, EffectsPage, OpenEffects
 from agentcas.lineage.fork_tree import Lineage, LineageNode
 from agentcas.refs.threads import ForkOrigin, ReflogEntry
@@ -213,18 +215,8 @@ class RevertResult(Result):
     effects: OpenEffects | None
 
 
-# -- histories ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class AppendResult(Result):
-    """Records appended to a thread's history."""
+# -- histories, effects, the fork tree: defined in their layer (lineage/), imported above ---------
 
-    thread: str
-    appended: int
-    first_seq: int
-    history: HistoryPosition
-
-
-# -- effects --------------------------------------------------------------------------------------
 # -- gc and fsck ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class GcResult(Result):
@@ -433,7 +425,7 @@ class TransferResult(Result):
 
 __all__ = [
     "AppendResult", "BranchResult", "BundleCheck", "BundleExport", "BundleImport", "CheckoutResult",
-    "CheckpointInfo", "CommitResult", "DeleteResult", "DiffResult", "EffectAdded", "EffectsPage",
+    "CheckpointInfo", "CommitResult", "DeleteResult", "DiffResult", "EffectAdded", "EffectState", "EffectsPage",
     "FileInfo", "FileResize", "FileSize", "ForkResult", "FsckReport", "GcExplanation", "GcReport",
     "GcResult", "Lineage", "LineageNode", "LogEntry", "OpenEffects", "RecordsDiff", "ReflogItem",
     "RemoteRemoved", "Result", "RevertResult", "ScanReport", "SignResult", "ThreadInfo",

@@ -25,7 +25,7 @@ from agentcas.cas.store_format import utc_now
 from agentcas.errors import ConflictError, NotFound, UsageError
 from agentcas.lineage import effects, rollout
 from agentcas.lineage.appends import append_records
-from agentcas.lineage.effects_index import INDEX_FILE, EffectsIndex, HistorySource
+from agentcas.lineage.effects_index import INDEX_FILE, EffectsIndex, EffectState, HistorySource
 from agentcas.refs import revisions, threads
 from agentcas.refs.names import check_thread_name, is_thread_name
 from agentcas.refs.threads import ThreadState
@@ -54,7 +54,7 @@ class EffectsPage(Result):
     since_seq: int
     states: list[str] | None
     totals: dict | None
-    effects: list[dict]
+    effects: list[EffectState]
     returned_count: int
     has_more: bool
     next_cursor: int | None
@@ -68,7 +68,7 @@ class OpenEffects(Result):
     since_seq: int
     history_seq: int
     count: int
-    effects: list[dict]
+    effects: list[EffectState]
     has_more: bool
     note: str
 
@@ -176,7 +176,7 @@ class EffectsLedger:
                                  limit if limit is not None else max(head.seq, 1))
         return EffectsPage(rev, head.seq, since_seq, list(states) if states else None,
                            index.totals(line, head.seq, since_seq) if totals else None,
-                           items, len(items), more, items[-1]["state_seq"] if more else None,
+                           items, len(items), more, items[-1].state_seq if more else None,
                            effects.NOT_UNDONE_NOTE)
 
     def open_after(self, head: HistoryPosition, line_name: str, is_thread: bool,

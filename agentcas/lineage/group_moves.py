@@ -42,7 +42,7 @@ from agentcas.cas.store import has_object, save_object
 from agentcas.cas.writer import BATCH_BYTES
 from agentcas.errors import ConflictError
 from agentcas.lineage import checkpoints, rollout
-from agentcas.lineage.moves import MAX_ATTEMPTS, LostRace, VanishedObject
+from agentcas.lineage.moves import MAX_ATTEMPTS, LostRace, VanishedObject, land_moves, store_objects
 from agentcas.refs import threads
 from agentcas.refs.names import check_thread_name
 from agentcas.refs.revisions import load_checkpoint
@@ -289,12 +289,7 @@ class GroupWriter:
                     continue
                 return result
             self.lease.refresh()
-            self.stores.objects.put_many(waiting)
-            needed = (self.needed | view.needed) - waiting.keys()
-            missing = self.stores.objects.missing(needed)
-            if missing:
-                raise VanishedObject(f"object {sorted(missing)[0].hex()} vanished before the write landed "
-                                     "(concurrent gc?); nothing was changed, retry")
+            store_objects(self.stores, waiting, (self.needed | view.needed) - waiting.keys(), "write")
             if not view.moves:
                 return result
             testing_hooks.reached("group.before_land")
@@ -332,7 +327,5 @@ def _move_refs(txn, view: GroupView) -> None:
     move by compare-and-swap with its reflog row (LostRace, aborting it all, if not)."""
     for name, state in view.read.items():
         if threads.read_thread(txn, name) != state:
-            raise LostRace()
-    for name, old, new, action, message, implied in view.moves:
-        if not threads.set_if_equals(txn, name, old, new, action, message, implied):
-            raise LostRace()
+            raise LostRace(name)
+    land_moves(txn, view.moves)

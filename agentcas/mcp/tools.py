@@ -379,16 +379,17 @@ class ToolHost:
                                "next_cursor": self.seal("inspect_checkpoint", full, end) if end < len(files)
                                else None, "items": items}}
 
-    def _effect_item(self, e: dict) -> dict:
-        target, cut = preview(e["target"], TEXT_PREVIEW_CHARS)
-        return {"id": preview(e["id"], TEXT_PREVIEW_CHARS)[0], "state": e["state"],
-                "rollback": e["rollback"], "kind": preview(e["kind"], TEXT_PREVIEW_CHARS)[0] or "",
+    def _effect_item(self, e) -> dict:
+        """An EffectState as a bounded answer item."""
+        target, cut = preview(e.target, TEXT_PREVIEW_CHARS)
+        return {"id": preview(e.id, TEXT_PREVIEW_CHARS)[0], "state": e.state,
+                "rollback": e.rollback, "kind": preview(e.kind, TEXT_PREVIEW_CHARS)[0] or "",
                 "target_preview": target or "", "target_truncated": cut,
-                "provider": preview(e["provider"], TEXT_PREVIEW_CHARS)[0],
-                "operation": preview(e["operation"], TEXT_PREVIEW_CHARS)[0],
-                "first_seq": e["first_seq"], "state_seq": e["state_seq"]}
+                "provider": preview(e.provider, TEXT_PREVIEW_CHARS)[0],
+                "operation": preview(e.operation, TEXT_PREVIEW_CHARS)[0],
+                "first_seq": e.first_seq, "state_seq": e.state_seq}
 
-    def _bounded_items(self, raw: list[dict], budget: int) -> list[dict]:
+    def _bounded_items(self, raw: list, budget: int) -> list[dict]:
         items, used = [], 0
         for e in raw:
             item = self._effect_item(e)
