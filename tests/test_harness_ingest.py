@@ -448,7 +448,7 @@ def test_ingest_never_sends_a_file_names_or_a_logs_controls_to_the_terminal(run,
     assert not _terminal_controls(r.out) and not _terminal_controls(r.err), (r.out, r.err)
     assert "rollout-c\\x1b[5m.jsonl" in r.out and "rollout-b\\x9b2J\\u202e.jsonl" in r.out
     assert "refused: " in r.err and "rollout-d\\x1b]0;X\\x07.jsonl" in r.err
-    assert sorted(t["thread"] for t in Store.open(str(store_dir)).threads()) == [f"codex/name-{n:04d}" for n in range(3)]
+    assert sorted(t.thread for t in Store.open(str(store_dir)).threads.list()) == [f"codex/name-{n:04d}" for n in range(3)]
     claude = tmp_path / "claude"
     for n, session_id in enumerate(["ab\u202ecd", "ab\u009b2Jcd", "ab\u2028cd", "plain-0001"]):
         c = ClaudeSession(session_id)

@@ -50,7 +50,7 @@ def everything(store: Store, reports) -> dict:
         thread = report.thread
         log = store.threads.log(thread) if thread else []
         out[report.path] = (doc, b"".join(store.history.read(thread)) if thread else None,
-                            [(c["reason"], c["history"]["seq"], c["history"]["digest"]) for c in log])
+                            [(c.reason, c.history.seq, c.history.digest) for c in log])
     return out
 
 
@@ -129,7 +129,7 @@ def test_second_run_in_workers_appends_only_new_lines_like_the_parent(tmp_path, 
         data = open(report.path, "rb").read()
         assert b"".join(store.history.read(report.thread)) == data[:data.rfind(b"\n") + 1]
         assert report.partial_bytes == len(b'{"type":"event_msg"')
-        assert [item.to_json() for item in store.threads.log(report.thread)][0]["reason"].startswith("codex turn")
+        assert store.threads.log(report.thread)[0].reason.startswith("codex turn")
     assert store.gc.fsck().to_json()["ok"]
 
 

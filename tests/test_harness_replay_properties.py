@@ -105,7 +105,7 @@ def test_replay_at_a_checkpoint_defaults_to_its_position():
     data = s.data()
     store = Store.memory()
     result = store.history.ingest([SessionAppend("codex/t", data, ((first, "turn one"), (len(s.lines), "end")))])
-    checkpoint = result[0]["checkpoints"][0]
+    checkpoint = result[0].checkpoints[0]
     assert stored_replay.replay(store, checkpoint) == replay_codex(parse_records(cut(data, first)))
 
 

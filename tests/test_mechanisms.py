@@ -246,7 +246,7 @@ def test_commit_expect_is_rechecked_when_the_thread_moves_during_the_snapshot(st
     write_files(other, {"a.txt": b"someone else\n"})
     moved = {}
     write_files(ws, {"a.txt": b"two\n"})
-    meanwhile = once(lambda: moved.update(store.checkpoints.commit(str(other), "meanwhile")))
+    meanwhile = once(lambda: moved.update(store.checkpoints.commit(str(other), "meanwhile").to_json()))
     with testing_hooks.on("commit.before_land", meanwhile):
         with pytest.raises(ConflictError) as info:
             store.checkpoints.commit(str(ws), "two", expect=first)
@@ -287,7 +287,7 @@ def test_import_is_a_conflict_when_the_thread_moves_while_it_writes(store, tmp_p
     src.remotes.export_bundle("main", str(tmp_path / "b.bundle"))
     write_files(tmp_path / "ws", {"a.txt": b"local work\n"})
     local = {}
-    meanwhile = once(lambda: local.update(store.checkpoints.commit(str(tmp_path / "ws"), "local")))
+    meanwhile = once(lambda: local.update(store.checkpoints.commit(str(tmp_path / "ws"), "local").to_json()))
     with testing_hooks.on("import.before_land", meanwhile):
         with pytest.raises(ConflictError) as info:
             store.remotes.import_bundle(str(tmp_path / "b.bundle"), allow_unsigned=True)

@@ -21,6 +21,7 @@ from agentcas.refs.names import check_thread_name
 from agentcas.refs.threads import ForkOrigin
 
 if TYPE_CHECKING:
+    from agentcas.lineage.marks import IngestedThread
     from agentcas.repository import Store
 
 INGEST_ZSTD_LEVEL = framing.INGEST_ZSTD   # harness logs: level 3 (small tables), 4x faster than the rollout level 7, ~3% larger
@@ -88,7 +89,7 @@ class Histories:
         with self._stores.objects.reading(buffers=True) as objects:
             yield from self.history(objects).read(head, start, stop, whole_records)
 
-    def ingest(self, appends: list[SessionAppend], author: str | None = None) -> list[dict]:
+    def ingest(self, appends: list[SessionAppend], author: str | None = None) -> list["IngestedThread"]:
         """Append raw log lines to several threads, with a checkpoint at each mark.
 
         Each SessionAppend's lines are stored byte for byte (no JSON check); each mark

@@ -17,6 +17,7 @@ from agentcas.lineage.appends import AppendResult
 from agentcas.lineage.effects_index import EffectState
 from agentcas.lineage.effects_ledger import EffectAdded, EffectsPage, OpenEffects
 from agentcas.lineage.fork_tree import Lineage, LineageNode
+from agentcas.lineage.marks import IngestedThread
 from agentcas.refs.threads import ForkOrigin, ReflogEntry
 from agentcas.result import Result, json_value
 
@@ -426,7 +427,7 @@ class TransferResult(Result):
 __all__ = [
     "AppendResult", "BranchResult", "BundleCheck", "BundleExport", "BundleImport", "CheckoutResult",
     "CheckpointInfo", "CommitResult", "DeleteResult", "DiffResult", "EffectAdded", "EffectState", "EffectsPage",
-    "FileInfo", "FileResize", "FileSize", "ForkResult", "FsckReport", "GcExplanation", "GcReport",
+    "FileInfo", "FileResize", "FileSize", "ForkResult", "FsckReport", "GcExplanation", "GcReport", "IngestedThread",
     "GcResult", "Lineage", "LineageNode", "LogEntry", "OpenEffects", "RecordsDiff", "ReflogItem",
     "RemoteRemoved", "Result", "RevertResult", "ScanReport", "SignResult", "ThreadInfo",
     "TransferResult", "TrustRemoved", "VerifyResult", "json_value",

@@ -386,9 +386,9 @@ class Ingest:
     # -- per file ----------------------------------------------------------------------------
     def _plan(self, session, st, key, report: FileReport, threads: dict) -> _Planned | None:
         """The file's thread, its stored prefix checked against the file, and the job that reads the rest."""
-        from agentcas.cas.objects import EMPTY_POSITION, HistoryPosition
-        from agentcas.harnesses.new_lines import NewLinesJob
         from agentcas.api.history import INGEST_ZSTD_LEVEL
+        from agentcas.cas.objects import EMPTY_POSITION
+        from agentcas.harnesses.new_lines import NewLinesJob
         with open(session.path, "rb") as handle:
             identity = self._identity(session)
             if identity is None:
@@ -430,7 +430,6 @@ class Ingest:
 
     def _finish(self, planned: _Planned, lines, threads: dict) -> _Pending | None:
         """The append of a file's new lines (None if there is nothing to land), with its end mark."""
-        from agentcas.cas.objects import HistoryPosition
         from agentcas.api.history import SessionAppend
         report, row, thread, seq = planned.report, planned.row, planned.thread, planned.job.seq
         report.partial_bytes, report.skipped_lines = lines.partial_bytes, lines.skipped
@@ -598,13 +597,12 @@ class Ingest:
             for item in batch:   # land the others; name the one that lost its race
                 self._land_batch([item])
             return
-        from agentcas.cas.objects import HistoryPosition
         from agentcas.harnesses import damaged_lines
         rows = []
         for item, result in zip(batch, results):
             # The damaged lines of what landed, for replay's skipped_lines (damaged_lines.py).
             row = damaged_lines.advance(self.store.stores.local, item.append.thread, item.append.based_on,
-                                        HistoryPosition.from_doc(result["history"]),
+                                        result.history,
                                         [line - 1 for line in item.report.skipped_lines])
             if row is not None:
                 rows.append(row)
@@ -612,11 +610,12 @@ class Ingest:
         for item, result in zip(batch, results):
             report = item.report
             report.status = "ingested"
-            report.appended = result["appended"]
-            report.first_seq = result["first_seq"]
-            report.seq = result["history"]["seq"]
-            report.checkpoints = result["checkpoints"]
-            self.state.record(item.key, item.st, item.append.thread, result["history"], item.turn_seq, item.prefix)
+            report.appended = result.appended
+            report.first_seq = result.first_seq
+            report.seq = result.history.seq
+            report.checkpoints = result.checkpoints
+            self.state.record(item.key, item.st, item.append.thread, result.history.to_doc(), item.turn_seq,
+                              item.prefix)
 
 
 def summary(reports: list[FileReport]) -> dict:
