@@ -155,7 +155,7 @@ class AgentcasSaver(AsyncSaverMethods, SaverRewrites, SaverWrites):
                 view.set_thread(ref, state, None, "delete", "langgraph delete_thread")
 
         with self._lock:
-            with self.store.lineage_writer(f"langgraph delete {root}") as writer:
+            with self.store.threads.group_writer(f"langgraph delete {root}") as writer:
                 writer.land(final)
             self._index.forget_under(root)
 
@@ -172,7 +172,7 @@ class AgentcasSaver(AsyncSaverMethods, SaverRewrites, SaverWrites):
                                 "fork", f"langgraph copy_thread from {ref}")
 
         with self._lock:
-            with self.store.lineage_writer(f"langgraph copy {source}") as writer:
+            with self.store.threads.group_writer(f"langgraph copy {source}") as writer:
                 writer.land(final)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
@@ -199,7 +199,7 @@ class AgentcasSaver(AsyncSaverMethods, SaverRewrites, SaverWrites):
         if not wanted:
             return
         with self._lock:
-            names = [n for n in self.store.thread_states(ROOT) if BRANCHES not in n]
+            names = [n for n in self.store.threads.under(ROOT) if BRANCHES not in n]
             for name in names:
                 line = self._index.refresh(name)
                 victims = set()

@@ -11,7 +11,7 @@ its id at or after its position on the lines through it; a fork never sees them.
 
 Forks: a put whose parent is not the thread's head saves the head as `<thread>/branches/<n>`
 (forked_from = the parent, so `lineage` shows the split) and moves the thread onto the new
-checkpoint. Every write is a group move (lineage/group_moves.py, via Store.lineage_writer):
+checkpoint. Every write is a group move (lineage/group_moves.py, via store.threads.group_writer):
 objects stored first, then one metadata transaction that compare-and-swaps each ref it
 moves; a writer that lost the race reloads its index and retries (`_land`), so two children
 of one parent become two branches, both kept. Writing is writes.py, rewriting a thread
@@ -113,7 +113,8 @@ class BaseAgentcasSaver(BaseCheckpointSaver[int]):
         """`store`: a Store, or a store path or s3:// URL (created if absent; a shared store
         needs `refs`, its postgresql:// URL)."""
         super().__init__(serde=serde)
-        from agentcas.repository import Store, default_author
+        from agentcas.api.checkpoints import default_author
+        from agentcas.repository import Store
         self._owned: Store | None = None
         if isinstance(store, str) or hasattr(store, "__fspath__"):
             store, _ = Store.init(str(store), refs=refs)
@@ -171,8 +172,8 @@ class BaseAgentcasSaver(BaseCheckpointSaver[int]):
             if node.tree == EMPTY_TREE:
                 files, found = {}, {}
             else:
-                files = self.store.tree_files(node.tree)
-                found = {path[len(VALUES) + 1:]: entry for path, entry in self.store.tree_files(
+                files = self.store.checkpoints.tree_files(node.tree)
+                found = {path[len(VALUES) + 1:]: entry for path, entry in self.store.checkpoints.tree_files(
                     node.tree, content=False).items() if path.startswith(VALUES + "/")} if entries else {}
             if RECORD in files:
                 doc = decode_layout1(files[RECORD])
@@ -213,7 +214,7 @@ class BaseAgentcasSaver(BaseCheckpointSaver[int]):
         if start >= stop:
             return []
         try:
-            data = self.store.read_history(position, start, stop)
+            data = self.store.history.read_at(position, start, stop)
         except IntegrityError as exc:
             raise CorruptCheckpoint(f"LangGraph checkpoint {node.lg_id} (agentcas checkpoint "
                                     f"{node.digest.hex()}): history: {exc}") from None
@@ -329,7 +330,7 @@ class BaseAgentcasSaver(BaseCheckpointSaver[int]):
     def _all_threads(self) -> list[tuple[str, str, str]]:
         """(thread id, namespace, agentcas thread) of every LangGraph thread in the store."""
         out: list[tuple[str, str, str]] = []
-        for name in sorted(self.store.thread_states(ROOT)):
+        for name in sorted(self.store.threads.under(ROOT)):
             if BRANCHES in name:
                 continue
             line = self._index.refresh(name)

@@ -145,7 +145,7 @@ class CheckpointIndex:
         """The index of agentcas thread `name`, brought up to date with its refs (`states`:
         the refs under it, if already read)."""
         if states is None:
-            states = self.store.thread_states(name)
+            states = self.store.threads.under(name)
         refs = {ref: state for ref, state in states.items() if ref == name or is_branch_of(ref, name)}
         line = self.lines.get(name)
         if line is None:
@@ -157,7 +157,7 @@ class CheckpointIndex:
         added: list[Node] = []
         boundary: set[bytes] = set()
         try:
-            walked = self.store.checkpoints_from(heads, line.parents.keys())
+            walked = self.store.checkpoints.reachable(heads, line.parents.keys())
         except IntegrityError as exc:
             raise CorruptCheckpoint(f"LangGraph checkpoints of agentcas thread {name}: {exc}") from None
         for digest, cp in walked:
@@ -184,7 +184,7 @@ class CheckpointIndex:
     def lines_of(self, thread_id: str) -> dict[str, Line]:
         """Every agentcas thread (root and namespaces) of a LangGraph thread, refreshed."""
         root = thread_root(thread_id)
-        states = self.store.thread_states(root)
+        states = self.store.threads.under(root)
         names = [n for n in states if BRANCHES not in n[len(root):]]
         return {n: self.refresh(n, {k: v for k, v in states.items() if k == n or k.startswith(n + BRANCHES)})
                 for n in names}

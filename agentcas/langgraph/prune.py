@@ -118,5 +118,5 @@ class SaverRewrites(BaseAgentcasSaver):
         self._index.forget(name)
 
     def _rewrite_once(self, name: str, final: Any) -> None:
-        with self.store.lineage_writer(f"langgraph rewrite {name}") as writer:
+        with self.store.threads.group_writer(f"langgraph rewrite {name}") as writer:
             writer.land(final)

@@ -165,7 +165,7 @@ class SaverWrites(BaseAgentcasSaver):
         items = len(records)
         records += self._write_records(checkpoint["id"], early, earlier=earlier)
 
-        with self.store.lineage_writer(f"langgraph put {name}") as writer:
+        with self.store.threads.group_writer(f"langgraph put {name}") as writer:
             prepared = writer.prepare_records(b"".join(records)) if records else []
             tree = writer.store_tree(files)
 
@@ -185,7 +185,7 @@ class SaverWrites(BaseAgentcasSaver):
             landed: list[HistoryPosition] = []
             digest = writer.land(final)
             self._remember_tail(base, landed[0], records)
-        entries = {k[len(VALUES) + 1:]: v for k, v in self.store.tree_files(tree, content=False).items()
+        entries = {k[len(VALUES) + 1:]: v for k, v in self.store.checkpoints.tree_files(tree, content=False).items()
                    if k.startswith(VALUES + "/")} if files else {}
         self._values[digest.raw] = (channels, lists, entries)
         self._docs[digest.raw] = doc
@@ -294,7 +294,7 @@ class SaverWrites(BaseAgentcasSaver):
         # other writes ride on the ref until the next put's checkpoint covers them.
         on_head = expected.checkpoint == node.digest
         seal = on_head and (stops_the_graph(writes) or node is not line.first_version(node))
-        with self.store.lineage_writer(f"langgraph writes {name}") as writer:
+        with self.store.threads.group_writer(f"langgraph writes {name}") as writer:
             prepared = writer.prepare_records(b"".join(records))
 
             def final(view: Any) -> Digest | None:

@@ -119,5 +119,5 @@ def snapshot(store: Store) -> dict:
 @pytest.fixture
 def receiver(tmp_path, store) -> Store:
     (tmp_path / "alice.pub").write_text(ALICE.public.to_line("alice"))
-    store.trust_add("alice", str(tmp_path / "alice.pub"))
+    store.trust.add("alice", str(tmp_path / "alice.pub"))
     return store
