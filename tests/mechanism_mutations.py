@@ -21,9 +21,9 @@ M = "tests/test_mechanisms.py::"
 
 # Every writer's lease taken only in its final transaction (as the old lazy pin, when its
 # row was never written): writers store objects with no lease for gc to see.
-LATE_LEASE = (["    def __enter__(self) -> \"Lease\":\n        return self.acquire()\n",
+LATE_LEASE = (["    def __enter__(self) -> Lease:\n        return self.acquire()\n",
                "        value = txn.get(\"leases\", self.key, for_update=True)\n"],
-              ["    def __enter__(self) -> \"Lease\":\n        return self\n",
+              ["    def __enter__(self) -> Lease:\n        return self\n",
                "        txn.put(\"leases\", self.key, self._row(time.time()).encode())\n"
                "        value = txn.get(\"leases\", self.key, for_update=True)\n"])
 
@@ -116,9 +116,9 @@ MUTATIONS = {
     # (here: the objects in a transaction of their own after the refs moved).
     "G1w": ("agentcas/lineage/group_moves.py",
             ["        for raw, framed in waiting.items():\n            save_object(txn, Digest(raw), framed)\n",
-             "                                           self._land_at_once(txn, view, waiting))\n"],
+             "                    self.stores.meta.write(partial(self._land_at_once, view=view, waiting=waiting))\n"],
             ["",
-             "                                           self._land_at_once(txn, view, waiting))\n"
+             "                    self.stores.meta.write(partial(self._land_at_once, view=view, waiting=waiting))\n"
              "                    self.stores.objects.put_many(waiting)\n"],
             ["tests/test_langgraph_saver.py::test_every_crash_point_of_a_put_leaves_the_old_or_the_new_checkpoint"]),
     # A leaseless (SweepWatch) writer's landing checks that no gc sweep began since it started

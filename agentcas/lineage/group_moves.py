@@ -311,8 +311,8 @@ class GroupWriter:
 
     def _land_at_once(self, txn, view: GroupView, waiting: dict[bytes, bytes]) -> None:
         """The whole landing in the environment's one write transaction (a SweepWatch writer)."""
-        if self.watch is not None:
-            self.watch.check(txn)
+        assert self.watch is not None  # only a SweepWatch writer lands in one transaction
+        self.watch.check(txn)
         if self.lease.row is not None:
             self.lease.check(txn)
         missing = sorted(raw for raw in (self.needed | view.needed) - waiting.keys() if not has_object(txn, raw))
