@@ -25,11 +25,16 @@ if TYPE_CHECKING:
 
 class Context:
     def __init__(self, store_path: str | None, as_json: bool, refs: str | None = None):
+        self._store = None
+        self.emitted = False  # a document is on stdout: a failure after it adds none
+        self.configure(store_path, as_json, refs)
+
+    def configure(self, store_path: str | None, as_json: bool, refs: str | None) -> None:
+        """Take the global options (the group's callback calls this on `main`'s Context)."""
         self.store_path = store_path
         self.as_json = as_json
         self.refs = refs or os.environ.get("AGENTCAS_REFS") or None
         self.refs_flag = refs  # given on the command line ($AGENTCAS_REFS may be set for a whole shell)
-        self._store = None
 
     def check_refs(self, path: str) -> None:
         """`--refs` names the refs of an s3:// store; given with a directory store it would
@@ -55,6 +60,7 @@ class Context:
 
     def emit(self, doc, text: str | None = None) -> None:
         """Print `doc` as JSON with --json, else `text` (or a readable rendering of doc)."""
+        self.emitted = True
         if self.as_json:
             click.echo(json.dumps(doc, indent=2, ensure_ascii=False, sort_keys=True))
         elif text is not None:
@@ -104,7 +110,10 @@ class Progress:
 @click.pass_context
 def cli(ctx, store_path, refs, as_json):
     """agentcas: content-addressed checkpoints with Git-like lineage for AI-agent state."""
-    ctx.obj = Context(store_path, as_json, refs)
+    if isinstance(ctx.obj, Context):  # made by `main`, which reports a failure in its form
+        ctx.obj.configure(store_path, as_json or ctx.obj.as_json, refs)
+    else:
+        ctx.obj = Context(store_path, as_json, refs)
 
 
 @cli.command()
@@ -136,7 +145,7 @@ def commit(ctx, path, reason, thread, rollout_file, expect, allow_secrets):
                                     progress=progress)
     extra = f", {result['appended_records']} rollout records" if rollout_file else ""
     ctx.emit(result, f"[{thread} {result['checkpoint'][:12]}] {reason}\n"
-                     f" {result['files']} files, {result['bytes']} bytes ({result['cached_files']} unchanged), "
+                     f" {result['files']} files, {result['bytes']} bytes ({result['unchanged_files']} unchanged), "
                      f"{result['new_objects']} new objects, {result['new_bytes']} bytes stored{extra}")
 
 
@@ -303,9 +312,11 @@ def lineage(ctx, thread):
     ctx.emit(doc, "\n".join(lines))
 
 
-@cli.group()
-def effect():
+@cli.group(invoke_without_command=True)
+@click.pass_context
+def effect(click_ctx):
     """Record external effects (requests sent, money spent) as history: evidence, never undone."""
+    _without_subcommand(click_ctx)
 
 
 @effect.command("add")
@@ -355,9 +366,11 @@ def effects(ctx, rev, since, states, limit, cursor):
     ctx.emit(doc, "\n".join(lines))
 
 
-@cli.group()
-def rollout():
+@cli.group(invoke_without_command=True)
+@click.pass_context
+def rollout(click_ctx):
     """Append to and read a thread's JSONL history."""
+    _without_subcommand(click_ctx)
 
 
 @rollout.command("append")
@@ -603,9 +616,11 @@ def keygen(ctx, name, out_dir):
                      f"{', encrypted' if result['encrypted'] else ''}) and {result['public_key']}")
 
 
-@cli.group("trust")
-def trust_group():
+@cli.group("trust", invoke_without_command=True)
+@click.pass_context
+def trust_group(click_ctx):
     """The signers whose signatures this store accepts, per namespace."""
+    _without_subcommand(click_ctx, "list")
 
 
 @trust_group.command("add")
@@ -660,7 +675,14 @@ def verify(ctx, target):
         text = (f"bundle OK: {result['objects']} objects, {result['files']} files, checkpoint "
                 f"{result['checkpoint'][:12]} ({result['thread']}); {result['reason']}")
     else:
-        result = store.verify(target)
+        from agentcas.exchange.bundle import NoBundleFile
+        from agentcas.refs.revisions import UnknownRevision
+        try:
+            result = store.verify(target)
+        except UnknownRevision:
+            if target.endswith(".bundle") or os.sep in target:  # meant as a file, surely
+                raise NoBundleFile(f"bundle file {target} does not exist (nor is it a revision)") from None
+            raise
         text = f"checkpoint {result['checkpoint'][:12]}: {result['reason']}"
     ctx.emit(result, text)
 
@@ -715,15 +737,20 @@ def scan_cmd(ctx, rev, as_json):
     lines.append(f"scan: {'clean' if not found else f'{found} likely secret(s)'} in "
                  f"{'checkpoint ' + doc['checkpoint'][:12] if doc['checkpoint'] else 'no checkpoint'} "
                  f"and {doc['records']} rollout records of {doc['thread']}")
+    failure = AgentcasError(f"scan found {found} likely secret(s) in {rev} (the secrets are not shown)")
+    if found:  # the report is this failure's one document
+        doc = dict(doc, error=str(failure), exit_code=failure.exit_code)
     ctx.emit(doc, "\n".join(lines))
     if found:
-        raise AgentcasError(f"scan found {found} likely secret(s) in {rev} (the secrets are not shown)")
+        raise failure
 
 
 # remotes
-@cli.group("remote")
-def remote_group():
+@cli.group("remote", invoke_without_command=True)
+@click.pass_context
+def remote_group(click_ctx):
     """Other agentcas stores to push threads to and pull them from."""
+    _without_subcommand(click_ctx, "list")
 
 
 @remote_group.command("add")
@@ -829,6 +856,20 @@ def drill(ctx, rev, keep):
         ctx.emit(report.to_json())
 
 
+def _without_subcommand(click_ctx, listing: str | None = None) -> None:
+    """A group named alone, like `git remote`: runs its `listing` command, or (a group
+    with nothing to list) prints its commands; exit 0 either way, not a usage error."""
+    if click_ctx.invoked_subcommand is not None:
+        return
+    group = click_ctx.command
+    if listing is not None:
+        click_ctx.invoke(group.commands[listing])
+        return
+    ctx = click_ctx.find_object(Context)
+    commands = {name: group.commands[name].get_short_help_str(limit=120) for name in sorted(group.commands)}
+    ctx.emit({"commands": commands}, click_ctx.get_help())
+
+
 def _set_json(click_ctx, _param, value) -> None:
     if value:
         click_ctx.find_object(Context).as_json = True
@@ -855,40 +896,50 @@ _accept_json_after_the_command(cli)
 
 
 def main(argv=None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    # --json may come before or after the command; a usage error can stop click before
+    # any callback has seen it, so the words given decide too (those before a `--`).
+    words = args[:args.index("--")] if "--" in args else args
+    context = Context(None, "--json" in words)
+    code, message = _run(args, context)
+    if message is not None:
+        click.echo(f"agentcas: error: {message}", err=True)
+        if context.as_json and not context.emitted:
+            click.echo(json.dumps({"error": message, "exit_code": code}, indent=2, ensure_ascii=False,
+                                  sort_keys=True))
+    return code
+
+
+def _run(args: list, context: Context) -> tuple[int, str | None]:
+    """(exit code, the one-line error or None) of running the command `args`."""
     debug = os.environ.get("AGENTCAS_DEBUG") == "1"
     try:
-        cli.main(args=argv, prog_name="agentcas", standalone_mode=False)
-        return 0
+        cli.main(args=args, prog_name="agentcas", standalone_mode=False, obj=context)
+        return 0, None
     except click.exceptions.Exit as exc:
-        return exc.exit_code
+        return exc.exit_code, None
     except click.exceptions.Abort:
-        click.echo("agentcas: error: aborted", err=True)
-        return 1
+        return 1, "aborted"
     except click.ClickException as exc:
         if debug:
             _print_traceback()
-        click.echo(f"agentcas: error: {_one_line(exc.format_message())}", err=True)
-        return exc.exit_code
+        return exc.exit_code, _one_line(exc.format_message())
     except AgentcasError as exc:
         if debug:
             _print_traceback()
-        click.echo(f"agentcas: error: {_one_line(str(exc))}", err=True)
-        return exc.exit_code
+        return exc.exit_code, _one_line(str(exc))
     except BrokenPipeError:
-        return 0
+        return 0, None
     except KeyboardInterrupt:
-        click.echo("agentcas: error: interrupted", err=True)
-        return 130
+        return 130, "interrupted"
     except Exception as exc:  # noqa: BLE001 - last resort: still one line
         if debug:
             _print_traceback()
         failure = _system_failure(exc)
         if failure is not None:
-            click.echo(f"agentcas: error: {_one_line(str(failure))}", err=True)
-            return failure.exit_code
-        click.echo(f"agentcas: error: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
-                   "(set AGENTCAS_DEBUG=1 for a traceback)", err=True)
-        return 1
+            return failure.exit_code, _one_line(str(failure))
+        return 1, (f"internal error: {type(exc).__name__}: {_one_line(str(exc))} "
+                   "(set AGENTCAS_DEBUG=1 for a traceback)")
 
 
 def _system_failure(exc: Exception):

@@ -341,8 +341,11 @@ class Store:
             # A rollout file inside the workspace is stored once, as history, not as a file too.
             skip_files = [rollout_file] if rollout_file else []
             known = self.stores.known
+            head = read_state(self.stores, thread)
+            previous_tree = None if head is None or head.checkpoint is None else \
+                revisions.load_checkpoint(self.source, head.checkpoint).tree
             tree, stats, needed = snapshot(self.source, self.stores.local, workspace, allow_secrets,
-                                           progress, skip, skip_files, lease, known)
+                                           progress, skip, skip_files, lease, known, previous_tree)
             tail = None
             if rollout_file is not None:
                 from agentcas.lineage.tail import prepare_tail
@@ -389,12 +392,13 @@ class Store:
                 # snapshot once more asking the bucket, which stores again what is gone.
                 known = None
                 tree, stats, needed = snapshot(self.source, self.stores.local, workspace, allow_secrets,
-                                               progress, skip, skip_files, lease, known)
+                                               progress, skip, skip_files, lease, known, previous_tree)
                 _, move = move_thread(self.stores, lease, thread, plan)
         digest, cp, appended = move.result
         return {"checkpoint": digest.hex(), "tree": tree.hex(), "thread": thread,
                 "parents": [p.hex() for p in cp.parents], "history": cp.history.to_doc(),
                 "files": stats.files, "bytes": stats.bytes, "cached_files": stats.cached_files,
+                "unchanged_files": stats.unchanged_files,
                 "new_objects": stats.new_objects, "new_bytes": stats.new_bytes,
                 "appended_records": appended}
 
@@ -443,8 +447,8 @@ class Store:
         """An iterator over the bytes of records start <= seq < stop of a thread's history.
 
         `thread` may also be a revision: a checkpoint's prefix, or for THREAD@{N} the
-        whole history that reflog entry recorded. A `stop` past the end reads to the
-        end; a bad range raises here, before any byte is produced. Each piece holds whole
+        whole history that reflog entry recorded. A bad range (also a `start` or `stop`
+        past the end) raises UsageError here, before any byte is produced. Each piece holds whole
         records unless `whole_records=False` (pieces as stored, for copying bytes out).
         """
         if start < 0 or (stop is not None and stop < 0):
@@ -456,6 +460,8 @@ class Store:
                 raise NotFound(f"no thread or checkpoint named {thread!r}") from None
         if start > head.seq:
             raise UsageError(f"--from {start} is beyond the end of the history ({head.seq} records)")
+        if stop is not None and stop > head.seq:  # as fork --at and replay --at
+            raise UsageError(f"--to {stop} is beyond the end of the history ({head.seq} records)")
         if stop is not None and stop < start:
             raise UsageError(f"--to {stop} is before --from {start}")
         return self._read_history(head, start, stop, whole_records)
