@@ -762,7 +762,8 @@ def remote_group(click_ctx):
 def remote_add(ctx, name, url, refs):
     """Record the store at URL (a path, file:// URL or s3://BUCKET/PREFIX) as remote NAME."""
     result = ctx.store().remote_add(name, url, refs)
-    ctx.emit(result, f"Added remote {result['name']} -> {result['url']}")
+    made = f"Created an empty store at {result['url']}\n" if result["created"] else ""
+    ctx.emit(result, f"{made}Added remote {result['name']} -> {result['url']}")
 
 
 @remote_group.command("list")

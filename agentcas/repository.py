@@ -779,9 +779,24 @@ class Store:
         remote_table.check_remote_name(name)
         url = remote_table.normalise_url(url)
         refs = remote_table.check_refs_dsn(refs, url)
-        self._open_remote_store(remote_table.Remote(name, url, refs))
-        added = self.meta.write(lambda txn: remote_table.add_remote(txn, name, url, refs))
-        return added.to_doc()
+        remote = remote_table.Remote(name, url, refs)
+        created = None
+        if not remote.shared and _absent_or_empty(remote.path):
+            # Like `git init --bare` then `git remote add`: the first push works as written.
+            with self.meta.reader() as txn:
+                if name in {r.name for r in remote_table.list_remotes(txn)}:
+                    raise ConflictError(f"remote {name!r} already exists (remove it first)")
+            existed = os.path.isdir(remote.path)
+            Store.init(remote.path)[0].close()
+            created = remote.path
+        try:
+            self._open_remote_store(remote).close()
+            added = self.meta.write(lambda txn: remote_table.add_remote(txn, name, url, refs))
+        except BaseException:
+            if created is not None:  # whole or nothing: the store made for it goes too
+                _remove_new_store(created, existed)
+            raise
+        return dict(added.to_doc(), created=created is not None)
 
     def remotes(self) -> list[dict]:
         from agentcas.exchange import remote as remote_table
@@ -1115,6 +1130,20 @@ class SessionAppend:
     # `data` prepared ahead (rollout.pack_raw_lines at INGEST_ZSTD_LEVEL, chained from
     # `based_on`'s digest at these marks), e.g. in an ingest worker; `data` may then be empty.
     packed: "rollout.PackedLines | None" = None
+
+
+def _absent_or_empty(path: str) -> bool:
+    """Whether `path` does not exist or is an empty directory (a store can be made there)."""
+    return not os.path.lexists(path) or (os.path.isdir(path) and not os.path.islink(path)
+                                         and not os.listdir(path))
+
+
+def _remove_new_store(path: str, existed: bool) -> None:
+    """Undo `Store.init` of an empty store at `path` (its directory too, unless it `existed`)."""
+    for name in os.listdir(path):
+        os.unlink(os.path.join(path, name))
+    if not existed:
+        os.rmdir(path)
 
 
 def _is_name(text: str) -> bool:
