@@ -157,7 +157,9 @@ def checkout(ctx, rev, dest):
     """Restore checkpoint REV into DEST, which must not exist."""
     with Progress("checkout") as progress:
         result = ctx.store().checkout(rev, dest, progress=progress)
-    ctx.emit(result, f"Checked out {result['checkpoint'][:12]} into {result['dest']} ({result['files']} files)")
+    written = f" and the rollout file {result['rollout_file']}" if result["rollout_file"] else ""
+    ctx.emit(result, f"Checked out {result['checkpoint'][:12]} into {result['dest']} ({result['files']} files"
+                     f"{written})")
     if not ctx.as_json:
         _print_open_effects(result["effects"], "checkout")
 

@@ -342,15 +342,20 @@ class Store:
             skip_files = [rollout_file] if rollout_file else []
             known = self.stores.known
             head = read_state(self.stores, thread)
-            previous_tree = None if head is None or head.checkpoint is None else \
-                revisions.load_checkpoint(self.source, head.checkpoint).tree
+            previous = None if head is None or head.checkpoint is None else \
+                revisions.load_checkpoint(self.source, head.checkpoint)
+            previous_tree = None if previous is None else previous.tree
             tree, stats, needed = snapshot(self.source, self.stores.local, workspace, allow_secrets,
                                            progress, skip, skip_files, lease, known, previous_tree)
-            tail = None
+            tail = file_path = None
             if rollout_file is not None:
-                from agentcas.lineage.tail import prepare_tail
+                from agentcas.lineage.tail import prepare_tail, workspace_path
                 writer = BatchWriter(self.source, lease=lease)
-                tail = prepare_tail(self.source, writer, thread, read_state(self.stores, thread), rollout_file)
+                state = read_state(self.stores, thread)
+                mark = None if state is None or state.checkpoint is None else \
+                    revisions.load_checkpoint(self.source, state.checkpoint).rollout_file
+                tail = prepare_tail(self.source, writer, thread, state, rollout_file, mark)
+                file_path = workspace_path(rollout_file, workspace)
             created_at, who, runtime = utc_now(), author or default_author(), runtime_description()
 
             def plan(state: ThreadState | None) -> Move:
@@ -360,17 +365,17 @@ class Store:
                                         f"{current.hex() if current else 'nothing'}, not at {expect!r}; "
                                         "nothing was committed")
                 history = EMPTY_POSITION if state is None else state.history
-                appended, new_objects = 0, {}
+                appended, new_objects, in_file = 0, {}, None
                 if tail is not None:
-                    prepared, based_on = tail
-                    if history != based_on:
+                    if history != tail.based_on:
                         raise ConflictError(f"thread {thread!r} history moved while the rollout was read; "
                                             "nothing was committed, retry")
-                    history, new_objects = rollout.link_segments(self.source, history, prepared)
-                    appended = history.seq - based_on.seq
+                    history, new_objects = rollout.link_segments(self.source, history, tail.segments)
+                    appended = history.seq - tail.based_on.seq
+                    in_file = tail.rollout_file(history, file_path)
                 generation, skip_to = checkpoints.index_for_child(self.source, current, memo=True)
                 cp = Checkpoint(tree, (current,) if current else (), thread, reason, who, created_at,
-                                runtime, history, generation=generation, skip=skip_to)
+                                runtime, history, generation=generation, skip=skip_to, rollout_file=in_file)
                 body, digest = cp.encode_with_id()
                 checkpoints.CHECKPOINT_LINKS.put(digest.raw, checkpoints.links_of(cp))
                 new_objects[digest.raw] = framing.frame(framing.KIND_CHECKPOINT, body)
@@ -573,11 +578,15 @@ class Store:
 
     def checkout(self, rev: str, dest: str, progress=None) -> dict:
         from agentcas.workspace.restore import restore_tree  # lazy: only checkout writes files
+        from agentcas.lineage.tail import rollout_file_pieces
         digest, cp = self.checkpoint(rev)
         open_effects = self.checkout_effects(rev)  # what restoring files does not undo
-        count = restore_tree(self.source, cp.tree, dest, progress)
+        mark = cp.rollout_file
+        extra = None if mark is None or mark.path is None else \
+            (mark.path, rollout_file_pieces(self.source, cp.history, mark))
+        count = restore_tree(self.source, cp.tree, dest, progress, extra)
         return {"checkpoint": digest.hex(), "tree": cp.tree.hex(), "dest": os.path.abspath(dest),
-                "files": count, "effects": open_effects}
+                "files": count, "rollout_file": None if extra is None else mark.path, "effects": open_effects}
 
     def diff(self, rev1: str, rev2: str) -> dict:
         from agentcas.workspace.restore import list_files  # lazy: restore pulls in shutil and threads
