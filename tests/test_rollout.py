@@ -143,7 +143,7 @@ def test_read_ranges_are_exact(any_store):
     lines = records(40, size=100)
     for i in range(0, 40, 8):
         any_store.rollout_append("t", b"".join(lines[i:i + 8]))
-    for start, stop in [(0, 40), (0, 1), (39, 40), (7, 9), (8, 16), (5, 5), (40, 40), (12, None), (30, 1000)]:
+    for start, stop in [(0, 40), (0, 1), (39, 40), (7, 9), (8, 16), (5, 5), (40, 40), (12, None), (30, 40)]:
         want = b"".join(lines[start: 40 if stop is None else stop])
         assert b"".join(any_store.rollout_read("t", start, stop)) == want
 
@@ -152,6 +152,7 @@ def test_read_ranges_are_exact(any_store):
     (-1, None, "must not be negative"),
     (0, -3, "must not be negative"),
     (11, None, "beyond the end of the history (10 records)"),
+    (0, 11, "--to 11 is beyond the end of the history (10 records)"),  # as fork --at and replay --at
     (6, 5, "before --from"),
 ])
 def test_bad_ranges_raise_before_any_byte(any_store, start, stop, message):
