@@ -566,7 +566,8 @@ def gc_command(click_ctx, dry_run, grace, expire_reflog, report_file, wait, batc
 @click.option("--expire-reflog", default="90d", show_default=True, metavar="DURATION|now")
 @pass_ctx
 def gc_explain(ctx, object_id, grace, expire_reflog):
-    """Why object ID (id or unique hex prefix) is alive: the path from a root, or unreachable."""
+    """Why object ID is alive (an object id, a file id as show --files prints it, or a unique hex
+    prefix of 8+ digits): the path from a root, or unreachable."""
     from agentcas.gc import explain as gc_explain_module
     from agentcas.gc.plan import parse_duration
     doc = ctx.store().gc_explain(object_id, parse_duration(grace),

@@ -1,4 +1,4 @@
-"""Codex rollouts and Claude Code transcripts written from ../shared/background/agent-logs.md.
+"""Codex rollouts and Claude Code transcripts written from the formats in docs/HARNESSES.md.
 
 Written for the acceptance tests of issues 9 and 12 (tests/test_acceptance_912.py) from the
 spec, independently of tests/harness_samples.py, so a disagreement between the

@@ -1,7 +1,7 @@
 """Held-out-style acceptance of issue 9's replay half, through the real CLI.
 
 Every session here is written by this file's own builders (`Rollout`, `Transcript`) from
-../shared/background/agent-logs.md and the harnesses' source it cites, not by the repo's
+docs/HARNESSES.md ("The two log formats") and the harnesses' source it cites, not by the repo's
 sample builders; each test ingests the file with `agentcas --store DIR ingest codex|claude`
 and reads `agentcas --json replay THREAD [--at N]` in a subprocess, then compares the JSON
 field by field with what the rule says the harness rebuilds on resume. The expected values
@@ -71,7 +71,7 @@ def one_error_line(result) -> str:
     return lines[0]
 
 
-# --- Codex rollouts, written from agent-logs.md 1.1-1.3 ----------------------------------------------
+# --- Codex rollouts, written from docs/HARNESSES.md (formats, Codex replay) ---------------------------
 
 def line_json(obj) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False) + "\n"
@@ -751,7 +751,7 @@ def test_replay_never_executes_anything_from_the_log(store_dir, tmp_path):
     assert any(f"{marker}-shell" in item.get("arguments", "") for item in shown)
 
 
-# --- Claude Code transcripts, written from agent-logs.md 2.1 -------------------------------------------
+# --- Claude Code transcripts, written from docs/HARNESSES.md (Claude Code format) -------------------
 
 class Transcript:
     """A Claude Code session file: one record per line, chained by parentUuid."""
