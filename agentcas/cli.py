@@ -26,7 +26,10 @@ if TYPE_CHECKING:
 class Context:
     def __init__(self, store_path: str | None, as_json: bool, refs: str | None = None):
         self._store = None
-        self.emitted = False  # a document is on stdout: a failure after it adds none
+        # With --json, the command's document: printed by `main` when the command ends, with
+        # the failure's `error` and `exit_code` in it if the command failed after making it
+        # (scan's findings, ingest's refusals, fsck's problems), so stdout holds one document.
+        self.document = None
         self.configure(store_path, as_json, refs)
 
     def configure(self, store_path: str | None, as_json: bool, refs: str | None) -> None:
@@ -59,10 +62,10 @@ class Context:
         return self._store
 
     def emit(self, doc, text: str | None = None) -> None:
-        """Print `doc` as JSON with --json, else `text` (or a readable rendering of doc)."""
-        self.emitted = True
+        """Print `doc` as JSON with --json (when the command ends), else `text` (or a
+        readable rendering of doc)."""
         if self.as_json:
-            click.echo(json.dumps(doc, indent=2, ensure_ascii=False, sort_keys=True))
+            self.document = doc
         elif text is not None:
             click.echo(escape_controls(text, lines=True))
 
@@ -402,7 +405,7 @@ def rollout_append(ctx, thread, source):
 @pass_ctx
 def rollout_cat(ctx, thread, start, stop):
     """Print records FROM <= seq < TO of THREAD's history (or a checkpoint's), exactly as appended."""
-    pieces = ctx.store().rollout_read(thread, start, stop, whole_records=ctx.as_json)
+    pieces = ctx.store().rollout_read(thread, start, stop, whole_records=ctx.as_json, clamp=False)
     if ctx.as_json:
         from agentcas.harnesses.records import parse_line  # ingested logs keep damaged lines: null here
         records = [parse_line(line) for piece in pieces for line in piece.splitlines()]
@@ -740,12 +743,9 @@ def scan_cmd(ctx, rev, as_json):
     lines.append(f"scan: {'clean' if not found else f'{found} likely secret(s)'} in "
                  f"{'checkpoint ' + doc['checkpoint'][:12] if doc['checkpoint'] else 'no checkpoint'} "
                  f"and {doc['records']} rollout records of {doc['thread']}")
-    failure = AgentcasError(f"scan found {found} likely secret(s) in {rev} (the secrets are not shown)")
-    if found:  # the report is this failure's one document
-        doc = dict(doc, error=str(failure), exit_code=failure.exit_code)
     ctx.emit(doc, "\n".join(lines))
-    if found:
-        raise failure
+    if found:  # with --json the report is the one document, `error` and `exit_code` added
+        raise AgentcasError(f"scan found {found} likely secret(s) in {rev} (the secrets are not shown)")
 
 
 # remotes
@@ -908,9 +908,15 @@ def main(argv=None) -> int:
     code, message = _run(args, context)
     if message is not None:
         click.echo(f"agentcas: error: {message}", err=True)
-        if context.as_json and not context.emitted:
-            click.echo(json.dumps({"error": message, "exit_code": code}, indent=2, ensure_ascii=False,
-                                  sort_keys=True))
+    document = context.document
+    if context.as_json and message is not None:
+        failure = {"error": message, "exit_code": code}
+        document = dict(document, **failure) if isinstance(document, dict) else failure
+    if context.as_json and document is not None:
+        try:
+            click.echo(json.dumps(document, indent=2, ensure_ascii=False, sort_keys=True))
+        except BrokenPipeError:
+            pass
     return code
 
 

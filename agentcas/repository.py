@@ -448,12 +448,13 @@ class Store:
                 "history": head.to_doc()}
 
     def rollout_read(self, thread: str, start: int = 0, stop: int | None = None,
-                     whole_records: bool = True):
+                     whole_records: bool = True, clamp: bool = True):
         """An iterator over the bytes of records start <= seq < stop of a thread's history.
 
         `thread` may also be a revision: a checkpoint's prefix, or for THREAD@{N} the
-        whole history that reflog entry recorded. A bad range (also a `start` or `stop`
-        past the end) raises UsageError here, before any byte is produced. Each piece holds whole
+        whole history that reflog entry recorded. A `stop` past the end reads to the end
+        (`clamp=False`: raises, as `rollout cat --to` does); a bad range raises UsageError
+        here, before any byte is produced. Each piece holds whole
         records unless `whole_records=False` (pieces as stored, for copying bytes out).
         """
         if start < 0 or (stop is not None and stop < 0):
@@ -465,7 +466,7 @@ class Store:
                 raise NotFound(f"no thread or checkpoint named {thread!r}") from None
         if start > head.seq:
             raise UsageError(f"--from {start} is beyond the end of the history ({head.seq} records)")
-        if stop is not None and stop > head.seq:  # as fork --at and replay --at
+        if not clamp and stop is not None and stop > head.seq:  # as fork --at and replay --at
             raise UsageError(f"--to {stop} is beyond the end of the history ({head.seq} records)")
         if stop is not None and stop < start:
             raise UsageError(f"--to {stop} is before --from {start}")

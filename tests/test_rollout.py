@@ -143,7 +143,7 @@ def test_read_ranges_are_exact(any_store):
     lines = records(40, size=100)
     for i in range(0, 40, 8):
         any_store.rollout_append("t", b"".join(lines[i:i + 8]))
-    for start, stop in [(0, 40), (0, 1), (39, 40), (7, 9), (8, 16), (5, 5), (40, 40), (12, None), (30, 40)]:
+    for start, stop in [(0, 40), (0, 1), (39, 40), (7, 9), (8, 16), (5, 5), (40, 40), (12, None), (30, 1000)]:
         want = b"".join(lines[start: 40 if stop is None else stop])
         assert b"".join(any_store.rollout_read("t", start, stop)) == want
 
@@ -152,7 +152,6 @@ def test_read_ranges_are_exact(any_store):
     (-1, None, "must not be negative"),
     (0, -3, "must not be negative"),
     (11, None, "beyond the end of the history (10 records)"),
-    (0, 11, "--to 11 is beyond the end of the history (10 records)"),  # as fork --at and replay --at
     (6, 5, "before --from"),
 ])
 def test_bad_ranges_raise_before_any_byte(any_store, start, stop, message):
@@ -160,6 +159,14 @@ def test_bad_ranges_raise_before_any_byte(any_store, start, stop, message):
     with pytest.raises(UsageError) as caught:
         any_store.rollout_read("t", start, stop)  # raises on the call, not on iteration
     assert message in str(caught.value)
+
+
+def test_a_stop_past_the_end_raises_unless_clamped(any_store):
+    """`rollout cat --to` past the end is refused, as `fork --at` and `replay --at` are."""
+    any_store.rollout_append("t", b"".join(records(10)))
+    with pytest.raises(UsageError, match=r"--to 11 is beyond the end of the history \(10 records\)"):
+        any_store.rollout_read("t", 0, 11, clamp=False)
+    assert b"".join(any_store.rollout_read("t", 0, 10, clamp=False)) == b"".join(records(10))
 
 
 def test_reading_an_unknown_thread_is_not_found(any_store):
