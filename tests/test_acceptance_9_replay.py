@@ -50,6 +50,13 @@ def cli(store_dir, *args):
                           text=True, timeout=120)
 
 
+def json_failure(result, code: int) -> bool:
+    """A --json failure: exit `code` and, on stdout, only {"error": its stderr line, "exit_code"}."""
+    doc = json.loads(result.stdout)
+    return result.returncode == code and doc == {"error": result.stderr.strip()[len("agentcas: error: "):],
+                                                 "exit_code": code}
+
+
 def ingest(store_dir, harness, path):
     result = cli(store_dir, "--json", "ingest", harness, path)
     assert result.returncode == 0, result.stderr
@@ -665,7 +672,7 @@ def test_replay_of_a_checkpoint_id_is_the_replay_at_its_position(store_dir, tmp_
     assert replay(store_dir, cps[0]["checkpoint"][:16]) == replay(store_dir, cps[0]["checkpoint"])
     first = cps[0]
     beyond = cli(store_dir, "--json", "replay", first["checkpoint"], "--at", first["history"]["seq"] + 1)
-    assert beyond.returncode == 2 and beyond.stdout == ""
+    assert json_failure(beyond, 2), beyond
     assert "beyond the end" in one_error_line(beyond)
 
 
@@ -683,7 +690,7 @@ def test_at_zero_and_at_beyond_the_end(store_dir, tmp_path):
     assert replay(store_dir, thread, "--at", len(r.lines)) == replay(store_dir, thread)
     for args in (("--at", len(r.lines) + 1), ("--at", 10**12)):
         result = cli(store_dir, "--json", "replay", thread, *args)
-        assert result.returncode == 2 and result.stdout == "", result
+        assert json_failure(result, 2), result
         line = one_error_line(result)
         assert "beyond the end" in line and str(len(r.lines)) in line
     negative = cli(store_dir, "replay", thread, "--at", "-1")
@@ -710,7 +717,7 @@ def test_format_that_contradicts_the_thread_is_refused(store_dir, tmp_path):
     for thread, wrong, right in ((codex_thread, "claude", "codex"), (claude_thread, "codex", "claude")):
         assert replay(store_dir, thread, "--format", right) == replay(store_dir, thread)
         result = cli(store_dir, "--json", "replay", thread, "--format", wrong)
-        assert result.returncode == 2 and result.stdout == "", result
+        assert json_failure(result, 2), result
         line = one_error_line(result)
         assert f"--format {right}" in line
 
@@ -720,7 +727,7 @@ def test_a_history_of_neither_format_names_format(store_dir, tmp_path):
     path.write_text('{"hello": 1}\n{"world": 2}\n')
     assert cli(store_dir, "rollout", "append", "plain", path).returncode == 0
     result = cli(store_dir, "--json", "replay", "plain")
-    assert result.returncode == 1 and result.stdout == ""
+    assert json_failure(result, 1), result
     assert "--format" in one_error_line(result)
     forced = replay(store_dir, "plain", "--format", "codex")
     assert forced["items"] == [] and forced["at"] == 2

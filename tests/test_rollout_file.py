@@ -118,6 +118,23 @@ def test_a_truncated_or_rewritten_file_is_still_refused_after_effects(setup, rew
     assert store_rows(store) == before
 
 
+def test_an_edit_in_the_last_stored_append_is_refused(setup):
+    """The lines of the last commit are re-read from the store and compared, from the place
+    the checkpoint recorded (effects on both sides of it)."""
+    store, ws, rollout = setup
+    rollout.write_bytes(record(1) + record(2))
+    commit(store, ws, rollout)
+    effect(store, 1)
+    rollout.write_bytes(rollout.read_bytes() + record(3) + record(4))
+    commit(store, ws, rollout)
+    effect(store, 2)
+    rollout.write_bytes(rollout.read_bytes().replace(b'"n": 4', b'"n": 7') + record(5))
+    before = store_rows(store)
+    result = run_cli("commit", ws, "-m", "again", "--rollout", rollout, store=store)
+    assert result.code == 1 and "differs from the history already stored" in result.err, result
+    assert store_rows(store) == before
+
+
 def test_effects_recorded_before_the_first_commit(setup):
     store, ws, rollout = setup
     effect(store, 1)
