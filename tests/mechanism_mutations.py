@@ -156,6 +156,16 @@ MUTATIONS = {
            ["            pass\n"],
            ["tests/test_gc_markset.py::test_markset_spills_past_its_budget_and_finds_every_id_in_both_tables",
             "tests/test_gc_markset.py::test_gc_with_a_tiny_memory_budget_deletes_exactly_the_garbage_on_lmdb"]),
+    # `commit --rollout` passes over the effect records agentcas appended itself (lineage/tail.py):
+    # take them for the file's, and an effect then refuses the next commit of the grown file.
+    "Re": ("agentcas/lineage/tail.py", ["        elif parse_record(record) is None:  # not agentcas's own"],
+           ["        elif True:  # not agentcas's own"],
+           ["tests/test_rollout_file.py::test_an_effect_then_a_commit_of_the_grown_file"]),
+    # ... and still checks, from the place its checkpoint recorded, that the file ends with the
+    # last append it stored: without it, an edit there is taken in silently.
+    "Rt": ("agentcas/lineage/tail.py", ["                _match_backwards(file, last[:seq - last_segment.base.seq], offset)\n"],
+           ["                pass\n"],
+           ["tests/test_rollout_file.py::test_an_edit_in_the_last_stored_append_is_refused"]),
 }
 
 

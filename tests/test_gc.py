@@ -142,7 +142,7 @@ def test_reflog_keeps_reverted_head_until_it_expires(any_store, tmp_path):
     assert len(store.threads.reflog("main")) == 1  # the newest entry is never expired ...
     assert Digest.parse(second).raw in all_keys(store)  # ... and keeps the checkpoint it left
     explained = store.gc.explain(second, grace=0, expire_reflog=0).to_json()
-    assert explained["root"]["kind"] == "reflog" and explained["root"]["name"] == "main@{2}"
+    assert explained["root"]["kind"] == "reflog" and explained["root"]["name"] == "main@{0}"
 
     third = store.checkpoints.commit(write_files(ws, {"a": os.urandom(70_000)}), "three").to_json()["checkpoint"]
     store.gc.run(grace=0, expire_reflog=0, now=later())

@@ -1,6 +1,6 @@
 """Harness sessions and effects through the real CLI, on sessions built from the spec.
 
-The sessions come from tests/support/spec_sessions.py (written from agent-logs.md, not
+The sessions come from tests/support/spec_sessions.py (written from docs/HARNESSES.md, not
 from tests/support/harness_samples.py); every check runs `agentcas` in a subprocess, the way the
 user would.
 """
@@ -188,7 +188,7 @@ def test_replay_at_a_seq_before_the_first_record_naming_the_session(store_dir, t
 
 
 def test_claude_messages_keep_meta_text_the_model_is_sent(store_dir, tmp_path):
-    """agent-logs.md 2.3: the Messages-API view drops system records; Claude Code sends
+    """docs/HARNESSES.md: the Messages-API view drops system records; Claude Code sends
     `isMeta` text to the model, so it is kept (it is only not `visible`)."""
     c, r = claude_session_with_everything()
     c.write(tmp_path / "projects" / "-home-u-proj" / f"{c.sid}.jsonl")

@@ -161,6 +161,14 @@ def test_bad_ranges_raise_before_any_byte(any_store, start, stop, message):
     assert message in str(caught.value)
 
 
+def test_a_stop_past_the_end_raises_unless_clamped(any_store):
+    """`rollout cat --to` past the end is refused, as `fork --at` and `replay --at` are."""
+    any_store.history.append("t", b"".join(records(10)))
+    with pytest.raises(UsageError, match=r"--to 11 is beyond the end of the history \(10 records\)"):
+        any_store.history.read("t", 0, 11, clamp=False)
+    assert b"".join(any_store.history.read("t", 0, 10, clamp=False)) == b"".join(records(10))
+
+
 def test_reading_an_unknown_thread_is_not_found(any_store):
     with pytest.raises(Exception) as caught:
         list(any_store.history.read("nobody"))

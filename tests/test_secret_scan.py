@@ -37,7 +37,7 @@ def leaky(tmp_path):
 
 
 def refused_without_secret(result, verb: str):
-    assert result.code == 4, result
+    assert result.code == 1, result  # as a commit refused for a secret: an error, not corruption
     assert f"refusing to {verb}: rollout record seq 2 of thread 'main' looks like a GitHub token" in result.err
     assert TOKEN not in result.err and TOKEN[4:] not in result.err and "Traceback" not in result.err
 
@@ -61,7 +61,7 @@ def test_a_private_key_in_the_rollout_never_leaves_in_a_bundle(tmp_path):
     (tmp_path / "ws").mkdir()
     assert run_cli("commit", tmp_path / "ws", "-m", "one", store=store).code == 0
     result = run_cli("export", "main", "-o", tmp_path / "b.bundle", "--allow-rollout-secrets", store=store)
-    assert result.code == 4 and "seq 1 of thread 'main' looks like a private key block" in result.err, result
+    assert result.code == 1 and "seq 1 of thread 'main' looks like a private key block" in result.err, result
     assert not (tmp_path / "b.bundle").exists()
 
 

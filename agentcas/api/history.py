@@ -60,12 +60,13 @@ class Histories:
         return append_records(self._stores, thread, data)
 
     def read(self, rev: str, start: int = 0, stop: int | None = None,
-             whole_records: bool = True) -> Iterator[bytes]:
+             whole_records: bool = True, clamp: bool = True) -> Iterator[bytes]:
         """An iterator over the bytes of records start <= seq < stop of a thread's history.
 
         `rev` may also be a revision: a checkpoint's prefix, or for THREAD@{N} the
-        whole history that reflog entry recorded. A `stop` past the end reads to the
-        end; a bad range raises here, before any byte is produced. Each piece holds whole
+        whole history that reflog entry recorded. A `stop` past the end reads to the end
+        (`clamp=False`: raises, as `rollout cat --to` does); a bad range raises UsageError
+        here, before any byte is produced. Each piece holds whole
         records unless `whole_records=False` (pieces as stored, for copying bytes out).
         """
         if start < 0 or (stop is not None and stop < 0):
@@ -77,6 +78,8 @@ class Histories:
                 raise NotFound(f"no thread or checkpoint named {rev!r}") from None
         if start > head.seq:
             raise UsageError(f"--from {start} is beyond the end of the history ({head.seq} records)")
+        if not clamp and stop is not None and stop > head.seq:  # as fork --at and replay --at
+            raise UsageError(f"--to {stop} is beyond the end of the history ({head.seq} records)")
         if stop is not None and stop < start:
             raise UsageError(f"--to {stop} is before --from {start}")
         return self._read(head, start, stop, whole_records)

@@ -43,7 +43,7 @@ from agentcas.cas.objects import Checkpoint, HistoryPosition, InvalidObject
 from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.source import ObjectSource
 from agentcas.cas.system_errors import from_os_error
-from agentcas.errors import ConflictError, IntegrityError, UsageError
+from agentcas.errors import AgentcasError, ConflictError, IntegrityError, NotFound, UsageError
 from agentcas.exchange.bundle_format import (
     MAGIC,
     MAX_SIGNATURES,
@@ -89,8 +89,9 @@ class RollbackRefused(IntegrityError):
     """The bundle is older than one already imported for the same thread."""
 
 
-class SecretInBundle(IntegrityError):
-    """Export found a likely secret (or private key) among the checkpoint's files."""
+class SecretInBundle(AgentcasError):
+    """Export found a likely secret (or private key) among the checkpoint's files (exit 1,
+    as a commit refused for a secret)."""
 
 
 # --- export -----------------------------------------------------------------------------------
@@ -398,9 +399,15 @@ def require_signature(checked: CheckedBundle, allow_unsigned: bool) -> None:
     raise SignatureRejected(env.ABSENT, "bundle is not signed (pass --allow-unsigned to import it anyway)")
 
 
+class NoBundleFile(NotFound):
+    """The bundle file named does not exist."""
+
+
 def open_bundle(path: str):
     try:
         return open(path, "rb")
+    except FileNotFoundError:
+        raise NoBundleFile(f"bundle file {path} does not exist") from None
     except OSError as exc:
         raise UsageError(f"cannot read bundle {path}: {exc.strerror}") from None
 

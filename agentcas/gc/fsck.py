@@ -187,7 +187,8 @@ class Fsck:
                 elif table == "reflog":
                     entry = threads.decode_reflog_entry(key, value)
                     name = key[len(threads.PREFIX): key.index(b"\0")].decode("utf-8")
-                    self.roots += entry_roots(name, entry)
+                    # Named by its stored number: this scan sees a thread's entries one by one.
+                    self.roots += entry_roots(name, entry.number, entry)
                 elif table == "leases":
                     LeaseRow.decode(key, value)
             except lmdb.Error:

@@ -272,7 +272,7 @@ def plan_gc(stores: Stores, now: float | None = None, grace: int = DEFAULT_GRACE
         notes.append(f"{len(live_pins)} write(s) in progress: the sweep waits until none is "
                      "(a write in progress may reuse any stored object)")
     root_counts = {"thread": sum(1 for r in roots if r.kind == "thread"),
-                   "reflog": sum(1 for r in roots if r.kind == "reflog"),
+                   "reflog": reflog_entries - expiring,  # entries kept, as `agentcas reflog` counts
                    "signature": signatures, "recent": recent_roots,
                    "pin": len(live_pins)}
     return GcPlan(store=stores.url, now=now, grace=grace, expire_reflog=expire_reflog,

@@ -129,12 +129,15 @@ def _size(n: float) -> str:
     return str(n)
 
 
+REFLOG_LINES = 20  # kept reflog states listed by name in the text report
+
+
 def render_text(report: dict) -> str:
     """The report for people."""
     counts = report["roots"]["counts"]
     lines = [f"gc report for {report['store']} (grace {report['grace_seconds']} s, "
              f"reflog kept {report['expire_reflog_seconds']} s)",
-             f"roots: {counts['thread']} threads, {counts['reflog']} reflog states, "
+             f"roots: {counts['thread']} threads, {counts['reflog']} reflog entries, "
              f"{counts['signature']} signatures, {counts['recent']} recent objects, "
              f"{counts['pin']} writes in progress", "", "threads:"]
     for row in report["threads"]:
@@ -161,6 +164,12 @@ def render_text(report: dict) -> str:
     else:
         lines.append("held by grace: nothing")
     lines.append(f"reflog: {report['reflog']['entries']} entries, {report['reflog']['expiring']} expiring")
+    kept_states = report["roots"]["reflog"]
+    for root in kept_states[:REFLOG_LINES]:  # named as `agentcas reflog THREAD` numbers them
+        left = " (the checkpoint it left)" if root.get("left") else ""
+        lines.append(f"  {root['name']}: checkpoint {(root['checkpoint'] or '-')[:12]}, seq {root['seq']}{left}")
+    if len(kept_states) > REFLOG_LINES:
+        lines.append(f"  ... and {len(kept_states) - REFLOG_LINES} more (the JSON report lists all)")
     result = report.get("result")
     if result:
         lines.append(f"deleted: {result['deleted']['objects']} objects, {_size(result['deleted']['bytes'])}; "

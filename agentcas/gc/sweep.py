@@ -95,8 +95,8 @@ def remark_moved_threads(txn: Txn, objects: ObjectSource, plan: GcPlan) -> int:
     for name in moved:
         try:
             roots = state_roots("thread", name, name, threads.read_thread(txn, name))
-            for entry in threads.read_reflog(txn, name):
-                roots += entry_roots(name, entry)
+            for index, entry in enumerate(threads.read_reflog(txn, name)):  # newest first
+                roots += entry_roots(name, index, entry)
         except IntegrityError as exc:
             raise GcAborted(f"{exc}; gc stopped (run 'agentcas fsck')") from None
         for root in roots:

@@ -27,7 +27,7 @@ is reached through `logicalParentUuid`; a branch of only system/progress/attachm
 records hangs from the chosen conversation and is not one); `sidechains` lists each inline
 subagent tree (root without a sidechain parent, its leaf chosen as the session's is, the path);
 `messages` is the Messages-API view of the chain's user/assistant records: system
-records dropped, `isMeta` text kept (Claude Code sends it to the model; agent-logs.md 2.3).
+records dropped, `isMeta` text kept (Claude Code sends it to the model; docs/HARNESSES.md).
 """
 
 from __future__ import annotations

@@ -42,7 +42,15 @@ READ_BATCH_BYTES = 8 * 1024 * 1024
 
 
 class BadRecord(AgentcasError):
-    """An input line that is not a JSON object."""
+    """An input line that is not a JSON object: its 1-based `line` and what is wrong."""
+
+    def __init__(self, message: str, line: int = 0, detail: str = ""):
+        super().__init__(message)
+        self.line, self.detail = line, detail
+
+    @classmethod
+    def at(cls, line: int, detail: str) -> "BadRecord":
+        return cls(f"line {line}: {detail}", line, detail)
 
 
 class MissingHistory(IntegrityError):
@@ -71,13 +79,13 @@ def split_records(data: bytes, first_line: int = 1) -> list[tuple[int, int]]:
         end = size if end < 0 else end + 1
         raw = data[start:end]
         if len(raw) > MAX_RECORD_BYTES:
-            raise BadRecord(f"line {line}: record longer than {MAX_RECORD_BYTES} bytes")
+            raise BadRecord.at(line, f"record longer than {MAX_RECORD_BYTES} bytes")
         try:
             value = decoder.decode(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            raise BadRecord(f"line {line}: not a JSON object ({str(exc)[:80]})") from None
+            raise BadRecord.at(line, f"not a JSON object ({str(exc)[:80]})") from None
         if not isinstance(value, dict):
-            raise BadRecord(f"line {line}: a record must be a JSON object, got {type(value).__name__}")
+            raise BadRecord.at(line, f"a record must be a JSON object, got {type(value).__name__}")
         records.append((start, end))
         start = end
         line += 1

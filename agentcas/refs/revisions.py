@@ -25,6 +25,7 @@ _SUFFIX = re.compile(r"(~\d*|\^)$", re.ASCII)
 _REFLOG = re.compile(r"^(.+)@\{(\d+)\}$", re.ASCII)
 _HEX = re.compile(r"^[0-9a-f]{8,64}$")
 MIN_PREFIX = 8
+_SHORT_HEX = re.compile(r"^[0-9a-fA-F]{1,%d}$" % (MIN_PREFIX - 1))  # looks like a too-short id
 
 
 class UnknownRevision(NotFound):
@@ -94,6 +95,9 @@ def _resolve_base(txn: Txn, objects: ObjectSource, base: str, rev: str) -> Diges
                 raise UnknownRevision(f"unknown revision {rev!r}")
             return digest
         return _resolve_prefix(objects, base.lower(), rev)
+    if _SHORT_HEX.match(base):
+        raise UnknownRevision(f"unknown revision {rev!r}: no thread has that name, and an id prefix "
+                              f"needs at least {MIN_PREFIX} hex digits")
     raise UnknownRevision(f"unknown revision {rev!r}")
 
 

@@ -47,7 +47,7 @@ from agentcas.cas.digest import EMPTY, Digest, hash_blob
 from agentcas.cas.names import BadName, check_name, check_unique
 from agentcas.cas.objects import MODE_EXEC, MODE_FILE, ChunkList, ChunkRef, Tree, TreeEntry
 from agentcas.cas.sealed import seal, unseal
-from agentcas.cas.source import ObjectSource
+from agentcas.cas.source import ObjectSource, load_object
 from agentcas.cas.store import ObjectStore
 from agentcas.cas.writer import BatchWriter
 from agentcas.errors import AgentcasError, IntegrityError
@@ -116,6 +116,7 @@ class SnapshotStats:
     files: int = 0
     bytes: int = 0
     cached_files: int = 0
+    unchanged_files: int = 0  # the cached ones, and those read again that equal the previous tree's
     read_bytes: int = 0
     new_objects: int = 0
     new_bytes: int = 0
@@ -156,7 +157,8 @@ def _decode_cache_row(payload: bytes, name: str) -> tuple | None:
 
 class Snapshotter:
     def __init__(self, objects: ObjectSource, local: ObjectStore, root: str, allow_secrets=(),
-                 progress=None, skip_dirs=(), skip_files=(), lease=None, known=None):
+                 progress=None, skip_dirs=(), skip_files=(), lease=None, known=None,
+                 previous_tree: Digest | None = None):
         # `local` is this machine's environment (its stat cache); `known(keys)` the objects
         # this machine knows are stored (the store itself, or a shared store's local
         # cache): the commit re-checks `needed` against the real store before landing.
@@ -170,6 +172,7 @@ class Snapshotter:
         self.skip_dirs = {os.path.realpath(d) for d in skip_dirs}
         self.skip_files = {os.path.realpath(f) for f in skip_files}
         self.stats = SnapshotStats()
+        self.previous_tree = previous_tree  # the thread's head tree, to tell unchanged files
         # Every object id the resulting tree depends on directly (trees, file objects,
         # chunks of new chunk lists): the commit re-checks them in its final transaction,
         # so a concurrent gc that removed an old object we deduplicated against is caught.
@@ -439,6 +442,7 @@ class Snapshotter:
                 self._buffers = threading.local()
         root = self._build_trees(dirs)
         self.writer.flush()
+        self.stats.unchanged_files = self.stats.cached_files + self._same_as_before(todo)
         rows = self._cache_rows(todo)
         if rows:
             def put_rows(txn):
@@ -448,6 +452,35 @@ class Snapshotter:
         self.stats.new_objects = self.writer.written_objects
         self.stats.new_bytes = self.writer.written_bytes
         return root
+
+    def _same_as_before(self, items: list[FileItem]) -> int:
+        """How many of `items` (files read again: not in the stat cache, or too recent to
+        trust it) have the id and mode they had in the previous tree. Only the directories
+        holding them are loaded."""
+        if self.previous_tree is None or not items:
+            return 0
+        directories: dict[str, dict] = {}  # rel dir -> {name: entry} in the previous tree
+
+        def entries_of(rel_dir: str) -> dict:
+            if rel_dir not in directories:
+                if rel_dir == "":
+                    tree_id = self.previous_tree
+                else:
+                    parent, _, name = rel_dir.rpartition("/")
+                    entry = entries_of(parent).get(name)
+                    tree_id = entry.id if entry is not None and entry.type == "dir" else None
+                data = None if tree_id is None else load_object(self.objects, tree_id, framing.KIND_TREE)
+                directories[rel_dir] = {} if data is None else {e.name: e for e in Tree.decode(data).entries}
+            return directories[rel_dir]
+
+        same = 0
+        for item in items:
+            rel_dir, _, name = item.rel.rpartition("/")
+            before = entries_of(rel_dir).get(name)
+            if before is not None and item.entry is not None and before.type == "file" \
+                    and (before.id, before.mode) == (item.entry.id, item.entry.mode):
+                same += 1
+        return same
 
     def _store_files(self, todo: list[FileItem], total: int) -> None:
         """Scan every file, then store them on the workers while this thread writes."""
@@ -662,11 +695,13 @@ def _mode(st: os.stat_result) -> int:
 
 
 def snapshot(objects: ObjectSource, local: ObjectStore, root: str, allow_secrets=(), progress=None,
-             skip_dirs=(), skip_files=(), lease=None, known=None):
+             skip_dirs=(), skip_files=(), lease=None, known=None, previous_tree: Digest | None = None):
     """Store the directory `root`; return (root tree id, SnapshotStats, ids it needs).
 
     `skip_dirs` / `skip_files` (e.g. the store itself, a rollout file stored as history)
-    are left out of the tree.
+    are left out of the tree. `previous_tree` (the thread's head tree) only lets the
+    stats count files read again but unchanged.
     """
-    snap = Snapshotter(objects, local, root, allow_secrets, progress, skip_dirs, skip_files, lease, known)
+    snap = Snapshotter(objects, local, root, allow_secrets, progress, skip_dirs, skip_files, lease, known,
+                       previous_tree)
     return snap.run(), snap.stats, snap.needed

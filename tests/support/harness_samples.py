@@ -1,5 +1,5 @@
 """Builders of Codex rollouts and Claude Code transcripts, shaped as docs/HARNESSES.md describes
-(../shared/background/agent-logs.md: read from the harnesses' source). Tests and bench/ build
+(read from the harnesses' source; "The two log formats" there). Tests and bench/ build
 sessions from these instead of committing large fixture files.
 """
 

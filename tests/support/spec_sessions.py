@@ -1,4 +1,4 @@
-"""Codex rollouts and Claude Code transcripts written from ../shared/background/agent-logs.md.
+"""Codex rollouts and Claude Code transcripts written from the formats in docs/HARNESSES.md.
 
 Written for tests/test_harness_cli.py from the spec, independently of
 tests/support/harness_samples.py, so a disagreement between the
