@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import random
 import time
 

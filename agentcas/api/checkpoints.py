@@ -110,8 +110,8 @@ class Checkpoints:
 
     def checkout(self, rev: str, dest: str, progress=None) -> CheckoutResult:
         """Restore checkpoint `rev` into `dest`, which must not exist."""
-        from agentcas.workspace.restore import restore_tree  # lazy: only checkout writes files
         from agentcas.lineage.tail import rollout_file_pieces
+        from agentcas.workspace.restore import restore_tree  # lazy: only checkout writes files
         digest, cp = self.get(rev)
         open_effects = self._store.effects.after_checkpoint(rev)  # what restoring files does not undo
         mark = cp.rollout_file  # the rollout file committed with it, written back where it was
@@ -119,7 +119,7 @@ class Checkpoints:
             (mark.path, rollout_file_pieces(self._stores.objects, cp.history, mark))
         count = restore_tree(self._stores.objects, cp.tree, dest, progress, extra)
         return CheckoutResult(digest.hex(), cp.tree.hex(), os.path.abspath(dest), count, open_effects,
-                              None if extra is None else mark.path)
+                              None if extra is None else extra[0])
 
     def scan(self, rev: str) -> ScanReport:
         """Likely secrets in REV's files and history (a thread: its whole history), by the

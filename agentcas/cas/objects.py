@@ -492,7 +492,7 @@ class RolloutFile:
                 raise InvalidObject(f"rollout_file path {self.path!r}: {exc}") from None
 
     def to_doc(self) -> dict:
-        doc = {"offset": self.offset, "seq": self.seq}
+        doc: dict[str, int | str] = {"offset": self.offset, "seq": self.seq}
         if self.path is not None:
             doc["path"] = self.path
         return doc
@@ -501,14 +501,14 @@ class RolloutFile:
         return [self.path, self.offset, self.seq]
 
     @classmethod
-    def from_doc(cls, doc) -> "RolloutFile":
+    def from_doc(cls, doc) -> RolloutFile:
         if not isinstance(doc, dict):
             raise InvalidObject("rollout_file must be a map")
         _keys(doc, {"offset", "seq"}, optional={"path"}, what="rollout_file")
         return cls(doc["offset"], doc["seq"], doc.get("path"))
 
     @classmethod
-    def from_row(cls, row) -> "RolloutFile":
+    def from_row(cls, row) -> RolloutFile:
         if not isinstance(row, list) or len(row) != 3:
             raise InvalidObject("rollout_file must be [PATH | null, OFFSET, SEQ]")
         path, offset, seq = row

@@ -49,7 +49,7 @@ class BadRecord(AgentcasError):
         self.line, self.detail = line, detail
 
     @classmethod
-    def at(cls, line: int, detail: str) -> "BadRecord":
+    def at(cls, line: int, detail: str) -> BadRecord:
         return cls(f"line {line}: {detail}", line, detail)
 
 

@@ -25,7 +25,7 @@ _SUFFIX = re.compile(r"(~\d*|\^)$", re.ASCII)
 _REFLOG = re.compile(r"^(.+)@\{(\d+)\}$", re.ASCII)
 _HEX = re.compile(r"^[0-9a-f]{8,64}$")
 MIN_PREFIX = 8
-_SHORT_HEX = re.compile(r"^[0-9a-fA-F]{1,%d}$" % (MIN_PREFIX - 1))  # looks like a too-short id
+_SHORT_HEX = re.compile(rf"^[0-9a-fA-F]{{1,{MIN_PREFIX - 1}}}$")  # looks like a too-short id
 
 
 class UnknownRevision(NotFound):
