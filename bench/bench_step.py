@@ -1,4 +1,4 @@
-"""Issue 13: the per-step hot path, each figure beside its peer in one run.
+"""The per-step hot path, each figure beside its peer in one run.
 
 1. Bytes per checkpoint. One step appends one ~400-byte message to a JSONL rollout and
    rewrites one small file (`memory/state.json`), then checkpoints: agentcas through the
@@ -18,9 +18,7 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -152,7 +150,7 @@ start, times, text, msg = disk(), [], _Text(13), 0
 for i in range(steps):
     msg += do_step(ws, text, i)
     t = time.perf_counter()
-    store.commit(ws, f"step {i}", rollout_file=os.path.join(ws, "rollout.jsonl"))
+    store.checkpoints.commit(ws, f"step {i}", rollout_file=os.path.join(ws, "rollout.jsonl"))
     times.append(time.perf_counter() - t)
 print(json.dumps({"growth": disk() - start, "times": times, "messages": msg}))
 """
@@ -185,11 +183,11 @@ API_RECOMMIT = r"""
 import json, sys, time
 from agentcas.repository import Store
 store = Store.open(sys.argv[1])
-store.commit(sys.argv[2], "warm")
+store.checkpoints.commit(sys.argv[2], "warm")
 times = []
 for _ in range(int(sys.argv[3])):
     t = time.perf_counter()
-    doc = store.commit(sys.argv[2], "again")
+    doc = store.checkpoints.commit(sys.argv[2], "again").to_json()
     times.append(time.perf_counter() - t)
 print(json.dumps({"times": times, "cached": doc["cached_files"], "files": doc["files"]}))
 """
@@ -291,7 +289,7 @@ store, times = Store.open(sys.argv[1]), []
 fd = os.open(os.devnull, os.O_WRONLY)
 for _ in range(int(sys.argv[2])):
     t = time.perf_counter()
-    for piece in store.rollout_read("big", 0, None):
+    for piece in store.history.read("big", 0, None):
         os.write(fd, piece)
     times.append(time.perf_counter() - t)
 print(json.dumps(times))
@@ -360,7 +358,7 @@ def main(argv: list[str]) -> int:
                 f"{h.fmt_time(rc[CLICK])} ({h.fmt_ratio(rc[CLICK] / git)})", "-"],
                ["(for scale: the same read in process, vs zstd -dc \\| b3sum)",
                 f"{h.fmt_time(rd[API_READ_ROW])} ({h.fmt_ratio(rd[API_READ_ROW] / floor)})", "-"]]
-    h.table("Issue 13 targets", ["target", "measured", "met"], targets)
+    h.table("Per-step targets", ["target", "measured", "met"], targets)
     print(f"Load: {load} at start, {h.load_note()} at end.\n")
     return 0
 

@@ -13,122 +13,16 @@ import unicodedata
 import pytest
 import zstandard
 
-from conftest import store_rows, tree_bytes, views
 from agentcas import Store, testing_hooks
 from agentcas.cas import encoding, framing
 from agentcas.cas.digest import EMPTY, Digest, hash_blob, hash_object
 from agentcas.cas.objects import EMPTY_POSITION, Checkpoint
-from agentcas.cas.store import TABLES
 from agentcas.errors import ConflictError, IntegrityError
 from agentcas.exchange import bundle_format as bf
 from agentcas.signing import envelope, keys
 
-ALICE = keys.generate()
-MALLORY = keys.generate()
-IDENTITY = bytes.fromhex("01" + "00" * 31)
-CREATED = "2026-11-29T10:00:00.000000Z"
-
-
-class Craft:
-    """A bundle under construction: records, manifest document, envelopes."""
-
-    def __init__(self):
-        self.records: list[list] = []
-        self.envelopes: list[bytes] = []
-        self.manifest: dict = {}
-        self.manifest_bytes: bytes | None = None
-
-    def add(self, kind: int, data: bytes, compress: bool = False) -> Digest:
-        digest = hash_blob(data) if kind == framing.KIND_CHUNK else hash_object(framing.KIND_NAMES[kind], data)
-        self.records.append([kind, digest.raw, framing.frame(kind, data, compress=compress, written_at=0)])
-        return digest
-
-    def file(self, name: str, data: bytes, mode: int = 0o644) -> dict:
-        digest = self.add(framing.KIND_CHUNK, data) if data else EMPTY
-        return {"name": name, "type": "file", "id": digest.hex(), "mode": mode, "size": len(data)}
-
-    def tree(self, entries: list[dict]) -> Digest:
-        entries = sorted(entries, key=lambda e: e["name"].encode("utf-8", "surrogatepass"))
-        return self.add(framing.KIND_TREE, encoding.encode({"entries": entries}))
-
-    def checkpoint(self, tree: Digest, parents=(), thread: str = "main") -> Digest:
-        cp = Checkpoint(tree, tuple(parents), thread, "crafted", "test", CREATED, {}, EMPTY_POSITION)
-        return self.add(framing.KIND_CHECKPOINT, cp.encode())
-
-    def finish(self, checkpoint: Digest, files: list[dict], thread: str = "main", checkpoints=None) -> None:
-        self.manifest = {"format": "agentcas-bundle", "version": 1, "object_format": 2,
-                         "checkpoint": checkpoint.hex(), "thread": thread,
-                         "checkpoints": [c.hex() for c in (checkpoints or [checkpoint])],
-                         "history": EMPTY_POSITION.to_doc(), "files": files,
-                         "objects": {"count": 0, "bytes": 0}, "created_at": CREATED}
-
-    def sign(self, key=ALICE, checkpoint: str | None = None, thread: str | None = None,
-             namespace: str = envelope.NAMESPACE_CHECKPOINT, signed_at: str | None = None) -> envelope.Envelope:
-        signed = envelope.sign(key, Digest.parse(checkpoint or self.manifest["checkpoint"]),
-                               thread or self.manifest["thread"], namespace, signed_at)
-        self.envelopes.append(signed.encode())
-        return signed
-
-    def bytes(self, fix: bool = True) -> bytes:
-        records = b"".join(bf.RECORD_HEAD.pack(kind, raw, len(framed)) + framed for kind, raw, framed in self.records)
-        if fix:
-            self.manifest["objects"] = {"count": len(self.records), "bytes": len(records)}
-        manifest = self.manifest_bytes if self.manifest_bytes is not None else encoding.encode(self.manifest)
-        body = (bf.MAGIC + bf.U32.pack(len(manifest)) + manifest + records + bf.U32.pack(len(self.envelopes))
-                + b"".join(bf.U32.pack(len(e)) + e for e in self.envelopes))
-        body += bf.TRAILER_MAGIC + (len(body) + 8 + 8 + 32).to_bytes(8, "big")
-        import blake3
-        return body + blake3.blake3(body).digest()
-
-    @classmethod
-    def explode(cls, path: str) -> "Craft":
-        """The parts of an exported bundle, ready to be changed and reassembled."""
-        craft = cls()
-        with open(path, "rb") as handle:
-            parsed = bf.parse(handle)
-            for digest, kind, framed in bf.iter_records(handle, parsed):
-                craft.records.append([kind, digest.raw, framed])
-        craft.manifest = parsed.manifest.to_doc()
-        craft.envelopes = list(parsed.envelopes)
-        return craft
-
-    def find(self, kind: int) -> list:
-        return [r for r in self.records if r[0] == kind]
-
-
-def good_craft(root_extra=(), files_extra=(), sign=True) -> Craft:
-    """memory/notes.md and task.json, signed by ALICE; extra root entries/manifest files optional."""
-    craft = Craft()
-    notes = craft.file("notes.md", b"plan: sum of squares\n")
-    memory = craft.tree([notes])
-    task = craft.file("task.json", b'{"step": 1}\n')
-    root = craft.tree([{"name": "memory", "type": "dir", "id": memory.hex()}, task, *root_extra])
-    cp = craft.checkpoint(root)
-    files = [{"path": "memory/notes.md", "type": "file", "size": notes["size"], "mode": "0644", "id": notes["id"]},
-             {"path": "task.json", "type": "file", "size": task["size"], "mode": "0644", "id": task["id"]},
-             *files_extra]
-    craft.finish(cp, sorted(files, key=lambda f: f["path"]))
-    if sign:
-        craft.sign()
-    return craft
-
-
-def snapshot(store: Store) -> dict:
-    rows = {}
-    with views(store) as txn:
-        for table in TABLES:
-            if table in ("statcache", "pins"):
-                continue
-            for key, value in txn.scan(table):
-                rows[(table, bytes(key))] = bytes(value)
-    return rows
-
-
-@pytest.fixture
-def receiver(tmp_path, store) -> Store:
-    (tmp_path / "alice.pub").write_text(ALICE.public.to_line("alice"))
-    store.trust_add("alice", str(tmp_path / "alice.pub"))
-    return store
+from conftest import store_rows, tree_bytes, views
+from support.bundles import ALICE, CREATED, IDENTITY, MALLORY, Craft, good_craft, snapshot
 
 
 def refused(store: Store, data: bytes, tmp_path, fragment: str, **options) -> str:
@@ -141,7 +35,7 @@ def refused(store: Store, data: bytes, tmp_path, fragment: str, **options) -> st
     writes = []
     with testing_hooks.on("import.before_write", lambda: writes.append(True)):
         with pytest.raises(IntegrityError) as info:
-            store.import_bundle(str(path), "main", **options)
+            store.remotes.import_bundle(str(path), "main", **options)
     assert writes == [], f"refused only while writing, not before: {info.value}"
     assert info.value.exit_code == 4
     assert fragment.lower() in str(info.value).lower(), str(info.value)
@@ -152,9 +46,9 @@ def refused(store: Store, data: bytes, tmp_path, fragment: str, **options) -> st
 def test_good_crafted_bundle_imports(receiver, tmp_path):
     path = tmp_path / "good.bundle"
     path.write_bytes(good_craft().bytes())
-    result = receiver.import_bundle(str(path))
+    result = receiver.remotes.import_bundle(str(path)).to_json()
     assert result["signature"] == "valid" and result["moved"]
-    receiver.checkout("main", str(tmp_path / "out"))
+    receiver.checkpoints.checkout("main", str(tmp_path / "out"))
     assert (tmp_path / "out" / "memory" / "notes.md").read_bytes() == b"plan: sum of squares\n"
 
 
@@ -475,12 +369,12 @@ def test_signature_defects_are_refused(case, receiver, tmp_path):
 def test_allow_unsigned_accepts_unsigned_and_untrusted_but_never_invalid(receiver, tmp_path):
     unsigned = tmp_path / "unsigned.bundle"
     unsigned.write_bytes(good_craft(sign=False).bytes())
-    assert receiver.import_bundle(str(unsigned), "a", allow_unsigned=True)["signature"] == "absent"
+    assert receiver.remotes.import_bundle(str(unsigned), "a", allow_unsigned=True).to_json()["signature"] == "absent"
     craft = good_craft(sign=False)
     craft.sign(MALLORY)
     untrusted = tmp_path / "untrusted.bundle"
     untrusted.write_bytes(craft.bytes())
-    assert receiver.import_bundle(str(untrusted), "b", allow_unsigned=True)["signature"] == "untrusted"
+    assert receiver.remotes.import_bundle(str(untrusted), "b", allow_unsigned=True).to_json()["signature"] == "untrusted"
     craft = good_craft()
     _changed_field("signed_at", "2030-01-01T00:00:00.000000Z")(craft)
     refused(receiver, craft.bytes(), tmp_path, "invalid", allow_unsigned=True)
@@ -488,7 +382,7 @@ def test_allow_unsigned_accepts_unsigned_and_untrusted_but_never_invalid(receive
 
 def test_trusted_for_another_namespace_only_is_untrusted(store, tmp_path):
     (tmp_path / "alice.pub").write_text(ALICE.public.to_line("alice"))
-    store.trust_add("alice", str(tmp_path / "alice.pub"), ["team-only"])
+    store.trust.add("alice", str(tmp_path / "alice.pub"), ["team-only"])
     refused(store, good_craft().bytes(), tmp_path, "not trusted for namespace")
 
 
@@ -541,7 +435,7 @@ def test_round_trip_restores_files_and_rollout(exchange, run, workspace):
 def test_bundle_from_export_defects_with_history(exchange, store, tmp_path):
     """Real exported bundle (history, parent): drop the parent, flip a rollout chunk, change the manifest."""
     src, dst, k, tmp = exchange
-    store.trust_add("alice", str(k / "alice.pub"))
+    store.trust.add("alice", str(k / "alice.pub"))
     cases = []
     craft = Craft.explode(str(tmp / "v2.bundle"))
     parent = craft.find(framing.KIND_CHECKPOINT)[1]
@@ -565,7 +459,7 @@ def test_bundle_from_export_defects_with_history(exchange, store, tmp_path):
         refused(store, craft.bytes(), tmp_path, fragment)
     good = tmp_path / "rebuilt.bundle"
     good.write_bytes(Craft.explode(str(tmp / "v2.bundle")).bytes())
-    assert store.import_bundle(str(good))["signature"] == "valid"
+    assert store.remotes.import_bundle(str(good)).to_json()["signature"] == "valid"
 
 
 def test_fast_forward_rollback_and_conflict(exchange, run, workspace):
@@ -601,19 +495,19 @@ def test_rollback_by_signed_time(receiver, tmp_path):
     older.sign(signed_at="2026-01-01T00:00:00.000000Z")
     (tmp_path / "new.bundle").write_bytes(newer.bytes())
     (tmp_path / "old.bundle").write_bytes(older.bytes())
-    receiver.import_bundle(str(tmp_path / "new.bundle"), "main")
-    receiver.delete_thread("main")
+    receiver.remotes.import_bundle(str(tmp_path / "new.bundle"), "main")
+    receiver.threads.delete("main")
     refused(receiver, older.bytes(), tmp_path, "rollback")
-    assert receiver.import_bundle(str(tmp_path / "old.bundle"), "main", allow_rollback=True)["moved"]
+    assert receiver.remotes.import_bundle(str(tmp_path / "old.bundle"), "main", allow_rollback=True).to_json()["moved"]
 
 
 def test_conflict_on_unrelated_thread_writes_no_objects(receiver, tmp_path, workspace):
-    receiver.commit(str(workspace), "local")
+    receiver.checkpoints.commit(str(workspace), "local")
     path = tmp_path / "b.bundle"
     path.write_bytes(good_craft().bytes())
     before = snapshot(receiver)
     with pytest.raises(ConflictError):
-        receiver.import_bundle(str(path), "main")
+        receiver.remotes.import_bundle(str(path), "main")
     assert snapshot(receiver) == before
 
 
@@ -624,19 +518,19 @@ def test_export_refuses_secrets_and_private_keys(tmp_path, run, workspace):
     assert run("commit", workspace, "-m", "with key", "--allow-secret", "keys/*", store=store).code == 0
     for extra in ([], ["--allow-secret", "keys/*"], ["--allow-secret", "*"]):
         result = run("export", "main", "-o", tmp_path / "b.bundle", *extra, store=store)
-        assert result.code == 4 and "private key" in result.err, result
+        assert result.code == 1 and "private key" in result.err, result  # refused as a commit refuses it
         assert not (tmp_path / "b.bundle").exists()
         assert not [p for p in os.listdir(tmp_path) if p.startswith(".b.bundle")]
     # The key left the workspace, but the ancestor that holds it would travel in the bundle.
     (workspace / "keys" / "alice.key").unlink()
     assert run("commit", workspace, "-m", "key removed", store=store).code == 0
     ancestor = run("export", "main", "-o", tmp_path / "b.bundle", "--allow-secret", "*", store=store)
-    assert ancestor.code == 4 and "alice.key" in ancestor.err
+    assert ancestor.code == 1 and "alice.key" in ancestor.err
     (workspace / "config.env").write_text("API_TOKEN=Zx8qP2mR7vK4nW9tY3bH6cJ1\n")
     assert run("commit", workspace, "-m", "token", "--thread", "fresh", "--allow-secret", "config.env",
                store=store).code == 0
     refusal = run("export", "fresh", "-o", tmp_path / "b.bundle", store=store)
-    assert refusal.code == 4 and "config.env line 1" in refusal.err and "Zx8q" not in refusal.err
+    assert refusal.code == 1 and "config.env line 1" in refusal.err and "Zx8q" not in refusal.err
     allowed = run("export", "fresh", "-o", tmp_path / "b.bundle", "--allow-secret", "config.env", store=store)
     assert allowed.code == 0, allowed
     assert b"PRIVATE KEY" not in (tmp_path / "b.bundle").read_bytes()
@@ -645,7 +539,8 @@ def test_export_refuses_secrets_and_private_keys(tmp_path, run, workspace):
 
 
 def test_import_argument_errors(store, tmp_path, run, store_dir):
-    assert run("import", tmp_path / "absent.bundle", store=store_dir).code == 2
+    absent = run("import", tmp_path / "absent.bundle", store=store_dir)
+    assert absent.code == 1 and f"bundle file {tmp_path / 'absent.bundle'} does not exist" in absent.err
     assert run("verify", tmp_path, store=store_dir).code == 1  # a directory is neither a bundle nor a rev
     path = tmp_path / "b.bundle"
     path.write_bytes(good_craft().bytes())
@@ -679,7 +574,7 @@ def test_exported_records_carry_no_write_time_and_imports_get_a_fresh_one(exchan
     craft = Craft.explode(str(tmp / "v2.bundle"))
     assert {framing.read_header(framed)[3] for _, _, framed in craft.records} == {0}
     store = Store.open(str(dst))
-    store.import_bundle(str(tmp / "v2.bundle"), allow_unsigned=True)
+    store.remotes.import_bundle(str(tmp / "v2.bundle"), allow_unsigned=True)
     with views(store) as txn:
         times = {framing.read_header(value)[3] for _, value in txn.scan("objects")}
     assert 0 not in times
@@ -698,15 +593,15 @@ def test_pass_one_keeps_chunks_on_disk_not_in_memory(exchange):
 
 
 def test_export_carries_at_most_the_signature_limit(store, workspace, tmp_path):
-    store.commit(str(workspace), "one")
+    store.checkpoints.commit(str(workspace), "one")
     keys.write_keypair("alice", str(tmp_path / "k"))
     for _ in range(bf.MAX_SIGNATURES + 2):
-        store.sign("main", str(tmp_path / "k" / "alice.key"))
-    result = store.export_bundle("main", str(tmp_path / "b.bundle"), str(tmp_path / "k" / "alice.key"))
+        store.trust.sign("main", str(tmp_path / "k" / "alice.key"))
+    result = store.remotes.export_bundle("main", str(tmp_path / "b.bundle"), str(tmp_path / "k" / "alice.key")).to_json()
     assert len(result["signatures"]) == bf.MAX_SIGNATURES
     receiver = Store.memory()
-    receiver.trust_add("alice", str(tmp_path / "k" / "alice.pub"))
-    assert receiver.import_bundle(str(tmp_path / "b.bundle"))["signature"] == "valid"
+    receiver.trust.add("alice", str(tmp_path / "k" / "alice.pub"))
+    assert receiver.remotes.import_bundle(str(tmp_path / "b.bundle")).to_json()["signature"] == "valid"
 
 
 @pytest.mark.parametrize("at", [5, 9_000, 24_990])
@@ -714,6 +609,7 @@ def test_export_scans_a_large_file_window_by_window(tmp_path, monkeypatch, at):
     """Files are scanned for export in overlapping windows (bounded memory); the finding
     names the line counted from the start of the file."""
     import random as rnd
+
     from agentcas.exchange.bundle import SecretInBundle
     from agentcas.workspace import secrets
     monkeypatch.setattr(secrets, "SCAN_WINDOW", 64 << 10)
@@ -728,13 +624,13 @@ def test_export_scans_a_large_file_window_by_window(tmp_path, monkeypatch, at):
     ws.mkdir()
     (ws / "log.txt").write_bytes(b"".join(lines))
     store = Store.init(str(tmp_path / "s"))[0]
-    store.commit(str(ws), "with a token", allow_secrets=["log.txt"])
+    store.checkpoints.commit(str(ws), "with a token", allow_secrets=["log.txt"])
     with pytest.raises(SecretInBundle, match=f"log.txt line {at + 1} looks like a GitHub token"):
-        store.export_bundle("main", str(tmp_path / "b.bundle"))
+        store.remotes.export_bundle("main", str(tmp_path / "b.bundle"))
     assert not (tmp_path / "b.bundle").exists()
 
 
-# --- issue 14 (1): objects that lie about sizes, counts, kinds ------------------------------------
+# --- objects that lie about sizes, counts, kinds ------------------------------------------------
 
 def _sized_chunk_list(sizes, pieces=(b"abcd", b"efgh"), entry_size=None):
     """A file of real chunks `pieces` whose chunk list declares `sizes` (and whose entry
@@ -777,9 +673,10 @@ def test_objects_that_lie_about_sizes_are_refused(case, receiver, tmp_path):
 def _history_craft(chunk_sizes, count=None, length=None):
     """good_craft() plus a one-record history cut into chunks 4 + 4 whose segment declares
     `chunk_sizes` (and `count`, `length`)."""
+    import blake3
+
     from agentcas.cas.digest import chain_prefix
     from agentcas.cas.objects import ChunkRef, Segment
-    import blake3
     craft = good_craft(sign=False)
     record = b'{"a":1}\n'
     pieces = (record[:4], record[4:])
@@ -803,9 +700,9 @@ def _history_craft(chunk_sizes, count=None, length=None):
 def test_good_history_craft_imports(receiver, tmp_path):
     path = tmp_path / "h.bundle"
     path.write_bytes(_history_craft([4, 4]).bytes())
-    receiver.import_bundle(str(path))
-    assert b"".join(receiver.rollout_read("main")) == b'{"a":1}\n'
-    assert receiver.fsck()["ok"]
+    receiver.remotes.import_bundle(str(path))
+    assert b"".join(receiver.history.read("main")) == b'{"a":1}\n'
+    assert receiver.gc.fsck().to_json()["ok"]
 
 
 @pytest.mark.parametrize("sizes", [[6, 2], [2, 6], [10 ** 15, 4]])

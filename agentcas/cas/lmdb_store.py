@@ -17,6 +17,7 @@ import errno
 import os
 import threading
 from contextlib import contextmanager
+from typing import Any
 
 import lmdb
 
@@ -33,7 +34,7 @@ INITIAL_MAP_SIZE = int(os.environ.get("AGENTCAS_LMDB_MAP_SIZE", str(16 << 30)))
 MIN_MAP_SIZE = 1 << 30
 DATA_FILE = "data.mdb"
 
-_OPEN: dict[str, "LmdbObjectStore"] = {}
+_OPEN: dict[str, LmdbObjectStore] = {}
 _OPEN_LOCK = threading.Lock()
 
 
@@ -55,6 +56,14 @@ def corrupt_store(exc: BaseException, path: str | None = None) -> StoreCorrupt:
     """The one wording of an LMDB corruption error met anywhere in a store."""
     where = f" (store at {path})" if path else ""
     return StoreCorrupt(f"store database is corrupt: {exc}{where}; run 'agentcas fsck' to see what is damaged")
+
+
+class StoreUnreadable(StoreUnavailable):
+    """LMDB itself cannot open the store's database file (damaged, or not an LMDB file).
+
+    An error like any other store that will not open (exit 1), except for the commands
+    whose job is the store's integrity (gc, fsck): to them it is corruption (exit 4).
+    """
 
 
 def lmdb_errno(exc: BaseException) -> int | None:
@@ -282,7 +291,7 @@ class LmdbObjectStore(ObjectStore):
         self._gate = _ResizeGate()
         self.env = self._open_env(create)
         self.env.reader_check()
-        self.dbs = {}
+        self.dbs: dict[str, Any] = {}  # table -> its handle (None: a table newer than a read-only store)
         if self.readonly:
             # Not inside an explicit read transaction: handles opened there die with it
             # (every later get() fails with EINVAL); py-lmdb's own transaction keeps them.
@@ -331,7 +340,7 @@ class LmdbObjectStore(ObjectStore):
                 raise store_failure(exc, self.path, "creating", "nothing was created") from None
             if code not in (errno.EACCES, errno.EROFS, errno.EPERM) \
                     and "ermission" not in str(exc) and "ead-only" not in str(exc):
-                raise StoreUnavailable(f"cannot open store {self.path}: {exc}") from None
+                raise StoreUnreadable(f"cannot open store {self.path}: {exc}") from None
         if create:
             raise from_errno(_read_only_errno(self.path), f"creating a store in {self.path}",
                              "nothing was created")
@@ -340,7 +349,7 @@ class LmdbObjectStore(ObjectStore):
             return self._open_fitting(dict({k: v for k, v in options.items() if k != "create"},
                                            readonly=True, lock=False))
         except lmdb.Error as exc:
-            raise StoreUnavailable(f"cannot open store {self.path}: {exc}") from None
+            raise StoreUnreadable(f"cannot open store {self.path}: {exc}") from None
 
     def _open_fitting(self, options: dict) -> lmdb.Environment:
         """lmdb.open, halving the map while the address space cannot hold it."""
@@ -358,7 +367,7 @@ class LmdbObjectStore(ObjectStore):
         while True:
             with self._gate.shared():
                 try:
-                    txn = self.env.begin(buffers=buffers)
+                    txn = self.env.begin(buffers=buffers)  # type: ignore[call-overload]  # the stubs miss `buffers`
                 except lmdb.MapResizedError:
                     txn = None  # another process grew the map: adopt its size, then retry
                 except lmdb.Error as exc:
@@ -437,6 +446,6 @@ def open_lmdb(path: str, create: bool = False, map_size: int | None = None) -> L
             try:
                 store = LmdbObjectStore(key, create=create, map_size=map_size)
             except lmdb.Error as exc:
-                raise StoreUnavailable(f"cannot open store {key}: {exc}") from None
+                raise StoreUnreadable(f"cannot open store {key}: {exc}") from None
             _OPEN[key] = store
         return store

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import fnmatch
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import Checkpoint, HistoryPosition, Tree
 from agentcas.cas.source import load_object
-from agentcas.errors import IntegrityError
+from agentcas.errors import AgentcasError, IntegrityError
 from agentcas.lineage.rollout import History
 from agentcas.workspace import secrets
 from agentcas.workspace.restore import file_chunks, list_files, verified_chunks
@@ -30,8 +30,9 @@ from agentcas.workspace.restore import file_chunks, list_files, verified_chunks
 PRIVATE_KEY = next(rule for rule in secrets.RULES if rule.name == "private key block")
 
 
-class RolloutSecret(IntegrityError):
-    """A rollout record about to leave the store looks like it holds a credential."""
+class RolloutSecret(AgentcasError):
+    """A rollout record about to leave the store looks like it holds a credential (exit 1,
+    as a commit refused for a secret: the store is sound, the user decides)."""
 
 
 @dataclass(frozen=True)

@@ -28,29 +28,26 @@ writer take a lease and plan again; so does content large enough to be stored ea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Callable
+from functools import partial
 
 from agentcas import testing_hooks
 from agentcas.cas import framing
 from agentcas.cas.backends import Stores
 from agentcas.cas.digest import Digest, hash_blob
 from agentcas.cas.leases import Lease, SweepWatch, SweptMeanwhile
-from agentcas.cas.objects import ChunkList, ChunkRef, Checkpoint, HistoryPosition, Tree, TreeEntry
+from agentcas.cas.objects import Checkpoint, ChunkList, ChunkRef, HistoryPosition, Tree, TreeEntry
 from agentcas.cas.source import ObjectSource, unframe_verified
 from agentcas.cas.store import has_object, save_object
 from agentcas.cas.writer import BATCH_BYTES
 from agentcas.errors import ConflictError
 from agentcas.lineage import checkpoints, rollout
-from agentcas.lineage.moves import MAX_ATTEMPTS, VanishedObject
+from agentcas.lineage.moves import MAX_ATTEMPTS, LostRace, VanishedObject, land_moves, store_objects
 from agentcas.refs import threads
 from agentcas.refs.names import check_thread_name
 from agentcas.refs.revisions import load_checkpoint
 from agentcas.refs.threads import ThreadState
-
-
-class LostRace(Exception):
-    """A ref the plan read or moves changed before it landed: plan again."""
 
 
 class _Overlay(ObjectSource):
@@ -81,11 +78,13 @@ class _Overlay(ObjectSource):
 
 def refs_under(txn, prefix: str) -> list[tuple[str, ThreadState]]:
     """(name, state) of ref `prefix` and of every ref below it (`prefix/...`), by name."""
-    out = []
+    out: list[tuple[str, ThreadState]] = []
     for key, _ in txn.scan("refs", threads.PREFIX + prefix.encode("utf-8")):
         name = bytes(key)[len(threads.PREFIX):].decode("utf-8")
         if name == prefix or name.startswith(prefix + "/"):
-            out.append((name, threads.read_thread(txn, name)))
+            state = threads.read_thread(txn, name)
+            if state is not None:  # a listed row is never absent
+                out.append((name, state))
     return out
 
 
@@ -140,14 +139,11 @@ class GroupView:
                author: str, created_at: str | None = None) -> Digest:
         """Build a checkpoint object (stored before the refs move); its id."""
         now, runtime = self._now_runtime()
-        generation, skip = checkpoints.index_for_child(self.objects, parents[0] if parents else None,
-                                                       self.checkpoint, memo=True)
-        cp = Checkpoint(tree, tuple(parents), thread, reason, author, created_at or now, runtime, history,
-                        generation=generation, skip=skip)
-        body, digest = cp.encode_with_id()
-        checkpoints.CHECKPOINT_LINKS.put(digest.raw, checkpoints.links_of(cp))
+        digest, cp, framed = checkpoints.build_checkpoint(self.objects, tree, tuple(parents), thread, reason,
+                                                          author, created_at or now, runtime, history,
+                                                          load=self.checkpoint)
         self._checkpoints[digest.raw] = cp
-        self.objects.waiting[digest.raw] = framing.frame(framing.KIND_CHECKPOINT, body)
+        self.objects.waiting[digest.raw] = framed
         self.needed.add(tree.raw)
         self.needed.update(p.raw for p in parents)
         if history.segment is not None:
@@ -187,7 +183,7 @@ class GroupWriter:
         self._waiting_bytes = 0
         self.needed: set[bytes] = set()
 
-    def __enter__(self) -> "GroupWriter":
+    def __enter__(self) -> GroupWriter:
         # Taken before anything stored is looked at, as every writer's lease (Lease.__enter__).
         if self.optimistic and self.stores.embedded is not None:
             watch = SweepWatch()
@@ -286,8 +282,7 @@ class GroupWriter:
             if self.watch is not None:
                 testing_hooks.reached("group.before_land")
                 try:
-                    self.stores.meta.write(lambda txn, view=view, waiting=waiting:
-                                           self._land_at_once(txn, view, waiting))
+                    self.stores.meta.write(partial(self._land_at_once, view=view, waiting=waiting))
                 except LostRace:
                     continue
                 except SweptMeanwhile:
@@ -296,12 +291,7 @@ class GroupWriter:
                     continue
                 return result
             self.lease.refresh()
-            self.stores.objects.put_many(waiting)
-            needed = (self.needed | view.needed) - waiting.keys()
-            missing = self.stores.objects.missing(needed)
-            if missing:
-                raise VanishedObject(f"object {sorted(missing)[0].hex()} vanished before the write landed "
-                                     "(concurrent gc?); nothing was changed, retry")
+            store_objects(self.stores, waiting, (self.needed | view.needed) - waiting.keys(), "write")
             if not view.moves:
                 return result
             testing_hooks.reached("group.before_land")
@@ -321,6 +311,7 @@ class GroupWriter:
 
     def _land_at_once(self, txn, view: GroupView, waiting: dict[bytes, bytes]) -> None:
         """The whole landing in the environment's one write transaction (a SweepWatch writer)."""
+        assert self.watch is not None  # only a SweepWatch writer lands in one transaction
         self.watch.check(txn)
         if self.lease.row is not None:
             self.lease.check(txn)
@@ -339,7 +330,5 @@ def _move_refs(txn, view: GroupView) -> None:
     move by compare-and-swap with its reflog row (LostRace, aborting it all, if not)."""
     for name, state in view.read.items():
         if threads.read_thread(txn, name) != state:
-            raise LostRace()
-    for name, old, new, action, message, implied in view.moves:
-        if not threads.set_if_equals(txn, name, old, new, action, message, implied):
-            raise LostRace()
+            raise LostRace(name)
+    land_moves(txn, view.moves)

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agentcas.cas import encoding
-from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.sealed import seal, unseal
 from agentcas.errors import ConflictError, IntegrityError, NotFound
 from agentcas.signing.envelope import NAMESPACE_CHECKPOINT, check_namespace, utc_now
 from agentcas.signing.keys import BadKey, PublicKey, check_key_name
@@ -28,12 +28,16 @@ class TrustEntry:
     namespaces: tuple[str, ...]
     added_at: str
 
+    def to_json(self) -> dict:
+        """The JSON the CLI prints for it (the same as its stored document)."""
+        return self.to_doc()
+
     def to_doc(self):
         return {"name": self.name, "public_key": self.public_key.raw.hex(), "key_id": self.public_key.id,
                 "namespaces": list(self.namespaces), "added_at": self.added_at}
 
     @classmethod
-    def from_doc(cls, doc) -> "TrustEntry":
+    def from_doc(cls, doc) -> TrustEntry:
         return cls(doc["name"], PublicKey(bytes.fromhex(doc["public_key"])), tuple(doc["namespaces"]),
                    doc["added_at"])
 
