@@ -488,6 +488,7 @@ def test_a_line_that_is_no_json_rpc_message_is_answered_with_a_null_id_error(sto
 def test_an_unknown_method_is_answered_without_echoing_its_whole_name(store_dir, workspace):
     """A 1 MB method name came back whole in the error's data: the echo is bounded."""
     import subprocess
+
     from agentcas.mcp.server import MAX_ECHO_CHARS
     lines = [{"jsonrpc": "2.0", "id": 1, "method": "initialize",
               "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},

@@ -68,7 +68,7 @@ class _Meta:
 
 def _read_meta(handle) -> _Meta | str:
     """The newer valid meta page, or what is wrong with both."""
-    found = []
+    found: list[_Meta] = []
     head = os.pread(handle, 2 * 4096, 0)
     for index in (0, 1):
         # The page size is not known until a meta page is read: the first one sits at 0,

@@ -136,19 +136,26 @@ def refuse_name_secrets(txn, objects, verb: str, outcome: str, allow_secrets=())
     glob matches ':reason' or the entry's name (the secret itself is never echoed)."""
     for digest, kind, *_ in objects:
         if kind == framing.KIND_CHECKPOINT:
-            reason = Checkpoint.decode(load_object(txn, digest, kind)).reason
+            reason = Checkpoint.decode(_stored(txn, digest, kind)).reason
             found = secrets.scan_text(reason, secrets.REASON)
             if found and not any(fnmatch.fnmatchcase(secrets.REASON, glob) for glob in allow_secrets):
                 raise RolloutSecret(f"refusing to {verb}: the reason of checkpoint {digest.hex()} looks like a "
                                     f"{found.rule} (use --allow-secret '{secrets.REASON}' if it is not one); "
                                     f"{outcome}")
         elif kind == framing.KIND_TREE:
-            for entry in Tree.decode(load_object(txn, digest, kind)).entries:
+            for entry in Tree.decode(_stored(txn, digest, kind)).entries:
                 found = secrets.scan_text(entry.name, entry.name)
                 if found and not any(fnmatch.fnmatchcase(entry.name, glob) for glob in allow_secrets):
                     raise RolloutSecret(f"refusing to {verb}: an entry name in tree {digest.hex()} looks like a "
                                         f"{found.rule} (use --allow-secret with a glob matching it if it is not "
                                         f"one); {outcome}")
+
+
+def _stored(txn, digest: Digest, kind: int) -> bytes:
+    data = load_object(txn, digest, kind)
+    if data is None:
+        raise IntegrityError(f"{framing.KIND_NAMES[kind]} {digest.hex()} is missing from the store")
+    return data
 
 
 def is_binary_file(txn, entry, path: str) -> bool:
