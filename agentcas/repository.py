@@ -921,6 +921,7 @@ class Store:
                 writer = BatchWriter(self.source, lease=lease)
                 segments = prepare_raw([data], writer, INGEST_ZSTD_LEVEL)[0]
                 count = data.count(b"\n")
+                testing_hooks.reached("session.before_land")
                 try:
                     result = append_with_marks(self.stores, lease, thread, segments, [(count, reason)],
                                                None if state is None else state.history, None, who,
