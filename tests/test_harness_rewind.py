@@ -285,3 +285,26 @@ def test_rewind_verifies_every_file_before_writing_one(tmp_path):
         store.rewind("claude/x", first.checkpoint, only="code", workspace=str(ws))
     assert (ws / "a.txt").read_text() == "a2" and (ws / "b.txt").read_text() == "b2"
     assert [e["reason"] for e in store.log("claude/x")][0].startswith("before rewind to ")
+
+
+def test_rewind_and_resume_as_mcp_tools_only_when_the_host_allows(machine, monkeypatch):
+    from agentcas.mcp.tools import ToolHost
+    m = machine
+    s, ids = claude_steps(m)
+    store = Store.open(str(m.store))
+    for key, value in m.env.items():
+        monkeypatch.setenv(key, value)
+    before = m.files()
+    host = ToolHost(store, workspace_root=str(m.root))
+    doc = host.call("rewind_session", {"thread": THREAD, "checkpoint_id": ids[0]})
+    assert doc["performed"] is False and doc["host_command"][-4:-2] == ["--to", ids[0]]
+    assert m.files() == before
+    doc = host.call("resume_session", {"thread": THREAD, "cwd": str(m.ws)})
+    assert doc["performed"] is False and not m.transcript.parent.joinpath("x").exists()
+    allowed = ToolHost(store, allow_restore=True, workspace_root=str(m.root))
+    doc = allowed.call("rewind_session", {"thread": THREAD, "checkpoint_id": ids[0]})
+    assert doc["performed"] is True and doc["result"]["undo"]
+    assert m.files()["src/app.py"] == b"v1\n"
+    assert os.path.isfile(doc["result"]["session"]["path"])
+    doc = allowed.call("resume_session", {"thread": THREAD, "cwd": str(m.ws)})
+    assert doc["performed"] is True and doc["status"] == "already_there"
