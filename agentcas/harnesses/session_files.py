@@ -18,12 +18,9 @@ a temporary `.agentcas-*` file beside it, which the harness does not read.
 from __future__ import annotations
 
 import datetime
-import glob
 import os
 import re
 import secrets
-import time
-import uuid
 
 from agentcas.cas import crashpoints
 from agentcas.errors import ConflictError, UsageError
@@ -79,6 +76,7 @@ def codex_rollout_path(thread_id: str, when: datetime.datetime, env=os.environ) 
 
 def find_codex_rollouts(thread_id: str, env=os.environ) -> list[str]:
     """The rollout files of `thread_id` under `$CODEX_HOME/sessions` (any date), sorted."""
+    import glob  # lazy, as uuid below: a hook that only checkpoints needs neither
     check_session_id(thread_id, "thread id")
     pattern = os.path.join(glob.escape(codex_home(env)), "sessions", "*", "*", "*",
                            f"rollout-*-{glob.escape(thread_id)}.jsonl")
@@ -86,11 +84,14 @@ def find_codex_rollouts(thread_id: str, env=os.environ) -> list[str]:
 
 
 def new_claude_id() -> str:
+    import uuid
     return str(uuid.uuid4())
 
 
 def new_codex_id() -> str:
     """A UUIDv7, as Codex makes thread ids: 48 bits of Unix milliseconds, then random bits."""
+    import time
+    import uuid
     millis = time.time_ns() // 1_000_000
     value = (millis & ((1 << 48) - 1)) << 80 | secrets.randbits(80)
     value = (value & ~(0xF << 76)) | (0x7 << 76)          # version 7
