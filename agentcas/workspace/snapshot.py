@@ -247,7 +247,8 @@ class Snapshotter:
         return False
 
     def walk(self) -> dict[str, list]:
-        """Map of directory rel path ('' = root) -> list of (name, FileItem | 'dir')."""
+        """Map of directory rel path ('' = root) -> list of (name, os.stat_result | 'dir'); `run`
+        makes FileItems of the files of the directories it does not reuse."""
         if not os.path.isdir(self.root):
             raise WorkspaceError(f"workspace is not a directory: {self.root}")
         with self.local.reader() as txn:
@@ -302,7 +303,9 @@ class Snapshotter:
                     self._check_names(rel_dir, [name])
                     raise WorkspaceError(f"hardlinked file (link count {st.st_nlink}) is not supported: "
                                          f"{prefix + name}")
-                children.append((name, FileItem(prefix + name, entry.path, st)))
+                children.append((name, st))   # a FileItem only if the directory is not reused (run)
+                self.stats.files += 1
+                self.stats.bytes += st.st_size
                 sigs.append(name.encode("utf-8", "surrogateescape") + pack_sig(
                     0, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns, mode, st.st_nlink))
                 if st.st_mtime_ns > racy_before or st.st_ctime_ns > racy_before:
@@ -493,14 +496,12 @@ class Snapshotter:
         return entry, objects, len(data), needed
 
     def run(self) -> Digest:
-        dirs = self.walk()
-        files = [item for children in dirs.values() for _, item in children if item != "dir"]
-        self.stats.files = len(files)
-        self.stats.bytes = sum(item.st.st_size for item in files)
+        dirs = self.walk()   # counts stats.files and stats.bytes
         reused, covered, digests = self._reuse_trees(dirs)
         if reused and len(self.known({tree.raw for tree in reused.values()})) != len(set(reused.values())):
             reused, covered = {}, set()   # a reused tree is gone (gc): no directory cache this time
-        looked_up = [item for item in files if item.rel.rpartition("/")[0] not in covered]
+        looked_up = self._file_items(dirs, covered)
+        files = looked_up
         with self.local.reader() as txn:
             for item in looked_up:
                 item.entry = self._from_cache(txn, item)
@@ -520,7 +521,7 @@ class Snapshotter:
             if item.entry is not None and item.entry.size:
                 self.needed.add((item.entry.chunks or item.entry.id).raw)
         self.needed.update(tree.raw for tree in reused.values())
-        self.stats.cached_files = len(files) - len(todo)
+        self.stats.cached_files = self.stats.files - len(todo)
         total = sum(item.st.st_size for item in todo)
         if todo:
             try:
@@ -615,9 +616,27 @@ class Snapshotter:
                                                                     tree.raw))))
         return rows
 
+    def _file_items(self, dirs: dict, covered: set) -> list[FileItem]:
+        """The files of the directories not reused, as FileItems (in `dirs` too)."""
+        items = []
+        for rel_dir, children in dirs.items():
+            if rel_dir in covered:
+                continue
+            prefix = f"{rel_dir}/" if rel_dir else ""
+            base = os.path.join(self.root, rel_dir) if rel_dir else self.root
+            made = []
+            for name, item in children:
+                if item != "dir":
+                    item = FileItem(prefix + name, f"{base}/{name}", item)
+                    items.append(item)
+                made.append((name, item))
+            dirs[rel_dir] = made
+        return items
+
     def _drop_secrets(self, dirs: dict) -> None:
         for rel_dir, children in dirs.items():
-            dirs[rel_dir] = [(name, item) for name, item in children if item == "dir" or item.secret is None]
+            dirs[rel_dir] = [(name, item) for name, item in children
+                             if not isinstance(item, FileItem) or item.secret is None]
 
     def _store_files(self, todo: list[FileItem], total: int) -> None:
         """Scan every file, then store them on the workers while this thread writes."""
