@@ -27,7 +27,7 @@ from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.source import ObjectSource
 from agentcas.cas.system_errors import from_os_error
 from agentcas.cas.writer import BatchWriter
-from agentcas.errors import AgentcasError, ConflictError, IntegrityError, NotFound, UsageError
+from agentcas.errors import ConflictError, IntegrityError, NotFound, UsageError
 from agentcas.lineage import checkpoints, rollout
 from agentcas.lineage.group_moves import GroupWriter, refs_under
 from agentcas.lineage.moves import Move, VanishedObject, lease_for, move_thread, read_state
@@ -879,61 +879,11 @@ class Store:
 
 
     def session_checkpoint(self, workspace: str, thread: str, reason: str, new_lines,
-                           skip_files=(), author: str | None = None) -> "SessionCheckpoint":
-        """Checkpoint `workspace` with a harness session's new lines at the head of `thread`.
-
-        The workspace is snapshot as a git user sees it (`.git` never read, `.gitignore`
-        and `.agentcasignore` honoured) and a file that looks like a credential is left out
-        and named (`skipped_secrets`), not refused. `new_lines(state)` gives the session's
-        complete lines after the thread's stored history `state` (a ThreadState or None),
-        as bytes; it may raise SessionRefused (harnesses/ingest.py) to land the workspace
-        alone. The lines and one checkpoint at their end land in one move; if another
-        writer moved the thread's history meanwhile (a parallel hook), the lines are read
-        again after its new head and the move retried.
-        """
-        from agentcas.lineage.marks import append_with_marks, prepare_raw
-        from agentcas.workspace.snapshot import snapshot
-        check_reason(reason)
-        check_thread_name(thread)
-        if not os.path.isdir(workspace):
-            raise UsageError(f"workspace is not a directory: {workspace}")
-        real = os.path.realpath(workspace)
-        if self.path and _within(real, os.path.realpath(self.path)):
-            raise UsageError(f"workspace {workspace} is the store itself, or inside it; nothing was committed")
-        who, runtime = author or default_author(), dict(runtime_description(), workspace=real)
-        with self._lease(f"checkpoint {thread}") as lease:
-            snapper: list = []
-            from agentcas.cas.leases import sweeps_begun
-            with self.meta.reader() as txn:
-                epoch = sweeps_begun(txn).to_bytes(8, "big")
-            tree, stats, needed = snapshot(self.source, self.stores.local, workspace, (), None,
-                                           [self.path] if self.path else [], skip_files, lease,
-                                           self.stores.known, git_aware=True, skip_secrets=True,
-                                           snapshotter=snapper, dir_cache_epoch=epoch)
-            refused = None
-            for _ in range(SESSION_ATTEMPTS):
-                with self.meta.reader() as txn:
-                    state = threads.read_thread(txn, thread)
-                try:
-                    data = b"" if refused else new_lines(state)
-                except AgentcasError as exc:
-                    refused, data = str(exc), b""
-                writer = BatchWriter(self.source, lease=lease)
-                segments = prepare_raw([data], writer, INGEST_ZSTD_LEVEL)[0]
-                count = data.count(b"\n")
-                testing_hooks.reached("session.before_land")
-                try:
-                    result = append_with_marks(self.stores, lease, thread, segments, [(count, reason)],
-                                               None if state is None else state.history, None, who,
-                                               utc_now(), runtime, tree, frozenset(needed))
-                except ConflictError:
-                    continue   # another writer appended to the thread: read the lines after its head
-                return SessionCheckpoint(result["checkpoints"][-1], tree.hex(), thread, result["appended"],
-                                         HistoryPosition.from_doc(result["history"]), stats.files,
-                                         stats.cached_files, stats.new_bytes,
-                                         tuple(snapper[0].skipped_secrets), refused, real)
-        raise ConflictError(f"thread {thread!r} kept moving under {SESSION_ATTEMPTS} attempts; nothing was "
-                            "changed, retry")
+                           skip_files=(), author: str | None = None):
+        """Checkpoint `workspace` with a harness session's new lines at the head of `thread`
+        (harnesses/session_checkpoint.py, what the hooks and rewind's `undo` land)."""
+        from agentcas.harnesses.session_checkpoint import session_checkpoint
+        return session_checkpoint(self, workspace, thread, reason, new_lines, skip_files, author)
 
     def rewind(self, thread: str, rev: str, only: str | None = None, workspace: str | None = None):
         """Rewind a harness session's workspace and/or conversation to checkpoint `rev`
@@ -1164,33 +1114,6 @@ class Store:
     def read_history(self, position: HistoryPosition, start: int, stop: int) -> bytes:
         """The verified bytes of records start <= seq < stop of the history ending at `position`."""
         return b"".join(self._read_history(position, start, stop))
-
-
-SESSION_ATTEMPTS = 64
-
-
-@dataclass(frozen=True)
-class SessionCheckpoint:
-    """What `Store.session_checkpoint` landed."""
-
-    checkpoint: str
-    tree: str
-    thread: str
-    appended: int                     # session lines appended with it
-    history: HistoryPosition
-    files: int
-    cached_files: int
-    new_bytes: int
-    skipped_secrets: tuple = ()       # "path: why" of files left out as likely credentials
-    refused: str | None = None        # why the session's lines were not appended (the workspace was)
-    workspace: str = ""
-
-    def to_json(self) -> dict:
-        return {"checkpoint": self.checkpoint, "tree": self.tree, "thread": self.thread,
-                "appended": self.appended, "history": self.history.to_doc(), "files": self.files,
-                "cached_files": self.cached_files, "new_bytes": self.new_bytes,
-                "skipped_secrets": list(self.skipped_secrets), "refused": self.refused,
-                "workspace": self.workspace}
 
 
 @dataclass(frozen=True)
