@@ -658,7 +658,8 @@ def rewind_cmd(ctx, thread, rev, only, workspace):
 @click.argument("thread")
 @click.option("--at", "at", metavar="REV", help="Up to this checkpoint of THREAD (default: all its records).")
 @click.option("--cwd", type=click.Path(file_okay=False), metavar="DIR",
-              help="The checkout a Claude Code session belongs to on this machine (default: the one it recorded).")
+              help="The checkout a Claude Code session belongs to on this machine (default: the one it "
+                   "recorded if it exists here, else the current directory).")
 @pass_ctx
 def resume_cmd(ctx, thread, at, cwd):
     """Write THREAD's stored session where this machine's harness finds it, byte for byte, same id

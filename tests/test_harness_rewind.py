@@ -313,3 +313,26 @@ def test_rewind_and_resume_as_mcp_tools_only_when_the_host_allows(machine, monke
     assert os.path.isfile(doc["result"]["session"]["path"])
     doc = allowed.call("resume_session", {"thread": THREAD, "cwd": str(m.ws)})
     assert doc["performed"] is True and doc["status"] == "already_there"
+
+
+def test_resume_without_cwd_uses_the_current_checkout_when_the_recorded_one_is_elsewhere(machine, tmp_path):
+    m = machine
+    s, _ = claude_steps(m)
+    bundle = tmp_path / "s.bundle"
+    assert m.run("export", THREAD, "-o", str(bundle)).code == 0
+    other = Machine(tmp_path, "c")
+    assert other.run("init", str(other.store)).code == 0
+    assert other.run("import", str(bundle), "--allow-unsigned").code == 0
+    r = other.run("--json", "resume", THREAD)   # runs in other.ws; m.ws exists too (same machine here)
+    assert r.code == 0, r
+    assert r.json()["session"]["path"] == str(other.home / ".claude" / "projects" / other.transcript.parent.name
+                                              .replace(other.transcript.parent.name,
+                                                       "".join(c if c.isalnum() and c.isascii() else "-"
+                                                               for c in str(m.ws))) / f"{CLAUDE_ID}.jsonl")
+    import shutil
+    shutil.rmtree(m.ws)   # the recorded checkout is not on this machine: the current directory's key
+    (other.home / ".claude").rename(other.root / "old-claude")
+    r = other.run("--json", "resume", THREAD)
+    assert r.code == 0, r
+    assert r.json()["session"]["path"] == str(other.transcript)
+    assert other.transcript.read_bytes() == s.data()

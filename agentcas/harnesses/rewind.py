@@ -15,7 +15,7 @@
 
 `resume THREAD [--at REV]`: the stored session, byte for byte and under its own id, where
 this machine's harness finds it (Claude: under the project key of `--cwd`, else of the
-directory the session recorded). The same file already there: nothing to do; a different
+directory the session recorded if it exists here, else of the current directory). The same file already there: nothing to do; a different
 one: ConflictError (exit 3), nothing written.
 
 Which harness and id a thread holds is read from its records (discovery.identify), not
@@ -210,9 +210,10 @@ def resume(store, thread: str, at: str | None = None, cwd: str | None = None,
         raise NotFound(f"thread {thread!r} holds no session records; nothing was written")
     session = stored_session(store, thread, history)
     if session.harness == CLAUDE:
-        where = cwd or session.recorded_cwd
-        if where is None:
-            raise UsageError("the Claude Code session names no directory: give --cwd DIR")
+        # The checkout the session belongs to here: --cwd, else the directory it recorded if
+        # this machine has it, else the directory resume runs in (where `claude --resume` will).
+        where = cwd or (session.recorded_cwd if session.recorded_cwd and os.path.isdir(session.recorded_cwd)
+                        else os.getcwd())
         path = session_files.claude_session_path(os.path.abspath(where), session.id, env)
     else:
         existing = session_files.find_codex_rollouts(session.id, env)
