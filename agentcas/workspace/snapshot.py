@@ -105,6 +105,11 @@ class SecretFound(AgentcasError):
     """A file looks like it holds a credential."""
 
 
+class _SkippedSecret(SecretFound):
+    """A file that looks like a credential, left out of a skip_secrets snapshot (found by
+    the scan before storing; one that turns secret while it is stored refuses the snapshot)."""
+
+
 class FileChanged(AgentcasError):
     """A file kept changing while it was read."""
 
@@ -127,8 +132,6 @@ class FileItem:
     secret: str | None = None       # why it was left out (skip_secrets)
 
 
-class _SkippedSecret(Exception):
-    """A file that looks like a credential, left out of a skip_secrets snapshot."""
 
 
 @dataclass

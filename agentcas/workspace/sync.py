@@ -194,8 +194,8 @@ def _check_places(root: str, write: dict, remove: set) -> None:
 def _write_one(txn, root: str, path: str, entry: TreeEntry) -> None:
     full = os.path.join(root, path)
     directory = os.path.dirname(full)
-    if os.path.isdir(full) and not os.path.islink(full):
-        os.rmdir(full) if not os.listdir(full) else None
+    if os.path.isdir(full) and not os.path.islink(full) and not os.listdir(full):
+        os.rmdir(full)   # an emptied directory where the file goes (_check_places refused a full one)
     os.makedirs(directory, exist_ok=True)
     temp = os.path.join(directory, f".{os.path.basename(full)}{TEMP_MARK}{secrets.token_hex(6)}")
     try:
