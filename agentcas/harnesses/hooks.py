@@ -286,6 +286,7 @@ class SessionLines:
             raise SessionRefused(f"{path} is shorter ({len(data)} bytes) than the {stored.offset} bytes "
                                  f"already ingested into {event.thread}: it was truncated or rewritten; "
                                  "not ingested")
+        view = memoryview(data)   # slices of a long transcript without copies
         if stored.seq:
             state_row = IngestState(self.store.stores.local, event.harness)
             key = os.path.abspath(path)
@@ -293,14 +294,18 @@ class SessionLines:
             entry = state_row.entries.get(key)
             known = entry.get("prefix") if entry and entry.get("bytes") == stored.offset \
                 and entry.get("thread") == event.thread else None
-            if not (isinstance(known, str) and blake3.blake3(data[:stored.offset]).hexdigest() == known):
+            if not (isinstance(known, str) and _blake3(view[:stored.offset]).hexdigest() == known):
                 import io
                 check_stored_prefix(path, io.BytesIO(data), event.thread, stored)
         cut = data.rfind(b"\n") + 1
         new = data[stored.offset:cut] if cut > stored.offset else b""
         self.stored_to, self.appended_bytes = stored.offset, len(new)
-        self.seen = (st, blake3.blake3(data[:stored.offset + len(new)]).digest())
+        self.seen = (st, _blake3(view[:stored.offset + len(new)]).digest())
         return new
+
+
+def _blake3(data):
+    return blake3.blake3(data, max_threads=blake3.blake3.AUTO)
 
 
 def _identity_to_come(harness: str, data: bytes) -> bool:
