@@ -336,3 +336,21 @@ def test_resume_without_cwd_uses_the_current_checkout_when_the_recorded_one_is_e
     assert r.code == 0, r
     assert r.json()["session"]["path"] == str(other.transcript)
     assert other.transcript.read_bytes() == s.data()
+
+
+def test_rewind_of_files_to_an_ingest_checkpoint_is_refused(machine):
+    m = machine
+    s = ClaudeSession(CLAUDE_ID, cwd=str(m.ws))
+    s.prompt("one")
+    s.say("ok")
+    s.prompt("two")
+    m.write_transcript(s)
+    assert m.run("ingest", "claude", str(m.transcript)).code == 0
+    (m.ws / "keep.txt").write_text("mine")
+    assert m.hook("Stop", s).code == 0
+    ingested = log(m, THREAD)[-1]["checkpoint"]
+    r = m.run("rewind", THREAD, "--to", ingested)
+    assert r.code == 2 and "--only conversation" in r.err, r
+    assert (m.ws / "keep.txt").read_text() == "mine"
+    r = m.run("--json", "rewind", THREAD, "--to", ingested, "--only", "conversation")
+    assert r.code == 0 and r.json()["undo"] is None, r

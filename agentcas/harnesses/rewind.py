@@ -120,6 +120,10 @@ def rewind(store, thread: str, rev: str, only: str | None = None, workspace: str
         raise UsageError(f"--only takes code or conversation, not {only!r}")
     store.thread(thread)   # NotFound unless it exists
     digest, checkpoint = store.checkpoint(rev)
+    if only != "conversation" and "workspace" not in checkpoint.runtime and _empty_tree(checkpoint.tree):
+        raise UsageError(f"{rev} holds no workspace (an ingest checkpoint of the session alone): rewinding the "
+                         "files to it would remove them all; use --only conversation, or a hook's checkpoint; "
+                         "nothing was changed")
     if workspace is None:
         workspace = checkpoint.runtime.get("workspace") or _head_workspace(store, thread)
     session = stored_session(store, thread, checkpoint.history) if only != "code" else None
@@ -141,6 +145,11 @@ def rewind(store, thread: str, rev: str, only: str | None = None, workspace: str
         placement = fork_session(session, workspace or session.recorded_cwd, env)
     return RewindResult(digest.hex(), undo, None if workspace is None else os.path.realpath(workspace),
                         placement, written, removed)
+
+
+def _empty_tree(tree) -> bool:
+    from agentcas.lineage.marks import EMPTY_TREE
+    return tree == EMPTY_TREE.digest()
 
 
 def _digest(hex_id: str):
