@@ -232,7 +232,7 @@ class Snapshotter:
                 lines += handle.read().splitlines()
         if lines:
             import pathspec  # only when there is an ignore file: it costs ~10 ms to import
-            self._ignores[rel_dir] = pathspec.GitIgnoreSpec.from_lines(lines)
+            self._ignores[rel_dir] = _IgnoreSpec(pathspec.GitIgnoreSpec.from_lines(lines))
 
     def _ignored(self, rel: str, is_dir: bool) -> bool:
         """Whether the ignore files of `rel`'s ancestors exclude it (the deepest match decides)."""
@@ -244,7 +244,7 @@ class Snapshotter:
             if spec is None:
                 continue
             below = "/".join(parts[depth:]) + ("/" if is_dir else "")
-            include = spec.check_file(below).include
+            include = spec.include(below)
             if include is not None:
                 return include
         return False
@@ -799,6 +799,35 @@ class Snapshotter:
             ids[rel_dir] = digest
             built.append((rel_dir, digest))
         return ids[""], built
+
+
+class _IgnoreSpec:
+    """A directory's ignore patterns, with one regex that says whether any of them matches.
+
+    pathspec checks a path against each pattern in turn (~20 µs a path for six patterns:
+    2 s for 100,000 files); most paths match none, which the joined regex (the patterns'
+    own regexes, their named groups made plain) answers in one call. Only a path that
+    some pattern matches is checked pattern by pattern, for the last match and negations.
+    """
+
+    def __init__(self, spec):
+        import re
+        self.spec = spec
+        parts = [p.regex.pattern.replace("(?P<ps_d>", "(?:") for p in spec.patterns
+                 if p.include is not None and getattr(p, "regex", None) is not None]
+        try:
+            self.any = re.compile("|".join(f"(?:{part})" for part in parts)) if parts else None
+        except re.error:
+            self.any = False   # a pattern this cannot join: ask pathspec for every path
+        self.empty = not parts
+
+    def include(self, path: str):
+        """True (excluded), False (re-included by `!`) or None (no pattern matches)."""
+        if self.empty:
+            return None
+        if self.any is not False and self.any.match(path) is None:
+            return None
+        return self.spec.check_file(path).include
 
 
 def _file_entry(name: str, mode: int, size: int, refs: list[ChunkRef], whole_id):
