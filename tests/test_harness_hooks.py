@@ -67,8 +67,8 @@ class Machine:
 def stored_files(store_path: Path, rev: str) -> dict:
     store = Store.open(str(store_path))
     try:
-        _, cp = store.checkpoint(rev)
-        return store.tree_files(cp.tree)
+        _, cp = store.checkpoints.get(rev)
+        return store.checkpoints.tree_files(cp.tree)
     finally:
         store.close()
 
@@ -235,7 +235,7 @@ def test_hostile_events_one_line_exit_1_nothing_written_outside_the_store(machin
         assert r.out == "", name
         assert len(r.err.strip().splitlines()) == 1 and r.err.startswith("agentcas: error: "), (name, r.err)
     assert tree_listing(m.root, m.store) == before
-    assert Store.open(str(m.store)).thread_names() == set()
+    assert Store.open(str(m.store)).threads.names() == set()
     lines = (m.store / "hooks.log").read_text().splitlines()
     assert len(lines) == len(list(hostile_cases(m)))
     for bad in (["hook", "claude", "--nope"], ["hook", "codex"], ["hook", "codex", "{"], ["hook", "nope"],
@@ -300,9 +300,9 @@ def test_parallel_hooks_on_one_session_both_land(tmp_path):
     with testing_hooks.on("session.before_land", other_hook):
         outcome = hooks.run_hook(store, event)
     assert outcome.checkpoint.refused is None
-    reasons = [e["reason"] for e in store.log(f"claude/{CLAUDE_ID}")]
+    reasons = [e.reason for e in store.threads.log(f"claude/{CLAUDE_ID}")]
     assert reasons == ["first", "second"]
-    assert b"".join(store.rollout_read(f"claude/{CLAUDE_ID}")) == path.read_bytes()
+    assert b"".join(store.history.read(f"claude/{CLAUDE_ID}")) == path.read_bytes()
 
 
 def test_parallel_hook_processes_all_land(machine):
@@ -331,22 +331,22 @@ def test_store_lookup_order(tmp_path):
     # No store anywhere: the per-user store, made on first use.
     assert m.run("hook", "claude", input=m.claude_event("Stop", s)).code == 1   # no transcript yet
     user = m.home / "data" / "agentcas" / "store"
-    assert Store.open(str(user)).thread_names() == {f"claude/{CLAUDE_ID}"}
+    assert Store.open(str(user)).threads.names() == {f"claude/{CLAUDE_ID}"}
     # A .agentcas above the workspace wins over it.
     project = m.root / "work" / ".agentcas"
     assert run_cli("init", str(project)).code == 0
     m.hook("Stop", s)
-    assert Store.open(str(project)).thread_names() == {f"claude/{CLAUDE_ID}"}
+    assert Store.open(str(project)).threads.names() == {f"claude/{CLAUDE_ID}"}
     # $AGENTCAS_STORE over that, --store over everything.
     env_store, flag_store = tmp_path / "env", tmp_path / "flag"
     run_cli("init", str(env_store))
     run_cli("init", str(flag_store))
     m.run("hook", "claude", input=m.claude_event("Stop", s), env={"AGENTCAS_STORE": str(env_store)})
-    assert Store.open(str(env_store)).thread_names() == {f"claude/{CLAUDE_ID}"}
+    assert Store.open(str(env_store)).threads.names() == {f"claude/{CLAUDE_ID}"}
     m.run("--store", str(flag_store), "hook", "claude", input=m.claude_event("Stop", s),
           env={"AGENTCAS_STORE": str(env_store)})
-    assert Store.open(str(flag_store)).thread_names() == {f"claude/{CLAUDE_ID}"}
-    assert len(Store.open(str(env_store)).log(f"claude/{CLAUDE_ID}")) == 1
+    assert Store.open(str(flag_store)).threads.names() == {f"claude/{CLAUDE_ID}"}
+    assert len(Store.open(str(env_store)).threads.log(f"claude/{CLAUDE_ID}")) == 1
 
 
 # --- hook install ---------------------------------------------------------------------------

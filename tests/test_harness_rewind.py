@@ -75,7 +75,7 @@ def test_rewind_code_and_conversation_then_undo(machine):
     assert session["path"] == str(path)
     forked = path.read_bytes().splitlines(keepends=True)
     original = s.data().splitlines(keepends=True)
-    first_position = Store.open(str(m.store)).show(ids[0])["history"]["seq"]
+    first_position = Store.open(str(m.store)).checkpoints.show(ids[0]).history.seq
     assert len(forked) == first_position
     for mine, theirs in zip(forked, original):
         assert json.loads(mine) == dict(json.loads(theirs), sessionId=session["id"])
@@ -163,7 +163,7 @@ def test_resume_on_a_second_machine_byte_for_byte(machine, tmp_path):
     elsewhere.mkdir()
     r = other.run("--json", "resume", THREAD, "--at", ids[0], "--cwd", str(elsewhere))
     assert r.code == 0, r
-    seq = Store.open(str(m.store)).show(ids[0])["history"]["seq"]
+    seq = Store.open(str(m.store)).checkpoints.show(ids[0]).history.seq
     assert open(r.json()["session"]["path"], "rb").read() == b"".join(s.lines[:seq])
 
 
@@ -193,7 +193,7 @@ def test_rewind_refuses_bad_input_and_changes_nothing(machine):
     m = machine
     _, ids = claude_steps(m)
     before = m.files()
-    threads = Store.open(str(m.store)).log(THREAD)
+    threads = Store.open(str(m.store)).threads.log(THREAD)
     for args, code in ((["rewind", "claude/nope", "--to", ids[0]], 1),
                        (["rewind", THREAD, "--to", "0" * 12], 1),
                        (["rewind", THREAD, "--to", ids[0], "--only", "files"], 2),
@@ -202,7 +202,7 @@ def test_rewind_refuses_bad_input_and_changes_nothing(machine):
         assert r.code == code, (args, r)
         assert len(r.err.strip().splitlines()) == 1
     assert m.files() == before
-    assert Store.open(str(m.store)).log(THREAD) == threads
+    assert Store.open(str(m.store)).threads.log(THREAD) == threads
 
 
 def crash_points(m: Machine, args, input=None) -> list:
@@ -280,16 +280,16 @@ def test_rewind_verifies_every_file_before_writing_one(tmp_path):
     ws.mkdir()
     (ws / "a.txt").write_text("a1")
     (ws / "b.txt").write_text("b1")
-    first = store.session_checkpoint(str(ws), "claude/x", "one", lambda state: b"")
+    first = store.sessions.checkpoint(str(ws), "claude/x", "one", lambda state: b"")
     (ws / "a.txt").write_text("a2")
     (ws / "b.txt").write_text("b2")
-    store.session_checkpoint(str(ws), "claude/x", "two", lambda state: b"")
-    b1 = next(f for f in store.files(first.checkpoint) if f["path"] == "b.txt")["id"]
+    store.sessions.checkpoint(str(ws), "claude/x", "two", lambda state: b"")
+    b1 = next(f for f in store.checkpoints.files(first.checkpoint) if f.path == "b.txt").id
     store.objects.write(lambda txn: txn.delete("objects", bytes.fromhex(b1)))
     with pytest.raises(IntegrityError):
-        store.rewind("claude/x", first.checkpoint, only="code", workspace=str(ws))
+        store.sessions.rewind("claude/x", first.checkpoint, only="code", workspace=str(ws))
     assert (ws / "a.txt").read_text() == "a2" and (ws / "b.txt").read_text() == "b2"
-    assert [e["reason"] for e in store.log("claude/x")][0].startswith("before rewind to ")
+    assert [e.reason for e in store.threads.log("claude/x")][0].startswith("before rewind to ")
 
 
 def test_rewind_and_resume_as_mcp_tools_only_when_the_host_allows(machine, monkeypatch):

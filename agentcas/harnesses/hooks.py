@@ -10,7 +10,7 @@ UserPromptSubmit, Stop; Codex: agent-turn-complete) becomes one checkpoint on th
 2. The store: `--store`, `$AGENTCAS_STORE`, a `.agentcas` found upward from the
    workspace, else the per-user store (`$XDG_DATA_HOME/agentcas/store`, else
    `~/.local/share/agentcas/store`, made on first use).
-3. `Store.session_checkpoint` snapshots the workspace (`.git` never read, `.gitignore` and
+3. `store.sessions.checkpoint` snapshots the workspace (`.git` never read, `.gitignore` and
    `.agentcasignore` honoured, likely credentials left out and named in the log) and
    appends the session file's new complete lines, exactly as `ingest` would append them
    (its prefix checked the same way, the same state row written), with one checkpoint at
@@ -228,7 +228,7 @@ def run_hook(store, event: HookEvent) -> HookOutcome:
     from agentcas.harnesses.ingest import IngestState
     reader = SessionLines(store, event)
     skip = [event.session_path] if event.session_path and os.path.isfile(event.session_path) else []
-    result = store.session_checkpoint(event.workspace, event.thread, event.reason, reader, skip_files=skip)
+    result = store.sessions.checkpoint(event.workspace, event.thread, event.reason, reader, skip_files=skip)
     notes = [f"left out {text} (it looks like a credential; commit --allow-secret stores it)"
              for text in result.skipped_secrets]
     if result.refused is None and reader.seen is not None:
@@ -242,7 +242,7 @@ def run_hook(store, event: HookEvent) -> HookOutcome:
 
 
 class SessionLines:
-    """`new_lines(state)` for Store.session_checkpoint: the session file's complete lines
+    """`new_lines(state)` for store.sessions.checkpoint: the session file's complete lines
     after the stored history, its stored prefix checked as ingest checks it."""
 
     def __init__(self, store, event: HookEvent):

@@ -79,8 +79,8 @@ class StoredSession:
 
 def stored_session(store, thread: str, history) -> StoredSession:
     """The session a thread's history holds, up to `history` (a HistoryPosition)."""
-    data = store.read_history(history, 0, history.seq)
-    head = b"".join(store.rollout_read(thread, 0, min(HEAD_RECORDS, history.seq))) if history.seq else b""
+    data = store.history.read_at(history, 0, history.seq)
+    head = b"".join(store.history.read(thread, 0, min(HEAD_RECORDS, history.seq))) if history.seq else b""
     for harness in (CODEX, CLAUDE):
         identity = discovery.identify(harness, head, discovery.SessionFile(thread))
         if identity is not None:
@@ -118,8 +118,8 @@ def rewind(store, thread: str, rev: str, only: str | None = None, workspace: str
     """Rewind THREAD's workspace (code) and conversation to checkpoint `rev`."""
     if only not in (None, "code", "conversation"):
         raise UsageError(f"--only takes code or conversation, not {only!r}")
-    store.thread(thread)   # NotFound unless it exists
-    digest, checkpoint = store.checkpoint(rev)
+    store.threads.get(thread)   # NotFound unless it exists
+    digest, checkpoint = store.checkpoints.get(rev)
     if only != "conversation" and "workspace" not in checkpoint.runtime and _empty_tree(checkpoint.tree):
         raise UsageError(f"{rev} holds no workspace (an ingest checkpoint of the session alone): rewinding the "
                          "files to it would remove them all; use --only conversation, or a hook's checkpoint; "
@@ -135,7 +135,7 @@ def rewind(store, thread: str, rev: str, only: str | None = None, workspace: str
         from agentcas.workspace.sync import sync_tree
         if not os.path.isdir(workspace):
             raise UsageError(f"workspace is not a directory: {workspace}; nothing was changed")
-        before = store.session_checkpoint(workspace, thread, f"before rewind to {digest.short()}",
+        before = store.sessions.checkpoint(workspace, thread, f"before rewind to {digest.short()}",
                                           lambda state: b"")
         undo = before.checkpoint
         result = sync_tree(store.source, workspace, _digest(before.tree), checkpoint.tree)
@@ -158,10 +158,10 @@ def _digest(hex_id: str):
 
 
 def _head_workspace(store, thread: str) -> str | None:
-    state = store.thread(thread)
+    state = store.threads.get(thread)
     if state.checkpoint is None:
         return None
-    return store.show(state.checkpoint.hex())["runtime"].get("workspace")
+    return store.checkpoints.show(state.checkpoint.hex()).runtime.get("workspace")
 
 
 def fork_session(session: StoredSession, workspace: str | None, env=os.environ) -> SessionPlacement:
@@ -211,9 +211,9 @@ def resume(store, thread: str, at: str | None = None, cwd: str | None = None,
            env=os.environ) -> SessionPlacement:
     """Write THREAD's stored session (to REV `at`, default its whole history) where the
     harness finds it, under its own id."""
-    state = store.thread(thread)
-    history = state.history if at is None else store.checkpoint(at)[1].history
-    if at is not None and store.checkpoint(at)[1].thread != thread:
+    state = store.threads.get(thread)
+    history = state.history if at is None else store.checkpoints.get(at)[1].history
+    if at is not None and store.checkpoints.get(at)[1].thread != thread:
         _check_on_thread(store, thread, history)
     if history.seq == 0:
         raise NotFound(f"thread {thread!r} holds no session records; nothing was written")
@@ -242,8 +242,9 @@ def resume(store, thread: str, at: str | None = None, cwd: str | None = None,
 
 def _check_on_thread(store, thread: str, history) -> None:
     """REV's history must be a prefix of the thread's (a checkpoint of this session)."""
-    head = store.thread(thread).history
-    if history.seq > head.seq or store.read_history(head, 0, history.seq) != store.read_history(history, 0, history.seq):
+    head = store.threads.get(thread).history
+    read = store.history.read_at
+    if history.seq > head.seq or read(head, 0, history.seq) != read(history, 0, history.seq):
         raise UsageError(f"the checkpoint given with --at is not on {thread!r}; nothing was written")
 
 

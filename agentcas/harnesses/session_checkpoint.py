@@ -1,6 +1,7 @@
 """A harness session's checkpoint: the workspace and the session's new lines, in one move.
 
-What `agentcas hook claude|codex` lands (and `rewind` before it rewinds, with no lines):
+What `agentcas hook claude|codex` lands (and `rewind` before it rewinds, with no lines);
+the API is `store.sessions.checkpoint` (agentcas/api/sessions.py):
 
 1. Under a lease, the workspace is snapshot as a git user sees it (`.git` never read,
    `.gitignore` and `.agentcasignore` honoured; workspace/snapshot.py `git_aware`), a file
@@ -59,7 +60,9 @@ def session_checkpoint(store, workspace: str, thread: str, reason: str, new_line
     """Checkpoint `workspace` with `new_lines(state)` at the head of `thread` (see the module doc)."""
     from agentcas.cas.leases import Lease, sweeps_begun
     from agentcas.lineage.marks import append_with_marks, prepare_raw
-    from agentcas.repository import INGEST_ZSTD_LEVEL, default_author, runtime_description, utc_now
+    from agentcas.cas.framing import INGEST_ZSTD
+    from agentcas.cas.store_format import utc_now
+    from agentcas.lineage.checkpoints import default_author, runtime_description
     from agentcas.workspace.snapshot import snapshot
     check_reason(reason)
     check_thread_name(thread)
@@ -88,7 +91,7 @@ def session_checkpoint(store, workspace: str, thread: str, reason: str, new_line
             except AgentcasError as exc:
                 refused, data = str(exc), b""
             writer = BatchWriter(stores.objects, lease=lease)
-            segments = prepare_raw([data], writer, INGEST_ZSTD_LEVEL)[0]
+            segments = prepare_raw([data], writer, INGEST_ZSTD)[0]
             testing_hooks.reached("session.before_land")
             try:
                 result = append_with_marks(stores, lease, thread, segments, [(data.count(b"\n"), reason)],
@@ -96,8 +99,8 @@ def session_checkpoint(store, workspace: str, thread: str, reason: str, new_line
                                            runtime, tree, frozenset(needed))
             except ConflictError:
                 continue   # another writer appended to the thread: read the lines after its head
-            return SessionCheckpoint(result["checkpoints"][-1], tree.hex(), thread, result["appended"],
-                                     HistoryPosition.from_doc(result["history"]), stats.files, stats.cached_files,
-                                     stats.new_bytes, tuple(snapper[0].skipped_secrets), refused, real)
+            return SessionCheckpoint(result.checkpoints[-1], tree.hex(), thread, result.appended, result.history,
+                                     stats.files, stats.cached_files, stats.new_bytes,
+                                     tuple(snapper[0].skipped_secrets), refused, real)
     raise ConflictError(f"thread {thread!r} kept moving under {SESSION_ATTEMPTS} attempts; nothing was changed, "
                         "retry")

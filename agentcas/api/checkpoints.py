@@ -1,0 +1,126 @@
+"""`store.checkpoints`: commit a workspace, show, list files, diff, check out, scan.
+
+A commit is workspace/commit.py's; a checkout restores a tree into a new directory
+(workspace/restore.py); the rest reads checkpoints (refs/revisions.py) and their trees.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from agentcas.api.results import (CheckoutResult, CheckpointInfo, CommitResult, DiffResult, FileInfo, FileResize,
+                                  FileSize, RecordsDiff, ScanReport)
+from agentcas.cas.digest import Digest
+from agentcas.cas.objects import Checkpoint
+from agentcas.errors import NotFound
+from agentcas.lineage import rollout
+from agentcas.lineage.checkpoints import default_author, runtime_description  # noqa: F401 - part of the API
+from agentcas.refs import revisions
+
+if TYPE_CHECKING:
+    from agentcas.repository import Store
+
+
+class Checkpoints:
+    """The checkpoints of a store (`store.checkpoints`)."""
+
+    def __init__(self, store: "Store"):
+        self._store = store
+        self._stores = store.stores
+
+    def commit(self, workspace: str, reason: str, thread: str = "main", rollout_file: str | None = None,
+               expect: str | None = None, allow_secrets=(), author: str | None = None,
+               progress=None) -> CommitResult:
+        """Snapshot `workspace` (and the new tail of `rollout_file`) as a checkpoint on `thread`."""
+        from agentcas.workspace.commit import commit_workspace
+        return commit_workspace(self._stores, self._store.path, workspace, reason, thread, rollout_file, expect,
+                                allow_secrets, author, progress)
+
+    def get(self, rev: str) -> tuple[Digest, Checkpoint]:
+        """The checkpoint `rev` names: (id, verified Checkpoint)."""
+        with self._stores.meta.reader() as txn:
+            digest = revisions.resolve(txn, self._stores.objects, rev)
+        return digest, revisions.load_checkpoint(self._stores.objects, digest)
+
+    def show(self, rev: str, files: bool = False) -> CheckpointInfo:
+        """A checkpoint's fields (with `files`, its files too)."""
+        digest, cp = self.get(rev)
+        return CheckpointInfo(digest.hex(), cp.tree.hex(), [p.hex() for p in cp.parents], cp.thread, cp.reason,
+                              cp.author, cp.created_at, cp.runtime, cp.history, cp.format,
+                              self.files(digest.hex()) if files else None)
+
+    def files(self, rev: str) -> list[FileInfo]:
+        """Every file of checkpoint `rev`, by path."""
+        from agentcas.workspace.restore import list_files  # lazy: restore pulls in shutil and threads
+        digest, cp = self.get(rev)
+        with self._stores.objects.reading() as objects:
+            return [FileInfo(path, entry.size, entry.mode, entry.id.hex())
+                    for path, entry in list_files(objects, cp.tree) if entry.type == "file"]
+
+    def tree_files(self, tree: Digest, content: bool = True) -> dict:
+        """Every file under `tree` by '/'-separated path: its verified bytes, or (without
+        `content`) its TreeEntry."""
+        from agentcas.workspace.restore import list_files, read_file
+        with self._stores.objects.reading() as objects:
+            return {path: read_file(objects, entry, path) if content else entry
+                    for path, entry in list_files(objects, tree) if entry.type == "file"}
+
+    def reachable(self, heads, known=frozenset()) -> list[tuple[Digest, Checkpoint]]:
+        """Checkpoints reachable from `heads` along all parents, stopping at `known` raw ids
+        (only read, never copied); each once, verified."""
+        out, seen = [], set()
+        with self._stores.objects.reading() as objects:
+            stack = [h for h in heads if h is not None and h.raw not in known]
+            while stack:
+                digest = stack.pop()
+                if digest.raw in seen:
+                    continue
+                seen.add(digest.raw)
+                cp = revisions.load_checkpoint(objects, digest)
+                out.append((digest, cp))
+                stack.extend(p for p in reversed(cp.parents) if p.raw not in seen and p.raw not in known)
+        return out
+
+    def diff(self, rev1: str, rev2: str) -> DiffResult:
+        """Files added, removed and changed, and how the two histories compare."""
+        from agentcas.workspace.restore import list_files  # lazy: restore pulls in shutil and threads
+        d1, c1 = self.get(rev1)
+        d2, c2 = self.get(rev2)
+        with self._stores.objects.reading() as objects:
+            files1 = {p: e for p, e in list_files(objects, c1.tree) if e.type == "file"}
+            files2 = {p: e for p, e in list_files(objects, c2.tree) if e.type == "file"}
+            common = rollout.common_prefix(self._store.history.history(objects), c1.history, c2.history)
+        added = [FileSize(p, files2[p].size) for p in sorted(files2.keys() - files1.keys())]
+        removed = [FileSize(p, files1[p].size) for p in sorted(files1.keys() - files2.keys())]
+        changed = [FileResize(p, files1[p].size, files2[p].size) for p in sorted(files1.keys() & files2.keys())
+                   if (files1[p].id, files1[p].mode) != (files2[p].id, files2[p].mode)]
+        records = RecordsDiff(c1.history.seq, c2.history.seq, common, c2.history.seq - common,
+                              [common, c2.history.seq], c1.history.seq - common)
+        return DiffResult(d1.hex(), d2.hex(), added, removed, changed, records)
+
+    def checkout(self, rev: str, dest: str, progress=None) -> CheckoutResult:
+        """Restore checkpoint `rev` into `dest`, which must not exist."""
+        from agentcas.workspace.restore import restore_tree  # lazy: only checkout writes files
+        digest, cp = self.get(rev)
+        open_effects = self._store.effects.after_checkpoint(rev)  # what restoring files does not undo
+        count = restore_tree(self._stores.objects, cp.tree, dest, progress)
+        return CheckoutResult(digest.hex(), cp.tree.hex(), os.path.abspath(dest), count, open_effects)
+
+    def scan(self, rev: str) -> ScanReport:
+        """Likely secrets in REV's files and history (a thread: its whole history), by the
+        commit's rules."""
+        from agentcas.exchange.secret_scan import file_findings, history_findings
+        with self._stores.meta.reader() as txn:
+            try:
+                history, digest, thread = revisions.source_state(txn, self._stores.objects, rev)
+            except NotFound:
+                raise NotFound(f"no thread or checkpoint named {rev!r}") from None
+        with self._stores.objects.reading() as objects:
+            tree = None if digest is None else revisions.load_checkpoint(objects, digest).tree
+            files = [] if tree is None else file_findings(objects, tree)
+            records = history_findings(objects, history, thread)
+        return ScanReport(None if digest is None else digest.hex(), thread, history.seq,
+                          not files and not records,
+                          [{"path": f.path, "line": f.line, "rule": f.rule} for f in files],
+                          [r.to_json() for r in records])
