@@ -6,14 +6,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
+from harness_samples import ClaudeSession, CodexSession
 
 from agentcas import Store, testing_hooks
 from agentcas.harnesses import hooks
-from harness_samples import ClaudeSession, CodexSession
+
 from conftest import AGENTCAS, run_cli
 
 CLAUDE_ID = "5f0c2a7e-1111-4222-8333-444455556666"

@@ -7,11 +7,10 @@ import json
 import os
 
 import pytest
-
-from agentcas import Store
 from harness_samples import ClaudeSession, CodexSession
 from test_harness_hooks import CLAUDE_ID, CODEX_ID, Machine, history_bytes, log
-from conftest import run_cli
+
+from agentcas import Store
 
 THREAD = f"claude/{CLAUDE_ID}"
 

@@ -22,8 +22,9 @@ import secrets
 import shlex
 import shutil
 import sys
-import tomllib
 from dataclasses import dataclass
+
+import tomllib
 
 from agentcas.errors import AgentcasError, ConflictError
 from agentcas.harnesses import session_files
@@ -92,7 +93,8 @@ def install_claude(project: str | None = None, uninstall: bool = False, store: s
             kept_groups = []
             for group in groups:
                 if isinstance(group, dict) and isinstance(group.get("hooks"), list):
-                    kept = [h for h in group["hooks"] if not (isinstance(h, dict) and _is_ours(h.get("command"), "claude"))]
+                    kept = [h for h in group["hooks"]
+                            if not (isinstance(h, dict) and _is_ours(h.get("command"), "claude"))]
                     if len(kept) != len(group["hooks"]):
                         changed = True
                         if not kept:
@@ -213,7 +215,8 @@ def _read_text(path: str) -> str | None:
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as exc:
-        raise SettingsError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}; nothing was changed") from None
+        why = getattr(exc, "strerror", None) or exc
+        raise SettingsError(f"cannot read {path}: {why}; nothing was changed") from None
 
 
 def _replace(path: str, data: bytes) -> None:

@@ -30,12 +30,16 @@ import datetime
 import json
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import blake3
 
 from agentcas.errors import AgentcasError
 from agentcas.harnesses import discovery, session_files
 from agentcas.harnesses.records import CLAUDE, CODEX, preview
+
+if TYPE_CHECKING:
+    from agentcas.harnesses.session_checkpoint import SessionCheckpoint
 
 MAX_EVENT_BYTES = 64 * 1024 * 1024
 CLAUDE_CHECKPOINT_EVENTS = frozenset({"PostToolUse", "UserPromptSubmit", "Stop"})
@@ -67,7 +71,7 @@ class HookOutcome:
     """What a hook did: nothing (not a checkpoint event), or a checkpoint."""
 
     event: HookEvent | None
-    checkpoint: object = None      # repository.SessionCheckpoint
+    checkpoint: "SessionCheckpoint | None" = None
     store: str | None = None
     notes: tuple = ()
 
@@ -124,7 +128,7 @@ def claude_event(data: bytes, env=os.environ) -> HookEvent | None:
         return None
     session_id = session_files.check_session_id(_text(doc, "session_id", "the hook event"))
     cwd = env.get("CLAUDE_PROJECT_DIR") or _text(doc, "cwd", "the hook event")
-    workspace = _workspace(cwd, f"{name} event")
+    workspace = _workspace(str(cwd), f"{name} event")
     transcript = doc.get("transcript_path")
     if transcript is not None and (not isinstance(transcript, str) or not transcript or "\0" in transcript):
         raise HookFailed(f"{name} event has an unusable 'transcript_path'; nothing was written")
@@ -142,7 +146,7 @@ def claude_reason(name: str, doc: dict) -> str:
         parts.append(preview(use_id, 80))
     reason = " ".join(parts)
     detail = None
-    tool_input = doc.get("tool_input") if isinstance(doc.get("tool_input"), dict) else {}
+    tool_input: dict = doc["tool_input"] if isinstance(doc.get("tool_input"), dict) else {}
     for key in ("command", "file_path", "path", "pattern", "url", "description"):
         if isinstance(tool_input.get(key), str) and tool_input[key].strip():
             detail = tool_input[key]
@@ -161,7 +165,7 @@ def codex_event(payload: str, env=os.environ) -> HookEvent | None:
     thread_id = session_files.check_session_id(_text(doc, "thread-id", "the notify payload"), "thread id")
     turn_id = doc.get("turn-id")
     turn = preview(turn_id, 80) if isinstance(turn_id, str) and turn_id else "?"
-    workspace = _workspace(_text(doc, "cwd", "the notify payload"), "agent-turn-complete")
+    workspace = _workspace(str(_text(doc, "cwd", "the notify payload")), "agent-turn-complete")
     messages = doc.get("input-messages")
     prompt = next((m for m in reversed(messages) if isinstance(m, str) and m.strip()), None) \
         if isinstance(messages, list) else None
@@ -231,7 +235,7 @@ def run_hook(store, event: HookEvent) -> HookOutcome:
     result = store.sessions.checkpoint(event.workspace, event.thread, event.reason, reader, skip_files=skip)
     notes = [f"left out {text} (it looks like a credential; commit --allow-secret stores it)"
              for text in result.skipped_secrets]
-    if result.refused is None and reader.seen is not None:
+    if result.refused is None and reader.seen is not None and event.session_path is not None:
         state = IngestState(store.stores.local, event.harness)
         st, prefix = reader.seen
         if reader.stored_to + reader.appended_bytes == result.history.offset:
@@ -248,7 +252,7 @@ class SessionLines:
     def __init__(self, store, event: HookEvent):
         self.store = store
         self.event = event
-        self.seen = None           # (stat, BLAKE3 of the bytes through the lines returned)
+        self.seen: tuple | None = None   # (stat, BLAKE3 of the bytes through the lines returned)
         self.stored_to = 0
         self.appended_bytes = 0
 

@@ -15,8 +15,8 @@
 
 `resume THREAD [--at REV]`: the stored session, byte for byte and under its own id, where
 this machine's harness finds it (Claude: under the project key of `--cwd`, else of the
-directory the session recorded if it exists here, else of the current directory). The same file already there: nothing to do; a different
-one: ConflictError (exit 3), nothing written.
+directory the session recorded if it exists here, else of the current directory). The same
+file already there: nothing to do; a different one: ConflictError (exit 3), nothing written.
 
 Which harness and id a thread holds is read from its records (discovery.identify), not
 from its name.
@@ -130,8 +130,10 @@ def rewind(store, thread: str, rev: str, only: str | None = None, workspace: str
     if workspace is None and only != "conversation":
         raise UsageError(f"no workspace recorded for {thread!r} (its checkpoints were not taken by a hook): "
                          "give --workspace DIR")
-    undo, written, removed = None, (), ()
-    if only != "conversation":
+    undo: str | None = None
+    written: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    if only != "conversation" and workspace is not None:
         from agentcas.workspace.sync import sync_tree
         if not os.path.isdir(workspace):
             raise UsageError(f"workspace is not a directory: {workspace}; nothing was changed")

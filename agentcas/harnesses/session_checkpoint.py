@@ -58,11 +58,11 @@ class SessionCheckpoint:
 def session_checkpoint(store, workspace: str, thread: str, reason: str, new_lines, skip_files=(),
                        author: str | None = None) -> SessionCheckpoint:
     """Checkpoint `workspace` with `new_lines(state)` at the head of `thread` (see the module doc)."""
-    from agentcas.cas.leases import Lease, sweeps_begun
-    from agentcas.lineage.marks import append_with_marks, prepare_raw
     from agentcas.cas.framing import INGEST_ZSTD
+    from agentcas.cas.leases import Lease, sweeps_begun
     from agentcas.cas.store_format import utc_now
     from agentcas.lineage.checkpoints import default_author, runtime_description
+    from agentcas.lineage.marks import append_with_marks, prepare_raw
     from agentcas.workspace.snapshot import snapshot
     check_reason(reason)
     check_thread_name(thread)

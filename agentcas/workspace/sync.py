@@ -58,7 +58,7 @@ def _tree(txn, digest: Digest) -> Tree:
 def diff_trees(txn, current: Digest | None, target: Digest) -> tuple[dict, set, set]:
     """({path: entry} of files to write, {paths} of files to remove, {dirs} target lacks)."""
     write, remove, gone_dirs = {}, set(), set()
-    stack = [("", current, target)]
+    stack: list[tuple[str, Digest | None, Digest | None]] = [("", current, target)]
     while stack:
         prefix, old_id, new_id = stack.pop()
         if old_id == new_id:
@@ -71,7 +71,8 @@ def diff_trees(txn, current: Digest | None, target: Digest) -> tuple[dict, set, 
             a_dir = a is not None and a.type == "dir"
             b_dir = b is not None and b.type == "dir"
             if a_dir or b_dir:
-                stack.append((path + "/", a.id if a_dir else None, b.id if b_dir else None))
+                stack.append((path + "/", a.id if a is not None and a_dir else None,
+                              b.id if b is not None and b_dir else None))
                 if a_dir and not b_dir:
                     gone_dirs.add(path)
             if a is not None and not a_dir and (b is None or b_dir):
