@@ -71,7 +71,7 @@ class HookOutcome:
     """What a hook did: nothing (not a checkpoint event), or a checkpoint."""
 
     event: HookEvent | None
-    checkpoint: "SessionCheckpoint | None" = None
+    checkpoint: SessionCheckpoint | None = None
     store: str | None = None
     notes: tuple = ()
 
