@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import tomllib
-from harness_samples import ClaudeSession, CodexSession
+from support.harness_samples import ClaudeSession, CodexSession
 
 from agentcas import Store, testing_hooks
 from agentcas.harnesses import hooks
