@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 from agentcas import __version__, testing_hooks
-from agentcas.cas import encoding, framing
+from agentcas.cas import encoding, framing, packs
 from agentcas.cas.backends import (STORE_KEY, Stores, check_binding, claim_prefix, embedded_stores, is_shared_url,
                                    mark_prefix, memory_stores, shared_stores)
 from agentcas.cas.digest import Digest
@@ -39,10 +39,13 @@ STORE_DIR = ".agentcas"
 FORMAT_KEY = b"format"
 TOKEN_KEY_PREFIX = b"token-key/"
 INGEST_ZSTD_LEVEL = framing.INGEST_ZSTD   # harness logs: level 3 (small tables), 4x faster than the rollout level 7, ~3% larger
-# Store format 2 (docs/FORMAT.md section 7): packed objects and compact reflog rows. A
-# format-1 store opens and is marked 2 on its first writable open; its objects and rows
-# stay as they are (every reader here reads both forms).
-STORE_FORMAT = 2
+# Store format (docs/FORMAT.md section 7). 2: packed objects and compact reflog rows; 3: an
+# embedded store keeps its objects in packs (cas/packs.py). An older store is marked on its
+# first writable open, then its objects move into packs (cas/packs.upgrade_objects); its
+# objects' bytes and its rows stay as they are (every reader here reads every form). A shared
+# store's objects are not packed yet: it stays at format 2.
+STORE_FORMAT = 3
+SHARED_STORE_FORMAT = 2
 _REFLOG_REV = re.compile(r"^(.+)@\{(\d+)\}$", re.ASCII)
 UNRELATED_NOTE = "the target checkpoint is not in this thread's ancestry (a checkpoint of an unrelated thread)"
 WORLD_NOTE = ("revert moves the thread's pointer only: files written, requests sent and money spent "
@@ -82,7 +85,7 @@ def _within(path: str, directory: str) -> bool:
 def _write_format(stores: Stores, binding: bytes | None = None) -> bool:
     """Write the store's format record (and gc's idle fence row; a shared store's binding
     row, cas/backends.py) unless present; True if this made the store."""
-    doc = encoding.encode({"format": STORE_FORMAT, "created_at": utc_now()})
+    doc = encoding.encode({"format": _format_of(stores), "created_at": utc_now()})
 
     def create(txn: Txn) -> bool:
         sweep_active(txn, 0.0, lock=True)  # writes the fence row leases lock (cas/leases.py)
@@ -91,6 +94,11 @@ def _write_format(stores: Stores, binding: bytes | None = None) -> bool:
         return txn.put_new("meta", FORMAT_KEY, seal("meta", FORMAT_KEY, doc))
 
     return stores.meta.write(create)
+
+
+def _format_of(stores: Stores) -> int:
+    """The format this agentcas writes to these stores."""
+    return SHARED_STORE_FORMAT if stores.shared else STORE_FORMAT
 
 
 def find_store(start: str | None = None) -> str | None:
@@ -204,22 +212,28 @@ class Store:
         if value is None:
             raise StoreUnavailable(f"not an agentcas store (no format record): {self.path or self.url}")
         doc = encoding.decode(unseal("meta", FORMAT_KEY, value))
-        if doc.get("format", 0) > STORE_FORMAT:
+        target = _format_of(self.stores)
+        if doc.get("format", 0) > target:
             raise StoreFormatError(
-                f"store format {doc['format']} is newer than this agentcas reads ({STORE_FORMAT}); "
+                f"store format {doc['format']} is newer than this agentcas reads ({target}); "
                 "upgrade agentcas")
-        if doc.get("format", 0) < STORE_FORMAT and not getattr(self.objects, "readonly", False):
-            self._upgrade_format(doc)
+        if getattr(self.objects, "readonly", False):
+            return  # read as it is: every reader here reads every older form
+        if doc.get("format", 0) < target:
+            self._upgrade_format(doc, target)
+        if self.stores.embedded is not None:
+            packs.upgrade_objects(self.stores.embedded)  # nothing to do once upgraded (one count)
 
-    def _upgrade_format(self, doc: dict) -> None:
-        """Mark a format-1 store as format 2: new writes are packed, so an older agentcas must
-        stop at the format record instead of misreading them. Nothing else is converted."""
-        upgraded = encoding.encode(dict(doc, format=STORE_FORMAT, upgraded_from=doc.get("format", 0),
+    def _upgrade_format(self, doc: dict, target: int) -> None:
+        """Mark an older store with the format this agentcas writes, first, so an older agentcas
+        stops at the format record instead of misreading what follows; then (in _check_format)
+        its objects move into packs, resumably."""
+        upgraded = encoding.encode(dict(doc, format=target, upgraded_from=doc.get("format", 0),
                                         upgraded_at=utc_now()))
 
         def mark(txn: Txn):
             current = encoding.decode(unseal("meta", FORMAT_KEY, txn.get("meta", FORMAT_KEY)))
-            if current.get("format", 0) < STORE_FORMAT:
+            if current.get("format", 0) < target:
                 txn.put("meta", FORMAT_KEY, seal("meta", FORMAT_KEY, upgraded))
 
         self.meta.write(mark)

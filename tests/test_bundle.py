@@ -14,6 +14,7 @@ import pytest
 import zstandard
 
 from conftest import store_rows, tree_bytes, views
+import raw_objects
 from agentcas import Store, testing_hooks
 from agentcas.cas import encoding, framing
 from agentcas.cas.digest import EMPTY, Digest, hash_blob, hash_object
@@ -681,7 +682,7 @@ def test_exported_records_carry_no_write_time_and_imports_get_a_fresh_one(exchan
     store = Store.open(str(dst))
     store.import_bundle(str(tmp / "v2.bundle"), allow_unsigned=True)
     with views(store) as txn:
-        times = {framing.read_header(value)[3] for _, value in txn.scan("objects")}
+        times = {framing.read_header(value)[3] for value in raw_objects.values(txn).values()}
     assert 0 not in times
 
 

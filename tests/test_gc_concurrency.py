@@ -123,14 +123,10 @@ def _garbage_store(tmp_path, count: int):
 
 
 def _count_objects(store_dir) -> int:
-    import lmdb
-    from agentcas.cas.store import TABLES
-    env = lmdb.open(str(store_dir), readonly=True, max_dbs=len(TABLES) + 2)
-    try:
-        with env.begin() as txn:
-            return txn.stat(env.open_db(b"objects", txn=txn, create=False))["entries"]
-    finally:
-        env.close()
+    import raw_objects
+    with raw_objects.writing(store_dir) as env:
+        with env.reader() as txn:
+            return len(raw_objects.keys(txn))
 
 
 def test_gc_killed_midway_loses_nothing_and_a_rerun_finishes(tmp_path):

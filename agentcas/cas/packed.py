@@ -163,6 +163,11 @@ def _varint(data, at: int) -> tuple[int, int]:
     return value, at
 
 
+def read_varint(data, at: int) -> tuple[int, int]:
+    """(value, position after it) of the minimal LEB128 varint at `at` (NotCanonical if not)."""
+    return _varint(data, at)
+
+
 def _text(data, at: int) -> tuple[str, int]:
     n, at = _varint(data, at)
     end = at + n
