@@ -538,6 +538,10 @@ def gc_command(click_ctx, dry_run, grace, expire_reflog, report_file, wait, batc
     else:
         lines.append(f"deleted {result['deleted']['objects']} objects ({result['deleted']['bytes']} bytes), "
                      f"expired {result['reflog_expired']} reflog entries")
+        if "repack" in result:
+            repacked = result["repack"]
+            lines.append(f"repacked {repacked['packs_rewritten']} packs ({repacked['objects_moved']} objects moved), "
+                         f"{repacked['bytes_reclaimed']} bytes reclaimed")
         if not result["complete"]:
             click.echo(f"agentcas: note: gc stopped early: {len(result['blocked_by'])} write(s) still in "
                        "progress; run gc again later", err=True)

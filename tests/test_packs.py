@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -171,3 +172,65 @@ def test_fsck_names_an_index_row_whose_pack_is_gone_and_a_wrong_live_row(tmp_pat
     store2.objects.write(lambda txn: txn.put(packs.LIVE, packs.pack_key(0), b"\x63\x01"))
     doc = store2.fsck()
     assert any(p["what"] == "pack" and "live row" in p["message"] for p in doc["problems"])
+
+
+# --- gc repacks ------------------------------------------------------------------------------------
+
+def half_dead_store(tmp_path):
+    """A store whose six ~65 KB packs each hold a live chunk and a chunk only a deleted thread named."""
+    from agentcas import Store
+    store, _ = Store.init(str(tmp_path / "store"))
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for i in range(6):  # each first commit stores a kept and a doomed chunk in one pack
+        (ws / f"kept{i}.bin").write_bytes(os.urandom(20_000))
+        (ws / "doomed.bin").write_bytes(os.urandom(45_000))
+        store.commit(str(ws), f"step {i}", thread=f"side{i}")
+        (ws / "doomed.bin").unlink()
+        store.commit(str(ws), f"kept {i}")
+        store.delete_thread(f"side{i}")
+    return store, ws
+
+
+def test_gc_rewrites_mostly_dead_packs_and_keeps_every_live_object(tmp_path):
+    store, ws = half_dead_store(tmp_path)
+    before = store.fsck()
+    assert before["ok"] and before["packs"]["reclaimable_bytes"] == 0
+    doc = store.gc(grace=0, expire_reflog=0, now=time.time() + 3600)
+    assert doc["result"]["deleted"]["objects"] >= 6
+    repacked = doc["result"]["repack"]
+    after = store.fsck()
+    assert after["ok"] and after["packs"]["reclaimable_bytes"] == 0
+    assert repacked["packs_rewritten"] >= 6 and repacked["objects_moved"] >= 6
+    assert repacked["bytes_reclaimed"] >= 6 * 45_000
+    assert after["packs"]["bytes"] <= before["packs"]["bytes"] - 6 * 45_000
+    out = tmp_path / "out"
+    store.checkout("main", str(out))
+    assert sorted(p.name for p in out.iterdir()) == [f"kept{i}.bin" for i in range(6)]
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "ENOSPC"])
+def test_a_repack_killed_or_out_of_space_loses_nothing_and_the_next_gc_finishes(tmp_path, how):
+    from conftest import run_cli
+    store, ws = half_dead_store(tmp_path)
+    expected = {f.name: f.read_bytes() for f in ws.iterdir()}
+    store.close()
+    path = tmp_path / "store"
+    gc = ("gc", "--grace", "0s", "--expire-reflog", "now")
+    env = {"AGENTCAS_CRASH_AT": "gc.repack:1"} if how == "SIGKILL" else \
+        {"AGENTCAS_FAULT_AT": "gc.repack:1", "AGENTCAS_FAULT": "ENOSPC"}
+    failed = run_cli(*gc, store=path, env=env)
+    if how == "SIGKILL":
+        assert failed.code == -9, failed
+    else:
+        assert failed.code == 1 and failed.err.count("\n") == 1, failed
+        assert failed.err.startswith("agentcas: error: no space left on device"), failed.err
+    fsck = run_cli("--json", "fsck", store=path)
+    assert fsck.code == 0 and fsck.json()["packs"]["reclaimable_bytes"] > 0, fsck
+    out = tmp_path / "out"
+    assert run_cli("checkout", "main", out, store=path).code == 0
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == expected
+    again = run_cli("--json", *gc, store=path)
+    assert again.code == 0 and again.json()["result"]["repack"]["packs_rewritten"] >= 6, again
+    fsck = run_cli("--json", "fsck", store=path)
+    assert fsck.code == 0 and fsck.json()["packs"]["reclaimable_bytes"] == 0, fsck

@@ -483,3 +483,68 @@ def check_packs(txn) -> PackCheck:
 def _indexed_at(txn, raw: bytes, number: int, offset: int) -> bool:
     row = txn.get(INDEX, raw[:INDEX_KEY])
     return row is not None and (number, offset) in decode_locations(row)
+
+
+# -- repacking (gc) ----------------------------------------------------------------------------
+
+REPACK_DEAD_SHARE = 0.25          # a pack is rewritten once this share of its record bytes is dead
+REPACK_BATCH_BYTES = 8 << 20      # live record bytes moved per transaction
+
+
+@dataclass
+class RepackCandidates:
+    """Packs worth rewriting, found by streaming `packlive` (one row per pack)."""
+
+    numbers: list            # at most one batch of pack numbers, in order
+    dead_bytes: int          # what rewriting them reclaims
+    live_bytes: int          # what rewriting them moves
+    next_start: bytes | None  # where the next batch's scan starts (None: no more packs)
+
+
+def repack_candidates(txn, start: bytes = b"", dead_share: float = REPACK_DEAD_SHARE,
+                      batch_bytes: int = REPACK_BATCH_BYTES) -> RepackCandidates:
+    """The next packs from `start` on whose dead share reaches `dead_share`, up to about
+    `batch_bytes` of live bytes to move. A pack's size is read from its value's length (no
+    record is parsed): memory and time per pack are constant."""
+    found = RepackCandidates([], 0, 0, None)
+    for key, row in txn.scan(LIVE, start=start or None):
+        number = pack_number(key)
+        pack = txn.get(PACKS, key)
+        if pack is None:
+            continue  # fsck names a live row without its pack
+        _, live = _live(row)
+        total = len(pack) - PACK_HEADER.size
+        dead = total - live
+        if total > 0 and dead >= dead_share * total and dead > 0:
+            found.numbers.append(number)
+            found.dead_bytes += dead
+            found.live_bytes += live
+            if found.live_bytes >= batch_bytes:
+                found.next_start = pack_key(number + 1)
+                break
+    return found
+
+
+def repack(txn, numbers, leaf_bytes: int = LEAF_BYTES) -> tuple[int, int, int]:
+    """Rewrite packs `numbers` in this transaction: their live records are stored again
+    (appended to the open pack or new packs, each keeping its bytes and written_at), their
+    index locations moved, the packs deleted; (packs rewritten, bytes reclaimed, objects
+    moved). Only what the index names is kept, so this decides nothing about liveness: the
+    sweep did, under its fence."""
+    rewritten = reclaimed = moved = 0
+    for number in numbers:
+        pack = txn.get(PACKS, pack_key(number))
+        if pack is None:
+            continue
+        pack = bytes(pack)
+        live = {record.id: record.framed() for record in records(pack)
+                if _indexed_at(txn, record.id, number, record.offset)}
+        for raw in live:
+            delete(txn, raw)  # the last one deletes the pack and its live row
+        txn.delete(PACKS, pack_key(number))
+        txn.delete(LIVE, pack_key(number))
+        written = put_new(txn, live, leaf_bytes)[1] if live else 0
+        rewritten += 1
+        reclaimed += max(0, len(pack) - written)
+        moved += len(live)
+    return rewritten, reclaimed, moved

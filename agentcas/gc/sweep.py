@@ -40,6 +40,7 @@ from agentcas.cas.metastore.base import MetaTxn as Txn
 from agentcas.cas.source import ObjectSource
 from agentcas.errors import IntegrityError
 from agentcas.gc.pages import PageReleaser
+from agentcas.gc.repack import repack_store
 from agentcas.gc.plan import HEADER_WINDOW, KEY_SIZE, SWEEP_LEVELS, GcPlan
 from agentcas.gc.roots import (GcAborted, MarkWalker, entry_roots, mark_root, mark_signatures,
                                read_pins, state_roots)
@@ -254,5 +255,7 @@ def execute(stores: Stores, plan: GcPlan, wait: float = DEFAULT_WAIT,
     result = {"deleted": {"objects": deleted, "bytes": freed}, "reflog_expired": expired,
               "pins_dropped": dropped, "remarked": remarked, "batches": batches,
               "complete": complete, "blocked_by": [p.to_doc() for p in blocked]}
+    if stores.embedded is not None:
+        result["repack"] = repack_store(stores.embedded).to_json()
     settle(stores, {"at": int(plan.now), "deleted": deleted, "bytes": freed, "complete": complete})
     return result
