@@ -262,7 +262,7 @@ def _add_location(txn, raw: bytes, number: int, offset: int) -> None:
 
 
 def put_new(txn, items, leaf_bytes: int = LEAF_BYTES) -> tuple[int, int]:
-    """Store each {raw id: stored value} that is not stored yet: (objects written, bytes written).
+    """Store each {raw id: stored value} that is not stored yet: (objects written, their values' bytes).
 
     Small records go to the last pack while it fits in a leaf page (else to new small packs),
     larger ones into packs of about BIG_PACK_BYTES, so every page written is full.
@@ -306,7 +306,10 @@ def put_new(txn, items, leaf_bytes: int = LEAF_BYTES) -> tuple[int, int]:
         if group is None or _size(group) >= BIG_PACK_BYTES:
             group = start_group(fields[3])
         group[3].append((raw, encode_record(raw, *fields, group[2])))
-    return len(new), sum(_write_pack(txn, number, existing, recs, base) for number, existing, base, recs in groups)
+    for number, existing, base, recs in groups:
+        _write_pack(txn, number, existing, recs, base)
+    # Bytes as the BlobStore interface counts them: the stored values (section 3.1) written.
+    return len(new), sum(framing.HEADER_SIZE + len(fields[4]) for fields in new.values())
 
 
 def append_pack(txn, recs: list[tuple[bytes, bytes]], base: int) -> int:
@@ -537,14 +540,15 @@ def repack(txn, numbers, leaf_bytes: int = LEAF_BYTES) -> tuple[int, int, int]:
         if pack is None:
             continue
         pack = bytes(pack)
-        live = {record.id: record.framed() for record in records(pack)
-                if _indexed_at(txn, record.id, number, record.offset)}
+        kept = [record for record in records(pack) if _indexed_at(txn, record.id, number, record.offset)]
+        live = {record.id: record.framed() for record in kept}
         for raw in live:
             delete(txn, raw)  # the last one deletes the pack and its live row
         txn.delete(PACKS, pack_key(number))
         txn.delete(LIVE, pack_key(number))
-        written = put_new(txn, live, leaf_bytes)[1] if live else 0
+        if live:
+            put_new(txn, live, leaf_bytes)
         rewritten += 1
-        reclaimed += max(0, len(pack) - written)
+        reclaimed += len(pack) - sum(record.length for record in kept)  # the moved records take as much again
         moved += len(live)
     return rewritten, reclaimed, moved
