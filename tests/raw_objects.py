@@ -3,7 +3,6 @@ list them, damage one, drop one, or plant one, below every check agentcas makes 
 
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager
 
 from agentcas.cas import framing, packs

@@ -92,8 +92,6 @@ def test_bad_durations_are_usage_errors(tmp_path):
 
 
 def test_missing_object_exits_4_and_deletes_nothing(tmp_path):
-    import lmdb
-    from agentcas.cas.store import TABLES
     store_dir, _ = setup_store(tmp_path)
     files = run_cli("--json", "show", "main", "--files", store=store_dir).json()["files"]
     raw_objects.edit_at(store_dir, bytes.fromhex(files[0]["id"]), lambda value: None)

@@ -10,11 +10,9 @@ import random
 import subprocess
 import sys
 
-import lmdb
 import pytest
 
 from agentcas.cas import framing
-from agentcas.cas.store import TABLES
 
 from conftest import AGENTCAS, run_cli, store_rows
 import raw_objects
