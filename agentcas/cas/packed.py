@@ -163,9 +163,7 @@ def _varint(data, at: int) -> tuple[int, int]:
     return value, at
 
 
-def read_varint(data, at: int) -> tuple[int, int]:
-    """(value, position after it) of the minimal LEB128 varint at `at` (NotCanonical if not)."""
-    return _varint(data, at)
+read_varint = _varint  # (value, position after it) of the minimal varint at `at`: for other modules
 
 
 def _text(data, at: int) -> tuple[str, int]:

@@ -63,18 +63,20 @@ def pack_number(key: bytes) -> int:
     return _U64.unpack(bytes(key))[0]
 
 
-@dataclass(frozen=True)
 class Record:
-    """One object as stored in a pack."""
+    """One object as stored in a pack (a plain class: one is made per object read)."""
 
-    id: bytes
-    kind: int
-    codec: int
-    size: int      # the object's length (uncompressed)
-    written_at: int
-    body: bytes    # raw or one zstd frame
-    offset: int    # where the record starts in its pack
-    end: int       # where it ends
+    __slots__ = ("id", "kind", "codec", "size", "written_at", "body", "offset", "end")
+
+    def __init__(self, id: bytes, kind: int, codec: int, size: int, written_at: int, body, offset: int, end: int):
+        self.id = id                  # the object's full id
+        self.kind = kind
+        self.codec = codec
+        self.size = size              # the object's length (uncompressed)
+        self.written_at = written_at
+        self.body = body              # raw or one zstd frame
+        self.offset = offset          # where the record starts in its pack
+        self.end = end                # where it ends
 
     @property
     def length(self) -> int:
@@ -103,19 +105,28 @@ def record_of_value(raw: bytes, framed, base: int) -> bytes:
 
 def read_record(pack, offset: int) -> Record:
     """The record at `offset` of a pack value; CorruptPack if it does not parse."""
+    # One-byte varints inline (most ages, many sizes): this runs once per object read.
     try:
         base = pack_base(pack)
         at = offset + ID_SIZE
-        if at + 1 > len(pack):
-            raise NotCanonical("record is truncated")
-        kind, codec = pack[at] >> 4, pack[at] & 0x0F
-        size, at = read_varint(pack, at + 1)
-        age, at = read_varint(pack, at)
-        length, at = read_varint(pack, at)
-    except NotCanonical as exc:
-        raise CorruptPack(f"pack record at offset {offset} is damaged: {exc}") from None
+        flags = pack[at]
+        size = pack[at + 1]
+        at += 2
+        if size >= 0x80:
+            size, at = read_varint(pack, at - 1)
+        age = pack[at]
+        at += 1
+        if age >= 0x80:
+            age, at = read_varint(pack, at - 1)
+        length = pack[at]
+        at += 1
+        if length >= 0x80:
+            length, at = read_varint(pack, at - 1)
+    except (NotCanonical, IndexError) as exc:
+        raise CorruptPack(f"pack record at offset {offset} is damaged: {exc or 'truncated'}") from None
+    kind, codec = flags >> 4, flags & 0x0F
     end = at + length
-    if end > len(pack) or kind not in framing.KIND_NAMES or codec not in (framing.CODEC_RAW, framing.CODEC_ZSTD):
+    if end > len(pack) or kind not in framing.KIND_NAMES or codec > framing.CODEC_ZSTD:
         raise CorruptPack(f"pack record at offset {offset} is damaged: bad kind, codec or length")
     written_at = base + (age >> 1 if not age & 1 else -((age + 1) >> 1))
     return Record(bytes(pack[offset:offset + ID_SIZE]), kind, codec, size, written_at, pack[at:end], offset, end)
@@ -137,14 +148,21 @@ def records(pack) -> Iterator[Record]:
 
 
 def decode_locations(value) -> list[tuple[int, int]]:
-    out, at = [], 0
+    """The (pack, offset) locations of an index row (one-byte varints read inline: hot path)."""
+    out, at, end = [], 0, len(value)
     try:
-        while at < len(value):
-            pack, at = read_varint(value, at)
-            offset, at = read_varint(value, at)
+        while at < end:
+            pack = value[at]
+            at += 1
+            if pack >= 0x80:
+                pack, at = read_varint(value, at - 1)
+            offset = value[at]
+            at += 1
+            if offset >= 0x80:
+                offset, at = read_varint(value, at - 1)
             out.append((pack, offset))
-    except NotCanonical as exc:
-        raise CorruptPack(f"index row is damaged: {exc}") from None
+    except (NotCanonical, IndexError) as exc:
+        raise CorruptPack(f"index row is damaged: {exc or 'truncated'}") from None
     return out
 
 
@@ -187,7 +205,8 @@ def get(txn, raw: bytes):
         raise IntegrityError(f"object {raw.hex()} is corrupt: {exc}") from None
     if found is not None:
         return found[1].framed()
-    return txn.get(LEGACY, raw)
+    value = txn.get(LEGACY, raw)
+    return None if value is None else bytes(value)
 
 
 def has(txn, raw: bytes) -> bool:

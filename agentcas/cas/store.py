@@ -190,13 +190,14 @@ class TableBlobStore(BlobStore):
         self.env = env
         self.url = env.url
 
+    # Reads look at packs through buffers (no copy of a pack); what they return is a copy.
     def get(self, key):
-        with self.env.reader() as txn:
+        with self.env.reader(buffers=True) as txn:
             return packs.get(txn, key)
 
     def get_many(self, keys):
         out = {}
-        with self.env.reader() as txn:
+        with self.env.reader(buffers=True) as txn:
             for key in keys:
                 value = packs.get(txn, key)
                 if value is not None:
@@ -255,7 +256,8 @@ class TableBlobStore(BlobStore):
 
     @contextmanager
     def snapshot(self, buffers: bool = False):
-        with self.env.reader(buffers=buffers) as txn:
+        # Always through buffers: packs are sliced in place and every value returned is a copy.
+        with self.env.reader(buffers=True) as txn:
             yield _SnapshotBlobs(txn, self.url)
 
 
