@@ -133,13 +133,13 @@ def committed_store(tmp_path):
     ws.mkdir()
     for i in range(5):
         (ws / f"f{i}.txt").write_bytes(os.urandom(300 + i))
-    store.commit(str(ws), "one")
+    store.checkpoints.commit(str(ws), "one")
     return store
 
 
 def test_fsck_counts_unindexed_pack_bytes_as_reclaimable(tmp_path):
     store = committed_store(tmp_path)
-    doc = store.fsck()
+    doc = store.gc.fsck().to_json()
     assert doc["ok"] and doc["packs"]["reclaimable_bytes"] == 0 and doc["packs"]["count"] >= 1
     orphan = key(9)
     store.objects.write(lambda txn: packs.put_new(txn, {orphan: value(b"orphan" * 20)}))
@@ -149,7 +149,7 @@ def test_fsck_counts_unindexed_pack_bytes_as_reclaimable(tmp_path):
     store.objects.write(lambda txn: txn.delete(packs.INDEX, orphan[:packs.INDEX_KEY]))
     store.objects.write(lambda txn: txn.put(packs.LIVE, packs.pack_key(number), bytes(
         _minus_one(txn.get(packs.LIVE, packs.pack_key(number)), record.length))))
-    doc = store.fsck()
+    doc = store.gc.fsck().to_json()
     assert doc["ok"], doc["problems"]
     assert doc["packs"]["reclaimable_bytes"] == record.length
 
@@ -165,12 +165,12 @@ def test_fsck_names_an_index_row_whose_pack_is_gone_and_a_wrong_live_row(tmp_pat
     with store.objects.reader() as txn:
         last = max(packs.pack_number(k) for k, _ in txn.scan(packs.PACKS))
     store.objects.write(lambda txn: txn.delete(packs.PACKS, packs.pack_key(last)))
-    doc = store.fsck()
+    doc = store.gc.fsck().to_json()
     assert not doc["ok"]
     assert any(p["what"] == "index" and f"pack {last}, which is missing" in p["message"] for p in doc["problems"])
     store2 = committed_store(tmp_path / "two")
     store2.objects.write(lambda txn: txn.put(packs.LIVE, packs.pack_key(0), b"\x63\x01"))
-    doc = store2.fsck()
+    doc = store2.gc.fsck().to_json()
     assert any(p["what"] == "pack" and "live row" in p["message"] for p in doc["problems"])
 
 
@@ -185,27 +185,27 @@ def half_dead_store(tmp_path):
     for i in range(6):  # each first commit stores a kept and a doomed chunk in one pack
         (ws / f"kept{i}.bin").write_bytes(os.urandom(20_000))
         (ws / "doomed.bin").write_bytes(os.urandom(45_000))
-        store.commit(str(ws), f"step {i}", thread=f"side{i}")
+        store.checkpoints.commit(str(ws), f"step {i}", thread=f"side{i}")
         (ws / "doomed.bin").unlink()
-        store.commit(str(ws), f"kept {i}")
-        store.delete_thread(f"side{i}")
+        store.checkpoints.commit(str(ws), f"kept {i}")
+        store.threads.delete(f"side{i}")
     return store, ws
 
 
 def test_gc_rewrites_mostly_dead_packs_and_keeps_every_live_object(tmp_path):
     store, ws = half_dead_store(tmp_path)
-    before = store.fsck()
+    before = store.gc.fsck().to_json()
     assert before["ok"] and before["packs"]["reclaimable_bytes"] == 0
-    doc = store.gc(grace=0, expire_reflog=0, now=time.time() + 3600)
+    doc = store.gc.run(grace=0, expire_reflog=0, now=time.time() + 3600).to_json()
     assert doc["result"]["deleted"]["objects"] >= 6
     repacked = doc["result"]["repack"]
-    after = store.fsck()
+    after = store.gc.fsck().to_json()
     assert after["ok"] and after["packs"]["reclaimable_bytes"] == 0
     assert repacked["packs_rewritten"] >= 6 and repacked["objects_moved"] >= 6
     assert repacked["bytes_reclaimed"] >= 6 * 45_000
     assert after["packs"]["bytes"] <= before["packs"]["bytes"] - 6 * 45_000
     out = tmp_path / "out"
-    store.checkout("main", str(out))
+    store.checkpoints.checkout("main", str(out))
     assert sorted(p.name for p in out.iterdir()) == [f"kept{i}.bin" for i in range(6)]
 
 

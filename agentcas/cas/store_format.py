@@ -1,0 +1,91 @@
+"""The store's format record (`meta/format`, docs/FORMAT.md section 7) and its upgrade.
+
+Written once when a store is made: `{"format": ..., "created_at": ...}`: STORE_FORMAT (3)
+for an embedded store, SHARED_STORE_FORMAT (2) for a shared one, whose objects are not packed
+yet. A reader refuses a store whose format is newer than it reads (StoreFormatError, exit 4);
+a writable open of an older store marks it current first (`upgraded_from`, `upgraded_at`), so
+that an older agentcas stops at the record instead of misreading the new writes. Format 2
+added packed objects and compact reflog rows, which every reader here reads in both forms;
+format 3 keeps an embedded store's objects in packs, so after marking, its objects move
+there (cas/packs.upgrade_objects: resumable, each writable open finishes what a killed one
+left; reads fall back to the rows not yet moved).
+"""
+
+from __future__ import annotations
+
+import datetime
+
+from agentcas.cas import encoding, packs
+from agentcas.cas.backends import STORE_KEY, Stores, check_binding
+from agentcas.cas.leases import sweep_active
+from agentcas.cas.lmdb_store import StoreUnavailable
+from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.metastore.base import Read
+from agentcas.cas.sealed import seal, unseal
+from agentcas.errors import IntegrityError
+
+FORMAT_KEY = b"format"
+STORE_FORMAT = 3
+SHARED_STORE_FORMAT = 2
+
+
+class StoreFormatError(IntegrityError):
+    """The store's format is newer than this agentcas reads."""
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def write_format(stores: Stores, binding: bytes | None = None) -> bool:
+    """Write the store's format record (and gc's idle fence row; a shared store's binding
+    row, cas/backends.py) unless present; True if this made the store."""
+    doc = encoding.encode({"format": format_of(stores), "created_at": utc_now()})
+
+    def create(txn: Txn) -> bool:
+        sweep_active(txn, 0.0, lock=True)  # writes the fence row leases lock (cas/leases.py)
+        if binding is not None:
+            txn.put_new("meta", STORE_KEY, binding)
+        return txn.put_new("meta", FORMAT_KEY, seal("meta", FORMAT_KEY, doc))
+
+    return stores.meta.write(create)
+
+
+def format_of(stores: Stores) -> int:
+    """The format this agentcas writes to these stores."""
+    return SHARED_STORE_FORMAT if stores.shared else STORE_FORMAT
+
+
+def check_format(stores: Stores, where: str, readonly: bool) -> None:
+    """Refuse a store without a format record or with a newer one; upgrade an older one
+    unless `readonly`. One request reads the record and a shared store's binding."""
+    _, (value, binding) = stores.meta.exchange(reads=[Read("meta", FORMAT_KEY), Read("meta", STORE_KEY)])
+    if stores.shared:
+        check_binding(stores, binding)
+    if value is None:
+        raise StoreUnavailable(f"not an agentcas store (no format record): {where}")
+    doc = encoding.decode(unseal("meta", FORMAT_KEY, value))
+    target = format_of(stores)
+    if doc.get("format", 0) > target:
+        raise StoreFormatError(
+            f"store format {doc['format']} is newer than this agentcas reads ({target}); "
+            "upgrade agentcas")
+    if readonly:
+        return  # read as it is: every reader here reads every older form
+    if doc.get("format", 0) < target:
+        _upgrade_format(stores, doc, target)
+    if stores.embedded is not None:
+        packs.upgrade_objects(stores.embedded)  # nothing to do once upgraded (one count)
+
+
+def _upgrade_format(stores: Stores, doc: dict, target: int) -> None:
+    """Mark an older store with the format this agentcas writes (its objects move next)."""
+    upgraded = encoding.encode(dict(doc, format=target, upgraded_from=doc.get("format", 0),
+                                    upgraded_at=utc_now()))
+
+    def mark(txn: Txn):
+        current = encoding.decode(unseal("meta", FORMAT_KEY, txn.get("meta", FORMAT_KEY)))
+        if current.get("format", 0) < target:
+            txn.put("meta", FORMAT_KEY, seal("meta", FORMAT_KEY, upgraded))
+
+    stores.meta.write(mark)
