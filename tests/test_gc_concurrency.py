@@ -82,7 +82,7 @@ def test_concurrent_writers_and_gc_at_zero_grace(tmp_path):
     assert runs >= 3 and deleted > 0  # gc really ran (and deleted) while the writers wrote
     assert repacked > 0  # and rewrote packs the writers were appending to
     # Pins, not the final "vanished" re-check, keep a write's objects: every step writes
-    # new objects (so holds a pin), and gc deletes none of them (issue 15 item 1).
+    # new objects (so holds a pin), and gc deletes none of them (docs/RELIABILITY.md, mechanism 1).
     assert retried <= 1, f"{retried} writes lost objects to gc and had to be retried"
 
     fsck = run_cli("--json", "fsck", store=store_dir)
@@ -126,7 +126,7 @@ def _garbage_store(tmp_path, count: int):
 
 
 def _count_objects(store_dir) -> int:
-    import raw_objects
+    from support import raw_objects
     with raw_objects.writing(store_dir) as env:
         with env.reader() as txn:
             return len(raw_objects.keys(txn))

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import heapq
 import struct
-from dataclasses import dataclass
-from typing import Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 from agentcas.cas import crashpoints, framing
 from agentcas.cas.blobstore.base import BlobInfo
@@ -93,8 +94,8 @@ class Record:
 def encode_record(raw: bytes, kind: int, codec: int, size: int, written_at: int, body, base: int) -> bytes:
     """A record for a pack whose base time is `base`."""
     age = written_at - base
-    return b"".join((bytes(raw), bytes((kind << 4 | codec,)), varint(size), varint(age * 2 if age >= 0 else -age * 2 - 1),
-                     varint(len(body)), body))
+    zigzag = age * 2 if age >= 0 else -age * 2 - 1
+    return b"".join((bytes(raw), bytes((kind << 4 | codec,)), varint(size), varint(zigzag), varint(len(body)), body))
 
 
 def record_of_value(raw: bytes, framed, base: int) -> bytes:
@@ -286,7 +287,7 @@ def put_new(txn, items, leaf_bytes: int = LEAF_BYTES) -> tuple[int, int]:
     Small records go to the last pack while it fits in a leaf page (else to new small packs),
     larger ones into packs of about BIG_PACK_BYTES, so every page written is full.
     """
-    new: dict[bytes, tuple] = {}
+    new: dict[bytes, tuple[int, int, int, int, Any]] = {}  # raw -> kind, codec, size, written_at, body
     for raw, value in items.items():
         raw = bytes(raw)
         if raw not in new and not has(txn, raw):
@@ -300,15 +301,15 @@ def put_new(txn, items, leaf_bytes: int = LEAF_BYTES) -> tuple[int, int]:
     big = [(raw, fields) for raw, fields in new.items() if len(fields[4]) > small_limit]
     last = _last_pack(txn)
     next_number = 0 if last is None else last[0] + 1
-    groups: list[list] = []  # [number, existing pack bytes, base time, [(raw, record)]]
+    groups: list[list[Any]] = []  # [number, existing pack bytes, base time, [(raw, record)]]
 
-    def start_group(base: int) -> list:
+    def start_group(base: int) -> list[Any]:
         nonlocal next_number
         groups.append([next_number, b"", base, []])
         next_number += 1
         return groups[-1]
 
-    group = None
+    group: list[Any] | None = None
     if small and last is not None and len(last[1]) <= leaf_bytes:
         group = [last[0], bytes(last[1]), pack_base(last[1]), []]  # the open pack, extended
         groups.append(group)
@@ -445,7 +446,7 @@ def upgrade_step(txn, start: bytes = b"", batch: int = UPGRADE_BATCH,
     for key in moved:
         txn.delete(LEGACY, key)
     put_new(txn, moved, leaf_bytes)
-    return None if taken < batch else last + b"\0"
+    return None if taken < batch or last is None else last + b"\0"
 
 
 # -- checking (fsck) ---------------------------------------------------------------------------
@@ -457,10 +458,7 @@ class PackCheck:
     packs: int = 0
     pack_bytes: int = 0          # bytes of every pack value
     reclaimable_bytes: int = 0   # records no index row names (a repack drops them)
-    problems: list = None        # [(what, message, raw id hex or None)]
-
-    def __post_init__(self):
-        self.problems = [] if self.problems is None else self.problems
+    problems: list = field(default_factory=list)  # [(what, message, raw id hex or None)]
 
 
 def check_packs(txn) -> PackCheck:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from contextlib import contextmanager
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from contextlib import AbstractContextManager, contextmanager
+from typing import TypeVar
 
 from agentcas.cas import packs
 from agentcas.cas.blobstore.base import BlobStore
@@ -54,7 +55,7 @@ class ObjectStore(ABC):
     leaf_bytes: int = packs.LEAF_BYTES  # the largest value that stays inside a B-tree page
 
     @abstractmethod
-    def reader(self, buffers: bool = False) -> "contextmanager[Txn]":
+    def reader(self, buffers: bool = False) -> AbstractContextManager[Txn]:
         """A consistent read-only snapshot.
 
         With `buffers=True`, values may be memoryviews into the store that are valid
@@ -116,7 +117,7 @@ class MemoryObjectStore(ObjectStore):
 
     def __init__(self) -> None:
         self.url = "memory://"
-        self._tables = {name: {} for name in TABLES}
+        self._tables: dict[str, dict] = {name: {} for name in TABLES}
         self._lock = threading.RLock()
 
     @contextmanager
@@ -186,7 +187,7 @@ LIST_BATCH = 1024  # objects listed per read transaction (see TableBlobStore.lis
 class TableBlobStore(BlobStore):
     """The objects of an environment (packs, cas/packs.py) as a BlobStore."""
 
-    def __init__(self, env: "ObjectStore"):
+    def __init__(self, env: ObjectStore):
         self.env = env
         self.url = env.url
 
@@ -264,7 +265,7 @@ class TableBlobStore(BlobStore):
 class TableMetadataStore(MetadataStore):
     """The metadata tables of an environment as a MetadataStore (same transactions)."""
 
-    def __init__(self, env: "ObjectStore"):
+    def __init__(self, env: ObjectStore):
         self.env = env
         self.url = env.url
 

@@ -39,7 +39,7 @@ class RepackResult:
 def repack_store(env: ObjectStore, dead_share: float = packs.REPACK_DEAD_SHARE) -> RepackResult:
     """Rewrite every pack of `env` whose dead share reaches `dead_share` (see the module doc)."""
     result = RepackResult()
-    start = b""
+    start: bytes | None = b""
     while start is not None:
         with env.reader() as txn:
             planned = packs.repack_candidates(txn, start, dead_share)
