@@ -147,7 +147,7 @@ def init(ctx, directory):
               help="Growing JSONL rollout file; its new tail is appended.")
 @click.option("--expect", metavar="REV", help="Commit only if the thread is at REV (else exit 3).")
 @click.option("--allow-secret", "allow_secrets", multiple=True, metavar="GLOB",
-              help="Store files matching GLOB even if they look like secrets.")
+              help="Store files matching GLOB even if they look like secrets (':reason': the reason).")
 @pass_ctx
 def commit(ctx, path, reason, thread, rollout_file, expect, allow_secrets):
     """Snapshot the workspace PATH as a checkpoint on a thread."""
@@ -513,6 +513,189 @@ def replay(ctx, rev, at, fmt):
         click.echo(replay_module.render_text(doc, records).encode("utf-8", "replace").decode("utf-8"))
 
 
+# --- harness hooks, rewind and resume (harnesses/hooks.py, hook_settings.py, rewind.py) -------
+class _HookGroup(click.Group):
+    """`hook ...`: a usage error exits 1, never 2 (a Claude Code hook exiting 2 blocks the agent)."""
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            raise _hook_failure(ctx, exc.format_message()) from None
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            raise _hook_failure(ctx, exc.format_message()) from None
+
+
+def _hook_failure(click_ctx, message: str, store_path: str | None = None):
+    """The one-line error a hook ends with (exit 1), also written to the hook log."""
+    from agentcas.harnesses import hooks
+    obj = click_ctx.find_object(Context)
+    if store_path is None:
+        workspace = os.environ.get("CLAUDE_PROJECT_DIR") or os.getcwd()
+        store_path = hooks.hook_store_path(obj.store_path if obj else None, workspace)
+    hooks.write_log(hooks.log_path_for(store_path), f"error: {message}")
+    return hooks.HookFailed(message)
+
+
+def _run_hook(ctx: Context, parse) -> None:
+    """Parse the event, checkpoint; any failure is one line, exit 1, a log line. Stdout stays empty."""
+    from agentcas.harnesses import hooks
+    click_ctx = click.get_current_context()
+    store_path = None
+    try:
+        event = parse()
+        if event is None:
+            return   # not an event that checkpoints
+        store_path = hooks.hook_store_path(ctx.store_path, event.workspace)
+        store = hooks.open_hook_store(store_path, ctx.refs)
+        log = hooks.log_path_for(store_path)
+        outcome = hooks.run_hook(store, event)
+        for note in outcome.notes:
+            hooks.write_log(log, f"{event.thread}: note: {note}")
+        landed = outcome.checkpoint
+        refused = None if landed is None else landed.refused
+        if refused and landed is not None:
+            raise hooks.HookFailed(f"{event.thread}: refused: {refused}; the workspace checkpoint "
+                                   f"{landed.checkpoint[:12]} was made without it")
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a hook reports every failure the same way
+        if isinstance(exc, click.exceptions.Exit) and exc.exit_code == 0:
+            raise
+        if isinstance(exc, click.ClickException):
+            message = exc.format_message()
+        elif isinstance(exc, AgentcasError):
+            message = str(exc)
+        else:
+            failure = _system_failure(exc) if isinstance(exc, Exception) else None
+            message = str(failure) if failure is not None else \
+                f"internal error: {type(exc).__name__}: {exc} (set AGENTCAS_DEBUG=1 for a traceback)"
+            if os.environ.get("AGENTCAS_DEBUG") == "1":
+                _print_traceback()
+        raise _hook_failure(click_ctx, _one_line(message), store_path) from None
+
+
+@cli.group("hook", cls=_HookGroup)
+def hook_group():
+    """Checkpoint while Claude Code or Codex works (never exits 2; failures go to hooks.log)."""
+
+
+@hook_group.command("claude")
+@pass_ctx
+def hook_claude(ctx):
+    """Checkpoint for one Claude Code hook event (JSON on stdin): workspace and transcript."""
+    from agentcas.harnesses import hooks
+    _run_hook(ctx, lambda: hooks.claude_event(hooks.read_stdin_event(sys.stdin.buffer)))
+
+
+@hook_group.command("codex")
+@click.argument("payload")
+@pass_ctx
+def hook_codex(ctx, payload):
+    """Checkpoint for one Codex notify PAYLOAD (agent-turn-complete): workspace and rollout."""
+    from agentcas.harnesses import hooks
+    _run_hook(ctx, lambda: hooks.codex_event(payload))
+
+
+@hook_group.group("install", cls=_HookGroup)
+def hook_install():
+    """Add the hook to a harness's settings (or take it out with --uninstall)."""
+
+
+def _install_text(result) -> str:
+    verb = ("Installed" if result.installed else "Uninstalled") if result.changed else "Nothing to change in"
+    return f"{verb} {result.harness} hook: {result.path}" + (f" ({result.command})" if result.installed else "")
+
+
+@hook_install.command("claude")
+@click.option("--project", type=click.Path(file_okay=False), metavar="DIR",
+              help="Install in DIR/.claude/settings.json (default: the user's settings).")
+@click.option("--uninstall", is_flag=True, help="Take the hook out instead.")
+@pass_ctx
+def hook_install_claude(ctx, project, uninstall):
+    """Add `agentcas hook claude` to Claude Code's settings (PostToolUse, UserPromptSubmit, Stop)."""
+    from agentcas.harnesses.hook_settings import install_claude
+    result = install_claude(project, uninstall, ctx.store_path)
+    ctx.emit(result.to_json(), _install_text(result))
+
+
+@hook_install.command("codex")
+@click.option("--uninstall", is_flag=True, help="Take the hook out instead.")
+@pass_ctx
+def hook_install_codex(ctx, uninstall):
+    """Set Codex's notify (config.toml) to `agentcas hook codex`."""
+    from agentcas.harnesses.hook_settings import install_codex
+    result = install_codex(uninstall, ctx.store_path)
+    ctx.emit(result.to_json(), _install_text(result))
+
+
+def _session_store(ctx: Context, directory: str | None):
+    """The store a hook would have used for `directory`: --store, $AGENTCAS_STORE, `.agentcas`
+    upward, else the per-user store if there is one."""
+    if ctx._store is None and not (ctx.store_path or os.environ.get("AGENTCAS_STORE")):
+        from agentcas.harnesses import hooks
+        from agentcas.repository import find_store
+        if not find_store(directory) and not find_store():
+            user = hooks.user_store_path()
+            if os.path.isfile(os.path.join(user, "data.mdb")):
+                ctx.store_path = user
+    return ctx.store()
+
+
+def _session_doc(undo, workspace, placement) -> dict:
+    return {"undo": undo, "workspace": workspace,
+            "session": None if placement is None else {"id": placement.id, "path": placement.path,
+                                                       "resume": placement.resume}}
+
+
+def _session_text(placement) -> str:
+    if placement is None:
+        return ""
+    where = "written to" if placement.written else "already at"
+    return f"session {placement.id} {where} {placement.path}\ncontinue it with: {placement.resume}"
+
+
+@cli.command("rewind")
+@click.argument("thread")
+@click.option("--to", "rev", required=True, metavar="REV", help="The checkpoint to go back to.")
+@click.option("--only", type=click.Choice(["code", "conversation"]), help="Rewind only the files or only the session.")
+@click.option("--workspace", type=click.Path(file_okay=False), metavar="DIR",
+              help="The workspace to rewind (default: the one the thread's checkpoints recorded).")
+@pass_ctx
+def rewind_cmd(ctx, thread, rev, only, workspace):
+    """Files and conversation back to REV: the workspace checkpointed first (undo), then made equal
+    to REV's files; a forked session the harness resumes."""
+    result = _session_store(ctx, workspace).sessions.rewind(thread, rev, only, workspace)
+    doc = dict(_session_doc(result.undo, result.workspace, result.session), target=result.target,
+               files_written=list(result.written), files_removed=list(result.removed))
+    lines = []
+    if result.undo:
+        lines.append(f"rewound {result.workspace} to {result.target[:12]}: {len(result.written)} files written, "
+                     f"{len(result.removed)} removed; undo with: agentcas rewind {thread} --to {result.undo[:12]} "
+                     "--only code")
+    if result.session:
+        lines.append(_session_text(result.session))
+    ctx.emit(doc, "\n".join(lines))
+
+
+@cli.command("resume")
+@click.argument("thread")
+@click.option("--at", "at", metavar="REV", help="Up to this checkpoint of THREAD (default: all its records).")
+@click.option("--cwd", type=click.Path(file_okay=False), metavar="DIR",
+              help="The checkout a Claude Code session belongs to on this machine (default: the one it "
+                   "recorded if it exists here, else the current directory).")
+@pass_ctx
+def resume_cmd(ctx, thread, at, cwd):
+    """Write THREAD's stored session where this machine's harness finds it, byte for byte, same id
+    (the same file there: exit 0; a different one: exit 3, nothing written)."""
+    placement = _session_store(ctx, cwd).sessions.resume(thread, at, cwd)
+    ctx.emit(_session_doc(None, os.path.abspath(cwd) if cwd else None, placement), _session_text(placement))
+
+
 # --- commands of later layers register below ------------------------------------------------
 
 # --- gc and fsck (gc helper) ----------------------------------------------------------------
@@ -593,13 +776,19 @@ def gc_explain(ctx, object_id, grace, expire_reflog):
 
 
 def _open_store_checked(ctx):
-    """ctx.store(), but an LMDB file LMDB itself cannot open is corruption (exit 4)."""
-    from agentcas.cas.lmdb_store import StoreUnreadable
-    from agentcas.gc.fsck import StoreCorrupt
+    """ctx.store(), but an LMDB file LMDB itself cannot open, or one whose pages are damaged
+    (so that the store's own records read as missing), is corruption (exit 4)."""
+    from agentcas.cas.lmdb_store import StoreCorrupt, StoreUnavailable, StoreUnreadable
     try:
         return ctx.store()
     except StoreUnreadable as exc:
         raise StoreCorrupt(f"store database is corrupt: {exc}") from None
+    except StoreUnavailable:
+        path = ctx.store_path or os.environ.get("AGENTCAS_STORE")
+        if path and os.path.isfile(os.path.join(path, "data.mdb")):
+            from agentcas.gc.fsck import check_pages
+            check_pages(os.path.abspath(path))
+        raise
 
 
 @cli.command("fsck")
@@ -815,12 +1004,15 @@ def _transfer_text(result) -> str:
 @click.option("--force", is_flag=True, help="Replace the remote thread even if it is not a fast-forward.")
 @click.option("--allow-rollout-secrets", is_flag=True,
               help="Push rollout records even if they look like secrets.")
+@click.option("--allow-secret", "allow_secrets", multiple=True, metavar="GLOB",
+              help="Push file names matching GLOB (':reason': checkpoint reasons) even if they look like secrets.")
 @pass_ctx
-def push(ctx, remote, thread, force, allow_rollout_secrets):
+def push(ctx, remote, thread, force, allow_rollout_secrets, allow_secrets):
     """Send THREAD to REMOTE: only the objects it lacks, then its ref by compare-and-swap."""
     with Progress("push") as progress:
         result = ctx.store().remotes.push(remote, thread, force, progress=progress,
-                                          allow_rollout_secrets=allow_rollout_secrets)
+                                          allow_rollout_secrets=allow_rollout_secrets,
+                                          allow_secrets=allow_secrets)
     ctx.emit(result, _transfer_text(result))
 
 
@@ -936,6 +1128,8 @@ def main(argv=None) -> int:
 def _run(args: list, context: Context) -> tuple[int, str | None]:
     """(exit code, the one-line error or None) of running the command `args`."""
     debug = os.environ.get("AGENTCAS_DEBUG") == "1"
+    from agentcas.cas import fatal_signals
+    fatal_signals.arm()  # a damaged store file: one line and exit 4, not a bus error
     try:
         cli.main(args=args, prog_name="agentcas", standalone_mode=False, obj=context)
         return 0, None
@@ -971,8 +1165,10 @@ def _system_failure(exc: Exception):
         from agentcas.cas.system_errors import from_os_error
         return from_os_error(exc)
     if type(exc).__module__.startswith("lmdb"):
-        from agentcas.cas.lmdb_store import lmdb_errno
+        from agentcas.cas.lmdb_store import CORRUPTION, corrupt_store, lmdb_errno
         from agentcas.cas.system_errors import from_errno
+        if isinstance(exc, CORRUPTION):
+            return corrupt_store(exc)
         code = lmdb_errno(exc)
         return None if code is None else from_errno(code, "in the store", detail=str(exc))
     return None

@@ -362,3 +362,19 @@ def test_fsck_finds_a_signature_listed_for_another_checkpoint(tmp_path):
     store.objects.close()
     result = run_cli("fsck", store=store_dir)
     assert result.code == 4 and "but it signs" in result.out, result
+
+
+def test_fsck_reports_a_signature_listed_but_not_stored(tmp_path):
+    """A `signatures` row naming a signature object the store does not hold is reported as
+    missing, naming the signature and its checkpoint."""
+    from agentcas.signing import envelope, keys
+    store_dir, _ = build(tmp_path, rollout=False)
+    store = Store.open(str(store_dir))
+    checkpoint = store.resolve("main")
+    made = envelope.sign(keys.generate(), checkpoint, "main")
+    signed, _ = envelope.envelope_object(made)
+    store.meta.write(lambda txn: envelope.save_index_row(txn, made, signed))  # the row, not the object
+    store.objects.close()
+    result = run_cli("fsck", store=store_dir)
+    assert result.code == 4, result
+    assert f"signature {signed.hex()} is missing (listed for checkpoint {checkpoint.hex()})" in result.out, result

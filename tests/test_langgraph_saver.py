@@ -1052,3 +1052,12 @@ def test_a_put_naming_its_own_id_as_parent_is_a_new_checkpoint_for_every_reader(
     put(saver, "self", parent=first, values={"v": "again"}, step=1, checkpoint_id=first)
     assert saver.get_tuple(config("self", first)).checkpoint["channel_values"] == {"v": "again"}
     assert AgentcasSaver(saver.store).get_tuple(config("self", first)).checkpoint["channel_values"] == {"v": "again"}
+
+
+def test_next_version_continues_the_counter_of_another_savers_string_version():
+    """Other savers write versions as "<counter>.<random>" strings; a thread moved here from
+    one must go on counting from 7, not fail or restart."""
+    saver = AgentcasSaver.__new__(AgentcasSaver)  # the method reads nothing of the saver
+    assert saver.get_next_version("7.0123", None) == 8
+    assert saver.get_next_version("00000000000000000000000000000012.5f3b", None) == 13
+    assert saver.get_next_version(None, None) == 1 and saver.get_next_version(3, None) == 4

@@ -499,3 +499,23 @@ def test_raw_lines_cut_only_long_bodies_into_content_defined_chunks():
 
     plain = b'{"body":"%s"}\n' % body
     assert len(rollout.pack_raw_lines(plain, 3, b"\x07" * 32, []).objects) >= len(plain) // chunking.ROLLOUT_MAX_SIZE
+
+
+@pytest.mark.parametrize("lie", ["digest", "seq"])
+def test_history_verify_refuses_a_head_position_that_lies_about_its_prefix(store, lie):
+    """History.verify re-reads the whole history at a head and recomputes its prefix digest
+    and record count: a position whose digest or count is not its bytes' is refused (the
+    bundle import's re-check of the head, guarded here on its own)."""
+    import dataclasses
+
+    from agentcas.errors import IntegrityError
+    from agentcas.lineage.rollout import History
+    records = b"".join(json.dumps({"n": n}).encode() + b"\n" for n in range(50))
+    store.history.append("main", records)
+    head = store.threads.get("main").history
+    lying = (dataclasses.replace(head, digest=bytes(32)) if lie == "digest"
+             else dataclasses.replace(head, seq=head.seq + 1))
+    with store.source.reading() as txn:
+        assert History(txn).verify(head) == 50
+        with pytest.raises(IntegrityError, match="does not match its position"):
+            History(txn).verify(lying)

@@ -201,3 +201,84 @@ def test_the_cli_turns_a_stray_os_error_into_one_line(tmp_path):
     failure = _system_failure(OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "x")))
     assert str(failure) == f"no space left on device at {tmp_path / 'x'}"
     assert _system_failure(ValueError("a bug")) is None
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 64 KiB tmpfs at tmp_path/tiny, unmounted afterwards."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("mounting a tmpfs needs root")
+    path = tmp_path / "tiny"
+    path.mkdir()
+    _mount(path, "-t", "tmpfs", "-o", "size=64k", "tmpfs")
+    yield path
+    subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def _fill(disk, leave: int) -> None:
+    """Write a ballast file leaving about `leave` bytes free on `disk` (0: none at all)."""
+    ballast = disk / "ballast"
+    ballast.unlink(missing_ok=True)
+    with open(ballast, "wb", buffering=0) as out:
+        try:
+            while True:
+                out.write(bytes(4096))
+        except OSError:
+            pass
+    os.truncate(ballast, max(0, ballast.stat().st_size - leave))
+
+
+def test_init_on_a_full_disk_is_whole_or_nothing(tiny_disk):
+    """At 0 bytes free init died by SIGBUS (LMDB's lock file is mapped) and left a directory
+    holding only lock.mdb, which every later command called "not an agentcas store"."""
+    outcomes = set()
+    for leave in range(0, 64 << 10, 4 << 10):
+        _fill(tiny_disk, leave)
+        for target in ("new", "existing"):
+            store = tiny_disk / target
+            if target == "existing":
+                store.mkdir(exist_ok=True)
+            result = run_cli("init", store)
+            if result.code == 0:
+                outcomes.add("store")
+                assert run_cli("fsck", store=store).code == 0
+                shutil.rmtree(store)
+                continue
+            outcomes.add("refused")
+            assert result.code == 1, (leave, result)
+            assert result.err.startswith("agentcas: error: no space left on device ") and str(store) in result.err
+            assert len(result.err.splitlines()) == 1, result
+            # Nothing left: no directory that was not there, nothing in the one that was.
+            if target == "new":
+                assert not store.exists(), (leave, os.listdir(store))
+            else:
+                assert os.listdir(store) == [], (leave, os.listdir(store))
+                store.rmdir()
+    assert outcomes == {"store", "refused"}  # the walk crossed the point where init fits
+
+
+def test_keygen_on_a_full_disk_names_the_file_and_leaves_nothing(tiny_disk):
+    _fill(tiny_disk, 0)
+    out_dir = tiny_disk / "keys"
+    result = run_cli("keygen", "alice", "--out", out_dir)
+    assert result.code == 1, result
+    assert len(result.err.splitlines()) == 1, result
+    # The directory itself may be refused, or its first file: either is named.
+    assert result.err.startswith("agentcas: error: no space left on device ")
+    assert str(out_dir) in result.err and " at a file" not in result.err
+    assert sorted(os.listdir(tiny_disk)) == ["ballast"]
+    # Room for a directory or a file, not for all: whatever fails, no key file is left and
+    # no directory keygen made (an existing one stays, empty).
+    _fill(tiny_disk, 6 << 10)
+    out_dir.mkdir()
+    (tiny_disk / "made").mkdir()
+    refused = 0
+    for name, target, parent in (("bob", out_dir, out_dir), ("carol", tiny_disk / "made" / "a" / "b", tiny_disk / "made")):
+        result = run_cli("keygen", name, "--out", target)
+        if result.code == 0:
+            continue
+        refused += 1
+        assert result.code == 1 and len(result.err.splitlines()) == 1, result
+        assert result.err.startswith("agentcas: error: no space left on device ") and str(parent) in result.err
+        assert os.listdir(parent) == [], result
+    assert refused

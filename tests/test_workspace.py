@@ -694,3 +694,23 @@ def test_stat_cache_rows_are_binary_and_version_1_rows_still_count(mem, ws, monk
     table[key] = seal("statcache", key, b"\x07" + payloads[key][1:])  # unknown version
     again = mem.checkpoints.commit(str(ws), "unknown row").to_json()
     assert again["cached_files"] == 1 and again["tree"] == first["tree"]
+
+
+def test_joined_ignore_regex_answers_as_pathspec_does():
+    """The snapshot's one-regex prefilter of a directory's ignore patterns gives pathspec's answer."""
+    import random
+
+    import pathspec
+
+    from agentcas.workspace.snapshot import _IgnoreSpec
+    lines = ["*.log", "build/", "!keep.log", "/top", "a/**/b", "node_modules/", "*.py[co]", "docs/*.md",
+             "!docs/README.md", "**/tmp", "# comment", "", "\\#hash", "sp ace"]
+    spec = pathspec.GitIgnoreSpec.from_lines(lines)
+    joined = _IgnoreSpec(spec)
+    rng = random.Random(7)
+    names = ["a", "b", "build", "docs", "top", "tmp", "x.log", "y.py", "keep.log", "README.md", "n.pyc", "#hash",
+             "sp ace", "node_modules"]
+    for _ in range(20000):
+        path = "/".join(rng.choice(names) for _ in range(rng.randint(1, 4))) + rng.choice(["", "/"])
+        assert joined.include(path) == spec.check_file(path).include, path
+    assert _IgnoreSpec(pathspec.GitIgnoreSpec.from_lines(["# only a comment"])).include("x") is None

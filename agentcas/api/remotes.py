@@ -98,12 +98,13 @@ class Remotes:
 
     # -- push and pull ---------------------------------------------------------------------------
     def push(self, remote: str, thread: str, force: bool = False, progress=None,
-             allow_rollout_secrets: bool = False) -> TransferResult:
+             allow_rollout_secrets: bool = False, allow_secrets=()) -> TransferResult:
         """Send THREAD to the remote: missing objects, then its ref by compare-and-swap.
 
         The rollout segments the remote lacks are scanned for secrets first (refused
-        naming thread, seq and rule unless `allow_rollout_secrets`)."""
-        from agentcas.exchange.secret_scan import refuse_rollout_secrets
+        naming thread, seq and rule unless `allow_rollout_secrets`), and so are the reasons
+        and file names of the checkpoints and trees it sends (unless `allow_secrets` globs)."""
+        from agentcas.exchange.secret_scan import refuse_name_secrets, refuse_rollout_secrets
         from agentcas.exchange.transfer import transfer
         check_thread_name(thread)
         info, here, there = self._endpoints(remote)
@@ -113,6 +114,7 @@ class Remotes:
                 refuse_rollout_secrets(source, [d for d, kind in objects if kind == framing.KIND_SEGMENT], thread,
                                        "push", "nothing was sent", allow_rollout_secrets,
                                        private_keys_always=False)
+                refuse_name_secrets(source, objects, "push", "nothing was sent", allow_secrets)
 
         result = transfer(here, there, thread, force, "push", f"push from {here.url}", progress,
                           check_outgoing)

@@ -21,11 +21,11 @@ from typing import Any
 
 import lmdb
 
-from agentcas.cas import crashpoints
+from agentcas.cas import crashpoints, fatal_signals
 from agentcas.cas.packs import TABLES as PACK_TABLES
 from agentcas.cas.store import TABLES, ObjectStore, Txn
 from agentcas.cas.system_errors import from_errno, from_os_error
-from agentcas.errors import AgentcasError
+from agentcas.errors import AgentcasError, IntegrityError
 
 # The map is address space, not disk: the data file grows only as pages are used. A
 # large first map spares the first big commit its MapFullError retries (each one
@@ -41,6 +41,22 @@ _OPEN_LOCK = threading.Lock()
 
 class StoreUnavailable(AgentcasError):
     """The store directory cannot be opened (missing, not a store, read-only...)."""
+
+
+class StoreCorrupt(IntegrityError):
+    """The LMDB file itself is damaged (LMDB found a page it cannot use)."""
+
+
+# What LMDB raises when a page it reads is not what the tree says it should be (a damaged
+# root or branch page can also fail the whole transaction: MDB_BAD_TXN, MDB_BAD_DBI).
+CORRUPTION = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.BadDbiError, lmdb.PanicError,
+              lmdb.BadTxnError)
+
+
+def corrupt_store(exc: BaseException, path: str | None = None) -> StoreCorrupt:
+    """The one wording of an LMDB corruption error met anywhere in a store."""
+    where = f" (store at {path})" if path else ""
+    return StoreCorrupt(f"store database is corrupt: {exc}{where}; run 'agentcas fsck' to see what is damaged")
 
 
 class StoreUnreadable(StoreUnavailable):
@@ -73,6 +89,8 @@ def store_failure(exc: BaseException, path: str, doing: str = "writing",
                   outcome: str = "nothing was changed") -> AgentcasError:
     """The one translation of an OS or LMDB error met on a store into a clear error:
     "no space left on device writing the store at PATH; nothing was changed"."""
+    if isinstance(exc, CORRUPTION):
+        return corrupt_store(exc, path)
     code = lmdb_errno(exc)
     if code == errno.EIO and _nearly_full(path):
         # LMDB turns a short write (what a full disk gives) into EIO: report the cause.
@@ -253,6 +271,29 @@ def _may_write(path: str) -> bool:
         return False
 
 
+# LMDB maps its lock file (16.5 KiB for 256 readers) after growing it with ftruncate, which
+# allocates nothing: on a full file system the first write through the map is a SIGBUS. So
+# a new store's lock file is written out first, with real zeros, where ENOSPC is an error.
+LOCK_FILE, LOCK_FILE_BYTES = "lock.mdb", 32 << 10
+
+
+def _allocate_lock_file(path: str) -> None:
+    """Write a new store's lock file in full (no-op if it exists); ENOSPC raises OSError."""
+    lock_path = os.path.join(path, LOCK_FILE)
+    try:
+        handle = os.open(lock_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(bytes(LOCK_FILE_BYTES))
+            out.flush()
+            os.fsync(out.fileno())
+    except OSError:
+        os.unlink(lock_path)
+        raise
+
+
 class LmdbObjectStore(ObjectStore):
     def __init__(self, path: str, create: bool = False, map_size: int | None = None):
         self.path = os.path.abspath(path)
@@ -292,8 +333,10 @@ class LmdbObjectStore(ObjectStore):
         if create:
             try:
                 os.makedirs(self.path, exist_ok=True)
+                _allocate_lock_file(self.path)
             except OSError as exc:
                 raise from_os_error(exc, f"creating a store in {self.path}", "nothing was created") from None
+        fatal_signals.opened(self.path)
         # metasync=False (MDB_NOMETASYNC): each commit still fsyncs its data pages, but not
         # the meta page; LMDB keeps integrity and a power cut can undo only the last
         # commit. Batches of objects need no more; a transaction that moves a ref (or

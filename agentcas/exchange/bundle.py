@@ -60,7 +60,7 @@ from agentcas.exchange.bundle_format import (
     read_record_value,
     restamp,
 )
-from agentcas.exchange.secret_scan import is_binary_file, refuse_rollout_secrets
+from agentcas.exchange.secret_scan import is_binary_file, refuse_name_secrets, refuse_rollout_secrets
 from agentcas.lineage import rollout
 from agentcas.lineage.closure import MissingObject, Walker
 from agentcas.refs import threads
@@ -130,6 +130,7 @@ def export_bundle(stores: Stores, checkpoint: Digest, thread: str, out_path: str
         refuse_rollout_secrets(txn, [d for d, kind, _ in records if kind == framing.KIND_SEGMENT], thread,
                                "export", "no bundle was written", allow_rollout_secrets,
                                private_keys_always=True)
+        refuse_name_secrets(txn, records, "export", "no bundle was written", allow_secrets)
         stored = [e for _, e in env.envelopes_for(meta, txn, checkpoint) if e.statement.thread == thread]
         stored.sort(key=lambda e: e.statement.signed_at, reverse=True)
         envelopes = stored[: MAX_SIGNATURES - (1 if key is not None else 0)]  # newest first

@@ -14,12 +14,14 @@ private-key block in a bundle: a private key never leaves in a bundle (as for fi
 from __future__ import annotations
 
 import fnmatch
+import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest
-from agentcas.cas.objects import HistoryPosition
+from agentcas.cas.objects import Checkpoint, HistoryPosition, Tree
+from agentcas.cas.source import load_object
 from agentcas.errors import AgentcasError, IntegrityError
 from agentcas.lineage.rollout import History
 from agentcas.workspace import secrets
@@ -45,11 +47,49 @@ class RecordFinding:
         return {"thread": self.thread, "seq": self.seq, "rule": self.rule}
 
 
+# JSON escapes that can stand for a secret's own characters: `\u0041KIA...` is an AWS key
+# id once decoded, `PRIVATE\u0020KEY` a private key block, `\/` a slash of a secret key.
+_HIDING_ESCAPES = (b"\\u", b"\\/")
+
+
 def findings_in(data, private_key_only: bool = False) -> Iterator[tuple[int, str]]:
-    """(0-based line, rule name) of each line of `data` holding a likely secret, in order."""
+    """(0-based line, rule name) of each line of `data` holding a likely secret, in order.
+
+    A line is scanned as stored and, if it holds a JSON escape that can hide a secret's
+    characters, once more as the string keys and values of the JSON document it decodes to
+    (a rollout record is one JSON document a line).
+    """
     rules = (PRIVATE_KEY,) if private_key_only else secrets.RULES
-    for found in secrets.scan_all(data, rules=rules):
-        yield found.line - 1, found.rule
+    by_line = {found.line - 1: found.rule for found in secrets.scan_all(data, rules=rules)}
+    raw = bytes(data)
+    if any(escape in raw for escape in _HIDING_ESCAPES):
+        for index, line in enumerate(raw.split(b"\n")):
+            if index in by_line or not any(escape in line for escape in _HIDING_ESCAPES):
+                continue
+            decoded = decoded_strings(line)
+            hits = secrets.scan_all(decoded, rules=rules) if decoded else []
+            if hits:
+                by_line[index] = hits[0].rule
+    yield from sorted(by_line.items())
+
+
+def decoded_strings(line: bytes) -> bytes:
+    """The string keys and values of the JSON document `line`, one a line (b"" if not JSON)."""
+    try:
+        todo = [json.loads(line)]
+    except (ValueError, RecursionError):
+        return b""
+    strings = []
+    while todo:  # an explicit stack: a record may nest deeper than Python's recursion limit
+        value = todo.pop()
+        if isinstance(value, str):
+            strings.append(value)
+        elif isinstance(value, dict):
+            strings.extend(value.keys())
+            todo.extend(value.values())
+        elif isinstance(value, list):
+            todo.extend(value)
+    return "\n".join(strings).encode("utf-8", "replace")
 
 
 def segment_findings(txn, segment_ids: Iterable[Digest], thread: str, private_key_only: bool = False,
@@ -88,6 +128,34 @@ def refuse_rollout_secrets(txn, segment_ids: Iterable[Digest], thread: str, verb
         hint = "" if allowed else " (use --allow-rollout-secrets if it is not one)"
         raise RolloutSecret(f"refusing to {verb}: rollout record seq {first.seq} of thread {thread!r} looks "
                             f"like a {first.rule}{hint}; {outcome}")
+
+
+def refuse_name_secrets(txn, objects, verb: str, outcome: str, allow_secrets=()) -> None:
+    """RolloutSecret for the first checkpoint reason or tree entry name among `objects`
+    ((digest, kind, ...) tuples) that looks like a credential, unless an `allow_secrets`
+    glob matches ':reason' or the entry's name (the secret itself is never echoed)."""
+    for digest, kind, *_ in objects:
+        if kind == framing.KIND_CHECKPOINT:
+            reason = Checkpoint.decode(_stored(txn, digest, kind)).reason
+            found = secrets.scan_text(reason, secrets.REASON)
+            if found and not any(fnmatch.fnmatchcase(secrets.REASON, glob) for glob in allow_secrets):
+                raise RolloutSecret(f"refusing to {verb}: the reason of checkpoint {digest.hex()} looks like a "
+                                    f"{found.rule} (use --allow-secret '{secrets.REASON}' if it is not one); "
+                                    f"{outcome}")
+        elif kind == framing.KIND_TREE:
+            for entry in Tree.decode(_stored(txn, digest, kind)).entries:
+                found = secrets.scan_text(entry.name, entry.name)
+                if found and not any(fnmatch.fnmatchcase(entry.name, glob) for glob in allow_secrets):
+                    raise RolloutSecret(f"refusing to {verb}: an entry name in tree {digest.hex()} looks like a "
+                                        f"{found.rule} (use --allow-secret with a glob matching it if it is not "
+                                        f"one); {outcome}")
+
+
+def _stored(txn, digest: Digest, kind: int) -> bytes:
+    data = load_object(txn, digest, kind)
+    if data is None:
+        raise IntegrityError(f"{framing.KIND_NAMES[kind]} {digest.hex()} is missing from the store")
+    return data
 
 
 def is_binary_file(txn, entry, path: str) -> bool:

@@ -21,12 +21,17 @@ transaction for an embedded store; a listing of the bucket for a shared one).
    the bucket, kept in a bounded gc.markset.MarkSet: the walk reads through this
    machine's cache, which may still hold what the bucket lost), and a corrupt object
    found in step 2 is annotated with its referrer and root.
+0. Pages (an embedded store): before LMDB reads anything, the page structure of its
+   data file is checked with plain reads (cas/lmdb_pages.py): LMDB trusts in-page offsets,
+   and one flipped byte there makes it read past the file, a SIGBUS. A damaged page in a
+   database's tree stops fsck with one line naming the page and the database (exit 4).
 A damaged LMDB file (lmdb.Error while reading) is reported as "store database is
 corrupt" (exit 4).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import lmdb
@@ -35,6 +40,8 @@ from agentcas.cas import encoding, framing, packs
 from agentcas.cas.backends import Stores
 from agentcas.cas.digest import Digest
 from agentcas.cas.leases import LeaseRow
+from agentcas.cas.lmdb_pages import damaged_pages
+from agentcas.cas.lmdb_store import DATA_FILE, StoreCorrupt
 from agentcas.cas.metastore.base import MetaTxn as Txn
 from agentcas.cas.objects import Checkpoint, ChunkList, HistoryPosition, Segment, Tree
 from agentcas.cas.sealed import unseal
@@ -52,10 +59,6 @@ FETCH_BYTES = 16 << 20   # ... or at most this many listed bytes
 SEALED_TABLES = ("meta", "refs", "reflog", "trust", "remotes", "leases", "imports", "signatures")
 DECODERS = {framing.KIND_TREE: Tree.decode, framing.KIND_CHECKPOINT: Checkpoint.decode,
             framing.KIND_CHUNKLIST: ChunkList.decode, framing.KIND_SEGMENT: Segment.decode}
-
-
-class StoreCorrupt(IntegrityError):
-    """The LMDB file itself is damaged."""
 
 
 class FsckFailed(IntegrityError):
@@ -348,8 +351,20 @@ def _walk(walker: Walker, root: Root):
         yield from walker.history(root.history)
 
 
+def check_pages(store_dir: str) -> None:
+    """Step 0: StoreCorrupt naming the first damaged page of a database's tree, if any
+    (a damaged free page is never read, so it is no problem)."""
+    damaged = [page for page in damaged_pages(os.path.join(store_dir, DATA_FILE)) if not page.free]
+    if damaged:
+        more = f" (and {len(damaged) - 1} more damaged pages)" if len(damaged) > 1 else ""
+        raise StoreCorrupt(f"store database is corrupt: {damaged[0].describe()}{more}; LMDB cannot read "
+                           f"the store at {store_dir} safely")
+
+
 def fsck(stores: Stores, progress=None) -> dict:
     """{"ok", "objects", "rows", "roots", "problems": [...]} for the whole store."""
+    if stores.path is not None and os.path.isfile(os.path.join(stores.path, DATA_FILE)):
+        check_pages(stores.path)
     listed = MarkSet() if stores.shared else None
     try:
         with stores.meta.reader() as txn, stores.objects.reading() as objects:

@@ -170,12 +170,30 @@ def _refusal_of_a_line(failure: Exception) -> types.JSONRPCError:
     return types.JSONRPCError(jsonrpc="2.0", id=None, error=types.ErrorData(code=code, message=message))
 
 
+# The SDK answers an unknown method with the method's name as the error's data: a 1 MB name
+# came back whole. An echo is cut to this many characters.
+MAX_ECHO_CHARS = 200
+
+
 class _AnswerCountingWriter(_StreamWrapper):
-    """The SDK's write stream, telling _Unanswered of each response it writes."""
+    """The SDK's write stream, telling _Unanswered of each response it writes (an error's
+    echoed data cut to MAX_ECHO_CHARS first)."""
 
     async def send(self, item, /) -> None:
+        item = _bounded_echo(item)
         await self._inner.send(item)
         self._unanswered.written(item)
+
+
+def _bounded_echo(item):
+    message = getattr(item, "message", None)
+    if not isinstance(message, types.JSONRPCError):
+        return item
+    data = message.error.data
+    if isinstance(data, str) and len(data) > MAX_ECHO_CHARS:
+        error = message.error.model_copy(update={"data": data[:MAX_ECHO_CHARS] + f"... ({len(data)} characters)"})
+        return SessionMessage(message.model_copy(update={"error": error}))
+    return item
 
 
 def serve_stdio(host: ToolHost) -> None:

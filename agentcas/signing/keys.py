@@ -21,6 +21,7 @@ from cryptography.exceptions import InternalError, InvalidSignature, Unsupported
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from agentcas.cas.system_errors import from_os_error
 from agentcas.errors import ConflictError, IntegrityError, UsageError
 from agentcas.signing.curve import BadPoint, check_public_key
 
@@ -100,10 +101,13 @@ def _passphrase() -> bytes | None:
 
 
 def write_keypair(name: str, out_dir: str, key: SigningKey | None = None) -> dict:
-    """Write NAME.key (0600, never overwritten) and NAME.pub into `out_dir`."""
+    """Write NAME.key (0600, never overwritten) and NAME.pub into `out_dir`.
+
+    Whole or nothing: if a write fails (a full disk), both files and any directory this
+    call made are removed, and the error names the file it was writing.
+    """
     check_key_name(name)
     key = key or generate()
-    os.makedirs(out_dir, exist_ok=True)
     private_path = os.path.join(out_dir, f"{name}.key")
     public_path = os.path.join(out_dir, f"{name}.pub")
     for path in (private_path, public_path):
@@ -114,21 +118,49 @@ def write_keypair(name: str, out_dir: str, key: SigningKey | None = None) -> dic
                   else serialization.NoEncryption())
     pem = key.private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                     encryption)
-    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    made = _missing_directories(out_dir)
+    written, current = [], out_dir
     try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(pem)
-        os.chmod(private_path, 0o600)
-        fd = os.open(public_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w") as out:
-            out.write(key.public.to_line(name))
-    except BaseException:
-        for path in (private_path, public_path):
-            if os.path.exists(path):
+        for directory in made:
+            os.mkdir(directory)
+        for current, data, mode in ((private_path, pem, 0o600),
+                                    (public_path, key.public.to_line(name).encode(), 0o644)):
+            fd = os.open(current, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+            written.append(current)
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            os.chmod(current, mode)
+    except BaseException as exc:
+        for path in written:
+            try:
                 os.unlink(path)
+            except OSError:
+                pass
+        for directory in reversed(made):
+            try:
+                os.rmdir(directory)
+            except OSError:
+                pass
+        if isinstance(exc, OSError):
+            raise from_os_error(exc, f"writing {current}", "no key was written") from None
         raise
     return {"name": name, "key_id": key.public.id, "private_key": os.path.abspath(private_path),
             "public_key": os.path.abspath(public_path), "encrypted": passphrase is not None}
+
+
+def _missing_directories(path: str) -> list[str]:
+    """The directories `os.makedirs(path)` would create, outermost first."""
+    missing = []
+    path = os.path.abspath(path)
+    while not os.path.lexists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing[::-1]
 
 
 def _read_small(path: str, what: str) -> bytes:

@@ -44,6 +44,8 @@ def commit_workspace(stores: Stores, store_path: str | None, workspace: str, rea
                      author: str | None = None, progress=None) -> CommitResult:
     """Snapshot `workspace` (and the new tail of `rollout_file`) as a checkpoint on `thread`."""
     check_reason(reason)
+    from agentcas.workspace.snapshot import check_reason_secret, snapshot  # lazy: only commit reads a workspace
+    check_reason_secret(reason, allow_secrets)
     check_thread_name(thread)
     source = stores.objects
     expected = _resolve(stores, expect) if expect else None
@@ -55,7 +57,6 @@ def commit_workspace(stores: Stores, store_path: str | None, workspace: str, rea
         # Refuse a stale --expect before storing anything; the plan checks again, for a
         # thread that moves while we snapshot.
         _check_expected(stores, thread, expected, expect)
-    from agentcas.workspace.snapshot import snapshot  # lazy: only commit reads a workspace
     with lease_for(stores, f"commit {thread}", thread) as lease:
         skip = [store_path] if store_path else []
         # A rollout file inside the workspace is stored once, as history, not as a file too.

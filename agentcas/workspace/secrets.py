@@ -125,6 +125,16 @@ def scan_all(data, path: str = "", rules=RULES) -> list[Finding]:
     return [Finding(path, line, by_line[line]) for line in sorted(by_line)]
 
 
+# A commit's reason is allowed to hold a likely secret by `--allow-secret` with a glob
+# matching this name (no file can be named so: it is not a relative path a tree holds).
+REASON = ":reason"
+
+
+def scan_text(text: str, what: str) -> Finding | None:
+    """The first likely secret in a short text that is not a file: a reason, a file name."""
+    return scan(text.encode("utf-8", "surrogatepass"), what, sniff=False)
+
+
 class WindowScan:
     """Secret-scan a file fed in pieces, a window of about SCAN_WINDOW bytes at a time,
     and release each piece only once every byte of it has been scanned.
