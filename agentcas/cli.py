@@ -749,6 +749,9 @@ def gc_command(click_ctx, dry_run, grace, expire_reflog, report_file, wait, batc
     else:
         lines.append(f"deleted {result.deleted_objects} objects ({result.deleted_bytes} bytes), "
                      f"expired {result.reflog_expired} reflog entries")
+        if result.repack is not None:
+            lines.append(f"repacked {result.repack['packs_rewritten']} packs ({result.repack['objects_moved']} "
+                         f"objects moved), {result.repack['bytes_reclaimed']} bytes reclaimed")
         if not result.complete:
             click.echo(f"agentcas: note: gc stopped early: {len(result.blocked_by)} write(s) still in "
                        "progress; run gc again later", err=True)

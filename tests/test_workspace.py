@@ -8,6 +8,7 @@ import string
 import pytest
 
 from agentcas import Store
+from agentcas.cas import packs
 from agentcas.workspace import secrets, snapshot
 from agentcas.workspace.snapshot import FileChanged, SecretFound, WorkspaceError
 
@@ -17,7 +18,7 @@ from conftest import run_cli, store_rows, tree_bytes, views
 def rows(store):
     """Every row of every table except the stat cache, to assert nothing was stored."""
     with views(store) as txn:
-        return {(table, key): value for table in ("meta", "objects", "refs", "reflog", "leases")
+        return {(table, key): value for table in ("meta", "objects", "refs", "reflog", "leases") + packs.TABLES
                 for key, value in txn.scan(table)}
 
 
@@ -366,7 +367,7 @@ def test_stat_cache_is_not_trusted_when_objects_are_gone(mem, ws, monkeypatch, t
     assert other.checkpoints.commit(str(ws), "x").to_json()["cached_files"] == 0
     # Drop the stored chunk of a.txt from the first store: the cache entry must not be used.
     a_id = bytes.fromhex(files(mem)["a.txt"]["id"])
-    mem.objects.write(lambda txn: txn.delete("objects", a_id))
+    mem.objects.write(lambda txn: packs.delete(txn, a_id))
     again = mem.checkpoints.commit(str(ws), "again").to_json()
     assert again["cached_files"] == 1
     mem.checkpoints.checkout("main", str(tmp_path / "out"))
