@@ -513,6 +513,189 @@ def replay(ctx, rev, at, fmt):
         click.echo(replay_module.render_text(doc, records).encode("utf-8", "replace").decode("utf-8"))
 
 
+# --- harness hooks, rewind and resume (harnesses/hooks.py, hook_settings.py, rewind.py) -------
+class _HookGroup(click.Group):
+    """`hook ...`: a usage error exits 1, never 2 (a Claude Code hook exiting 2 blocks the agent)."""
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            raise _hook_failure(ctx, exc.format_message()) from None
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            raise _hook_failure(ctx, exc.format_message()) from None
+
+
+def _hook_failure(click_ctx, message: str, store_path: str | None = None):
+    """The one-line error a hook ends with (exit 1), also written to the hook log."""
+    from agentcas.harnesses import hooks
+    obj = click_ctx.find_object(Context)
+    if store_path is None:
+        workspace = os.environ.get("CLAUDE_PROJECT_DIR") or os.getcwd()
+        store_path = hooks.hook_store_path(obj.store_path if obj else None, workspace)
+    hooks.write_log(hooks.log_path_for(store_path), f"error: {message}")
+    return hooks.HookFailed(message)
+
+
+def _run_hook(ctx: Context, parse) -> None:
+    """Parse the event, checkpoint; any failure is one line, exit 1, a log line. Stdout stays empty."""
+    from agentcas.harnesses import hooks
+    click_ctx = click.get_current_context()
+    store_path = None
+    try:
+        event = parse()
+        if event is None:
+            return   # not an event that checkpoints
+        store_path = hooks.hook_store_path(ctx.store_path, event.workspace)
+        store = hooks.open_hook_store(store_path, ctx.refs)
+        log = hooks.log_path_for(store_path)
+        outcome = hooks.run_hook(store, event)
+        for note in outcome.notes:
+            hooks.write_log(log, f"{event.thread}: note: {note}")
+        landed = outcome.checkpoint
+        refused = None if landed is None else landed.refused
+        if refused and landed is not None:
+            raise hooks.HookFailed(f"{event.thread}: refused: {refused}; the workspace checkpoint "
+                                   f"{landed.checkpoint[:12]} was made without it")
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a hook reports every failure the same way
+        if isinstance(exc, click.exceptions.Exit) and exc.exit_code == 0:
+            raise
+        if isinstance(exc, click.ClickException):
+            message = exc.format_message()
+        elif isinstance(exc, AgentcasError):
+            message = str(exc)
+        else:
+            failure = _system_failure(exc) if isinstance(exc, Exception) else None
+            message = str(failure) if failure is not None else \
+                f"internal error: {type(exc).__name__}: {exc} (set AGENTCAS_DEBUG=1 for a traceback)"
+            if os.environ.get("AGENTCAS_DEBUG") == "1":
+                _print_traceback()
+        raise _hook_failure(click_ctx, _one_line(message), store_path) from None
+
+
+@cli.group("hook", cls=_HookGroup)
+def hook_group():
+    """Checkpoint while Claude Code or Codex works (never exits 2; failures go to hooks.log)."""
+
+
+@hook_group.command("claude")
+@pass_ctx
+def hook_claude(ctx):
+    """Checkpoint for one Claude Code hook event (JSON on stdin): workspace and transcript."""
+    from agentcas.harnesses import hooks
+    _run_hook(ctx, lambda: hooks.claude_event(hooks.read_stdin_event(sys.stdin.buffer)))
+
+
+@hook_group.command("codex")
+@click.argument("payload")
+@pass_ctx
+def hook_codex(ctx, payload):
+    """Checkpoint for one Codex notify PAYLOAD (agent-turn-complete): workspace and rollout."""
+    from agentcas.harnesses import hooks
+    _run_hook(ctx, lambda: hooks.codex_event(payload))
+
+
+@hook_group.group("install", cls=_HookGroup)
+def hook_install():
+    """Add the hook to a harness's settings (or take it out with --uninstall)."""
+
+
+def _install_text(result) -> str:
+    verb = ("Installed" if result.installed else "Uninstalled") if result.changed else "Nothing to change in"
+    return f"{verb} {result.harness} hook: {result.path}" + (f" ({result.command})" if result.installed else "")
+
+
+@hook_install.command("claude")
+@click.option("--project", type=click.Path(file_okay=False), metavar="DIR",
+              help="Install in DIR/.claude/settings.json (default: the user's settings).")
+@click.option("--uninstall", is_flag=True, help="Take the hook out instead.")
+@pass_ctx
+def hook_install_claude(ctx, project, uninstall):
+    """Add `agentcas hook claude` to Claude Code's settings (PostToolUse, UserPromptSubmit, Stop)."""
+    from agentcas.harnesses.hook_settings import install_claude
+    result = install_claude(project, uninstall, ctx.store_path)
+    ctx.emit(result.to_json(), _install_text(result))
+
+
+@hook_install.command("codex")
+@click.option("--uninstall", is_flag=True, help="Take the hook out instead.")
+@pass_ctx
+def hook_install_codex(ctx, uninstall):
+    """Set Codex's notify (config.toml) to `agentcas hook codex`."""
+    from agentcas.harnesses.hook_settings import install_codex
+    result = install_codex(uninstall, ctx.store_path)
+    ctx.emit(result.to_json(), _install_text(result))
+
+
+def _session_store(ctx: Context, directory: str | None):
+    """The store a hook would have used for `directory`: --store, $AGENTCAS_STORE, `.agentcas`
+    upward, else the per-user store if there is one."""
+    if ctx._store is None and not (ctx.store_path or os.environ.get("AGENTCAS_STORE")):
+        from agentcas.harnesses import hooks
+        from agentcas.repository import find_store
+        if not find_store(directory) and not find_store():
+            user = hooks.user_store_path()
+            if os.path.isfile(os.path.join(user, "data.mdb")):
+                ctx.store_path = user
+    return ctx.store()
+
+
+def _session_doc(undo, workspace, placement) -> dict:
+    return {"undo": undo, "workspace": workspace,
+            "session": None if placement is None else {"id": placement.id, "path": placement.path,
+                                                       "resume": placement.resume}}
+
+
+def _session_text(placement) -> str:
+    if placement is None:
+        return ""
+    where = "written to" if placement.written else "already at"
+    return f"session {placement.id} {where} {placement.path}\ncontinue it with: {placement.resume}"
+
+
+@cli.command("rewind")
+@click.argument("thread")
+@click.option("--to", "rev", required=True, metavar="REV", help="The checkpoint to go back to.")
+@click.option("--only", type=click.Choice(["code", "conversation"]), help="Rewind only the files or only the session.")
+@click.option("--workspace", type=click.Path(file_okay=False), metavar="DIR",
+              help="The workspace to rewind (default: the one the thread's checkpoints recorded).")
+@pass_ctx
+def rewind_cmd(ctx, thread, rev, only, workspace):
+    """Files and conversation back to REV: the workspace checkpointed first (undo), then made equal
+    to REV's files; a forked session the harness resumes."""
+    result = _session_store(ctx, workspace).sessions.rewind(thread, rev, only, workspace)
+    doc = dict(_session_doc(result.undo, result.workspace, result.session), target=result.target,
+               files_written=list(result.written), files_removed=list(result.removed))
+    lines = []
+    if result.undo:
+        lines.append(f"rewound {result.workspace} to {result.target[:12]}: {len(result.written)} files written, "
+                     f"{len(result.removed)} removed; undo with: agentcas rewind {thread} --to {result.undo[:12]} "
+                     "--only code")
+    if result.session:
+        lines.append(_session_text(result.session))
+    ctx.emit(doc, "\n".join(lines))
+
+
+@cli.command("resume")
+@click.argument("thread")
+@click.option("--at", "at", metavar="REV", help="Up to this checkpoint of THREAD (default: all its records).")
+@click.option("--cwd", type=click.Path(file_okay=False), metavar="DIR",
+              help="The checkout a Claude Code session belongs to on this machine (default: the one it "
+                   "recorded if it exists here, else the current directory).")
+@pass_ctx
+def resume_cmd(ctx, thread, at, cwd):
+    """Write THREAD's stored session where this machine's harness finds it, byte for byte, same id
+    (the same file there: exit 0; a different one: exit 3, nothing written)."""
+    placement = _session_store(ctx, cwd).sessions.resume(thread, at, cwd)
+    ctx.emit(_session_doc(None, os.path.abspath(cwd) if cwd else None, placement), _session_text(placement))
+
+
 # --- commands of later layers register below ------------------------------------------------
 
 # --- gc and fsck (gc helper) ----------------------------------------------------------------
@@ -566,6 +749,9 @@ def gc_command(click_ctx, dry_run, grace, expire_reflog, report_file, wait, batc
     else:
         lines.append(f"deleted {result.deleted_objects} objects ({result.deleted_bytes} bytes), "
                      f"expired {result.reflog_expired} reflog entries")
+        if result.repack is not None:
+            lines.append(f"repacked {result.repack['packs_rewritten']} packs ({result.repack['objects_moved']} "
+                         f"objects moved), {result.repack['bytes_reclaimed']} bytes reclaimed")
         if not result.complete:
             click.echo(f"agentcas: note: gc stopped early: {len(result.blocked_by)} write(s) still in "
                        "progress; run gc again later", err=True)

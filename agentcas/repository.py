@@ -12,6 +12,7 @@ the work (agentcas/api/):
     store.gc           plan, execute, explain, fsck
     store.trust        trusted signers, sign, verify
     store.remotes      remotes, push, pull, bundles
+    store.sessions     harness sessions: checkpoint (hooks), rewind, resume
 
 Results are typed (agentcas/api/results.py); each has `to_json()`, the CLI's --json.
 """
@@ -24,6 +25,7 @@ from agentcas.api.checkpoints import Checkpoints
 from agentcas.api.gc import Gc
 from agentcas.api.history import Histories
 from agentcas.api.remotes import Remotes
+from agentcas.api.sessions import Sessions
 from agentcas.api.threads import Threads
 from agentcas.api.trust import Trust
 from agentcas.cas.backends import (
@@ -86,6 +88,7 @@ class Store:
         self.gc = Gc(self)
         self.trust = Trust(self)
         self.remotes = Remotes(self)
+        self.sessions = Sessions(self)
 
     # -- opening ------------------------------------------------------------------------------
     @classmethod

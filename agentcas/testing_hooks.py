@@ -18,6 +18,7 @@ their tests prove, are listed in docs/RELIABILITY.md:
     gc.sweep.in_batch       a sweep batch has begun and chosen its deletes; the window check follows
     lease.waiting           a writer's lease row is written but a sweep batch is active; it will retry
     effect.after_lookup     `effect add --id` read the effect's history; its record is not appended yet
+    session.before_land     a hook's snapshot and session lines are stored; the thread has not moved
 
 This module imports nothing from agentcas, so every layer may call it.
 """

@@ -31,7 +31,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from agentcas import Store  # noqa: E402
-from agentcas.cas import framing  # noqa: E402
+from agentcas.cas import framing, packs  # noqa: E402
 from agentcas.cas.digest import hash_blob  # noqa: E402
 from agentcas.cas.objects import EMPTY_POSITION, Checkpoint, Tree, TreeEntry  # noqa: E402
 from agentcas.cas.source import ObjectSource  # noqa: E402
@@ -113,8 +113,7 @@ def build_agentcas(path: str, content: Content) -> dict:
 
             def link(base, prepared):
                 head, segments = rollout.link_segments(source, base, prepared)
-                for raw, value in segments.items():
-                    txn.put_new("objects", raw, value)
+                packs.put_new(txn, segments, store.objects.leaf_bytes)
                 return head
             for t, tree_id, first, second in batch:
                 name = content.name(t)
@@ -156,7 +155,7 @@ def build_agentcas(path: str, content: Content) -> dict:
     if pending:
         land(pending)
     with store.objects.reader() as txn:
-        count = txn.count("objects")
+        count = packs.count(txn)
         live_threads = txn.count("refs")
     used = store.objects.used_bytes()
     store.objects.close()

@@ -22,6 +22,7 @@ from agentcas.exchange import bundle_format as bf
 from agentcas.signing import envelope, keys
 
 from conftest import store_rows, tree_bytes, views
+from support import raw_objects
 from support.bundles import ALICE, CREATED, IDENTITY, MALLORY, Craft, good_craft, snapshot
 
 
@@ -576,7 +577,7 @@ def test_exported_records_carry_no_write_time_and_imports_get_a_fresh_one(exchan
     store = Store.open(str(dst))
     store.remotes.import_bundle(str(tmp / "v2.bundle"), allow_unsigned=True)
     with views(store) as txn:
-        times = {framing.read_header(value)[3] for _, value in txn.scan("objects")}
+        times = {framing.read_header(value)[3] for value in raw_objects.values(txn).values()}
     assert 0 not in times
 
 

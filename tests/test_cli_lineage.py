@@ -380,18 +380,17 @@ def test_corrupt_rollout_chunk_makes_cat_exit_4_naming_it(sdir):
         with views(store) as txn:
             chunk = rollout.History(txn).segment(head.segment).chunks[0].id.hex()
     flip = """
-        import lmdb, sys
-        from agentcas.cas.store import TABLES
-        env = lmdb.open(sys.argv[1], max_dbs=len(TABLES) + 2)
-        with env.begin(write=True) as txn:
-            db = env.open_db(b"objects", txn=txn, create=False)
-            key = bytes.fromhex(sys.argv[2])
-            value = bytearray(txn.get(key, db=db))
+        import sys
+        sys.path.insert(0, sys.argv[3])
+        from support import raw_objects
+
+        def damage(value):
             value[len(value) // 2] ^= 0x20
-            txn.put(key, bytes(value), db=db)
-        env.close()
+            return value
+        raw_objects.edit_at(sys.argv[1], bytes.fromhex(sys.argv[2]), damage)
     """
-    subprocess.run([sys.executable, "-c", textwrap.dedent(flip), str(sdir), chunk], check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", textwrap.dedent(flip), str(sdir), chunk, os.path.dirname(__file__)],
+                   check=True, timeout=60)
     result = cli(sdir, "rollout", "cat", "t")
     assert result.code == 4, result
     assert chunk.encode() in result.err and result.err.count(b"\n") == 1

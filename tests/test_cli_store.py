@@ -20,6 +20,7 @@ import blake3
 import pytest
 
 from conftest import AGENTCAS, run_cli, store_rows, tree_bytes
+from support import raw_objects
 
 HEX64 = re.compile(r"[0-9a-f]{64}")
 TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
@@ -240,14 +241,12 @@ def test_unknown_revision(repo, changed_ws, tmp_path):
 
 
 CRAFT = textwrap.dedent("""
-    import sys, lmdb
-    from agentcas.cas import framing
-    from agentcas.cas.store import TABLES
-    env = lmdb.open(sys.argv[1], max_dbs=len(TABLES) + 2)
-    objects = env.open_db(b"objects")
-    with env.begin(write=True) as txn:
-        for key in sys.argv[2:]:
-            txn.put(bytes.fromhex(key), framing.frame(framing.KIND_CHECKPOINT, b"{}"), db=objects)
+    import sys
+    from agentcas.cas import framing, packs
+    from agentcas.cas.lmdb_store import open_lmdb
+    env = open_lmdb(sys.argv[1])
+    env.write(lambda txn: packs.put_new(txn, {bytes.fromhex(key): framing.frame(framing.KIND_CHECKPOINT, b"{}")
+                                              for key in sys.argv[2:]}))
     env.close()
 """)
 
@@ -474,20 +473,23 @@ def _corrupt(store, what):
 
     from agentcas.cas import framing
     from agentcas.cas.store import TABLES
+    if what != "ref":
+        kind, _, where = what.partition(":")
+        with raw_objects.writing(store) as env:
+            with env.reader() as txn:
+                key = next(k for k, v in raw_objects.values(txn).items() if v[0] == framing.KIND_BY_NAME[kind])
+
+            def damage(value: bytearray):
+                value[3 if where == "header" else framing.HEADER_SIZE + (len(value) - framing.HEADER_SIZE) // 2] ^= 0x01
+                return value
+            env.write(lambda txn: raw_objects.edit(txn, key, damage))
+        return key.hex()
     env = lmdb.open(str(store), max_dbs=len(TABLES) + 2)
     try:
         with env.begin(write=True) as txn:
-            if what == "ref":
-                db, key = env.open_db(b"refs", txn=txn), b"threads/main"
-                value = bytearray(txn.get(key, db=db))
-                at = 10
-            else:
-                kind, _, where = what.partition(":")
-                db = env.open_db(b"objects", txn=txn)
-                key, value = next((k, v) for k, v in txn.cursor(db=db) if v[0] == framing.KIND_BY_NAME[kind])
-                value = bytearray(value)
-                at = 3 if where == "header" else framing.HEADER_SIZE + (len(value) - framing.HEADER_SIZE) // 2
-            value[at] ^= 0x01
+            db, key = env.open_db(b"refs", txn=txn), b"threads/main"
+            value = bytearray(txn.get(key, db=db))
+            value[10] ^= 0x01
             txn.put(key, bytes(value), db=db)
             return bytes(key).hex()
     finally:
@@ -526,11 +528,11 @@ def test_newer_store_format_is_refused(small_store, tmp_path):
     store, ws, _ = small_store
     env = lmdb.open(str(store), max_dbs=len(TABLES) + 2)
     with env.begin(write=True) as txn:
-        doc = encoding.encode({"created_at": "2030-01-01T00:00:00.000000Z", "format": 3})
+        doc = encoding.encode({"created_at": "2030-01-01T00:00:00.000000Z", "format": 4})
         txn.put(b"format", seal("meta", b"format", doc), db=env.open_db(b"meta", txn=txn))
     env.close()
     before = store_rows(store), listing(tmp_path)
-    failed(run_cli("show", "main", store=store), 4, "store format 3 is newer", "upgrade")
+    failed(run_cli("show", "main", store=store), 4, "store format 4 is newer", "upgrade")
     failed(run_cli("commit", ws, "-m", "x", store=store), 4, "upgrade")
     assert (store_rows(store), listing(tmp_path)) == before
 

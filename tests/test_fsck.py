@@ -8,13 +8,14 @@ import lmdb
 import pytest
 
 from agentcas import Store
-from agentcas.cas import framing
+from agentcas.cas import framing, packs
 from agentcas.cas.digest import Digest, hash_blob
 from agentcas.cas.objects import ChunkRef, HistoryPosition, Segment
 from agentcas.cas.store import TABLES, save_object
 from agentcas.refs import threads
 
 from conftest import run_cli, views
+from support import raw_objects
 
 
 def build(tmp_path, rollout: bool = True) -> tuple:
@@ -87,7 +88,7 @@ def test_flipped_object_byte_is_named_and_checkout_refuses(tmp_path, where):
     else:
         target = facts["tree"] if where == "tree" else facts["small"]
     index = 3 if where == "chunk header" else -2
-    raw_edit(store_dir, "objects", bytes.fromhex(target), flip(index))
+    raw_objects.edit_at(store_dir, bytes.fromhex(target), flip(index))
 
     result = run_cli("--json", "fsck", store=store_dir)
     assert result.code == 4, result
@@ -123,7 +124,7 @@ def test_flipped_reflog_and_meta_bytes(tmp_path):
 
 def test_missing_object_names_its_referrer(tmp_path):
     store_dir, facts = build(tmp_path, rollout=False)
-    raw_edit(store_dir, "objects", bytes.fromhex(facts["small"]), lambda value: None)
+    raw_objects.edit_at(store_dir, bytes.fromhex(facts["small"]), lambda value: None)
     result = run_cli("--json", "fsck", store=store_dir)
     assert result.code == 4, result
     problem = result.json()["problems"][0]
@@ -135,7 +136,7 @@ def test_missing_object_names_its_referrer(tmp_path):
 def test_corrupt_rollout_chunk(tmp_path):
     store_dir, facts = build(tmp_path)
     chunk = facts["segment"].chunks[0].id.hex()
-    raw_edit(store_dir, "objects", bytes.fromhex(chunk), flip(-3))
+    raw_objects.edit_at(store_dir, bytes.fromhex(chunk), flip(-3))
     cat = run_cli("rollout", "cat", "main", store=store_dir)
     assert cat.code == 4 and chunk in cat.err, cat
     result = run_cli("--json", "fsck", store=store_dir)
@@ -202,17 +203,11 @@ def test_orphans_of_an_interrupted_import_are_not_corruption(tmp_path):
     opened = Store.open(str(store_dir))
     checkpoint = bytes.fromhex(opened.checkpoints.show("main").to_json()["checkpoint"])
     opened.close()
-    source = lmdb.open(str(store_dir), readonly=True, lock=False, max_dbs=len(TABLES) + 2)
-    target = lmdb.open(str(other), max_dbs=len(TABLES) + 2)
-    try:
-        with source.begin() as read, target.begin(write=True) as write:
-            objects_in, objects_out = (env.open_db(b"objects", txn=t, create=False)
-                                       for env, t in ((source, read), (target, write)))
-            for raw in (checkpoint, segment_id.raw):  # no tree, no chunks, no base segment
-                write.put(raw, read.get(raw, db=objects_in), db=objects_out)
-    finally:
-        source.close()
-        target.close()
+    with raw_objects.writing(store_dir) as source:
+        with source.reader() as read:
+            copied = {raw: packs.get(read, raw) for raw in (checkpoint, segment_id.raw)}  # no tree, no chunks, no base
+    with raw_objects.writing(other) as target:
+        target.write(lambda write: [raw_objects.plant(write, raw, value) for raw, value in copied.items()])
     result = run_cli("--json", "fsck", store=other)
     assert result.code == 0 and result.json()["ok"], result
     assert with_chunk_missing  # the segment's first chunk really is absent there
@@ -222,7 +217,7 @@ def test_reachable_segment_missing_its_chunk_is_still_reported(tmp_path):
     """The other side: the same missing chunk under a thread is a fsck failure (exit 4)."""
     store_dir, facts = build(tmp_path)
     chunk = facts["segment"].chunks[0].id.hex()
-    raw_edit(store_dir, "objects", bytes.fromhex(chunk), lambda value: None)
+    raw_objects.edit_at(store_dir, bytes.fromhex(chunk), lambda value: None)
     result = run_cli("--json", "fsck", store=store_dir)
     assert result.code == 4 and chunk in result.err, result
     assert any(p["what"] == "missing" and p.get("id") == chunk for p in result.json()["problems"])

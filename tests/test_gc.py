@@ -10,7 +10,7 @@ import time
 import pytest
 
 from agentcas import Store
-from agentcas.cas import encoding, framing
+from agentcas.cas import encoding, framing, packs
 from agentcas.cas.digest import Digest, hash_blob, hash_object
 from agentcas.cas.leases import Lease, LeaseRow, this_host
 from agentcas.cas.objects import Tree, TreeEntry
@@ -23,6 +23,7 @@ from agentcas.gc.sweep import execute
 from agentcas.lineage import rollout
 
 from conftest import views
+from support import raw_objects
 from support.gc_stores import all_keys, closure_of_threads, later, records, write_files
 
 
@@ -40,7 +41,7 @@ def any_store(request, tmp_path) -> Store:
 
 def stored_bytes(store: Store) -> int:
     with views(store) as txn:
-        return sum(len(v) for _, v in txn.scan("objects"))
+        return raw_objects.stored_bytes(txn)
 
 
 
@@ -215,7 +216,7 @@ def test_missing_referenced_object_aborts_and_deletes_nothing(any_store, tmp_pat
     store.checkpoints.commit(write_files(tmp_path / "ws2", {"b": os.urandom(50_000)}), "garbage", thread="g")
     store.threads.delete("g")
     chunk = bytes.fromhex([item.to_json() for item in store.checkpoints.files("main")][0]["id"])
-    assert store.objects.write(lambda txn: txn.delete("objects", chunk))
+    assert store.objects.write(lambda txn: packs.delete(txn, chunk))
     before = all_keys(store)
     with pytest.raises(GcAborted) as info:
         store.gc.run(grace=0, expire_reflog=0, now=later())
@@ -392,13 +393,13 @@ def test_scan_does_not_keep_the_store_mapped(tmp_path):
 
     pages = PageReleaser(store.objects, every=64, budget=2 * 1024 * 1024)
     with views(store) as txn:
-        for _ in txn.scan("objects"):
+        for _ in txn.scan(packs.PACKS):
             pages.tick()
         assert pages._releases > 0  # the budget was exceeded and the mapping dropped on the way
         assert mapped() > 0
         pages.release()
         assert mapped() < 1024 * 1024
-        assert sum(len(v) for _, v in txn.scan("objects")) > 48_000_000  # and reads still work
+        assert sum(len(v) for _, v in txn.scan(packs.PACKS)) > 48_000_000  # and reads still work
 
 
 def test_report_splits_unique_and_shared_bytes_per_thread(any_store, tmp_path):

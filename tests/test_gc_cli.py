@@ -6,6 +6,7 @@ import json
 import os
 
 from conftest import run_cli, store_rows
+from support import raw_objects
 
 
 def setup_store(tmp_path):
@@ -91,15 +92,9 @@ def test_bad_durations_are_usage_errors(tmp_path):
 
 
 def test_missing_object_exits_4_and_deletes_nothing(tmp_path):
-    import lmdb
-
-    from agentcas.cas.store import TABLES
     store_dir, _ = setup_store(tmp_path)
     files = run_cli("--json", "show", "main", "--files", store=store_dir).json()["files"]
-    env = lmdb.open(str(store_dir), max_dbs=len(TABLES) + 2)
-    with env.begin(write=True) as txn:
-        assert txn.delete(bytes.fromhex(files[0]["id"]), db=env.open_db(b"objects", txn=txn))
-    env.close()
+    raw_objects.edit_at(store_dir, bytes.fromhex(files[0]["id"]), lambda value: None)
     before = store_rows(store_dir)
     result = run_cli("gc", "--grace", "0s", "--expire-reflog", "now", store=store_dir)
     assert result.code == 4, result

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from support import raw_objects
+
 pytest.importorskip("langgraph.checkpoint.conformance",
                     reason="the langgraph extra (pip install -e '.[langgraph]'; make test installs it)")
 
@@ -756,11 +758,10 @@ def test_every_crash_point_of_a_put_leaves_the_old_or_the_new_checkpoint(tmp_pat
 
 
 def _corrupt(store: Store, raw: bytes) -> None:
-    def flip(txn):
-        value = bytearray(txn.get("objects", raw))
+    def flip(value: bytearray):
         value[-1] ^= 0xFF
-        txn.put("objects", raw, bytes(value))
-    store.objects.write(flip)
+        return value
+    store.objects.write(lambda txn: raw_objects.edit(txn, raw, flip))
 
 
 def test_a_corrupt_value_raises_a_clear_error_naming_the_object(saver):

@@ -583,30 +583,27 @@ def test_sigkill_during_puts_leaves_the_old_or_the_new_checkpoint(tmp_path):
 
 def _flip_each_object(path: Path):
     """Yield (object id, where) with that stored object's bytes damaged, restoring it after."""
-    import lmdb
+    from agentcas.cas import packs
 
-    from agentcas.cas.store import TABLES
-    env = lmdb.open(str(path), max_dbs=len(TABLES) + 2)
-    with env.begin() as txn:
-        keys = [bytes(k) for k, _ in txn.cursor(db=env.open_db(b"objects", txn=txn))]
-    env.close()
+    from support import raw_objects
+    with raw_objects.writing(path) as env:
+        with env.reader() as txn:
+            keys = sorted(raw_objects.keys(txn))
     for key in keys:
         for where in ("middle", "last"):
-            env = lmdb.open(str(path), max_dbs=len(TABLES) + 2)
-            db = env.open_db(b"objects")
-            with env.begin(write=True) as txn:
-                value = bytearray(txn.get(key, db=db))
-                original = bytes(value)
-                value[len(value) // 2 if where == "middle" else -1] ^= 0x55
-                txn.put(key, bytes(value), db=db)
-            env.close()
+            with raw_objects.writing(path) as env:
+                with env.reader() as txn:
+                    original = bytes(packs.get(txn, key))
+
+                def damage(value: bytearray):
+                    value[len(value) // 2 if where == "middle" else -1] ^= 0x55
+                    return value
+                env.write(lambda txn: raw_objects.edit(txn, key, damage))
             try:
                 yield key, where
             finally:
-                env = lmdb.open(str(path), max_dbs=len(TABLES) + 2)
-                with env.begin(write=True) as txn:
-                    txn.put(key, original, db=env.open_db(b"objects", txn=txn))
-                env.close()
+                with raw_objects.writing(path) as env:
+                    env.write(lambda txn: raw_objects.plant(txn, key, original))
 
 
 def test_every_damaged_object_raises_corrupt_checkpoint_naming_it_or_is_not_needed(tmp_path):

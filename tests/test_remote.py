@@ -23,6 +23,7 @@ from agentcas.exchange.transfer import CorruptTransfer, LocalStoreEndpoint, NotF
 from agentcas.lineage.closure import Walker
 
 from conftest import tree_bytes, views
+from support import raw_objects
 
 
 def rows(store: Store) -> dict:
@@ -330,7 +331,7 @@ def test_received_objects_carry_the_receivers_time(pair, workspace, monkeypatch)
     started = int(time.time())
     local.remotes.push("other", "main")
     with views(remote) as txn:
-        stamps = {framing.read_header(value)[3] for _, value in txn.scan("objects")}
+        stamps = {framing.read_header(value)[3] for value in raw_objects.values(txn).values()}
     assert min(stamps) >= started - 1
 
 

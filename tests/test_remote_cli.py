@@ -10,13 +10,12 @@ import random
 import subprocess
 import sys
 
-import lmdb
 import pytest
 
 from agentcas.cas import framing
-from agentcas.cas.store import TABLES
 
 from conftest import AGENTCAS, run_cli, store_rows
+from support import raw_objects
 
 
 def jsonl(count: int, size: int, tag: str) -> str:
@@ -164,17 +163,12 @@ def test_unknown_remote_missing_remote_store_and_unknown_thread(tmp_path, stores
 
 
 def corrupt_largest_object(store_dir) -> bytes:
-    """Flip the last byte of the store's largest object, raw through LMDB; its key."""
-    env = lmdb.open(str(store_dir), max_dbs=len(TABLES) + 2)
-    try:
-        with env.begin(write=True) as txn:
-            db = env.open_db(b"objects", txn=txn, create=False)
-            key, value = max(((bytes(k), bytes(v)) for k, v in txn.cursor(db=db)),
-                             key=lambda kv: len(kv[1]))
-            assert framing.read_header(value)[0] == framing.KIND_CHUNK
-            txn.put(key, value[:-1] + bytes([value[-1] ^ 0x40]), db=db)
-    finally:
-        env.close()
+    """Flip the last byte of the store's largest object, below agentcas's checks; its key."""
+    with raw_objects.writing(store_dir) as env:
+        with env.reader() as txn:
+            key, value = max(raw_objects.values(txn).items(), key=lambda kv: len(kv[1]))
+        assert framing.read_header(value)[0] == framing.KIND_CHUNK
+        env.write(lambda txn: raw_objects.plant(txn, key, value[:-1] + bytes([value[-1] ^ 0x40])))
     return key
 
 

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from agentcas import Store
-from agentcas.cas import framing
+from agentcas.cas import framing, packs
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import EMPTY_POSITION
 from agentcas.errors import IntegrityError, UsageError
@@ -21,6 +21,7 @@ from agentcas.lineage import rollout
 from agentcas.refs import threads
 
 from conftest import views
+from support import raw_objects
 
 
 def records(count: int, start: int = 0, size: int = 0, tag: str = "m") -> list[bytes]:
@@ -39,7 +40,7 @@ def state_of(store: Store, thread: str):
     with views(store) as txn:
         return (threads.read_thread(txn, thread),
                 [e.to_json() for e in threads.read_reflog(txn, thread)],
-                txn.count("objects"), dict(txn.scan("objects")))  # the embedded environment's raw tables
+                packs.count(txn), raw_objects.values(txn))  # the embedded environment's objects
 
 
 @pytest.fixture(params=["memory", "lmdb"])
@@ -87,7 +88,7 @@ def test_bad_first_line_of_a_new_thread_creates_nothing(any_store):
         any_store.history.append("new", b"[]\n")
     with views(any_store) as txn:
         assert threads.read_thread(txn, "new") is None
-        assert txn.count("objects") == 0
+        assert packs.count(txn) == 0
         assert txn.count("leases") == 0
 
 
@@ -207,13 +208,17 @@ def test_corrupt_chunk_is_named_on_read():
     head = store.threads.get("t").history
     with store.source.reading() as txn:
         chunk = rollout.History(txn).segment(head.segment).chunks[0].id
-    tables = store.objects._tables
-    value = bytearray(tables["objects"][chunk.raw])
-    value[-5] ^= 0x01
-    tables["objects"][chunk.raw] = bytes(value)
+    store.objects.write(lambda txn: raw_objects.edit(txn, chunk.raw, flip_byte(-5)))
     with pytest.raises(IntegrityError) as caught:
         list(store.history.read("t"))
     assert chunk.hex() in str(caught.value) and caught.value.exit_code == 4
+
+
+def flip_byte(at: int):
+    def edit(value: bytearray):
+        value[at] ^= 0x01
+        return value
+    return edit
 
 
 def test_missing_chunk_is_named_on_read():
@@ -222,7 +227,7 @@ def test_missing_chunk_is_named_on_read():
     head = store.threads.get("t").history
     with store.source.reading() as txn:
         chunk = rollout.History(txn).segment(head.segment).chunks[0].id
-    del store.objects._tables["objects"][chunk.raw]
+    store.objects.write(lambda txn: raw_objects.edit(txn, chunk.raw, lambda value: None))
     with pytest.raises(rollout.MissingHistory) as caught:
         list(store.history.read("t"))
     assert chunk.hex() in str(caught.value) and caught.value.exit_code == 4
@@ -236,7 +241,8 @@ def test_small_append_is_one_segment_with_its_records_inline():
     head = store.threads.get("t").history
     with store.source.reading() as objects:
         segment = rollout.History(objects).segment(head.segment)
-    kinds = list(store.objects._tables["objects"])
+    with views(store) as txn:
+        kinds = raw_objects.keys(txn)
     assert segment.inline == data and segment.chunks == () and len(kinds) == 1
     assert b"".join(store.history.read("t")) == data
     assert b"".join(store.history.read("t", 1, 2)) == data.split(b"\n", 2)[1] + b"\n"
@@ -253,10 +259,7 @@ def test_corrupt_inline_segment_is_an_integrity_error():
     store = Store.memory()
     store.history.append("t", b"".join(records(3)))
     head = store.threads.get("t").history
-    tables = store.objects._tables
-    value = bytearray(tables["objects"][head.segment.raw])
-    value[-3] ^= 0x01
-    tables["objects"][head.segment.raw] = bytes(value)
+    store.objects.write(lambda txn: raw_objects.edit(txn, head.segment.raw, flip_byte(-3)))
     with pytest.raises(IntegrityError) as caught:
         list(store.history.read("t"))
     assert head.segment.hex() in str(caught.value) and caught.value.exit_code == 4
@@ -276,7 +279,7 @@ def test_verify_rejects_a_position_that_lies():
 
 def objects_table(store: Store) -> dict:
     with views(store) as txn:
-        return {bytes(k): len(v) for k, v in txn.scan("objects")}
+        return {k: len(v) for k, v in raw_objects.values(txn).items()}
 
 
 def test_an_append_costs_storage_proportional_to_its_size(tmp_path):

@@ -289,14 +289,12 @@ def test_tampered_stored_signature_is_detected(signed_store, run):
     assert run("trust", "add", "alice", k / "alice.pub", store=store).code == 0
     rows = store_rows(store)
     (sig_key,) = [key for (table, key) in rows if table == "signatures"]
-    import lmdb
-    env = lmdb.open(str(store), max_dbs=16)
-    with env.begin(write=True) as txn:
-        db = env.open_db(b"objects", txn=txn)
-        value = bytearray(txn.get(sig_key[32:], db=db))
+    from support import raw_objects
+
+    def damage(value: bytearray):
         value[-5] ^= 0x01
-        txn.put(sig_key[32:], bytes(value), db=db)
-    env.close()
+        return value
+    raw_objects.edit_at(store, sig_key[32:], damage)
     result = run("verify", "main", store=store)
     assert result.code == 4 and "Traceback" not in result.err
 

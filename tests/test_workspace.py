@@ -8,6 +8,7 @@ import string
 import pytest
 
 from agentcas import Store
+from agentcas.cas import packs
 from agentcas.workspace import secrets, snapshot
 from agentcas.workspace.snapshot import FileChanged, SecretFound, WorkspaceError
 
@@ -17,7 +18,7 @@ from conftest import run_cli, store_rows, tree_bytes, views
 def rows(store):
     """Every row of every table except the stat cache, to assert nothing was stored."""
     with views(store) as txn:
-        return {(table, key): value for table in ("meta", "objects", "refs", "reflog", "leases")
+        return {(table, key): value for table in ("meta", "objects", "refs", "reflog", "leases") + packs.TABLES
                 for key, value in txn.scan(table)}
 
 
@@ -366,7 +367,7 @@ def test_stat_cache_is_not_trusted_when_objects_are_gone(mem, ws, monkeypatch, t
     assert other.checkpoints.commit(str(ws), "x").to_json()["cached_files"] == 0
     # Drop the stored chunk of a.txt from the first store: the cache entry must not be used.
     a_id = bytes.fromhex(files(mem)["a.txt"]["id"])
-    mem.objects.write(lambda txn: txn.delete("objects", a_id))
+    mem.objects.write(lambda txn: packs.delete(txn, a_id))
     again = mem.checkpoints.commit(str(ws), "again").to_json()
     assert again["cached_files"] == 1
     mem.checkpoints.checkout("main", str(tmp_path / "out"))
@@ -693,3 +694,23 @@ def test_stat_cache_rows_are_binary_and_version_1_rows_still_count(mem, ws, monk
     table[key] = seal("statcache", key, b"\x07" + payloads[key][1:])  # unknown version
     again = mem.checkpoints.commit(str(ws), "unknown row").to_json()
     assert again["cached_files"] == 1 and again["tree"] == first["tree"]
+
+
+def test_joined_ignore_regex_answers_as_pathspec_does():
+    """The snapshot's one-regex prefilter of a directory's ignore patterns gives pathspec's answer."""
+    import random
+
+    import pathspec
+
+    from agentcas.workspace.snapshot import _IgnoreSpec
+    lines = ["*.log", "build/", "!keep.log", "/top", "a/**/b", "node_modules/", "*.py[co]", "docs/*.md",
+             "!docs/README.md", "**/tmp", "# comment", "", "\\#hash", "sp ace"]
+    spec = pathspec.GitIgnoreSpec.from_lines(lines)
+    joined = _IgnoreSpec(spec)
+    rng = random.Random(7)
+    names = ["a", "b", "build", "docs", "top", "tmp", "x.log", "y.py", "keep.log", "README.md", "n.pyc", "#hash",
+             "sp ace", "node_modules"]
+    for _ in range(20000):
+        path = "/".join(rng.choice(names) for _ in range(rng.randint(1, 4))) + rng.choice(["", "/"])
+        assert joined.include(path) == spec.check_file(path).include, path
+    assert _IgnoreSpec(pathspec.GitIgnoreSpec.from_lines(["# only a comment"])).include("x") is None

@@ -216,18 +216,22 @@ class GcResult(Result):
     batches: int
     complete: bool
     blocked_by: list[dict]
+    repack: dict | None = None  # an embedded store: {"packs_rewritten", "objects_moved", "bytes_reclaimed"}
 
     @classmethod
     def from_doc(cls, doc: dict) -> GcResult:
         """From the document gc/sweep.py's `execute` returns."""
         return cls(doc["deleted"]["objects"], doc["deleted"]["bytes"], doc["reflog_expired"], doc["pins_dropped"],
-                   doc["remarked"], doc["batches"], doc["complete"], doc["blocked_by"])
+                   doc["remarked"], doc["batches"], doc["complete"], doc["blocked_by"], doc.get("repack"))
 
     def to_json(self) -> dict:
-        return {"deleted": {"objects": self.deleted_objects, "bytes": self.deleted_bytes},
-                "reflog_expired": self.reflog_expired, "pins_dropped": self.pins_dropped,
-                "remarked": self.remarked, "batches": self.batches, "complete": self.complete,
-                "blocked_by": list(self.blocked_by)}
+        doc = {"deleted": {"objects": self.deleted_objects, "bytes": self.deleted_bytes},
+               "reflog_expired": self.reflog_expired, "pins_dropped": self.pins_dropped,
+               "remarked": self.remarked, "batches": self.batches, "complete": self.complete,
+               "blocked_by": list(self.blocked_by)}
+        if self.repack is not None:
+            doc["repack"] = dict(self.repack)
+        return doc
 
 
 @dataclass(frozen=True)
@@ -256,11 +260,14 @@ class GcExplanation(Result):
 class FsckReport(Result):
     """The result of verifying every object, row, position and closure."""
 
+    OMIT_NONE = frozenset({"packs"})
+
     ok: bool
     objects: int
     rows: int
     roots: int
     problems: list[dict]
+    packs: dict | None = None  # an embedded store: {"count", "bytes", "reclaimable_bytes"}
 
 
 # -- signing, bundles, remotes ----------------------------------------------------------------------

@@ -117,8 +117,13 @@ def frame(kind: int, data, compress: bool = True, written_at: int | None = None,
         if len(packed) + 8 < size:
             body, codec = packed, CODEC_ZSTD
     when = int(time.time()) if written_at is None else written_at
-    head = HEADER.pack(kind, codec, size, when, 0)[:-4]
-    return b"".join((head, struct.pack(">I", zlib.crc32(head)), body))
+    return make_header(kind, codec, size, when) + body
+
+
+def make_header(kind: int, codec: int, size: int, written_at: int) -> bytes:
+    """The 22-byte header of a stored value (its CRC computed here)."""
+    head = HEADER.pack(kind, codec, size, written_at, 0)[:-4]
+    return head + struct.pack(">I", zlib.crc32(head))
 
 
 def read_header(value) -> tuple[int, int, int, int]:

@@ -22,6 +22,7 @@ from typing import Any
 import lmdb
 
 from agentcas.cas import crashpoints, fatal_signals
+from agentcas.cas.packs import TABLES as PACK_TABLES
 from agentcas.cas.store import TABLES, ObjectStore, Txn
 from agentcas.cas.system_errors import from_errno, from_os_error
 from agentcas.errors import AgentcasError, IntegrityError
@@ -170,7 +171,7 @@ class _ResizeGate:
 
 # Writes to these tables need not survive a power cut on their own: objects are
 # re-checked before the ref move that references them, and the cache and leases are hints.
-_NOT_DURABLE = frozenset(("objects", "statcache", "leases"))
+_NOT_DURABLE = frozenset(("objects", "statcache", "leases") + PACK_TABLES)
 
 
 class _LmdbTxn(Txn):
@@ -193,7 +194,7 @@ class _LmdbTxn(Txn):
             if not cursor.set_range(first):
                 return
             for key, value in cursor.iternext():
-                if not key.startswith(prefix):
+                if prefix and not bytes(key).startswith(prefix):  # a memoryview with buffers=True
                     return
                 yield key, value
             return
@@ -208,7 +209,7 @@ class _LmdbTxn(Txn):
         if not positioned:
             return
         for key, value in cursor.iterprev():
-            if not key.startswith(prefix):
+            if prefix and not bytes(key).startswith(prefix):
                 if key < prefix:
                     return
                 continue
@@ -217,6 +218,12 @@ class _LmdbTxn(Txn):
     def put(self, table, key, value):
         self.durable = self.durable or table not in _NOT_DURABLE
         self._txn.put(key, value, db=self._dbs[table])
+
+    def append(self, table, key, value):
+        self.durable = self.durable or table not in _NOT_DURABLE
+        # MDB_APPEND: a page that fills is left full (a plain insert splits it in half).
+        if not self._txn.put(key, value, append=True, db=self._dbs[table]):
+            self._txn.put(key, value, db=self._dbs[table])
 
     def put_new(self, table, key, value):
         self.durable = self.durable or table not in _NOT_DURABLE
@@ -247,6 +254,12 @@ def _prefix_end(prefix: bytes) -> bytes | None:
     if not trimmed:
         return None
     return trimmed[:-1] + bytes([trimmed[-1] + 1])
+
+
+def leaf_value_limit(page_size: int) -> int:
+    """The largest value (with an 8-byte key) LMDB keeps inside a leaf page: a node may take
+    half a page less the page header (16 bytes), its own header (8) and pointer (2)."""
+    return ((page_size - 16) // 2 & ~1) - 2 - 8 - 8 - 6  # 2016 for 4 KiB pages, 6 spare
 
 
 def _may_write(path: str) -> bool:
@@ -291,6 +304,7 @@ class LmdbObjectStore(ObjectStore):
         self._gate = _ResizeGate()
         self.env = self._open_env(create)
         self.env.reader_check()
+        self.leaf_bytes = leaf_value_limit(self.env.stat()["psize"])
         self.dbs: dict[str, Any] = {}  # table -> its handle (None: a table newer than a read-only store)
         if self.readonly:
             # Not inside an explicit read transaction: handles opened there die with it

@@ -163,6 +163,9 @@ def _varint(data, at: int) -> tuple[int, int]:
     return value, at
 
 
+read_varint = _varint  # (value, position after it) of the minimal varint at `at`: for other modules
+
+
 def _text(data, at: int) -> tuple[str, int]:
     n, at = _varint(data, at)
     end = at + n

@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager, contextmanager
 from typing import TypeVar
 
-from agentcas.cas import framing
-from agentcas.cas.blobstore.base import BlobInfo, BlobStore
+from agentcas.cas import packs
+from agentcas.cas.blobstore.base import BlobStore
 from agentcas.cas.metastore.base import TABLES as METADATA_TABLES
 from agentcas.cas.metastore.base import MetadataStore, MetaTxn
 
 T = TypeVar("T")
 
-TABLES = ("objects", "statcache") + METADATA_TABLES
+TABLES = ("objects", "statcache") + packs.TABLES + METADATA_TABLES
 
 
 class Txn(MetaTxn):
@@ -43,11 +43,16 @@ class Txn(MetaTxn):
             self.put(table, key, new)
         return True
 
+    def append(self, table, key, value):
+        """put(), for a key greater than every key of the table (LMDB then fills its pages)."""
+        self.put(table, key, value)
+
 
 class ObjectStore(ABC):
     """A transactional environment of tables; implementations: memory and LMDB."""
 
     url: str
+    leaf_bytes: int = packs.LEAF_BYTES  # the largest value that stays inside a B-tree page
 
     @abstractmethod
     def reader(self, buffers: bool = False) -> AbstractContextManager[Txn]:
@@ -133,13 +138,13 @@ class MemoryObjectStore(ObjectStore):
 
 
 def save_object(txn: Txn, digest, framed: bytes) -> bool:
-    """Store a framed object in the environment's `objects` table unless present; True if new."""
-    return txn.put_new("objects", digest.raw, framed)
+    """Store a framed object in the environment's packs unless present; True if new."""
+    return packs.put_new(txn, {digest.raw: framed})[0] == 1
 
 
 def has_object(txn: Txn, raw: bytes) -> bool:
-    """Whether the environment's `objects` table holds the object with this raw id."""
-    return txn.get("objects", raw) is not None
+    """Whether the environment holds the object with this raw id."""
+    return packs.has(txn, raw)
 
 
 # --- the two stores over one environment ----------------------------------------------------
@@ -152,14 +157,13 @@ class _SnapshotBlobs(BlobStore):
         self.url = url
 
     def get(self, key):
-        return self._txn.get("objects", key)
+        return packs.get(self._txn, key)
 
     def has_many(self, keys):
-        return {bytes(k) for k in keys if self._txn.get("objects", k) is not None}
+        return {bytes(k) for k in keys if packs.has(self._txn, k)}
 
     def header(self, key):
-        value = self._txn.get("objects", key)
-        return None if value is None else bytes(value[:framing.HEADER_SIZE])
+        return packs.header(self._txn, key)
 
     def put_many(self, items):
         raise TypeError("a read snapshot cannot store objects")
@@ -168,73 +172,58 @@ class _SnapshotBlobs(BlobStore):
         raise TypeError("a read snapshot cannot delete objects")
 
     def list(self):
-        return _list_objects(self._txn)
+        return packs.list_objects(self._txn)
 
     def list_from(self, start):
-        return _list_objects(self._txn, start)
+        return packs.list_objects(self._txn, start)
 
     def count(self):
-        return self._txn.count("objects")
+        return packs.count(self._txn)
 
 
 LIST_BATCH = 1024  # objects listed per read transaction (see TableBlobStore.list_from)
 
 
-def _list_objects(txn: Txn, start: bytes | None = None) -> Iterator[BlobInfo]:
-    for key, value in txn.scan("objects", start=start):
-        try:
-            kind, _, _, written_at = framing.read_header(value)
-        except framing.CorruptValue:
-            kind, written_at = None, 0  # a damaged header: whoever reads it names the object
-        yield BlobInfo(bytes(key), len(value), float(written_at), kind)
-
-
 class TableBlobStore(BlobStore):
-    """The `objects` table of an environment as a BlobStore."""
+    """The objects of an environment (packs, cas/packs.py) as a BlobStore."""
 
     def __init__(self, env: ObjectStore):
         self.env = env
         self.url = env.url
 
+    # Reads look at packs through buffers (no copy of a pack); what they return is a copy.
     def get(self, key):
-        with self.env.reader() as txn:
-            value = txn.get("objects", key)
-            return None if value is None else bytes(value)
+        with self.env.reader(buffers=True) as txn:
+            return packs.get(txn, key)
 
     def get_many(self, keys):
         out = {}
-        with self.env.reader() as txn:
+        with self.env.reader(buffers=True) as txn:
             for key in keys:
-                value = txn.get("objects", key)
+                value = packs.get(txn, key)
                 if value is not None:
-                    out[bytes(key)] = bytes(value)
+                    out[bytes(key)] = value
         return out
 
     def has_many(self, keys):
         # buffers=True: a value is looked at, not copied out (a chunk is ~100 KB)
         with self.env.reader(buffers=True) as txn:
-            return {bytes(k) for k in keys if txn.get("objects", k) is not None}
+            return {bytes(k) for k in keys if packs.has(txn, k)}
 
     def header(self, key):
         with self.env.reader(buffers=True) as txn:
-            value = txn.get("objects", key)
-            return None if value is None else bytes(value[:framing.HEADER_SIZE])
+            return packs.header(txn, key)
 
     def put_many(self, items):
-        def put_all(txn: Txn):
-            count = size = 0
-            for key, value in items.items():
-                if txn.put_new("objects", bytes(key), value):
-                    count += 1
-                    size += len(value)
-            return count, size
-        return self.env.write(put_all) if items else (0, 0)
+        if not items:
+            return 0, 0
+        return self.env.write(lambda txn: packs.put_new(txn, items, self.env.leaf_bytes))
 
     def delete_many(self, keys):
         keys = list(keys)
         if not keys:
             return 0
-        return self.env.write(lambda txn: sum(1 for key in keys if txn.delete("objects", key)))
+        return self.env.write(lambda txn: sum(1 for key in keys if packs.delete(txn, key)))
 
     def list(self):
         return self.list_from(None)
@@ -249,8 +238,8 @@ class TableBlobStore(BlobStore):
         after, size = start, 64
         while True:
             batch = []
-            with self.env.reader() as txn:
-                for info in _list_objects(txn, after):
+            with self.env.reader(buffers=True) as txn:
+                for info in packs.list_objects(txn, after):
                     batch.append(info)
                     if len(batch) >= size:
                         break
@@ -261,14 +250,15 @@ class TableBlobStore(BlobStore):
 
     def count(self):
         with self.env.reader() as txn:
-            return txn.count("objects")
+            return packs.count(txn)
 
     def used_bytes(self):
         return self.env.used_bytes()
 
     @contextmanager
     def snapshot(self, buffers: bool = False):
-        with self.env.reader(buffers=buffers) as txn:
+        # Always through buffers: packs are sliced in place and every value returned is a copy.
+        with self.env.reader(buffers=True) as txn:
             yield _SnapshotBlobs(txn, self.url)
 
 

@@ -1,18 +1,21 @@
 """The store's format record (`meta/format`, docs/FORMAT.md section 7) and its upgrade.
 
-Written once when a store is made: `{"format": STORE_FORMAT, "created_at": ...}`. A
-reader refuses a store whose format is newer than it reads (StoreFormatError, exit 4);
-a writable open of an older store marks it current (`upgraded_from`, `upgraded_at`):
-format 2 added packed objects and compact reflog rows, which every reader here reads in
-both forms, so nothing else is converted, but an older agentcas must stop at the record
-instead of misreading the new writes.
+Written once when a store is made: `{"format": ..., "created_at": ...}`: STORE_FORMAT (3)
+for an embedded store, SHARED_STORE_FORMAT (2) for a shared one, whose objects are not packed
+yet. A reader refuses a store whose format is newer than it reads (StoreFormatError, exit 4);
+a writable open of an older store marks it current first (`upgraded_from`, `upgraded_at`), so
+that an older agentcas stops at the record instead of misreading the new writes. Format 2
+added packed objects and compact reflog rows, which every reader here reads in both forms;
+format 3 keeps an embedded store's objects in packs, so after marking, its objects move
+there (cas/packs.upgrade_objects: resumable, each writable open finishes what a killed one
+left; reads fall back to the rows not yet moved).
 """
 
 from __future__ import annotations
 
 import datetime
 
-from agentcas.cas import encoding
+from agentcas.cas import encoding, packs
 from agentcas.cas.backends import STORE_KEY, Stores, check_binding
 from agentcas.cas.leases import sweep_active
 from agentcas.cas.lmdb_store import StoreUnavailable
@@ -22,7 +25,8 @@ from agentcas.cas.sealed import seal, unseal
 from agentcas.errors import IntegrityError
 
 FORMAT_KEY = b"format"
-STORE_FORMAT = 2
+STORE_FORMAT = 3
+SHARED_STORE_FORMAT = 2
 
 
 class StoreFormatError(IntegrityError):
@@ -36,7 +40,7 @@ def utc_now() -> str:
 def write_format(stores: Stores, binding: bytes | None = None) -> bool:
     """Write the store's format record (and gc's idle fence row; a shared store's binding
     row, cas/backends.py) unless present; True if this made the store."""
-    doc = encoding.encode({"format": STORE_FORMAT, "created_at": utc_now()})
+    doc = encoding.encode({"format": format_of(stores), "created_at": utc_now()})
 
     def create(txn: Txn) -> bool:
         sweep_active(txn, 0.0, lock=True)  # writes the fence row leases lock (cas/leases.py)
@@ -45,6 +49,11 @@ def write_format(stores: Stores, binding: bytes | None = None) -> bool:
         return txn.put_new("meta", FORMAT_KEY, seal("meta", FORMAT_KEY, doc))
 
     return stores.meta.write(create)
+
+
+def format_of(stores: Stores) -> int:
+    """The format this agentcas writes to these stores."""
+    return SHARED_STORE_FORMAT if stores.shared else STORE_FORMAT
 
 
 def check_format(stores: Stores, where: str, readonly: bool) -> None:
@@ -56,22 +65,27 @@ def check_format(stores: Stores, where: str, readonly: bool) -> None:
     if value is None:
         raise StoreUnavailable(f"not an agentcas store (no format record): {where}")
     doc = encoding.decode(unseal("meta", FORMAT_KEY, value))
-    if doc.get("format", 0) > STORE_FORMAT:
+    target = format_of(stores)
+    if doc.get("format", 0) > target:
         raise StoreFormatError(
-            f"store format {doc['format']} is newer than this agentcas reads ({STORE_FORMAT}); "
+            f"store format {doc['format']} is newer than this agentcas reads ({target}); "
             "upgrade agentcas")
-    if doc.get("format", 0) < STORE_FORMAT and not readonly:
-        _upgrade_format(stores, doc)
+    if readonly:
+        return  # read as it is: every reader here reads every older form
+    if doc.get("format", 0) < target:
+        _upgrade_format(stores, doc, target)
+    if stores.embedded is not None:
+        packs.upgrade_objects(stores.embedded)  # nothing to do once upgraded (one count)
 
 
-def _upgrade_format(stores: Stores, doc: dict) -> None:
-    """Mark an older store as the current format (nothing else is converted)."""
-    upgraded = encoding.encode(dict(doc, format=STORE_FORMAT, upgraded_from=doc.get("format", 0),
+def _upgrade_format(stores: Stores, doc: dict, target: int) -> None:
+    """Mark an older store with the format this agentcas writes (its objects move next)."""
+    upgraded = encoding.encode(dict(doc, format=target, upgraded_from=doc.get("format", 0),
                                     upgraded_at=utc_now()))
 
     def mark(txn: Txn):
         current = encoding.decode(unseal("meta", FORMAT_KEY, txn.get("meta", FORMAT_KEY)))
-        if current.get("format", 0) < STORE_FORMAT:
+        if current.get("format", 0) < target:
             txn.put("meta", FORMAT_KEY, seal("meta", FORMAT_KEY, upgraded))
 
     stores.meta.write(mark)

@@ -36,7 +36,7 @@ from typing import Any
 
 import lmdb
 
-from agentcas.cas import encoding, framing
+from agentcas.cas import encoding, framing, packs
 from agentcas.cas.backends import Stores
 from agentcas.cas.digest import Digest
 from agentcas.cas.leases import LeaseRow
@@ -304,12 +304,23 @@ class Fsck:
         found["root"] = root.describe()
         found["message"] += f" (referenced by {by or root.describe()}, reachable from {root.describe()})"
 
-    def run(self) -> dict:
+    # -- 5. packs (an embedded store): every pack byte indexed or reclaimable ------------
+    def check_packs(self) -> dict:
+        found = packs.check_packs(self.txn)
+        for what, message, shown in found.problems:
+            self.problem(what, message, **({"id": shown} if shown else {}))
+        return {"count": found.packs, "bytes": found.pack_bytes, "reclaimable_bytes": found.reclaimable_bytes}
+
+    def run(self, embedded: bool = False) -> dict:
         self.check_rows()
         self.check_objects()
         self.check_closures()
-        return {"ok": not self.problems, "objects": self.objects, "rows": self.rows,
-                "roots": len(self.roots), "problems": self.problems}
+        doc = {"ok": not self.problems, "objects": self.objects, "rows": self.rows,
+               "roots": len(self.roots), "problems": self.problems}
+        if embedded:
+            doc["packs"] = self.check_packs()
+            doc["ok"] = not self.problems
+        return doc
 
 
 def _stored_values(blobs):
@@ -357,7 +368,8 @@ def fsck(stores: Stores, progress=None) -> dict:
     listed = MarkSet() if stores.shared else None
     try:
         with stores.meta.reader() as txn, stores.objects.reading() as objects:
-            return Fsck(txn, objects, stores.local, progress, PageReleaser(stores), listed).run()
+            return Fsck(txn, objects, stores.local, progress, PageReleaser(stores), listed).run(
+                embedded=stores.embedded is not None)
     except lmdb.Error as exc:
         raise StoreCorrupt(f"store database is corrupt: {exc}") from None
     finally:
@@ -367,7 +379,10 @@ def fsck(stores: Stores, progress=None) -> dict:
 
 def render_text(doc: dict) -> str:
     if doc["ok"]:
-        return f"fsck: ok ({doc['objects']} objects, {doc['rows']} rows, {doc['roots']} roots checked)"
+        packed = doc.get("packs")
+        tail = "" if packed is None else (f"; {packed['count']} packs of {packed['bytes']} bytes, "
+                                          f"{packed['reclaimable_bytes']} reclaimable by a repack")
+        return f"fsck: ok ({doc['objects']} objects, {doc['rows']} rows, {doc['roots']} roots checked{tail})"
     lines = [f"fsck: {len(doc['problems'])} problem(s) in {doc['objects']} objects, {doc['rows']} rows"]
     lines += [f"  {p['what']}: {p['message']}" for p in doc["problems"]]
     return "\n".join(lines)

@@ -42,6 +42,7 @@ from agentcas.cas.source import ObjectSource
 from agentcas.errors import IntegrityError
 from agentcas.gc.pages import PageReleaser
 from agentcas.gc.plan import HEADER_WINDOW, KEY_SIZE, SWEEP_LEVELS, GcPlan
+from agentcas.gc.repack import repack_store
 from agentcas.gc.roots import GcAborted, MarkWalker, entry_roots, mark_root, mark_signatures, read_pins, state_roots
 from agentcas.gc_defaults import BATCH_DELETES, DEFAULT_WAIT  # re-exported for callers of this module
 from agentcas.refs import threads
@@ -257,5 +258,7 @@ def execute(stores: Stores, plan: GcPlan, wait: float = DEFAULT_WAIT,
     result = {"deleted": {"objects": deleted, "bytes": freed}, "reflog_expired": expired,
               "pins_dropped": dropped, "remarked": remarked, "batches": batches,
               "complete": complete, "blocked_by": [p.to_doc() for p in blocked]}
+    if stores.embedded is not None:
+        result["repack"] = repack_store(stores.embedded).to_json()
     settle(stores, {"at": int(plan.now), "deleted": deleted, "bytes": freed, "complete": complete})
     return result

@@ -419,7 +419,7 @@ class Ingest:
                         and len(entry["prefix"]) == 64:
                     known_prefix = bytes.fromhex(entry["prefix"])   # the job re-hashes the prefix
                 else:
-                    self._check_whole_prefix(session.path, handle, thread, based_on)
+                    check_stored_prefix(session.path, handle, thread, based_on)
         report.first_seq = report.seq = seq
         entry = self.state.entries.get(key, {})
         turn_seq = entry.get("turn_seq", 0) if entry.get("thread") == thread else None
@@ -463,39 +463,6 @@ class Ingest:
         if self.thread is None:
             return found
         return discovery.SessionIdentity(self.thread, None if found is None else found.parent)
-
-    def _check_whole_prefix(self, path, handle, thread, based_on) -> None:
-        """Refuse a file whose first `based_on.offset` bytes do not hash to the stored history.
-
-        Used when the file did not simply grow since the last run (new inode, same size with
-        a new mtime, no state), or its state has no prefix digest yet (the run after a file's
-        first): an edit anywhere in the stored part is found. A file that only grew is
-        checked by its job instead, against the whole-bytes digest the last run recorded.
-        """
-        import blake3
-
-        from agentcas.cas.digest import chain_prefix
-        from agentcas.cas.objects import EMPTY_POSITION
-        handle.seek(0)
-        digest, seq, remaining, carry = EMPTY_POSITION.digest, 0, based_on.offset, b""
-        while remaining > 0:
-            piece = handle.read(min(remaining, 8 * 1024 * 1024))
-            if not piece:
-                break
-            remaining -= len(piece)
-            data = carry + piece
-            start = 0
-            while True:
-                end = data.find(b"\n", start)
-                if end < 0:
-                    break
-                digest = chain_prefix(digest, blake3.blake3(data[start:end + 1]).digest())
-                seq += 1
-                start = end + 1
-            carry = data[start:]
-        if carry or seq != based_on.seq or digest != based_on.digest:
-            raise SessionRefused(f"{path} differs from what was already ingested into {thread} (it was "
-                                 "rewritten or edited, not appended to); not ingested")
 
     def _checkpoint_seq(self, row) -> int | None:
         try:
@@ -619,6 +586,40 @@ class Ingest:
             report.checkpoints = result.checkpoints
             self.state.record(item.key, item.st, item.append.thread, result.history.to_doc(), item.turn_seq,
                               item.prefix)
+
+
+def check_stored_prefix(path, handle, thread, based_on) -> None:
+    """Refuse a file whose first `based_on.offset` bytes do not hash to the stored history.
+
+    Used when the file did not simply grow since the last run (new inode, same size with
+    a new mtime, no state), or its state has no prefix digest yet (the run after a file's
+    first): an edit anywhere in the stored part is found. A file that only grew is
+    checked by its job instead, against the whole-bytes digest the last run recorded.
+    """
+    import blake3
+
+    from agentcas.cas.digest import chain_prefix
+    from agentcas.cas.objects import EMPTY_POSITION
+    handle.seek(0)
+    digest, seq, remaining, carry = EMPTY_POSITION.digest, 0, based_on.offset, b""
+    while remaining > 0:
+        piece = handle.read(min(remaining, 8 * 1024 * 1024))
+        if not piece:
+            break
+        remaining -= len(piece)
+        data = carry + piece
+        start = 0
+        while True:
+            end = data.find(b"\n", start)
+            if end < 0:
+                break
+            digest = chain_prefix(digest, blake3.blake3(data[start:end + 1]).digest())
+            seq += 1
+            start = end + 1
+        carry = data[start:]
+    if carry or seq != based_on.seq or digest != based_on.digest:
+        raise SessionRefused(f"{path} differs from what was already ingested into {thread} (it was "
+                             "rewritten or edited, not appended to); not ingested")
 
 
 def summary(reports: list[FileReport]) -> dict:

@@ -81,9 +81,15 @@ def prepare_raw(datas: list, writer: BatchWriter, level: int | framing.SmallTabl
 
 def append_with_marks(stores: Stores, lease: Lease, thread: str, segments: list, marks,
                       based_on: HistoryPosition | None, forked_from: ForkOrigin | None,
-                      who: str, created_at: str, runtime: dict) -> IngestedThread:
-    """Land `segments` on `thread` with a checkpoint at each (records, reason) mark."""
-    plan = _marks_plan(stores, thread, segments, marks, based_on, forked_from, who, created_at, runtime)
+                      who: str, created_at: str, runtime: dict, tree: Digest | None = None,
+                      needed: frozenset = frozenset()) -> IngestedThread:
+    """Land `segments` on `thread` with a checkpoint at each (records, reason) mark.
+
+    `tree`: the checkpoints' tree, already stored (a workspace snapshot: the harness hooks),
+    instead of the empty tree; `needed`: the stored objects it relies on (checked before
+    the move lands, as a commit checks its snapshot's)."""
+    plan = _marks_plan(stores, thread, segments, marks, based_on, forked_from, who, created_at, runtime,
+                       tree, needed)
     state, move = move_thread(stores, lease, thread, plan, keep_lease=True)
     return _landed(thread, state, move)
 
@@ -110,9 +116,10 @@ def _landed(thread: str, state, move) -> IngestedThread:
 
 
 def _marks_plan(stores: Stores, thread: str, segments: list, marks, based_on: HistoryPosition | None,
-                forked_from: ForkOrigin | None, who: str, created_at: str, runtime: dict):
+                forked_from: ForkOrigin | None, who: str, created_at: str, runtime: dict,
+                tree: Digest | None = None, needed: frozenset = frozenset()):
     """The move plan of `append_with_marks` (see there)."""
-    tree_id = EMPTY_TREE.digest()
+    tree_id = EMPTY_TREE.digest() if tree is None else tree
 
     def plan(state: ThreadState | None) -> Move | None:
         if (None if state is None else state.history) != based_on:
@@ -141,8 +148,9 @@ def _marks_plan(stores: Stores, thread: str, segments: list, marks, based_on: Hi
                 if skip is not None:
                     return generation, skip
             return checkpoints.index_for_child(stores.objects, parent, load)
-        if positions:
+        if positions and tree is None:
             new_objects[tree_id.raw] = framing.frame(framing.KIND_TREE, EMPTY_TREE.encode())
+        if positions:
             series = CheckpointSeries(tree_id, thread, who, created_at, runtime)
         for position, (_, reason) in zip(positions, marks):
             generation, skip = index(current)
@@ -158,7 +166,7 @@ def _marks_plan(stores: Stores, thread: str, segments: list, marks, based_on: Hi
         origin = forked_from if state is None else state.forked_from
         return Move(ThreadState(current, head, origin), "ingest",
                     f"ingest {head.seq - base.seq} records, {len(made)} checkpoints", new_objects,
-                    result=result)
+                    set(needed), result=result)
 
     return plan
 

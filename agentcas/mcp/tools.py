@@ -235,6 +235,28 @@ class ToolHost:
                            "expect": {"type": ["string", "null"], "description": "Revert only if the thread "
                                       "is at this checkpoint id."}}, ["thread", "checkpoint_id"]),
                      restore_out),
+            ToolSpec("rewind_session",
+                     "Rewind a harness session (a claude/... or codex/... thread) to a checkpoint: the "
+                     "workspace is checkpointed first (the answer's undo), then made equal to the checkpoint's "
+                     "files (ignored files and .git untouched), and a forked session is written where the "
+                     "harness resumes it (only: code or conversation for one of the two). Only when the host "
+                     "allowed restore; otherwise the answer gives the host's command. External effects are "
+                     "not undone.",
+                     _args({"thread": {"type": "string"}, "checkpoint_id": _ID,
+                           "only": {"type": ["string", "null"], "enum": ["code", "conversation", None]},
+                           "workspace": {"type": ["string", "null"], "description": "A directory inside the "
+                                         "host's workspace (default: the one the checkpoints recorded)."}},
+                          ["thread", "checkpoint_id"]),
+                     restore_out),
+            ToolSpec("resume_session",
+                     "Write a thread's stored harness session (to a checkpoint, default all of it) where "
+                     "this machine's Claude Code or Codex resumes it, byte for byte under its own id; a "
+                     "different file already there is refused. Only when the host allowed restore; "
+                     "otherwise the answer gives the host's command.",
+                     _args({"thread": {"type": "string"}, "checkpoint_id": {"type": ["string", "null"]},
+                           "cwd": {"type": ["string", "null"], "description": "The checkout a Claude Code "
+                                   "session belongs to (inside the host's workspace)."}}, ["thread"]),
+                     restore_out),
         ]
 
     def call(self, name: str, arguments: dict) -> dict:
@@ -536,6 +558,50 @@ class ToolHost:
                 "result": {"thread": thread, "checkpoint_id": result.checkpoint,
                            "previous": result.previous, "history_seq": result.history.seq},
                 "note": RESTORE_NOTE}
+
+
+    def tool_rewind_session(self, thread, checkpoint_id, only=None, workspace=None) -> dict:
+        thread = self.check_thread(thread)
+        full, cp = self._checkpoint(checkpoint_id)
+        if only not in (None, "code", "conversation"):
+            raise ToolError("only must be code, conversation or null")
+        if workspace is not None:
+            workspace = self._inside_workspace(workspace, "workspace")
+        elif only != "conversation":
+            recorded = cp.runtime.get("workspace")
+            if recorded is None:
+                raise ToolError("the checkpoint recorded no workspace: give workspace")
+            workspace = self._inside_workspace(recorded, "workspace")
+        state = self.store.threads.get(thread)
+        open_effects = self._open_effects(self.store.effects.open_after(state.history, thread, True, cp.history,
+                                                                        limit=self.limit))
+        command = self._host_command("rewind", thread, "--to", full, *(["--only", only] if only else []),
+                                     *(["--workspace", workspace] if workspace else []))
+        if not self.allow_restore:
+            return {"performed": False, "status": "host_decision", "message": HOST_DECISION,
+                    "host_command": command, "open_effects": open_effects, "result": None, "note": RESTORE_NOTE}
+        result = self.store.sessions.rewind(thread, full, only, workspace)
+        doc = result.to_json()
+        doc["files_written"], doc["files_removed"] = len(result.written), len(result.removed)
+        return {"performed": True, "status": "rewound", "message": "files and session rewound; effects not undone",
+                "host_command": command, "open_effects": open_effects, "result": doc, "note": RESTORE_NOTE}
+
+    def tool_resume_session(self, thread, checkpoint_id=None, cwd=None) -> dict:
+        thread = self.check_thread(thread)
+        if checkpoint_id is not None:
+            checkpoint_id, _ = self._checkpoint(checkpoint_id)
+        if cwd is not None:
+            cwd = self._inside_workspace(cwd, "cwd")
+        command = self._host_command("resume", thread, *(["--at", checkpoint_id] if checkpoint_id else []),
+                                     *(["--cwd", cwd] if cwd else []))
+        empty = {"count": 0, "items": [], "has_more": False, "note": RESTORE_NOTE}
+        if not self.allow_restore:
+            return {"performed": False, "status": "host_decision", "message": HOST_DECISION,
+                    "host_command": command, "open_effects": empty, "result": None, "note": RESTORE_NOTE}
+        placement = self.store.sessions.resume(thread, checkpoint_id, cwd)
+        return {"performed": True, "status": "resumed" if placement.written else "already_there",
+                "message": f"continue with: {placement.resume}", "host_command": command,
+                "open_effects": empty, "result": placement.to_json(), "note": RESTORE_NOTE}
 
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")

@@ -10,6 +10,7 @@ from agentcas.lineage.closure import Walker
 from agentcas.refs import threads
 
 from conftest import views
+from support import raw_objects
 
 LATER = 5  # seconds: plan "now" this far ahead, so objects just written are past a 0s grace
 
@@ -29,7 +30,7 @@ def write_files(root, files: dict) -> str:
 
 def all_keys(store: Store) -> set[bytes]:
     with views(store) as txn:
-        return {bytes(k) for k, _ in txn.scan("objects")}
+        return raw_objects.keys(txn)
 
 
 def closure_of_threads(store: Store) -> set[bytes]:

@@ -1,0 +1,571 @@
+"""Packed objects (store format 3): objects appended into packs, found through a compact index.
+
+An embedded store used to keep one B-tree row per object under its random 32-byte id; the
+pages of such a tree are about 60% full, and every object paid its key and a 22-byte header.
+Format 3 appends objects instead, and finds them through a small index (docs/FORMAT.md
+section 4.2, docs/PACKS.md):
+
+  packs      u64be pack number -> u8 3 | u64be base time | record*
+  packindex  the id's first INDEX_KEY bytes -> (varint pack, varint offset)+
+  packlive   u64be pack number -> varint live records | varint live bytes
+
+  record := id (32) | u8 kind << 4 | codec | varint size | zigzag varint (written_at - base time)
+            | varint body length | body
+
+Pack numbers only grow, and packs are written with LMDB's append mode, so their pages are
+full. A write transaction appends its small records to the last pack while that pack stays
+small enough to live inside a leaf page (`leaf_bytes`), and groups larger records into packs
+of about BIG_PACK_BYTES; each pack is one value, so a read is one index lookup and one slice.
+An index row holds every location whose id starts with its key; a reader compares the full
+id stored in the record (a collision of short keys costs a second look, never a wrong
+object). `packlive` counts what the index still points at in each pack: a delete decrements
+it and drops a pack that has nothing left, and a repack rewrites packs whose dead share is
+high (gc/repack.py). A record read back is given the header of a stored value
+(cas/framing.py) with its own `written_at`, so the layers above see what they saw before.
+
+A store being upgraded from format 2 still holds rows in the `objects` table: reads fall
+back to it and `upgrade_step` moves them into packs in bounded transactions.
+"""
+
+from __future__ import annotations
+
+import heapq
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentcas.cas import crashpoints, framing
+from agentcas.cas.blobstore.base import BlobInfo
+from agentcas.cas.encoding import NotCanonical
+from agentcas.cas.packed import read_varint, varint
+from agentcas.errors import IntegrityError
+
+PACKS, INDEX, LIVE, LEGACY = "packs", "packindex", "packlive", "objects"
+TABLES = (PACKS, INDEX, LIVE)
+PACK_VERSION = 3
+PACK_HEADER = struct.Struct(">BQ")   # version, base time (its first record's written_at)
+INDEX_KEY = 8                        # id bytes an index key keeps
+ID_SIZE = 32
+BIG_PACK_BYTES = 64 * 1024           # a pack of large records closes once it holds this much
+LEAF_BYTES = 2016                    # the largest value kept inside a 4 KiB LMDB leaf page
+_U64 = struct.Struct(">Q")
+
+
+class CorruptPack(IntegrityError):
+    """A pack or index row that does not parse, or disagrees with the other."""
+
+
+def pack_key(number: int) -> bytes:
+    return _U64.pack(number)
+
+
+def pack_number(key: bytes) -> int:
+    return _U64.unpack(bytes(key))[0]
+
+
+class Record:
+    """One object as stored in a pack (a plain class: one is made per object read)."""
+
+    __slots__ = ("id", "kind", "codec", "size", "written_at", "body", "offset", "end")
+
+    def __init__(self, id: bytes, kind: int, codec: int, size: int, written_at: int, body, offset: int, end: int):
+        self.id = id                  # the object's full id
+        self.kind = kind
+        self.codec = codec
+        self.size = size              # the object's length (uncompressed)
+        self.written_at = written_at
+        self.body = body              # raw or one zstd frame
+        self.offset = offset          # where the record starts in its pack
+        self.end = end                # where it ends
+
+    @property
+    def length(self) -> int:
+        return self.end - self.offset
+
+    def framed(self) -> bytes:
+        """The stored value of section 3.1 (what BlobStore.get returns)."""
+        return framing.make_header(self.kind, self.codec, self.size, self.written_at) + bytes(self.body)
+
+    def header(self) -> bytes:
+        return framing.make_header(self.kind, self.codec, self.size, self.written_at)
+
+
+def encode_record(raw: bytes, kind: int, codec: int, size: int, written_at: int, body, base: int) -> bytes:
+    """A record for a pack whose base time is `base`."""
+    age = written_at - base
+    zigzag = age * 2 if age >= 0 else -age * 2 - 1
+    return b"".join((bytes(raw), bytes((kind << 4 | codec,)), varint(size), varint(zigzag), varint(len(body)), body))
+
+
+def record_of_value(raw: bytes, framed, base: int) -> bytes:
+    """The record of a stored value (section 3.1; its header checked)."""
+    kind, codec, size, written_at = framing.read_header(framed)
+    return encode_record(raw, kind, codec, size, written_at, framed[framing.HEADER_SIZE:], base)
+
+
+def read_record(pack, offset: int) -> Record:
+    """The record at `offset` of a pack value; CorruptPack if it does not parse."""
+    # One-byte varints inline (most ages, many sizes): this runs once per object read.
+    try:
+        base = pack_base(pack)
+        at = offset + ID_SIZE
+        flags = pack[at]
+        size = pack[at + 1]
+        at += 2
+        if size >= 0x80:
+            size, at = read_varint(pack, at - 1)
+        age = pack[at]
+        at += 1
+        if age >= 0x80:
+            age, at = read_varint(pack, at - 1)
+        length = pack[at]
+        at += 1
+        if length >= 0x80:
+            length, at = read_varint(pack, at - 1)
+    except (NotCanonical, IndexError) as exc:
+        raise CorruptPack(f"pack record at offset {offset} is damaged: {exc or 'truncated'}") from None
+    kind, codec = flags >> 4, flags & 0x0F
+    end = at + length
+    if end > len(pack) or kind not in framing.KIND_NAMES or codec > framing.CODEC_ZSTD:
+        raise CorruptPack(f"pack record at offset {offset} is damaged: bad kind, codec or length")
+    written_at = base + (age >> 1 if not age & 1 else -((age + 1) >> 1))
+    return Record(bytes(pack[offset:offset + ID_SIZE]), kind, codec, size, written_at, pack[at:end], offset, end)
+
+
+def pack_base(pack) -> int:
+    if len(pack) < PACK_HEADER.size or pack[0] != PACK_VERSION:
+        raise CorruptPack("pack header is damaged or of an unknown version")
+    return PACK_HEADER.unpack_from(pack)[1]
+
+
+def records(pack) -> Iterator[Record]:
+    """Every record of a pack value, in order."""
+    at = PACK_HEADER.size
+    while at < len(pack):
+        record = read_record(pack, at)
+        yield record
+        at = record.end
+
+
+def decode_locations(value) -> list[tuple[int, int]]:
+    """The (pack, offset) locations of an index row (one-byte varints read inline: hot path)."""
+    out, at, end = [], 0, len(value)
+    try:
+        while at < end:
+            pack = value[at]
+            at += 1
+            if pack >= 0x80:
+                pack, at = read_varint(value, at - 1)
+            offset = value[at]
+            at += 1
+            if offset >= 0x80:
+                offset, at = read_varint(value, at - 1)
+            out.append((pack, offset))
+    except (NotCanonical, IndexError) as exc:
+        raise CorruptPack(f"index row is damaged: {exc or 'truncated'}") from None
+    return out
+
+
+def encode_locations(locations) -> bytes:
+    return b"".join(varint(pack) + varint(offset) for pack, offset in locations)
+
+
+def _live(value) -> tuple[int, int]:
+    count, at = read_varint(value, 0)
+    size, _ = read_varint(value, at)
+    return count, size
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+def locate(txn, raw: bytes) -> tuple[int, Record] | None:
+    """(pack number, record) of the object `raw`, or None."""
+    row = txn.get(INDEX, raw[:INDEX_KEY])
+    if row is None:
+        return None
+    for number, offset in decode_locations(row):
+        pack = txn.get(PACKS, pack_key(number))
+        if pack is None:
+            raise CorruptPack(f"the index names pack {number}, which is missing")
+        record = read_record(pack, offset)
+        if record.id == raw:
+            return number, record
+        if record.id[:INDEX_KEY] != raw[:INDEX_KEY]:
+            raise CorruptPack(f"the index row of {raw[:INDEX_KEY].hex()} names pack {number} offset {offset}, "
+                              f"which holds {record.id.hex()}")
+    return None
+
+
+def get(txn, raw: bytes):
+    """The stored value (section 3.1) of object `raw`, or None; IntegrityError naming it if damaged."""
+    raw = bytes(raw)
+    try:
+        found = locate(txn, raw)
+    except CorruptPack as exc:
+        raise IntegrityError(f"object {raw.hex()} is corrupt: {exc}") from None
+    if found is not None:
+        return found[1].framed()
+    value = txn.get(LEGACY, raw)
+    return None if value is None else bytes(value)
+
+
+def has(txn, raw: bytes) -> bool:
+    raw = bytes(raw)
+    try:
+        return locate(txn, raw) is not None or txn.get(LEGACY, raw) is not None
+    except CorruptPack:
+        return True  # something is stored there: a read names the damage
+
+
+def header(txn, raw: bytes) -> bytes | None:
+    raw = bytes(raw)
+    try:
+        found = locate(txn, raw)
+    except CorruptPack as exc:
+        raise IntegrityError(f"object {raw.hex()} is corrupt: {exc}") from None
+    if found is not None:
+        return found[1].header()
+    value = txn.get(LEGACY, raw)
+    return None if value is None else bytes(value[:framing.HEADER_SIZE])
+
+
+def count(txn) -> int:
+    """Objects stored (an index row per short key: a collision of short keys counts once)."""
+    return txn.count(INDEX) + txn.count(LEGACY)
+
+
+def list_objects(txn, start: bytes | None = None) -> Iterator[BlobInfo]:
+    """Every stored object from `start` on, in id order (packed ones and any not yet upgraded)."""
+    return heapq.merge(_list_packed(txn, start), _list_legacy(txn, start), key=lambda info: info.key)
+
+
+def _list_packed(txn, start):
+    first = None if start is None else bytes(start[:INDEX_KEY])
+    for _, row in txn.scan(INDEX, start=first):
+        infos = []
+        for number, offset in decode_locations(row):
+            pack = txn.get(PACKS, pack_key(number))
+            try:
+                record = read_record(pack, offset)
+            except (CorruptPack, TypeError):
+                continue  # fsck names it; a listing lists what it can read
+            if start is None or record.id >= start:
+                # The size of its stored value (section 3.1), as a read returns it.
+                infos.append(BlobInfo(record.id, framing.HEADER_SIZE + len(record.body), float(record.written_at),
+                                      record.kind))
+        yield from sorted(infos, key=lambda info: info.key)
+
+
+def _list_legacy(txn, start):
+    for key, value in txn.scan(LEGACY, start=start):
+        try:
+            kind, _, _, written_at = framing.read_header(value)
+        except framing.CorruptValue:
+            kind, written_at = None, 0  # a damaged header: whoever reads it names the object
+        yield BlobInfo(bytes(key), len(value), float(written_at), kind)
+
+
+# -- writing -----------------------------------------------------------------------------------
+
+def _last_pack(txn) -> tuple[int, bytes] | None:
+    for key, value in txn.scan(PACKS, reverse=True):
+        return pack_number(key), value
+    return None
+
+
+def _add_location(txn, raw: bytes, number: int, offset: int) -> None:
+    key = raw[:INDEX_KEY]
+    row = txn.get(INDEX, key)
+    location = varint(number) + varint(offset)
+    txn.put(INDEX, key, location if row is None else bytes(row) + location)
+
+
+def put_new(txn, items, leaf_bytes: int = LEAF_BYTES) -> tuple[int, int]:
+    """Store each {raw id: stored value} that is not stored yet: (objects written, their values' bytes).
+
+    Small records go to the last pack while it fits in a leaf page (else to new small packs),
+    larger ones into packs of about BIG_PACK_BYTES, so every page written is full.
+    """
+    new: dict[bytes, tuple[int, int, int, int, Any]] = {}  # raw -> kind, codec, size, written_at, body
+    for raw, value in items.items():
+        raw = bytes(raw)
+        if raw not in new and not has(txn, raw):
+            kind, codec, size, written_at = framing.read_header(value)
+            new[raw] = (kind, codec, size, written_at, value[framing.HEADER_SIZE:])
+    if not new:
+        return 0, 0
+    # Small: a record that fits a leaf-page pack (6 spare bytes for its age varint).
+    small_limit = leaf_bytes - PACK_HEADER.size - ID_SIZE - 6 - 16
+    small = [(raw, fields) for raw, fields in new.items() if len(fields[4]) <= small_limit]
+    big = [(raw, fields) for raw, fields in new.items() if len(fields[4]) > small_limit]
+    last = _last_pack(txn)
+    next_number = 0 if last is None else last[0] + 1
+    groups: list[list[Any]] = []  # [number, existing pack bytes, base time, [(raw, record)]]
+
+    def start_group(base: int) -> list[Any]:
+        nonlocal next_number
+        groups.append([next_number, b"", base, []])
+        next_number += 1
+        return groups[-1]
+
+    group: list[Any] | None = None
+    if small and last is not None and len(last[1]) <= leaf_bytes:
+        group = [last[0], bytes(last[1]), pack_base(last[1]), []]  # the open pack, extended
+        groups.append(group)
+    for raw, fields in small:
+        if group is None:
+            group = start_group(fields[3])
+        rec = encode_record(raw, *fields, group[2])
+        if _size(group) + len(rec) > leaf_bytes:
+            group = start_group(fields[3])
+            rec = encode_record(raw, *fields, group[2])
+        group[3].append((raw, rec))
+    group = None
+    for raw, fields in big:
+        if group is None or _size(group) >= BIG_PACK_BYTES:
+            group = start_group(fields[3])
+        group[3].append((raw, encode_record(raw, *fields, group[2])))
+    for number, existing, base, recs in groups:
+        _write_pack(txn, number, existing, recs, base)
+    # Bytes as the BlobStore interface counts them: the stored values (section 3.1) written.
+    return len(new), sum(framing.HEADER_SIZE + len(fields[4]) for fields in new.values())
+
+
+def append_pack(txn, recs: list[tuple[bytes, bytes]], base: int) -> int:
+    """Write `recs` ([(raw id, record made for `base`)]) as one new pack after the last and index
+    them; its number."""
+    last = _last_pack(txn)
+    number = 0 if last is None else last[0] + 1
+    _write_pack(txn, number, b"", recs, base)
+    return number
+
+
+def _write_pack(txn, number: int, existing: bytes, recs, base: int) -> int:
+    """Write pack `number` (`existing` bytes extended by `recs`), its index rows and live row;
+    the record bytes written."""
+    body = bytearray(existing or PACK_HEADER.pack(PACK_VERSION, base))
+    live_count, live_bytes = (0, 0)
+    if existing:
+        row = txn.get(LIVE, pack_key(number))
+        live_count, live_bytes = (0, 0) if row is None else _live(row)
+    written = 0
+    for raw, rec in recs:
+        _add_location(txn, raw, number, len(body))
+        body += rec
+        live_count += 1
+        live_bytes += len(rec)
+        written += len(rec)
+    # A new pack is appended; the open pack is overwritten where it is (measured: deleting
+    # it and appending it again leaves one pack a page, overwriting keeps two).
+    store = txn.put if existing else txn.append
+    store(PACKS, pack_key(number), bytes(body))
+    store(LIVE, pack_key(number), varint(live_count) + varint(live_bytes))
+    return written
+
+
+def _size(group) -> int:
+    return (len(group[1]) or PACK_HEADER.size) + sum(len(rec) for _, rec in group[3])
+
+
+def delete(txn, raw: bytes) -> bool:
+    """Forget object `raw` (its index location; its pack's live count). A pack with nothing
+    live left is deleted at once; partly dead packs wait for a repack. True if it was stored."""
+    raw = bytes(raw)
+    removed = txn.delete(LEGACY, raw)
+    row = txn.get(INDEX, raw[:INDEX_KEY])
+    if row is None:
+        return removed
+    locations = decode_locations(row)
+    for i, (number, offset) in enumerate(locations):
+        pack = txn.get(PACKS, pack_key(number))
+        record = None if pack is None else read_record(pack, offset)
+        if record is None or record.id != raw:
+            continue
+        rest = locations[:i] + locations[i + 1:]
+        if rest:
+            txn.put(INDEX, raw[:INDEX_KEY], encode_locations(rest))
+        else:
+            txn.delete(INDEX, raw[:INDEX_KEY])
+        _forget_bytes(txn, number, record.length)
+        return True
+    return removed
+
+
+def _forget_bytes(txn, number: int, length: int) -> None:
+    row = txn.get(LIVE, pack_key(number))
+    count, size = (1, length) if row is None else _live(row)
+    if count <= 1:
+        txn.delete(LIVE, pack_key(number))
+        txn.delete(PACKS, pack_key(number))
+    else:
+        txn.put(LIVE, pack_key(number), varint(count - 1) + varint(max(0, size - length)))
+
+
+# -- upgrading a format-2 store ----------------------------------------------------------------
+
+UPGRADE_BATCH = crashpoints.batch_objects(2048)  # objects moved per transaction
+
+
+def upgrade_objects(env) -> int:
+    """Move every object a format-1 or format-2 store keeps in its `objects` table into packs,
+    in transactions of UPGRADE_BATCH objects; how many transactions ran. Each one is whole or
+    nothing, and a store killed between two is read as it is (reads fall back to `objects`)
+    and resumed by its next writable open, which calls this again."""
+    with env.reader() as txn:
+        if not txn.count(LEGACY):
+            return 0
+    start, steps = b"", 0
+    while start is not None:
+        start = env.write(lambda txn, at=start: upgrade_step(txn, at, UPGRADE_BATCH, env.leaf_bytes))
+        steps += 1
+    return steps
+
+
+def upgrade_step(txn, start: bytes = b"", batch: int = UPGRADE_BATCH,
+                 leaf_bytes: int = LEAF_BYTES) -> bytes | None:
+    """Move up to `batch` objects of the `objects` table from `start` on into packs, in this
+    transaction; where the next step starts, or None when none are left after `start`.
+
+    Each object keeps its written_at. A value whose header is damaged
+    stays in `objects` (reads and fsck name it there), so a step skips past it.
+    """
+    moved: dict[bytes, bytes] = {}
+    last = None
+    taken = 0
+    for key, value in txn.scan(LEGACY, start=start or None):
+        last = bytes(key)
+        taken += 1
+        try:
+            framing.read_header(value)
+        except framing.CorruptValue:
+            continue
+        moved[last] = bytes(value)
+        if taken >= batch:
+            break
+    for key in moved:
+        txn.delete(LEGACY, key)
+    put_new(txn, moved, leaf_bytes)
+    return None if taken < batch or last is None else last + b"\0"
+
+
+# -- checking (fsck) ---------------------------------------------------------------------------
+
+@dataclass
+class PackCheck:
+    """What a pass over every pack and index row found (fsck's second direction)."""
+
+    packs: int = 0
+    pack_bytes: int = 0          # bytes of every pack value
+    reclaimable_bytes: int = 0   # records no index row names (a repack drops them)
+    problems: list = field(default_factory=list)  # [(what, message, raw id hex or None)]
+
+
+def check_packs(txn) -> PackCheck:
+    """Every pack byte is a record, indexed or counted reclaimable; every index row names
+    records that exist under its key; every live row agrees with the index. Streams the
+    tables (memory does not grow with the store)."""
+    found = PackCheck()
+    for key, pack in txn.scan(PACKS):
+        number = pack_number(key)
+        found.packs += 1
+        found.pack_bytes += len(pack)
+        live_count = live_bytes = 0
+        try:
+            for record in records(pack):
+                if _indexed_at(txn, record.id, number, record.offset):
+                    live_count += 1
+                    live_bytes += record.length
+                else:
+                    found.reclaimable_bytes += record.length
+        except CorruptPack as exc:
+            found.problems.append(("pack", f"pack {number}: {exc}", None))
+            continue
+        row = txn.get(LIVE, key)
+        counted = None if row is None else _live(row)
+        if counted != (live_count, live_bytes):
+            found.problems.append(("pack", f"pack {number}: its live row says {counted}, the index names "
+                                   f"{live_count} records of {live_bytes} bytes", None))
+    for key, row in txn.scan(INDEX):
+        try:
+            for number, offset in decode_locations(row):
+                pack = txn.get(PACKS, pack_key(number))
+                if pack is None:
+                    raise CorruptPack(f"names pack {number}, which is missing")
+                record = read_record(pack, offset)
+                if record.id[:INDEX_KEY] != bytes(key):
+                    raise CorruptPack(f"names pack {number} offset {offset}, which holds {record.id.hex()}")
+        except CorruptPack as exc:
+            found.problems.append(("index", f"index row {bytes(key).hex()}: {exc}", bytes(key).hex()))
+    return found
+
+
+def _indexed_at(txn, raw: bytes, number: int, offset: int) -> bool:
+    row = txn.get(INDEX, raw[:INDEX_KEY])
+    return row is not None and (number, offset) in decode_locations(row)
+
+
+# -- repacking (gc) ----------------------------------------------------------------------------
+
+REPACK_DEAD_SHARE = 0.25          # a pack is rewritten once this share of its record bytes is dead
+REPACK_BATCH_BYTES = 8 << 20      # live record bytes moved per transaction
+
+
+@dataclass
+class RepackCandidates:
+    """Packs worth rewriting, found by streaming `packlive` (one row per pack)."""
+
+    numbers: list            # at most one batch of pack numbers, in order
+    dead_bytes: int          # what rewriting them reclaims
+    live_bytes: int          # what rewriting them moves
+    next_start: bytes | None  # where the next batch's scan starts (None: no more packs)
+
+
+def repack_candidates(txn, start: bytes = b"", dead_share: float = REPACK_DEAD_SHARE,
+                      batch_bytes: int = REPACK_BATCH_BYTES) -> RepackCandidates:
+    """The next packs from `start` on whose dead share reaches `dead_share`, up to about
+    `batch_bytes` of live bytes to move. A pack's size is read from its value's length (no
+    record is parsed): memory and time per pack are constant."""
+    found = RepackCandidates([], 0, 0, None)
+    for key, row in txn.scan(LIVE, start=start or None):
+        number = pack_number(key)
+        pack = txn.get(PACKS, key)
+        if pack is None:
+            continue  # fsck names a live row without its pack
+        _, live = _live(row)
+        total = len(pack) - PACK_HEADER.size
+        dead = total - live
+        if total > 0 and dead >= dead_share * total and dead > 0:
+            found.numbers.append(number)
+            found.dead_bytes += dead
+            found.live_bytes += live
+            if found.live_bytes >= batch_bytes:
+                found.next_start = pack_key(number + 1)
+                break
+    return found
+
+
+def repack(txn, numbers, leaf_bytes: int = LEAF_BYTES) -> tuple[int, int, int]:
+    """Rewrite packs `numbers` in this transaction: their live records are stored again
+    (appended to the open pack or new packs, each keeping its bytes and written_at), their
+    index locations moved, the packs deleted; (packs rewritten, bytes reclaimed, objects
+    moved). Only what the index names is kept, so this decides nothing about liveness: the
+    sweep did, under its fence."""
+    rewritten = reclaimed = moved = 0
+    for number in numbers:
+        pack = txn.get(PACKS, pack_key(number))
+        if pack is None:
+            continue
+        pack = bytes(pack)
+        kept = [record for record in records(pack) if _indexed_at(txn, record.id, number, record.offset)]
+        live = {record.id: record.framed() for record in kept}
+        for raw in live:
+            delete(txn, raw)  # the last one deletes the pack and its live row
+        txn.delete(PACKS, pack_key(number))
+        txn.delete(LIVE, pack_key(number))
+        if live:
+            put_new(txn, live, leaf_bytes)
+        rewritten += 1
+        reclaimed += len(pack) - sum(record.length for record in kept)  # the moved records take as much again
+        moved += len(live)
+    return rewritten, reclaimed, moved

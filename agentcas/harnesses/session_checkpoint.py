@@ -1,0 +1,106 @@
+"""A harness session's checkpoint: the workspace and the session's new lines, in one move.
+
+What `agentcas hook claude|codex` lands (and `rewind` before it rewinds, with no lines);
+the API is `store.sessions.checkpoint` (agentcas/api/sessions.py):
+
+1. Under a lease, the workspace is snapshot as a git user sees it (`.git` never read,
+   `.gitignore` and `.agentcasignore` honoured; workspace/snapshot.py `git_aware`), a file
+   that looks like a credential left out and named (`skip_secrets`), with the directory
+   cache keyed by the gc epoch (the sweep batches begun).
+2. The thread's state is read and `new_lines(state)` gives the session's complete lines
+   after its stored history (it may raise an AgentcasError, e.g. ingest's SessionRefused:
+   the workspace then lands alone and the refusal is reported).
+3. The lines and one checkpoint at their end, whose tree is the workspace's, land by
+   compare-and-swap on the history read in 2 (lineage/marks.append_with_marks). If another
+   writer appended meanwhile (parallel tool calls fire two hooks), 2 and 3 run again after
+   its head: the snapshot is kept, the lines are read again, so both checkpoints land.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from agentcas import testing_hooks
+from agentcas.cas.objects import HistoryPosition, check_reason
+from agentcas.cas.writer import BatchWriter
+from agentcas.errors import AgentcasError, ConflictError, UsageError
+from agentcas.refs import threads
+from agentcas.refs.names import check_thread_name
+
+SESSION_ATTEMPTS = 64
+
+
+@dataclass(frozen=True)
+class SessionCheckpoint:
+    """What `session_checkpoint` landed."""
+
+    checkpoint: str
+    tree: str
+    thread: str
+    appended: int                     # session lines appended with it
+    history: HistoryPosition
+    files: int
+    cached_files: int
+    new_bytes: int
+    skipped_secrets: tuple = ()       # "path: why" of files left out as likely credentials
+    refused: str | None = None        # why the session's lines were not appended (the workspace was)
+    workspace: str = ""
+
+    def to_json(self) -> dict:
+        return {"checkpoint": self.checkpoint, "tree": self.tree, "thread": self.thread,
+                "appended": self.appended, "history": self.history.to_doc(), "files": self.files,
+                "cached_files": self.cached_files, "new_bytes": self.new_bytes,
+                "skipped_secrets": list(self.skipped_secrets), "refused": self.refused,
+                "workspace": self.workspace}
+
+
+def session_checkpoint(store, workspace: str, thread: str, reason: str, new_lines, skip_files=(),
+                       author: str | None = None) -> SessionCheckpoint:
+    """Checkpoint `workspace` with `new_lines(state)` at the head of `thread` (see the module doc)."""
+    from agentcas.cas.framing import INGEST_ZSTD
+    from agentcas.cas.leases import Lease, sweeps_begun
+    from agentcas.cas.store_format import utc_now
+    from agentcas.lineage.checkpoints import default_author, runtime_description
+    from agentcas.lineage.marks import append_with_marks, prepare_raw
+    from agentcas.workspace.snapshot import snapshot
+    check_reason(reason)
+    check_thread_name(thread)
+    if not os.path.isdir(workspace):
+        raise UsageError(f"workspace is not a directory: {workspace}")
+    real = os.path.realpath(workspace)
+    store_dir = os.path.realpath(store.path) if store.path else None
+    if store_dir and (real == store_dir or real.startswith(store_dir.rstrip("/") + "/")):
+        raise UsageError(f"workspace {workspace} is the store itself, or inside it; nothing was committed")
+    stores = store.stores
+    who, runtime = author or default_author(), dict(runtime_description(), workspace=real)
+    with Lease(stores.meta, f"checkpoint {thread}") as lease:
+        with stores.meta.reader() as txn:
+            epoch = sweeps_begun(txn).to_bytes(8, "big")
+        snapper: list = []
+        tree, stats, needed = snapshot(stores.objects, stores.local, workspace, (), None,
+                                       [store.path] if store.path else [], skip_files, lease, stores.known,
+                                       git_aware=True, skip_secrets=True, snapshotter=snapper,
+                                       dir_cache_epoch=epoch)
+        refused = None
+        for _ in range(SESSION_ATTEMPTS):
+            with stores.meta.reader() as txn:
+                state = threads.read_thread(txn, thread)
+            try:
+                data = b"" if refused else new_lines(state)
+            except AgentcasError as exc:
+                refused, data = str(exc), b""
+            writer = BatchWriter(stores.objects, lease=lease)
+            segments = prepare_raw([data], writer, INGEST_ZSTD)[0]
+            testing_hooks.reached("session.before_land")
+            try:
+                result = append_with_marks(stores, lease, thread, segments, [(data.count(b"\n"), reason)],
+                                           None if state is None else state.history, None, who, utc_now(),
+                                           runtime, tree, frozenset(needed))
+            except ConflictError:
+                continue   # another writer appended to the thread: read the lines after its head
+            return SessionCheckpoint(result.checkpoints[-1], tree.hex(), thread, result.appended, result.history,
+                                     stats.files, stats.cached_files, stats.new_bytes,
+                                     tuple(snapper[0].skipped_secrets), refused, real)
+    raise ConflictError(f"thread {thread!r} kept moving under {SESSION_ATTEMPTS} attempts; nothing was changed, "
+                        "retry")
