@@ -209,7 +209,7 @@ MUTATIONS = {
     "T1": ("agentcas/terminal_text.py", ['_UNSAFE_IN_LINES = re.compile(f"[\\x00-\\x08\\x0b-\\x1f{_UNSAFE}]")'],
            ['_UNSAFE_IN_LINES = re.compile(f"[\\x00-\\x08\\x0e-\\x1f{_UNSAFE}]")'],
            ["tests/test_terminal_text.py::test_carriage_return_vertical_tab_and_form_feed_are_escaped_like_other_controls"]),
-    "V1": ("agentcas/langgraph/saver.py",
+    "V1": ("agentcas/langgraph/base.py",
            ["        if isinstance(current, str):\n            return int(current.split(\".\")[0]) + 1\n"], [""],
            ["tests/test_langgraph_saver.py::test_next_version_continues_the_counter_of_another_savers_string_version"]),
     "Sg": ("agentcas/gc/fsck.py", ["            elif not self.source.has(Digest(key[32:64])):\n"],

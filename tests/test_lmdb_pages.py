@@ -115,13 +115,13 @@ def test_an_lmdb_corruption_error_is_an_integrity_error_with_one_line(tmp_path, 
     store = tmp_path / "store"
     assert run_cli("init", store).code == 0
     assert run_cli("commit", workspace, "-m", "one", store=store).code == 0
-    # Point the objects database's root at a page that is not a tree page: the first page
+    # Point the refs database's root at a page that is not a tree page: the first page
     # of an overflow run (LMDB: "MDB_CORRUPTED: Located page was wrong type"), or meta
     # page 1 (LMDB fails the transaction: "MDB_BAD_TXN").
     data_file = store / "data.mdb"
     data = data_file.read_bytes()
     overflow = next(n for n, page in _pages(data) if n > 1 and struct.unpack_from("<H", page, 10)[0] & 0x04)
-    set_database_root(data_file, b"objects", overflow if root == "overflow" else 1)
+    set_database_root(data_file, b"refs", overflow if root == "overflow" else 1)
     result = run_cli("checkout", "main", tmp_path / "out", store=store)
     assert result.code == 4, result  # was 1: "internal error: CorruptedError ... MDB_CORRUPTED"
     lines = result.err.splitlines()

@@ -130,10 +130,10 @@ def test_json_escapes_do_not_hide_a_secret_from_the_rollout_scan(tmp_path, text,
     assert run_cli("commit", tmp_path / "ws", "-m", "one", store=store).code == 0
     bundle = tmp_path / "b.bundle"
     result = run_cli("export", "main", "-o", bundle, store=store)
-    assert result.code == 4 and f"seq 1 of thread 'main' looks like a {rule}" in result.err, result
+    assert result.code == 1 and f"seq 1 of thread 'main' looks like a {rule}" in result.err, result
     allowed = run_cli("export", "main", "-o", bundle, "--allow-rollout-secrets", store=store)
     # A private key block never leaves in a bundle, escaped or not.
-    assert allowed.code == (4 if private else 0), allowed
+    assert allowed.code == (1 if private else 0), allowed
     assert bundle.exists() == (not private)
 
 
@@ -154,13 +154,13 @@ def test_a_secret_in_a_commit_reason_is_refused_at_commit_and_at_export_and_push
     assert allowed.code == 0, allowed
     bundle = tmp_path / "b.bundle"
     result = run_cli("export", "main", "-o", bundle, store=store)
-    assert result.code == 4 and "the reason of checkpoint" in result.err and "GitHub token" in result.err, result
+    assert result.code == 1 and "the reason of checkpoint" in result.err and "GitHub token" in result.err, result
     assert TOKEN not in result.err and not bundle.exists()
     assert run_cli("export", "main", "-o", bundle, "--allow-secret", ":reason", store=store).code == 0
     assert run_cli("remote", "add", "team", remote, store=store).code == 0
     remote_before = store_rows(remote)
     pushed = run_cli("push", "team", "main", store=store)
-    assert pushed.code == 4 and "the reason of checkpoint" in pushed.err and TOKEN not in pushed.err, pushed
+    assert pushed.code == 1 and "the reason of checkpoint" in pushed.err and TOKEN not in pushed.err, pushed
     assert store_rows(remote) == remote_before
     assert run_cli("push", "team", "main", "--allow-secret", ":reason", store=store).code == 0
 
@@ -180,7 +180,7 @@ def test_a_secret_in_a_file_name_is_refused_at_commit_and_at_export(tmp_path):
     assert TOKEN not in run_cli("log", store=store).out
     bundle = tmp_path / "b.bundle"
     result = run_cli("export", "main", "-o", bundle, store=store)
-    assert result.code == 4 and "an entry name in tree" in result.err and TOKEN not in result.err, result
+    assert result.code == 1 and "an entry name in tree" in result.err and TOKEN not in result.err, result
     assert not bundle.exists()
     assert run_cli("export", "main", "-o", bundle, "--allow-secret", "ghp_*", store=store).code == 0
 
