@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import tomllib
-from harness_samples import ClaudeSession, CodexSession
 
 from agentcas import Store, testing_hooks
 from agentcas.harnesses import hooks
 
 from conftest import AGENTCAS, run_cli
+from support.harness_samples import ClaudeSession, CodexSession
 
 CLAUDE_ID = "5f0c2a7e-1111-4222-8333-444455556666"
 CODEX_ID = "0199a0b1-0000-7000-8000-000000000001"

@@ -7,10 +7,11 @@ import json
 import os
 
 import pytest
-from harness_samples import ClaudeSession, CodexSession
 from test_harness_hooks import CLAUDE_ID, CODEX_ID, Machine, history_bytes, log
 
 from agentcas import Store
+
+from support.harness_samples import ClaudeSession, CodexSession
 
 THREAD = f"claude/{CLAUDE_ID}"
 
