@@ -26,9 +26,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
-from harness_samples import ClaudeSession, CodexSession  # noqa: E402
-
 import harness as h  # noqa: E402
+from support.harness_samples import ClaudeSession, CodexSession  # noqa: E402
 
 SESSION = "5f0c2a7e-1111-4222-8333-444455556666"
 
