@@ -38,7 +38,7 @@ class Remotes:
         remote_table.check_remote_name(name)
         url = remote_table.normalise_url(url)
         refs = remote_table.check_refs_dsn(refs, url)
-        self._open(remote_table.Remote(name, url, refs))  # it must open (left open, as the store caches its environment)
+        self._open(remote_table.Remote(name, url, refs))  # refused unless it opens as a store (not this one)
         return self._stores.meta.write(lambda txn: remote_table.add_remote(txn, name, url, refs))
 
     def list(self) -> list["Remote"]:
