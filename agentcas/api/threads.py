@@ -7,10 +7,11 @@ lineage/fork_tree.py's.
 
 from __future__ import annotations
 
+import builtins
 from typing import TYPE_CHECKING
 
-from agentcas.api.results import (BranchResult, DeleteResult, ForkResult, LogEntry, ReflogItem, RevertResult,
-                                  ThreadInfo)
+from agentcas.api.results import BranchResult, DeleteResult, ForkResult, LogEntry, ReflogItem, RevertResult, ThreadInfo
+from agentcas.cas.digest import Digest
 from agentcas.errors import NotFound
 from agentcas.lineage.fork_tree import Lineage, fork_tree
 from agentcas.lineage.group_moves import GroupWriter, refs_under
@@ -34,7 +35,7 @@ def _hex(digest) -> str | None:
 class Threads:
     """The threads of a store (`store.threads`)."""
 
-    def __init__(self, store: "Store"):
+    def __init__(self, store: Store):
         self._store = store
         self._stores = store.stores
 
@@ -64,11 +65,11 @@ class Threads:
         with self._stores.meta.reader() as txn:
             return dict(refs_under(txn, prefix))
 
-    def log(self, thread: str | None = None, limit: int | None = None) -> list[LogEntry]:
+    def log(self, thread: str | None = None, limit: int | None = None) -> builtins.list[LogEntry]:
         """Checkpoints newest first along first parents from a thread (or revision)."""
-        out: list[LogEntry] = []
+        out: builtins.list[LogEntry] = []
         with self._stores.meta.reader() as txn:
-            digest = revisions.resolve(txn, self._stores.objects, thread or "main")
+            digest: Digest | None = revisions.resolve(txn, self._stores.objects, thread or "main")
         with self._stores.objects.reading() as objects:
             while digest is not None and (limit is None or len(out) < limit):
                 cp = revisions.load_checkpoint(objects, digest)
@@ -77,7 +78,7 @@ class Threads:
                 digest = cp.parents[0] if cp.parents else None
         return out
 
-    def reflog(self, thread: str, limit: int | None = None) -> list[ReflogItem]:
+    def reflog(self, thread: str, limit: int | None = None) -> builtins.list[ReflogItem]:
         """Every move of a thread's ref, newest first, each named as a revision (THREAD@{N})."""
         check_thread_name(thread)
         with self._stores.meta.reader() as txn:
@@ -121,6 +122,7 @@ class Threads:
             open_effects = None
             notes.append(f"could not list the effects after the target ({exc}); "
                          f"see: agentcas effects {thread}@{{1}} --since {thread} --state pending,unknown")
+        assert new.checkpoint is not None  # a revert moves the thread to a checkpoint
         return RevertResult(thread, new.checkpoint.hex(), _hex(old.checkpoint), new.history, related, notes,
                             open_effects)
 

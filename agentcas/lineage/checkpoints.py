@@ -41,7 +41,7 @@ class CommitResult(Result):
     new_objects: int
     new_bytes: int
     appended_records: int
-
+    unchanged_files: int = 0  # the cached ones and those read again that equal the previous tree's
 
 CHECKPOINT_LINKS = SkipLinks()  # checkpoints: (generation, skip, first parent)
 
@@ -94,16 +94,17 @@ def default_author() -> str:
 
 def build_checkpoint(objects: ObjectSource, tree: Digest, parents: tuple, thread: str, reason: str,
                      author: str, created_at: str, runtime: dict, history: HistoryPosition,
-                     load=None) -> tuple[Digest, Checkpoint, bytes]:
+                     load=None, rollout_file=None) -> tuple[Digest, Checkpoint, bytes]:
     """A new checkpoint on `parents` with its skip index: (id, checkpoint, framed object).
 
     The one place a checkpoint object is made for a ref move (a commit, a group write);
     its links are remembered in CHECKPOINT_LINKS for the next commit on top of it.
     `load` as in `index_for_child` (a writer's view that also sees objects not yet stored).
+    `rollout_file`: where `history` stands in a committed rollout file (cas.objects.RolloutFile).
     """
     generation, skip = index_for_child(objects, parents[0] if parents else None, load, memo=True)
     cp = Checkpoint(tree, tuple(parents), thread, reason, author, created_at, runtime, history,
-                    generation=generation, skip=skip)
+                    generation=generation, skip=skip, rollout_file=rollout_file)
     body, digest = cp.encode_with_id()
     CHECKPOINT_LINKS.put(digest.raw, links_of(cp))
     return digest, cp, framing.frame(framing.KIND_CHECKPOINT, body)

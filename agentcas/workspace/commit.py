@@ -4,10 +4,12 @@
    and not the store itself, and a stale `--expect` (refused before anything is stored).
 2. Under the writer's lease: snapshot the workspace (workspace/snapshot.py: new chunks
    and trees stored, unchanged files reused through the stat cache) and prepare the
-   rollout file's new complete lines (lineage/tail.py).
+   rollout file's new complete lines (lineage/tail.py), starting where the head
+   checkpoint's `rollout_file` says the history stands in the file.
 3. One ref move (lineage/moves.py): the plan builds the checkpoint on the thread's
-   current head (lineage/checkpoints.py), links the prepared records after the history
-   the tail was read against, and checks `--expect` again; the move stores the
+   current head (lineage/checkpoints.py) with its own `rollout_file` (the file's place
+   after the new lines, and its path if it lies in the workspace), links the prepared
+   records after the history the tail was read against, and checks `--expect` again; the move stores the
    checkpoint, checks that every reused object is still stored and lands by
    compare-and-swap. A shared store's cache may believe in objects another machine's gc
    deleted: then the snapshot runs once more asking the bucket.
@@ -59,13 +61,20 @@ def commit_workspace(stores: Stores, store_path: str | None, workspace: str, rea
         # A rollout file inside the workspace is stored once, as history, not as a file too.
         skip_files = [rollout_file] if rollout_file else []
         known = stores.known
+        head = read_state(stores, thread)
+        previous_tree = None if head is None or head.checkpoint is None else \
+            revisions.load_checkpoint(source, head.checkpoint).tree  # to count unchanged files
         tree, stats, needed = snapshot(source, stores.local, workspace, allow_secrets,
-                                       progress, skip, skip_files, lease, known)
-        tail = None
+                                       progress, skip, skip_files, lease, known, previous_tree)
+        tail = file_path = None
         if rollout_file is not None:
-            from agentcas.lineage.tail import prepare_tail
+            from agentcas.lineage.tail import prepare_tail, workspace_path
             writer = BatchWriter(source, lease=lease)
-            tail = prepare_tail(source, writer, thread, read_state(stores, thread), rollout_file)
+            state = read_state(stores, thread)
+            mark = None if state is None or state.checkpoint is None else \
+                revisions.load_checkpoint(source, state.checkpoint).rollout_file  # where it stands in the file
+            tail = prepare_tail(source, writer, thread, state, rollout_file, mark)
+            file_path = workspace_path(rollout_file, workspace)
         created_at, who, runtime = utc_now(), author or default_author(), runtime_description()
 
         def plan(state: ThreadState | None) -> Move:
@@ -75,16 +84,19 @@ def commit_workspace(stores: Stores, store_path: str | None, workspace: str, rea
                                     f"{current.hex() if current else 'nothing'}, not at {expect!r}; "
                                     "nothing was committed")
             history = EMPTY_POSITION if state is None else state.history
-            appended, new_objects = 0, {}
+            appended = 0
+            new_objects: dict[bytes, bytes] = {}
+            in_file = None
             if tail is not None:
-                prepared, based_on = tail
-                if history != based_on:
+                if history != tail.based_on:
                     raise ConflictError(f"thread {thread!r} history moved while the rollout was read; "
                                         "nothing was committed, retry")
-                history, new_objects = rollout.link_segments(source, history, prepared)
-                appended = history.seq - based_on.seq
+                history, new_objects = rollout.link_segments(source, history, tail.segments)
+                appended = history.seq - tail.based_on.seq
+                in_file = tail.rollout_file(history, file_path)
             digest, cp, framed = checkpoints.build_checkpoint(
-                source, tree, (current,) if current else (), thread, reason, who, created_at, runtime, history)
+                source, tree, (current,) if current else (), thread, reason, who, created_at, runtime, history,
+                rollout_file=in_file)
             new_objects[digest.raw] = framed
             # The parent's own tree is held by the ref we compare against; anything
             # else the snapshot reused must still be stored.
@@ -104,12 +116,13 @@ def commit_workspace(stores: Stores, store_path: str | None, workspace: str, rea
             # snapshot once more asking the bucket, which stores again what is gone.
             known = None
             tree, stats, needed = snapshot(source, stores.local, workspace, allow_secrets,
-                                           progress, skip, skip_files, lease, known)
+                                           progress, skip, skip_files, lease, known, previous_tree)
             _, move = move_thread(stores, lease, thread, plan)
+    assert move is not None and isinstance(move.result, tuple)  # a commit always moves its thread
     digest, cp, appended = move.result
     return CommitResult(digest.hex(), tree.hex(), thread, [p.hex() for p in cp.parents], cp.history,
                         stats.files, stats.bytes, stats.cached_files, stats.new_objects, stats.new_bytes,
-                        appended)
+                        appended, stats.unchanged_files)
 
 
 def _resolve(stores: Stores, rev: str) -> Digest:
