@@ -51,7 +51,7 @@ class Remotes:
             Store.init(remote.path)
             made = True
         try:
-            self._open(remote)  # it must open (left open, as the store caches its environment)
+            self._open(remote)  # refused unless it opens as a store (not this one)
             added = self._stores.meta.write(lambda txn: remote_table.add_remote(txn, name, url, refs))
         except BaseException:
             if made:  # whole or nothing: the store made for it goes too
