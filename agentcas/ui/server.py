@@ -182,8 +182,10 @@ class ViewHandler(BaseHTTPRequestHandler):
         self._send(status, content_type, body)
 
     def _route(self, path: str, query: dict) -> tuple[int, str, bytes]:
-        segments = path.split("/")
-        decoded = [unquote(s, errors="strict") for s in segments]
+        try:
+            decoded = [unquote(s, errors="strict") for s in path.split("/")]
+        except UnicodeDecodeError:
+            raise UsageError("the path is not UTF-8 once decoded") from None
         if any(s in (".", "..") for s in decoded) or any("\x00" in s for s in decoded):
             raise UsageError("path traversal refused: a path segment is '.' or '..'")
         api = path.startswith("/api/")
