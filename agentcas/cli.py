@@ -821,9 +821,9 @@ def ui_command(ctx, host, port, no_browser):
     """Serve a read-only web view of the store; its URL, with an access token, is the first line printed."""
     try:
         import jinja2  # noqa: F401 - the pages' templates; checked before listening
-        from agentcas.ui.server import serve
-    except ImportError as exc:
-        raise AgentcasError(f"the web view needs Jinja2: pip install 'agentcas[ui]' ({exc})") from None
+    except ImportError:
+        raise AgentcasError("the web view needs Jinja2: pip install 'agentcas[ui]'") from None
+    from agentcas.ui.server import serve
 
     def announce(url: str) -> None:
         click.echo(url)

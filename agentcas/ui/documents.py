@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 
 from agentcas.errors import UsageError
+from agentcas.ui.reads import StoreReads
 
 MAX_PAGE = 200
 DEFAULT_PAGE = 200
@@ -27,12 +28,6 @@ DIFF_LISTS = ("added", "removed", "changed")
 
 class BadRequest(UsageError):
     """A query parameter the view cannot use (a malformed cursor or limit)."""
-
-
-def as_doc(value):
-    """A Store result as its JSON document (typed results have to_json(); dicts are documents)."""
-    to_json = getattr(value, "to_json", None)
-    return to_json() if callable(to_json) else value
 
 
 @dataclass(frozen=True)
@@ -66,9 +61,9 @@ class PageRequest:
         return self.cursor
 
 
-def threads_page(store, page: PageRequest) -> dict:
+def threads_page(reads: StoreReads, page: PageRequest) -> dict:
     """`branch --json` ({"threads": [...]}), the threads after the cursor's name."""
-    rows = [as_doc(r) for r in store.threads()]
+    rows = reads.threads()
     rows.sort(key=lambda r: r["thread"])
     if page.cursor is not None:
         rows = [r for r in rows if r["thread"] > page.cursor]
@@ -77,23 +72,23 @@ def threads_page(store, page: PageRequest) -> dict:
     return {"threads": shown, "next_cursor": shown[-1]["thread"] if more else None}
 
 
-def thread_page(store, name: str, page: PageRequest) -> dict:
+def thread_page(reads: StoreReads, name: str, page: PageRequest) -> dict:
     """`log NAME --json` ({"thread", "checkpoints"}), newest first from the cursor's checkpoint."""
-    state = store.thread(name)   # NotFound for an unknown thread, UsageError for a bad name
+    state = reads.thread(name)   # NotFound for an unknown thread, UsageError for a bad name
     start = page.checkpoint_id()
     if start is None:
         if state.checkpoint is None:   # a fork of a rollout without checkpoints: records only
             return {"thread": name, "checkpoints": [], "next_cursor": None}
         start = state.checkpoint.hex()
-    entries = [as_doc(e) for e in store.log(start, page.limit + 1)]
+    entries = reads.log(start, page.limit + 1)
     more = len(entries) > page.limit
     return {"thread": name, "checkpoints": entries[:page.limit],
             "next_cursor": entries[page.limit]["checkpoint"] if more else None}
 
 
-def checkpoint_page(store, rev: str, page: PageRequest) -> dict:
+def checkpoint_page(reads: StoreReads, rev: str, page: PageRequest) -> dict:
     """`show REV --files --json`, its files from the cursor's index."""
-    doc = as_doc(store.show(rev, files=True))
+    doc = reads.show(rev, files=True)
     start = page.index()
     files = doc["files"]
     doc["files"] = files[start:start + page.limit]
@@ -102,11 +97,11 @@ def checkpoint_page(store, rev: str, page: PageRequest) -> dict:
     return doc
 
 
-def diff_page(store, rev1: str | None, rev2: str | None, page: PageRequest) -> dict:
+def diff_page(reads: StoreReads, rev1: str | None, rev2: str | None, page: PageRequest) -> dict:
     """`diff REV1 REV2 --json`, its file rows from the cursor's index (added, removed, changed)."""
     if not rev1 or not rev2:
         raise BadRequest("diff needs from= and to= (checkpoint ids, thread names or revisions)")
-    doc = as_doc(store.diff(rev1, rev2))
+    doc = reads.diff(rev1, rev2)
     start, room = page.index(), page.limit
     offset = 0
     for key in DIFF_LISTS:

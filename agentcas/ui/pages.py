@@ -14,10 +14,11 @@ import os
 from dataclasses import dataclass
 from urllib.parse import quote, urlencode
 
-from agentcas.errors import AgentcasError, IntegrityError
+from agentcas.errors import AgentcasError
 from agentcas.terminal_text import escape_controls
 from agentcas.ui import documents, lineage_view
-from agentcas.ui.documents import MAX_PAGE, PageRequest, as_doc
+from agentcas.ui.documents import MAX_PAGE, PageRequest
+from agentcas.ui.reads import StoreReads
 
 THREAD_PAGE = 50
 EFFECTS_PAGE = 50
@@ -76,9 +77,9 @@ def render(template: str, **context) -> str:
 
 # --- lineage ------------------------------------------------------------------------------------
 
-def lineage_page(store, root: str | None, after: str | None) -> str:
-    lineage = as_doc(store.lineage(root))
-    total = len(store.thread_names())
+def lineage_page(reads: StoreReads, root: str | None, after: str | None) -> str:
+    lineage = reads.lineage(root)
+    total = len(reads.thread_names())
     view = lineage_view.fold(lineage, total, root, after)
     return render("lineage.html", view=view, title="lineage" if root is None else f"lineage of {root}")
 
@@ -93,33 +94,23 @@ class CheckpointRow:
     effects: dict
 
 
-def signature_status(store, digest: str) -> str:
-    """valid, untrusted, invalid or absent: the checkpoint's best stored signature."""
-    from agentcas.exchange.bundle import SignatureRejected
-    try:
-        return as_doc(store.verify(digest))["signature"]
-    except SignatureRejected as exc:
-        return exc.status
-    except IntegrityError:
-        return "invalid"
-
-
-def effect_counts(store, digest: str) -> dict:
+def effect_counts(reads: StoreReads, digest: str) -> dict:
     """{state: count} of the effects in a checkpoint's history (their latest states there)."""
-    totals = as_doc(store.effects(digest, limit=1))["totals"]
+    totals = reads.effects(digest, limit=1)["totals"]
     return dict(sorted(totals["by_state"].items())) if totals else {}
 
 
-def thread_page(store, name: str, cursor: str | None, limit: str | None, effects_cursor: str | None) -> str:
-    doc = documents.thread_page(store, name, PageRequest.parse(cursor, limit, THREAD_PAGE))
-    state = store.thread(name)
-    rows = [CheckpointRow(e, signature_status(store, e["checkpoint"]), effect_counts(store, e["checkpoint"]))
+def thread_page(reads: StoreReads, name: str, cursor: str | None, limit: str | None,
+                effects_cursor: str | None) -> str:
+    doc = documents.thread_page(reads, name, PageRequest.parse(cursor, limit, THREAD_PAGE))
+    state = reads.thread(name)
+    rows = [CheckpointRow(e, reads.signature(e["checkpoint"]), effect_counts(reads, e["checkpoint"]))
             for e in doc["checkpoints"]]
     before = PageRequest(effects_cursor, EFFECTS_PAGE).index() if effects_cursor else None
-    effects = as_doc(store.effects(name, limit=EFFECTS_PAGE, before=before))
-    forks = sorted(r["thread"] for r in map(as_doc, store.threads())
+    effects = reads.effects(name, limit=EFFECTS_PAGE, before=before)
+    forks = sorted(r["thread"] for r in reads.threads()
                    if r["forked_from"] and r["forked_from"]["thread"] == name and r["thread"] != name)
-    return render("thread.html", title=f"thread {name}", name=name, state=as_doc(state.to_doc()), rows=rows,
+    return render("thread.html", title=f"thread {name}", name=name, state=state.to_doc(), rows=rows,
                   next_cursor=doc["next_cursor"], first_page=cursor is None, limit=limit, effects=effects,
                   forks=forks[:FORKS_SHOWN], forks_count=len(forks),
                   harness=harness_format(name))
@@ -158,27 +149,27 @@ def replay_at(store, digest: str, fmt: str) -> Replay:
     return Replay(lines, 0, None)
 
 
-def checkpoint_page(store, rev: str, files_cursor: str | None, against: str | None,
+def checkpoint_page(reads: StoreReads, rev: str, files_cursor: str | None, against: str | None,
                     diff_cursor: str | None) -> str:
-    doc = documents.checkpoint_page(store, rev, PageRequest.parse(files_cursor, None))
+    doc = documents.checkpoint_page(reads, rev, PageRequest.parse(files_cursor, None))
     digest = doc["checkpoint"]
     base = against or (doc["parents"][0] if doc["parents"] else None)
     diff, diff_error = None, None
     if base is not None:
         try:
-            diff = documents.diff_page(store, base, digest, PageRequest.parse(diff_cursor, None))
+            diff = documents.diff_page(reads, base, digest, PageRequest.parse(diff_cursor, None))
         except documents.BadRequest:
             raise
         except AgentcasError as exc:
             diff_error = str(exc)
     fmt = harness_format(doc["thread"])
-    replay = replay_at(store, digest, fmt) if fmt else None
-    open_in_history = as_doc(store.effects(digest, states=OPEN_STATES, limit=EFFECTS_PAGE))
-    after = store.checkout_effects(digest)
+    replay = replay_at(reads.store, digest, fmt) if fmt else None
+    open_in_history = reads.effects(digest, states=OPEN_STATES, limit=EFFECTS_PAGE)
+    open_after = reads.effects_after(digest)
     return render("checkpoint.html", title=f"checkpoint {digest[:12]}", doc=doc, digest=digest,
                   against=against, base=base, diff=diff, diff_error=diff_error,
-                  replay=replay, harness=fmt, signature=signature_status(store, digest),
-                  open_in_history=open_in_history, open_after=as_doc(after) if after else None)
+                  replay=replay, harness=fmt, signature=reads.signature(digest),
+                  open_in_history=open_in_history, open_after=open_after)
 
 
 def error_page(status: int, message: str) -> str:

@@ -31,6 +31,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from agentcas.errors import AgentcasError, NotFound, UsageError
 from agentcas.ui import documents, pages
 from agentcas.ui.documents import PageRequest
+from agentcas.ui.reads import StoreReads
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
@@ -54,7 +55,7 @@ class ViewServer(ThreadingHTTPServer):
     def __init__(self, store, host: str, port: int):
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         super().__init__((host, port), ViewHandler)
-        self.store = store
+        self.reads = StoreReads(store)
         self.store_lock = threading.Lock()
         self.token = secrets.token_urlsafe(32)
         self.host = host
@@ -192,37 +193,37 @@ class ViewHandler(BaseHTTPRequestHandler):
         rest = path[len("/api"):] if api else path
         kind, _, tail = rest.lstrip("/").partition("/")
         name = unquote(tail, errors="strict")
-        store, lock = self.server.store, self.server.store_lock
+        reads, lock = self.server.reads, self.server.store_lock
         with lock:
             if api:
                 doc = self._api(kind, name, tail, query)
                 return HTTPStatus.OK, "application/json", (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
             if rest == "/":
-                html = pages.lineage_page(store, query.get("root") or None, query.get("after") or None)
+                html = pages.lineage_page(reads, query.get("root") or None, query.get("after") or None)
             elif kind == "thread" and tail:
-                html = pages.thread_page(store, name, query.get("cursor"), query.get("limit"), query.get("effects"))
+                html = pages.thread_page(reads, name, query.get("cursor"), query.get("limit"), query.get("effects"))
             elif kind == "checkpoint" and tail:
-                html = pages.checkpoint_page(store, name, query.get("files"), query.get("against") or None,
+                html = pages.checkpoint_page(reads, name, query.get("files"), query.get("against") or None,
                                              query.get("diff"))
             elif rest == "/diff":
                 if not query.get("from") or not query.get("to"):
                     raise UsageError("diff needs from= and to=")
-                html = pages.checkpoint_page(store, query["to"], None, query["from"], query.get("diff"))
+                html = pages.checkpoint_page(reads, query["to"], None, query["from"], query.get("diff"))
             else:
                 raise NotFound(f"no page at {path}")
         return HTTPStatus.OK, "text/html; charset=utf-8", html.encode("utf-8")
 
     def _api(self, kind: str, name: str, tail: str, query: dict) -> dict:
-        store = self.server.store
+        reads = self.server.reads
         page = PageRequest.parse(query.get("cursor"), query.get("limit"))
         if kind == "threads" and not tail:
-            return documents.threads_page(store, page)
+            return documents.threads_page(reads, page)
         if kind == "thread" and tail:
-            return documents.thread_page(store, name, page)
+            return documents.thread_page(reads, name, page)
         if kind == "checkpoint" and tail:
-            return documents.checkpoint_page(store, name, page)
+            return documents.checkpoint_page(reads, name, page)
         if kind == "diff" and not tail:
-            return documents.diff_page(store, query.get("from"), query.get("to"), page)
+            return documents.diff_page(reads, query.get("from"), query.get("to"), page)
         raise NotFound(f"no API document at /api/{kind}")
 
     def _error(self, status: int, message: str, api: bool) -> tuple[int, str, bytes]:

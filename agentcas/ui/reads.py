@@ -1,0 +1,83 @@
+"""The Store reads the web view makes, in one place, each returning the CLI's JSON document.
+
+The view only reads. Every call goes through `StoreReads`, which asks the Store's groups
+(`store.threads`, `store.checkpoints`, `store.effects`, `store.trust`) and turns each typed
+result into its JSON document (`to_json()`), the form the CLI prints with --json and the
+templates and /api/ documents use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def as_doc(value):
+    """A typed Store result as its JSON document (a list of them as a list of documents)."""
+    if isinstance(value, list):
+        return [as_doc(v) for v in value]
+    to_json = getattr(value, "to_json", None)
+    return to_json() if callable(to_json) else value
+
+
+@dataclass(frozen=True)
+class StoreReads:
+    store: object
+
+    def _group(self, name: str):
+        """The Store's group `name`, or the Store itself where the methods are still flat."""
+        group = getattr(self.store, name, None)
+        return self.store if group is None or (callable(group) and not hasattr(group, "list")) else group
+
+    # threads
+    def threads(self) -> list[dict]:
+        group = self._group("threads")
+        return as_doc(group.list() if group is not self.store else self.store.threads())
+
+    def thread(self, name: str):
+        """The thread's ThreadState (NotFound if there is none, UsageError for a bad name)."""
+        group = self._group("threads")
+        return group.get(name) if group is not self.store else self.store.thread(name)
+
+    def thread_names(self) -> set[str]:
+        group = self._group("threads")
+        return group.names() if group is not self.store else self.store.thread_names()
+
+    def log(self, rev: str, limit: int) -> list[dict]:
+        return as_doc(self._group("threads").log(rev, limit))
+
+    def lineage(self, root: str | None) -> dict:
+        return as_doc(self._group("threads").lineage(root))
+
+    # checkpoints
+    def show(self, rev: str, files: bool) -> dict:
+        doc = as_doc(self._group("checkpoints").show(rev, files))
+        if files:
+            doc["files"] = as_doc(doc["files"])
+        return doc
+
+    def diff(self, rev1: str, rev2: str) -> dict:
+        return as_doc(self._group("checkpoints").diff(rev1, rev2))
+
+    # effects
+    def effects(self, rev: str, states=None, limit: int | None = None, before: int | None = None) -> dict:
+        group = self._group("effects")
+        call = group.list if group is not self.store else self.store.effects
+        return as_doc(call(rev, states=states, limit=limit, before=before))
+
+    def effects_after(self, rev: str) -> dict | None:
+        group = self._group("effects")
+        result = group.after_checkpoint(rev) if group is not self.store else self.store.checkout_effects(rev)
+        return None if result is None else as_doc(result)
+
+    # signatures
+    def signature(self, digest: str) -> str:
+        """valid, untrusted, invalid or absent: the checkpoint's best stored signature."""
+        from agentcas.errors import IntegrityError
+        from agentcas.exchange.bundle import SignatureRejected
+        group = self._group("trust")
+        try:
+            return as_doc(group.verify(digest))["signature"]
+        except SignatureRejected as exc:
+            return exc.status
+        except IntegrityError:
+            return "invalid"
