@@ -407,8 +407,8 @@ def test_thread_page_rows_carry_their_facts(ui, small_store):
 
 def test_checkpoint_page_diffs_with_its_parent_and_any_other(ui, small_store):
     page = ui.get(f"/checkpoint/{small_store['second']}")
-    assert re.search(r'data-diff="added"><td>A</td><td class="path mono">new.txt', page)
-    assert re.search(r'data-diff="changed"><td>M</td><td class="path mono">notes.md', page)
+    assert re.search(r'data-diff="added"><td class="num">A</td><td class="path mono">new.txt', page)
+    assert re.search(r'data-diff="changed"><td class="num">M</td><td class="path mono">notes.md', page)
     other = ui.get(f"/checkpoint/{small_store['third']}?against={small_store['first']}")
     assert "alt.txt" in other and "new.txt" in other
     assert ui.get(f"/diff?from={small_store['first']}&to={small_store['third']}") == other
