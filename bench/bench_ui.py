@@ -10,8 +10,8 @@ checkpoints in one group write through the public `Store.lineage_writer` (the La
 saver's write path: objects in memory, one transaction per thread), so no workspace is
 snapshotted 100,000 times. Every checkpoint shares one small tree.
 
-Measured, against a real `agentcas ui` process over HTTP on 127.0.0.1 (REPEAT requests per
-page, after one warm-up request): p50 and p95 time to the full answer, and the answer's size,
+Measured, against a real `agentcas ui` process over HTTP on 127.0.0.1: the first request of
+each page, then REPEAT more: p50 and p95 time to the full answer, and the answer's size,
 for the lineage page (folded), the long thread's page (the newest 50 checkpoints and its
 effects), an ordinary thread's page, and /api/threads (a 200-row page). Beside them, what a user
 would otherwise run: `agentcas lineage` and `agentcas log main -n 50` (each a new process,
@@ -128,21 +128,21 @@ def main(argv: list[str]) -> int:
                      ("/api/thread/main (first 200)", f"/api/thread/main?{token}", False)]
             for label, page, judged in pages:
                 h.progress(f"GET {label}")
-                get(base, page)
+                first, _ = get(base, page)
                 samples = [get(base, page) for _ in range(REPEAT)]
                 times = [t for t, _ in samples]
                 size = samples[-1][1]
                 p50 = statistics.median(times)
                 passed = p50 < BUDGET if judged else None
                 ok = ok and passed is not False
-                rows.append([label, h.fmt_time(p50), h.fmt_time(percentile(times, 0.95)), h.fmt_bytes(size),
-                             h.verdict(passed)])
+                rows.append([label, h.fmt_time(first), h.fmt_time(p50), h.fmt_time(percentile(times, 0.95)),
+                             h.fmt_bytes(size), h.verdict(passed)])
         finally:
             proc.terminate()
             proc.wait(timeout=30)
         cli_rows = []
-        for label, args, page_p50 in (("agentcas lineage", ["lineage"], rows[0][1]),
-                                      ("agentcas log main -n 50", ["log", "main", "-n", "50"], rows[1][1])):
+        for label, args, page_p50 in (("agentcas lineage", ["lineage"], rows[0][2]),
+                                      ("agentcas log main -n 50", ["log", "main", "-n", "50"], rows[1][2])):
             h.progress(f"CLI: {label}")
             times, size = [], 0
             for _ in range(REPEAT_CLI):
@@ -152,8 +152,10 @@ def main(argv: list[str]) -> int:
                 size = len(out)
             cli_rows.append([label, h.fmt_time(statistics.median(times)), h.fmt_bytes(size), page_p50])
     h.table(f"Web view on {threads:,} threads / {checkpoints:,} checkpoints (built in {h.fmt_time(build_time)})",
-            ["page", "p50", "p95", "size", f"p50 < {int(BUDGET * 1000)} ms"], rows,
-            [f"{REPEAT} GETs per page after one warm-up, each on a new connection; {h.load_note()}."])
+            ["page", "first GET", "p50", "p95", "size", f"p50 < {int(BUDGET * 1000)} ms"], rows,
+            [f"The first GET of each page (in this order, on a server that has answered nothing before), "
+             f"then {REPEAT} more, each on a new connection; {h.load_note()}. The server keeps the "
+             "decoded ref rows and each checkpoint's effect counts (immutable) between requests."])
     h.table("What a user would otherwise run (a new process each, text on stdout)",
             ["command", "p50", "output", "the view's page p50"], cli_rows,
             [f"{REPEAT_CLI} runs each. `agentcas lineage` prints the whole tree; the lineage page is folded "

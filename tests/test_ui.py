@@ -439,3 +439,27 @@ def test_the_view_works_on_a_shared_store(tmp_path, s3_url, postgres_url, worksp
         assert "memory/notes.md" in server.get(f"/checkpoint/{made.json()['checkpoint']}")
     finally:
         assert server.stop() == 0
+
+
+def test_each_checkpoint_row_counts_the_effects_in_its_own_history(store_dir, tmp_path):
+    ws = write(tmp_path / "ws", {"a.txt": "1\n"})
+    store = Store.open(str(store_dir))
+    before = store.commit(str(ws), "before the request", "main")["checkpoint"]
+    effect = store.effect_add("main", "pending", "http.request", "https://example.test/pay", "irreversible")
+    write(ws, {"a.txt": "2\n"})
+    sent = store.commit(str(ws), "request sent", "main")["checkpoint"]
+    store.effect_add("main", "done", effect_id=effect["id"])
+    write(ws, {"a.txt": "3\n"})
+    done = store.commit(str(ws), "request done", "main")["checkpoint"]
+    store.close()
+    server = UiServer(store_dir)
+    try:
+        page = server.get("/thread/main")
+        cells = dict(re.findall(r'<tr data-checkpoint="([0-9a-f]{64})">.*?<td>((?:<span[^>]*>[^<]*</span>)+)</td>\s*</tr>',
+                                page, re.S))
+        assert "1 done" in cells[done] and "pending" not in cells[done]
+        assert "1 pending" in cells[sent]
+        assert ">0<" in cells[before]
+        assert server.get("/thread/main") == page   # asked again: the same counts
+    finally:
+        server.stop()

@@ -94,17 +94,11 @@ class CheckpointRow:
     effects: dict
 
 
-def effect_counts(reads: StoreReads, digest: str) -> dict:
-    """{state: count} of the effects in a checkpoint's history (their latest states there)."""
-    totals = reads.effects(digest, limit=1)["totals"]
-    return dict(sorted(totals["by_state"].items())) if totals else {}
-
-
 def thread_page(reads: StoreReads, name: str, cursor: str | None, limit: str | None,
                 effects_cursor: str | None) -> str:
     doc = documents.thread_page(reads, name, PageRequest.parse(cursor, limit, THREAD_PAGE))
     state = reads.thread(name)
-    rows = [CheckpointRow(e, reads.signature(e["checkpoint"]), effect_counts(reads, e["checkpoint"]))
+    rows = [CheckpointRow(e, reads.signature(e["checkpoint"]), reads.effect_counts(e["checkpoint"]))
             for e in doc["checkpoints"]]
     before = PageRequest(effects_cursor, EFFECTS_PAGE).index() if effects_cursor else None
     effects = reads.effects(name, limit=EFFECTS_PAGE, before=before)

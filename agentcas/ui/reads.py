@@ -8,7 +8,10 @@ templates and /api/ documents use.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+EFFECT_COUNTS_CACHED = 8192
 
 
 def as_doc(value):
@@ -22,6 +25,9 @@ def as_doc(value):
 @dataclass(frozen=True)
 class StoreReads:
     store: object
+    # Effect counts by checkpoint id: a checkpoint's history prefix never changes, so neither
+    # do the effects recorded in it (the server's process keeps the latest ones asked for).
+    _effect_counts: OrderedDict = field(default_factory=OrderedDict, repr=False)
 
     def _group(self, name: str):
         """The Store's group `name`, or the Store itself where the methods are still flat."""
@@ -63,6 +69,17 @@ class StoreReads:
         group = self._group("effects")
         call = group.list if group is not self.store else self.store.effects
         return as_doc(call(rev, states=states, limit=limit, before=before))
+
+    def effect_counts(self, digest: str) -> dict[str, int]:
+        """{state: count} of the effects in checkpoint `digest`'s history (latest states there)."""
+        counts = self._effect_counts.get(digest)
+        if counts is None:
+            totals = self.effects(digest, limit=1)["totals"]
+            counts = dict(sorted(totals["by_state"].items())) if totals else {}
+            self._effect_counts[digest] = counts
+            while len(self._effect_counts) > EFFECT_COUNTS_CACHED:
+                self._effect_counts.popitem(last=False)
+        return counts
 
     def effects_after(self, rev: str) -> dict | None:
         group = self._group("effects")

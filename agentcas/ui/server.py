@@ -114,10 +114,10 @@ class ViewHandler(BaseHTTPRequestHandler):
         raise AttributeError(name)
 
     def do_GET(self):
-        self._respond(send_body=True)
+        self._respond()
 
-    def do_HEAD(self):
-        self._respond(send_body=False)
+    def do_HEAD(self):   # the GET answer's headers; _send leaves the body out
+        self._respond()
 
     def _other_method(self):
         if self._admitted():
@@ -161,8 +161,7 @@ class ViewHandler(BaseHTTPRequestHandler):
         return None if morsel is None else morsel.value
 
     # -- routing ------------------------------------------------------------------------------
-    def _respond(self, send_body: bool) -> None:
-        self._send_body = send_body
+    def _respond(self) -> None:
         parts = urlsplit(self.path)
         query = parse_qs(parts.query, keep_blank_values=True)
         if not self._admitted(query):
@@ -241,7 +240,7 @@ class ViewHandler(BaseHTTPRequestHandler):
             self.send_header("Set-Cookie", f"{self.server.cookie_name}={self.server.token}; HttpOnly; "
                                            "SameSite=Strict; Path=/")
         self.end_headers()
-        if getattr(self, "_send_body", True) and self.command != "HEAD":
+        if self.command != "HEAD":
             self.wfile.write(body)
 
 
