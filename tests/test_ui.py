@@ -463,3 +463,30 @@ def test_each_checkpoint_row_counts_the_effects_in_its_own_history(store_dir, tm
         assert server.get("/thread/main") == page   # asked again: the same counts
     finally:
         server.stop()
+
+
+def test_another_loopback_address_is_served_under_its_own_name(small_store):
+    server = UiServer(small_store["dir"], args=("--host", "127.0.0.2"))
+    try:
+        assert server.url.startswith("http://127.0.0.2:")
+        assert server.request("/", host=f"127.0.0.2:{server.port}")[0] == 200
+        assert server.request("/", host=f"localhost:{server.port}")[0] == 200
+        assert server.request("/", host=f"127.0.0.1:{server.port}")[0] == 403
+    finally:
+        assert server.stop() == 0
+
+
+def test_host_names_allowed_for_each_kind_of_bind():
+    from types import SimpleNamespace
+    from agentcas.ui.server import _host_allowed, allowed_hosts
+
+    def allowed(bind: str, header: str) -> bool:
+        return _host_allowed(SimpleNamespace(allowed_hosts=allowed_hosts(bind, 8080), port=8080), header)
+
+    assert allowed("::1", "[::1]:8080") and allowed("::1", "localhost:8080") and not allowed("::1", "[::1]:8081")
+    assert allowed("myhost.lan", "MyHost.lan:8080") and not allowed("myhost.lan", "localhost:8080")
+    assert not allowed("192.0.2.7", "localhost:8080") and allowed("192.0.2.7", "192.0.2.7:8080")
+    # A wildcard bind: any address literal with the port, never a name (a rebound name is refused).
+    assert allowed("0.0.0.0", "192.0.2.7:8080") and allowed("0.0.0.0", "[::1]:8080")
+    assert not allowed("0.0.0.0", "evil.example:8080") and not allowed("0.0.0.0", "192.0.2.7:9090")
+    assert not allowed("127.0.0.1", None) and not allowed("127.0.0.1", "")
