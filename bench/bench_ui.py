@@ -4,9 +4,9 @@
 The store (bench-only generator, `build`): `main` holds a fifth of the checkpoints (the long
 thread), the other threads share the rest. Thread k forks from an earlier thread (main with
 probability 0.3, else one of the earlier threads, seeded) at a random record of its history
-with the real `Store.fork`; each thread then gets one own rollout record per checkpoint (one
+with the real `store.threads.fork`; each thread then gets one own rollout record per checkpoint (one
 append each, so one history segment each, as commits with a rollout make them) and its
-checkpoints in one group write through the public `Store.lineage_writer` (the LangGraph
+checkpoints in one group write through the public `store.threads.group_writer` (the LangGraph
 saver's write path: objects in memory, one transaction per thread), so no workspace is
 snapshotted 100,000 times. Every checkpoint shares one small tree.
 
@@ -56,10 +56,10 @@ def build(store, threads: int, checkpoints: int) -> dict:
     for k, name in enumerate(names):
         if k:
             parent = "main" if rng.random() < 0.3 else names[rng.randrange(k)]
-            records = store.thread(parent).history.seq
-            store.fork(parent, name, rng.randint(0, records))
+            records = store.threads.get(parent).history.seq
+            store.threads.fork(parent, name, rng.randint(0, records))
         count = per_thread[k]
-        with store.lineage_writer(f"bench {name}") as writer:
+        with store.threads.group_writer(f"bench {name}") as writer:
             tree = writer.store_tree(files)
             # One record appended per checkpoint, each append its own segment, as commits make them.
             appends = [writer.prepare_records(b'{"type":"message","role":"assistant","thread":%d,"step":%d}\n'

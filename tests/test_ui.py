@@ -42,18 +42,18 @@ def small_store(store_dir, tmp_path):
     rollout = tmp_path / "r.jsonl"
     rollout.write_text('{"role":"user","text":"hi"}\n')
     store = Store.open(str(store_dir))
-    first = store.commit(str(ws), HOSTILE_REASON, "main", str(rollout))
+    first = store.checkpoints.commit(str(ws), HOSTILE_REASON, "main", str(rollout))
     write(ws, {"notes.md": "two\n", "new.txt": "n\n"})
     rollout.write_text('{"role":"user","text":"hi"}\n{"role":"assistant","text":"hello"}\n')
-    second = store.commit(str(ws), "second", "main", str(rollout))
-    store.fork("main", "alt")
-    store.fork("main", HOSTILE_THREAD, 1)
+    second = store.checkpoints.commit(str(ws), "second", "main", str(rollout))
+    store.threads.fork("main", "alt")
+    store.threads.fork("main", HOSTILE_THREAD, 1)
     write(ws, {"alt.txt": "a\n"})
-    third = store.commit(str(ws), "on alt", "alt")
-    store.effect_add("alt", "pending", "http.request", "https://example.test/<i>", "irreversible")
+    third = store.checkpoints.commit(str(ws), "on alt", "alt")
+    store.effects.add("alt", "pending", "http.request", "https://example.test/<i>", "irreversible")
     store.close()
-    return {"dir": store_dir, "first": first["checkpoint"], "second": second["checkpoint"],
-            "third": third["checkpoint"]}
+    return {"dir": store_dir, "first": first.checkpoint, "second": second.checkpoint,
+            "third": third.checkpoint}
 
 
 @pytest.fixture
@@ -207,7 +207,7 @@ def test_a_hostile_file_path_and_reason_are_text(ui, small_store):
 def test_control_and_bidi_characters_are_shown_as_escapes(store_dir, tmp_path):
     ws = write(tmp_path / "ws", {"a\u202eb.txt": "x\n"})
     store = Store.open(str(store_dir))
-    digest = store.commit(str(ws), "reason \u202e reversed", "main")["checkpoint"]
+    digest = store.checkpoints.commit(str(ws), "reason \u202e reversed", "main").checkpoint
     store.close()
     server = UiServer(store_dir)
     try:
@@ -301,9 +301,9 @@ def long_thread(store_dir, tmp_path):
     store = Store.open(str(store_dir))
     for n in range(230):
         (ws / "step").write_text(str(n))
-        store.commit(str(ws), f"step {n}", "main")
+        store.checkpoints.commit(str(ws), f"step {n}", "main")
     for n in range(260):
-        store.fork("main", f"fork-{n:03d}")
+        store.threads.fork("main", f"fork-{n:03d}")
     store.close()
     return store_dir
 
@@ -444,13 +444,13 @@ def test_the_view_works_on_a_shared_store(tmp_path, s3_url, postgres_url, worksp
 def test_each_checkpoint_row_counts_the_effects_in_its_own_history(store_dir, tmp_path):
     ws = write(tmp_path / "ws", {"a.txt": "1\n"})
     store = Store.open(str(store_dir))
-    before = store.commit(str(ws), "before the request", "main")["checkpoint"]
-    effect = store.effect_add("main", "pending", "http.request", "https://example.test/pay", "irreversible")
+    before = store.checkpoints.commit(str(ws), "before the request", "main").checkpoint
+    effect = store.effects.add("main", "pending", "http.request", "https://example.test/pay", "irreversible")
     write(ws, {"a.txt": "2\n"})
-    sent = store.commit(str(ws), "request sent", "main")["checkpoint"]
-    store.effect_add("main", "done", effect_id=effect["id"])
+    sent = store.checkpoints.commit(str(ws), "request sent", "main").checkpoint
+    store.effects.add("main", "done", effect_id=effect.id)
     write(ws, {"a.txt": "3\n"})
-    done = store.commit(str(ws), "request done", "main")["checkpoint"]
+    done = store.checkpoints.commit(str(ws), "request done", "main").checkpoint
     store.close()
     server = UiServer(store_dir)
     try:

@@ -54,21 +54,21 @@ def demo_store(store_dir, tmp_path):
         for _ in range(records):
             lines.append('{"role":"assistant","text":"step %d"}\n' % len(lines))
         rollout.write_text("".join(lines))
-        return store.commit(str(ws), reason, thread, str(rollout) if thread == "main" else None)["checkpoint"]
+        return store.checkpoints.commit(str(ws), reason, thread, str(rollout) if thread == "main" else None).checkpoint
 
     step("main", "read the failing test", {}, 4)
     step("main", "reproduce the timeout", {"repro.py": "import time\n"}, 6)
     step("main", "fix: raise the login timeout to 30s", {"src/login.py": "TIMEOUT = 30\n"}, 8)
-    store.fork("main", "try-retry", 10)
-    store.fork("main", "try-async")
+    store.threads.fork("main", "try-retry", 10)
+    store.threads.fork("main", "try-async")
     write(ws, {"src/login.py": "RETRIES = 3\n"})
-    store.commit(str(ws), "alternative: retry three times", "try-retry")
-    store.fork("try-retry", "try-retry-backoff")
+    store.checkpoints.commit(str(ws), "alternative: retry three times", "try-retry")
+    store.threads.fork("try-retry", "try-retry-backoff")
     write(ws, {"src/login.py": "RETRIES = 3\nBACKOFF = 2\n"})
-    store.commit(str(ws), "retry with exponential backoff", "try-retry-backoff")
-    store.effect_add("main", "pending", "http.request", "POST https://deploy.example/staging", "compensatable",
+    store.checkpoints.commit(str(ws), "retry with exponential backoff", "try-retry-backoff")
+    store.effects.add("main", "pending", "http.request", "POST https://deploy.example/staging", "compensatable",
                      "deployer", "deploy")
-    store.fork("main", HOSTILE_THREAD, 2)
+    store.threads.fork("main", HOSTILE_THREAD, 2)
     store.close()
     session = ClaudeSession()
     session.prompt("Fix the login timeout in src/login.py")

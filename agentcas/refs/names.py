@@ -51,3 +51,12 @@ def check_thread_name(name: str) -> str:
         if part.endswith(".lock"):
             bad("has a component ending with '.lock'")
     return name
+
+
+def is_thread_name(text: str) -> bool:
+    """Whether `text` is a valid thread name (check_thread_name would accept it)."""
+    try:
+        check_thread_name(text)
+        return True
+    except UsageError:
+        return False

@@ -29,46 +29,33 @@ class StoreReads:
     # do the effects recorded in it (the server's process keeps the latest ones asked for).
     _effect_counts: OrderedDict = field(default_factory=OrderedDict, repr=False)
 
-    def _group(self, name: str):
-        """The Store's group `name`, or the Store itself where the methods are still flat."""
-        group = getattr(self.store, name, None)
-        return self.store if group is None or (callable(group) and not hasattr(group, "list")) else group
-
     # threads
     def threads(self) -> list[dict]:
-        group = self._group("threads")
-        return as_doc(group.list() if group is not self.store else self.store.threads())
+        return as_doc(self.store.threads.list())
 
     def thread(self, name: str):
         """The thread's ThreadState (NotFound if there is none, UsageError for a bad name)."""
-        group = self._group("threads")
-        return group.get(name) if group is not self.store else self.store.thread(name)
+        return self.store.threads.get(name)
 
     def thread_names(self) -> set[str]:
-        group = self._group("threads")
-        return group.names() if group is not self.store else self.store.thread_names()
+        return self.store.threads.names()
 
     def log(self, rev: str, limit: int) -> list[dict]:
-        return as_doc(self._group("threads").log(rev, limit))
+        return as_doc(self.store.threads.log(rev, limit))
 
     def lineage(self, root: str | None) -> dict:
-        return as_doc(self._group("threads").lineage(root))
+        return as_doc(self.store.threads.lineage(root))
 
     # checkpoints
     def show(self, rev: str, files: bool) -> dict:
-        doc = as_doc(self._group("checkpoints").show(rev, files))
-        if files:
-            doc["files"] = as_doc(doc["files"])
-        return doc
+        return as_doc(self.store.checkpoints.show(rev, files))
 
     def diff(self, rev1: str, rev2: str) -> dict:
-        return as_doc(self._group("checkpoints").diff(rev1, rev2))
+        return as_doc(self.store.checkpoints.diff(rev1, rev2))
 
     # effects
     def effects(self, rev: str, states=None, limit: int | None = None, before: int | None = None) -> dict:
-        group = self._group("effects")
-        call = group.list if group is not self.store else self.store.effects
-        return as_doc(call(rev, states=states, limit=limit, before=before))
+        return as_doc(self.store.effects.list(rev, states=states, limit=limit, before=before))
 
     def effect_counts(self, digest: str) -> dict[str, int]:
         """{state: count} of the effects in checkpoint `digest`'s history (latest states there)."""
@@ -82,8 +69,7 @@ class StoreReads:
         return counts
 
     def effects_after(self, rev: str) -> dict | None:
-        group = self._group("effects")
-        result = group.after_checkpoint(rev) if group is not self.store else self.store.checkout_effects(rev)
+        result = self.store.effects.after_checkpoint(rev)
         return None if result is None else as_doc(result)
 
     # signatures
@@ -91,9 +77,8 @@ class StoreReads:
         """valid, untrusted, invalid or absent: the checkpoint's best stored signature."""
         from agentcas.errors import IntegrityError
         from agentcas.exchange.bundle import SignatureRejected
-        group = self._group("trust")
         try:
-            return as_doc(group.verify(digest))["signature"]
+            return self.store.trust.verify(digest).signature
         except SignatureRejected as exc:
             return exc.status
         except IntegrityError:
