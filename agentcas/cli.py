@@ -25,11 +25,19 @@ if TYPE_CHECKING:
 
 class Context:
     def __init__(self, store_path: str | None, as_json: bool, refs: str | None = None):
+        self._store: Store | None = None
+        # With --json, the command's document: printed by `main` when the command ends, with
+        # the failure's `error` and `exit_code` in it if the command failed after making it
+        # (scan's findings, ingest's refusals, fsck's problems), so stdout holds one document.
+        self.document = None
+        self.configure(store_path, as_json, refs)
+
+    def configure(self, store_path: str | None, as_json: bool, refs: str | None) -> None:
+        """Take the global options (the group's callback calls this on `main`'s Context)."""
         self.store_path = store_path
         self.as_json = as_json
         self.refs = refs or os.environ.get("AGENTCAS_REFS") or None
         self.refs_flag = refs  # given on the command line ($AGENTCAS_REFS may be set for a whole shell)
-        self._store = None
 
     def check_refs(self, path: str) -> None:
         """`--refs` names the refs of an s3:// store; given with a directory store it would
@@ -56,13 +64,14 @@ class Context:
         return self._store
 
     def emit(self, doc, text: str | None = None) -> None:
-        """Print `doc` (a typed result, or a document of them) as JSON with --json, else `text`.
+        """Print `doc` (a typed result, or a document of them) as JSON with --json (when
+        the command ends: see `document`), else `text`.
 
         The one place a command's result becomes output: its JSON is the result's
         `to_json()` (agentcas/result.py), its text what the command rendered from its fields."""
         if self.as_json:
             from agentcas.result import json_value
-            click.echo(json.dumps(json_value(doc), indent=2, ensure_ascii=False, sort_keys=True))
+            self.document = json_value(doc)
         elif text is not None:
             click.echo(escape_controls(text, lines=True))
 
@@ -81,8 +90,8 @@ class Progress:
     def __enter__(self):
         if sys.stderr.isatty():
             from rich.console import Console
-            from rich.progress import BarColumn, DownloadColumn, Progress as RichProgress, \
-                TransferSpeedColumn, TimeRemainingColumn
+            from rich.progress import BarColumn, DownloadColumn, TimeRemainingColumn, TransferSpeedColumn
+            from rich.progress import Progress as RichProgress
             self.bar = RichProgress("[progress.description]{task.description}", BarColumn(),
                                     DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
                                     console=Console(stderr=True), transient=True)
@@ -110,7 +119,10 @@ class Progress:
 @click.pass_context
 def cli(ctx, store_path, refs, as_json):
     """agentcas: content-addressed checkpoints with Git-like lineage for AI-agent state."""
-    ctx.obj = Context(store_path, as_json, refs)
+    if isinstance(ctx.obj, Context):  # made by `main`, which reports a failure in its form
+        ctx.obj.configure(store_path, as_json or ctx.obj.as_json, refs)
+    else:
+        ctx.obj = Context(store_path, as_json, refs)
 
 
 @cli.command()
@@ -131,9 +143,11 @@ def init(ctx, directory):
 @click.argument("path", type=click.Path(file_okay=False))
 @click.option("-m", "--message", "reason", required=True, help="Why this checkpoint (1..512 characters).")
 @click.option("--thread", default="main", show_default=True)
-@click.option("--rollout", "rollout_file", type=click.Path(dir_okay=False), help="Growing JSONL rollout file; its new tail is appended.")
+@click.option("--rollout", "rollout_file", type=click.Path(dir_okay=False),
+              help="Growing JSONL rollout file; its new tail is appended.")
 @click.option("--expect", metavar="REV", help="Commit only if the thread is at REV (else exit 3).")
-@click.option("--allow-secret", "allow_secrets", multiple=True, metavar="GLOB", help="Store files matching GLOB even if they look like secrets.")
+@click.option("--allow-secret", "allow_secrets", multiple=True, metavar="GLOB",
+              help="Store files matching GLOB even if they look like secrets.")
 @pass_ctx
 def commit(ctx, path, reason, thread, rollout_file, expect, allow_secrets):
     """Snapshot the workspace PATH as a checkpoint on a thread."""
@@ -142,7 +156,7 @@ def commit(ctx, path, reason, thread, rollout_file, expect, allow_secrets):
                                                 progress=progress)
     extra = f", {result.appended_records} rollout records" if rollout_file else ""
     ctx.emit(result, f"[{thread} {result.checkpoint[:12]}] {reason}\n"
-                     f" {result.files} files, {result.bytes} bytes ({result.cached_files} unchanged), "
+                     f" {result.files} files, {result.bytes} bytes ({result.unchanged_files} unchanged), "
                      f"{result.new_objects} new objects, {result.new_bytes} bytes stored{extra}")
 
 
@@ -154,7 +168,8 @@ def checkout(ctx, rev, dest):
     """Restore checkpoint REV into DEST, which must not exist."""
     with Progress("checkout") as progress:
         result = ctx.store().checkpoints.checkout(rev, dest, progress=progress)
-    ctx.emit(result, f"Checked out {result.checkpoint[:12]} into {result.dest} ({result.files} files)")
+    written = f" and the rollout file {result.rollout_file}" if result.rollout_file else ""
+    ctx.emit(result, f"Checked out {result.checkpoint[:12]} into {result.dest} ({result.files} files{written})")
     if not ctx.as_json:
         _print_open_effects(result.effects, "checkout")
 
@@ -287,7 +302,7 @@ def _print_open_effects(doc, verb: str) -> None:
         click.echo(escape_controls(f"  {e.state:<8} {e.rollback:<13} {e.id}  {e.kind} {e.target!r}"
                                    f" (seq {e.first_seq})"), err=True)
     if doc.has_more:
-        click.echo(f"  ... and more: agentcas effects THREAD --since REV --state pending,unknown", err=True)
+        click.echo("  ... and more: agentcas effects THREAD --since REV --state pending,unknown", err=True)
 
 
 @cli.command()
@@ -310,9 +325,11 @@ def lineage(ctx, thread):
     ctx.emit(doc, "\n".join(lines))
 
 
-@cli.group()
-def effect():
+@cli.group(invoke_without_command=True)
+@click.pass_context
+def effect(click_ctx):
     """Record external effects (requests sent, money spent) as history: evidence, never undone."""
+    _without_subcommand(click_ctx)
 
 
 @effect.command("add")
@@ -363,9 +380,11 @@ def effects(ctx, rev, since, states, limit, cursor):
     ctx.emit(doc, "\n".join(lines))
 
 
-@cli.group()
-def rollout():
+@cli.group(invoke_without_command=True)
+@click.pass_context
+def rollout(click_ctx):
     """Append to and read a thread's JSONL history."""
+    _without_subcommand(click_ctx)
 
 
 @rollout.command("append")
@@ -395,7 +414,7 @@ def rollout_append(ctx, thread, source):
 @pass_ctx
 def rollout_cat(ctx, thread, start, stop):
     """Print records FROM <= seq < TO of THREAD's history (or a checkpoint's), exactly as appended."""
-    pieces = ctx.store().history.read(thread, start, stop, whole_records=ctx.as_json)
+    pieces = ctx.store().history.read(thread, start, stop, whole_records=ctx.as_json, clamp=False)
     if ctx.as_json:
         from agentcas.harnesses.records import parse_line  # ingested logs keep damaged lines: null here
         records = [parse_line(line) for piece in pieces for line in piece.splitlines()]
@@ -417,7 +436,7 @@ def rollout_cat(ctx, thread, start, stop):
     out.flush()
 
 
-# --- harness sessions (issue 9) ---------------------------------------------------------------
+# --- harness sessions ---------------------------------------------------------------------------
 @cli.command()
 @click.argument("harness", type=click.Choice(["codex", "claude"]))
 @click.argument("paths", nargs=-1, required=True, metavar="PATH...")
@@ -451,8 +470,8 @@ def ingest(ctx, harness, paths, thread, watch):
                            + (f", {r.partial_bytes} bytes of a partial line wait" if r.partial_bytes else "")
                            + f"  [{r.path}]"))
             elif not watch:
-                click.echo(escape_controls(f"{r.thread or '-'}: {r.status}"
-                                           + (f" ({r.partial_bytes} bytes of a partial line)" if r.partial_bytes else "")
+                partial = f" ({r.partial_bytes} bytes of a partial line)" if r.partial_bytes else ""
+                click.echo(escape_controls(f"{r.thread or '-'}: {r.status}" + partial
                                            + f"  [{r.path}]"))
 
     if watch:
@@ -561,7 +580,8 @@ def gc_command(click_ctx, dry_run, grace, expire_reflog, report_file, wait, batc
               metavar="DURATION|now")
 @pass_ctx
 def gc_explain(ctx, object_id, grace, expire_reflog):
-    """Why object ID (id or unique hex prefix) is alive: the path from a root, or unreachable."""
+    """Why object ID is alive (an object id, a file id as show --files prints it, or a unique hex
+    prefix of 8+ digits): the path from a root, or unreachable."""
     from agentcas.gc import explain as gc_explain_module
     from agentcas.gc.plan import parse_duration
     doc = ctx.store().gc.explain(object_id, parse_duration(grace),
@@ -611,9 +631,11 @@ def keygen(ctx, name, out_dir):
                      f"{', encrypted' if result['encrypted'] else ''}) and {result['public_key']}")
 
 
-@cli.group("trust")
-def trust_group():
+@cli.group("trust", invoke_without_command=True)
+@click.pass_context
+def trust_group(click_ctx):
     """The signers whose signatures this store accepts, per namespace."""
+    _without_subcommand(click_ctx, "list")
 
 
 @trust_group.command("add")
@@ -668,7 +690,14 @@ def verify(ctx, target):
         text = (f"bundle OK: {result.objects} objects, {result.files} files, checkpoint "
                 f"{result.checkpoint[:12]} ({result.thread}); {result.reason}")
     else:
-        result = store.trust.verify(target)
+        from agentcas.exchange.bundle import NoBundleFile
+        from agentcas.refs.revisions import UnknownRevision
+        try:
+            result = store.trust.verify(target)
+        except UnknownRevision:
+            if target.endswith(".bundle") or os.sep in target:  # meant as a file, surely
+                raise NoBundleFile(f"bundle file {target} does not exist (nor is it a revision)") from None
+            raise
         text = f"checkpoint {result.checkpoint[:12]}: {result.reason}"
     ctx.emit(result, text)
 
@@ -724,14 +753,16 @@ def scan_cmd(ctx, rev, as_json):
                  f"{'checkpoint ' + doc.checkpoint[:12] if doc.checkpoint else 'no checkpoint'} "
                  f"and {doc.records} rollout records of {doc.thread}")
     ctx.emit(doc, "\n".join(lines))
-    if found:
+    if found:  # with --json the report is the one document, `error` and `exit_code` added
         raise AgentcasError(f"scan found {found} likely secret(s) in {rev} (the secrets are not shown)")
 
 
 # remotes
-@cli.group("remote")
-def remote_group():
+@cli.group("remote", invoke_without_command=True)
+@click.pass_context
+def remote_group(click_ctx):
     """Other agentcas stores to push threads to and pull them from."""
+    _without_subcommand(click_ctx, "list")
 
 
 @remote_group.command("add")
@@ -743,7 +774,8 @@ def remote_group():
 def remote_add(ctx, name, url, refs):
     """Record the store at URL (a path, file:// URL or s3://BUCKET/PREFIX) as remote NAME."""
     result = ctx.store().remotes.add(name, url, refs)
-    ctx.emit(result, f"Added remote {result.name} -> {result.url}")
+    made = f"Created an empty store at {result.url}\n" if result.created else ""
+    ctx.emit(result, f"{made}Added remote {result.name} -> {result.url}")
 
 
 @remote_group.command("list")
@@ -861,6 +893,20 @@ def drill(ctx, rev, keep):
         ctx.emit(report.to_json())
 
 
+def _without_subcommand(click_ctx, listing: str | None = None) -> None:
+    """A group named alone, like `git remote`: runs its `listing` command, or (a group
+    with nothing to list) prints its commands; exit 0 either way, not a usage error."""
+    if click_ctx.invoked_subcommand is not None:
+        return
+    group = click_ctx.command
+    if listing is not None:
+        click_ctx.invoke(group.commands[listing])
+        return
+    ctx = click_ctx.find_object(Context)
+    commands = {name: group.commands[name].get_short_help_str(limit=120) for name in sorted(group.commands)}
+    ctx.emit({"commands": commands}, click_ctx.get_help())
+
+
 def _set_json(click_ctx, _param, value) -> None:
     if value:
         click_ctx.find_object(Context).as_json = True
@@ -869,7 +915,7 @@ def _set_json(click_ctx, _param, value) -> None:
 def _accept_json_after_the_command(group: click.Group) -> None:
     """Every command takes `--json` after its name as well as before it.
 
-    The issues write `agentcas replay REV --json` and `agentcas effects REV --json`; the
+    Users write `agentcas replay REV --json` and `agentcas effects REV --json`; the
     option is the global one: it sets the Context's `as_json` when the subcommand's
     arguments are parsed (the group's callback, which makes the Context, has run by then).
     A command with its own `--json` (scan) keeps it.
@@ -887,40 +933,56 @@ _accept_json_after_the_command(cli)
 
 
 def main(argv=None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    # --json may come before or after the command; a usage error can stop click before
+    # any callback has seen it, so the words given decide too (those before a `--`).
+    words = args[:args.index("--")] if "--" in args else args
+    context = Context(None, "--json" in words)
+    code, message = _run(args, context)
+    if message is not None:
+        click.echo(f"agentcas: error: {message}", err=True)
+    document = context.document
+    if context.as_json and message is not None:
+        failure = {"error": message, "exit_code": code}
+        document = dict(document, **failure) if isinstance(document, dict) else failure
+    if context.as_json and document is not None:
+        try:
+            click.echo(json.dumps(document, indent=2, ensure_ascii=False, sort_keys=True))
+        except BrokenPipeError:
+            pass
+    return code
+
+
+def _run(args: list, context: Context) -> tuple[int, str | None]:
+    """(exit code, the one-line error or None) of running the command `args`."""
     debug = os.environ.get("AGENTCAS_DEBUG") == "1"
     try:
-        cli.main(args=argv, prog_name="agentcas", standalone_mode=False)
-        return 0
+        cli.main(args=args, prog_name="agentcas", standalone_mode=False, obj=context)
+        return 0, None
     except click.exceptions.Exit as exc:
-        return exc.exit_code
+        return exc.exit_code, None
     except click.exceptions.Abort:
-        click.echo("agentcas: error: aborted", err=True)
-        return 1
+        return 1, "aborted"
     except click.ClickException as exc:
         if debug:
             _print_traceback()
-        click.echo(f"agentcas: error: {_one_line(exc.format_message())}", err=True)
-        return exc.exit_code
+        return exc.exit_code, _one_line(exc.format_message())
     except AgentcasError as exc:
         if debug:
             _print_traceback()
-        click.echo(f"agentcas: error: {_one_line(str(exc))}", err=True)
-        return exc.exit_code
+        return exc.exit_code, _one_line(str(exc))
     except BrokenPipeError:
-        return 0
+        return 0, None
     except KeyboardInterrupt:
-        click.echo("agentcas: error: interrupted", err=True)
-        return 130
+        return 130, "interrupted"
     except Exception as exc:  # noqa: BLE001 - last resort: still one line
         if debug:
             _print_traceback()
         failure = _system_failure(exc)
         if failure is not None:
-            click.echo(f"agentcas: error: {_one_line(str(failure))}", err=True)
-            return failure.exit_code
-        click.echo(f"agentcas: error: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
-                   "(set AGENTCAS_DEBUG=1 for a traceback)", err=True)
-        return 1
+            return failure.exit_code, _one_line(str(failure))
+        return 1, (f"internal error: {type(exc).__name__}: {_one_line(str(exc))} "
+                   "(set AGENTCAS_DEBUG=1 for a traceback)")
 
 
 def _system_failure(exc: Exception):

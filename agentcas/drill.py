@@ -114,7 +114,7 @@ class SumOfSquaresAgent:
         state = self.state()
         self._record({"type": "turn", "event": "start", "next_i": state["next_i"],
                       "partial_sum": state["partial_sum"]})
-        done = []
+        done: list = []
         while state["next_i"] <= n and (max_steps is None or len(done) < max_steps):
             i = state["next_i"]
             state = {"next_i": i + 1, "partial_sum": state["partial_sum"] + i * i}
@@ -254,7 +254,8 @@ def run_drill(echo=print, keep: bool = False) -> DrillReport:
                                               os.path.join(recovered, "rollout.jsonl"))
             log = store.threads.log("main")
             store.close()
-            _require(log[1].checkpoint == memo["checkpoint"], "the finished checkpoint does not follow the imported one")
+            _require(log[1].checkpoint == memo["checkpoint"],
+                     "the finished checkpoint does not follow the imported one")
             return (f"checkpoint {result.checkpoint[:12]} follows {memo['checkpoint'][:12]}, "
                     f"+{result.appended_records} rollout records")
 
@@ -270,6 +271,7 @@ def run_drill(echo=print, keep: bool = False) -> DrillReport:
 def run_checkpoint_drill(store: Store, rev: str, echo=print, keep: bool = False) -> DrillReport:
     """Export `rev` from `store`, import it elsewhere, check out, compare byte for byte."""
     from agentcas.lineage import rollout
+    from agentcas.lineage.tail import rollout_file_pieces
     from agentcas.workspace.restore import list_files, read_file, walk_directory
 
     digest, cp = store.checkpoints.get(rev)  # an unknown revision is the user's error, not a failed drill
@@ -328,10 +330,19 @@ def run_checkpoint_drill(store: Store, rev: str, echo=print, keep: bool = False)
                         count += 1
                         size += entry.size
                     original_history = b"".join(rollout.History(txn).read(cp.history))
+                    in_file = cp.rollout_file
+                    if in_file is not None and in_file.path is not None:  # written back by checkout
+                        parts = in_file.path.split("/")
+                        expected_paths.update("/".join(parts[:n]) for n in range(1, len(parts) + 1))
+                        with open(in_file.path, "rb", opener=lambda p, f: os.open(p, f, dir_fd=dest_fd)) as handle:
+                            _require(handle.read() == b"".join(rollout_file_pieces(txn, cp.history, in_file)),
+                                     f"rollout file {in_file.path} differs after restore")
+                        count += 1
             finally:
                 os.close(dest_fd)
             found = {path for path, _ in walk_directory(dest)}
-            _require(found == expected_paths, f"restore has extra or missing paths: {sorted(found ^ expected_paths)[:3]}")
+            _require(found == expected_paths,
+                     f"restore has extra or missing paths: {sorted(found ^ expected_paths)[:3]}")
             scratch = memo["scratch"]
             with scratch.source.reading() as txn:
                 restored_history = b"".join(rollout.History(txn).read(cp.history))

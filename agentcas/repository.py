@@ -26,8 +26,17 @@ from agentcas.api.history import Histories
 from agentcas.api.remotes import Remotes
 from agentcas.api.threads import Threads
 from agentcas.api.trust import Trust
-from agentcas.cas.backends import (STORE_KEY, StoreAddress, Stores, claim_prefix, embedded_stores, mark_prefix,
-                                   memory_stores, parse_store_url, shared_stores)
+from agentcas.cas.backends import (
+    STORE_KEY,
+    StoreAddress,
+    Stores,
+    claim_prefix,
+    embedded_stores,
+    mark_prefix,
+    memory_stores,
+    parse_store_url,
+    shared_stores,
+)
 from agentcas.cas.digest import Digest
 from agentcas.cas.lmdb_store import StoreUnavailable, open_lmdb
 from agentcas.cas.metastore.base import Read
@@ -80,13 +89,14 @@ class Store:
 
     # -- opening ------------------------------------------------------------------------------
     @classmethod
-    def init(cls, path: str, refs: str | None = None) -> tuple["Store", bool]:
+    def init(cls, path: str, refs: str | None = None) -> tuple[Store, bool]:
         """Create a store at `path` (a directory, or s3://... with `refs`); (store, created)."""
         address = parse_store_url(path)
         if address.shared:
             return cls._init_shared(address, refs)
         if address.memory:
             return cls.memory(), True
+        assert address.path is not None  # neither shared nor memory: a directory
         path = address.path
         if os.path.exists(path) and not os.path.isdir(path):
             raise StoreUnavailable(f"store path is a file, not a directory: {path}")
@@ -122,7 +132,7 @@ class Store:
         return cls(stores, path), True
 
     @classmethod
-    def _init_shared(cls, address: StoreAddress, refs: str | None) -> tuple["Store", bool]:
+    def _init_shared(cls, address: StoreAddress, refs: str | None) -> tuple[Store, bool]:
         stores = shared_stores(address.url, refs, create=True)
         try:
             binding = claim_prefix(stores)  # refuses another store's prefix or database first
@@ -135,19 +145,20 @@ class Store:
         return cls(stores, None), created
 
     @classmethod
-    def open(cls, path: str, refs: str | None = None) -> "Store":
+    def open(cls, path: str, refs: str | None = None) -> Store:
         """Open the store at `path`: a directory, lmdb://DIR, memory:// or s3://BUCKET/PREFIX (with `refs`)."""
         address = parse_store_url(path)
         if address.memory:
             return cls.memory()
         if address.shared:
             return cls(shared_stores(address.url, refs), None)
+        assert address.path is not None  # neither shared nor memory: a directory
         if not os.path.exists(address.path):
             raise StoreUnavailable(f"no store at {address.path} (run 'agentcas init {address.path}')")
         return cls(embedded_stores(open_lmdb(address.path), address.path), address.path)
 
     @classmethod
-    def memory(cls) -> "Store":
+    def memory(cls) -> Store:
         """A new empty store in memory (for tests and experiments)."""
         stores = memory_stores()
         write_format(stores)

@@ -24,8 +24,8 @@ This module imports nothing from agentcas, so every layer may call it.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 _callbacks: dict[str, list[Callable[[], None]]] = {}
 

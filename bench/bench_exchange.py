@@ -1,4 +1,4 @@
-"""Issue 5 numbers: hand a checkpoint to another store, against restic and borg.
+"""Exchange numbers: hand a checkpoint to another store, against restic and borg.
 
 On 1 GiB in 1,000 files of incompressible bytes (--quick: 64 MiB in 100), already
 committed/backed up in a source repository (not timed), we time moving it to a second
@@ -142,7 +142,7 @@ def report(r: dict) -> None:
             [f"Restored files identical to the source (b3sum): {'yes' if r['restored_ok'] else 'NO'}. "
              f"{h.load_note()}. {h.machine_note()}."])
     best = min(r["restic"], r["borg"])
-    h.table("Issue 5 target", ["target", "measured", "met"], [
+    h.table("Exchange target", ["target", "measured", "met"], [
         ["export + import within 2× of restic copy or borg transfer",
          f"{h.fmt_time(a)} vs restic {h.fmt_time(r['restic'])}, borg {h.fmt_time(r['borg'])}",
          h.verdict(a <= 2 * max(r["restic"], r["borg"]))],

@@ -30,9 +30,6 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import (AGENTCAS, PYTHON, env_for, fmt_bytes, fmt_time, load_note, machine_note,  # noqa: E402
-                     table, work_dir)
-
 from agentcas import Store  # noqa: E402
 from agentcas.cas import framing  # noqa: E402
 from agentcas.cas.digest import hash_blob  # noqa: E402
@@ -43,6 +40,8 @@ from agentcas.cas.writer import BatchWriter  # noqa: E402
 from agentcas.lineage import rollout  # noqa: E402
 from agentcas.refs import threads  # noqa: E402
 from agentcas.refs.threads import ForkOrigin, ThreadState  # noqa: E402
+
+from harness import AGENTCAS, PYTHON, env_for, fmt_bytes, fmt_time, load_note, machine_note, table, work_dir  # noqa: E402
 
 OWN_FILES = 95            # + tree, checkpoint, 2 segments, 2 rollout chunks: 101 objects per thread
 SHARED_FILES = 5

@@ -1,4 +1,4 @@
-"""Issue 9 numbers: ingest of real-format harness sessions, and replay at the head.
+"""Harness numbers: ingest of real-format harness sessions, and replay at the head.
 
 1. Ingest of N Codex session files (full: 2,000 files, 1 GB) with `agentcas ingest codex DIR`
    vs `restic backup DIR` of the same directory, three times alternating (medians; each
@@ -14,7 +14,7 @@
    core (GOMAXPROCS=1). Both tools keep 2 cores busy, so wall time follows total CPU: the
    floor says how much CPU is left for everything written in Python.
 
-Sessions are built by tests/harness_samples.py (the shapes of docs/HARNESSES.md), with
+Sessions are built by tests/support/harness_samples.py (the shapes of docs/HARNESSES.md), with
 tool outputs sliced from a pool of pseudo-random words (text-like, compressible, not
 repeated across files). `--quick` uses 200 files / 100 MB and 20 MB / 4 MB sessions;
 `--parts=replay,fork,ingest` runs only some parts (`cpu` only when named).
@@ -28,16 +28,14 @@ import os
 import random
 import resource
 import statistics
-import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 import harness as h  # noqa: E402
-from harness_samples import CodexSession  # noqa: E402
+from support.harness_samples import CodexSession  # noqa: E402
 
 MB = 1_000_000
 WORDS = ("def return import self value error test file path the of and to in is for with data "
@@ -209,7 +207,7 @@ print(json.dumps(parts))
 
 
 def bench_cpu(work: str, env: dict, count: int, total: int) -> None:
-    """Issue 9's first ingest as CPU: see the module's point 4."""
+    """The first ingest as CPU: see the module's point 4."""
     sessions, size = bench_sessions(work, count, total)
     runs = {"agentcas": [], "restic": [], "restic, 1 core": []}
     for run in range(FIRST_RUNS):
@@ -317,7 +315,7 @@ def main(argv) -> int:
     quick = "--quick" in argv
     count, total = (200, 100 * MB) if quick else (2000, 1000 * MB)
     big, small = (20 * MB, 4 * MB) if quick else (100 * MB, 10 * MB)
-    print(f"## Harness sessions (issue 9){' — quick sizes' if quick else ''}\n\n{h.machine_note()}\n")
+    print(f"## Harness sessions{' — quick sizes' if quick else ''}\n\n{h.machine_note()}\n")
     parts = next((a.split("=", 1)[1].split(",") for a in argv if a.startswith("--parts=")),
                  ["replay", "fork", "ingest"])
     with h.work_dir("harnesses") as work:

@@ -1,4 +1,4 @@
-"""Issue 3's LangGraph workload: one agent thread, a checkpoint per step.
+"""The LangGraph workload: one agent thread, a checkpoint per step.
 
 Each step appends one ~300-byte chat message and checkpoints:
 - LangGraph 1.2 (`langgraph==1.2.22`, `langgraph-checkpoint-sqlite==3.1.2`, the `bench`
@@ -11,7 +11,7 @@ Each step appends one ~300-byte chat message and checkpoints:
   measure 2,000 Python start-ups; a few CLI steps are timed separately). The workspace is
   an empty directory: LangGraph's state here holds only the messages.
 
-- issue 10: the same LangGraph graph over `MessagesState` with `AgentcasSaver`
+- the same LangGraph graph over `MessagesState` with `AgentcasSaver`
   (agentcas/langgraph) as its checkpointer, a checkpoint per LangGraph step as LangGraph
   writes them; the saver's `put` calls are timed beside SqliteSaver's.
 
@@ -78,9 +78,9 @@ def bench_langgraph(work: str, msgs: list[dict], delta: bool, budget: float) -> 
             return functools.reduce(add_messages, writes, state)
 
         # The functional form: class bodies' annotations would be strings here (PEP 563).
-        State = TypedDict("State", {"messages": Annotated[list, DeltaChannel(batch_add)]})
+        State = TypedDict("State", {"messages": Annotated[list, DeltaChannel(batch_add)]})  # noqa: UP013
     else:
-        State = TypedDict("State", {"messages": Annotated[list, add_messages]})
+        State = TypedDict("State", {"messages": Annotated[list, add_messages]})  # noqa: UP013
 
     builder = StateGraph(State)
     builder.add_node("agent", lambda state: {})  # stands in for the model call
@@ -213,7 +213,7 @@ print(json.dumps([time.perf_counter() - start, count, finished]))
 
 
 def bench_saver(work: str, msgs: list[dict], budget: float) -> dict:
-    """Issue 10: the graph over MessagesState with AgentcasSaver, one invoke per message."""
+    """The graph over MessagesState with AgentcasSaver, one invoke per message."""
     from langchain_core.messages import AIMessage, HumanMessage
     from langgraph.graph import END, START, MessagesState, StateGraph
 
@@ -280,7 +280,7 @@ def report_saver(n: int, saver: dict, lg: dict) -> None:
         rows.append([f"SqliteSaver, {name}", h.fmt_bytes(r["total"]), h.fmt_bytes(r["payload"]), str(r["checkpoints"]),
                      h.fmt_time(a), h.fmt_time(b), f"{c:.2f}", h.fmt_time(pa), h.fmt_time(pb)])
     k = max(1, n // 10)
-    h.table(f"Issue 10: LangGraph StateGraph over MessagesState, {n} steps, checkpointers side by side",
+    h.table(f"LangGraph StateGraph over MessagesState, {n} steps, checkpointers side by side",
             ["checkpointer", "total bytes", "payload bytes", "checkpoints", f"step, median of first {k}",
              f"step, median of last {k}", "last/first", f"put per step, first {k}", f"put per step, last {k}"],
             rows, ["Total bytes: agentcas = LMDB pages in use (data.mdb on disk: "
@@ -335,7 +335,7 @@ def report_saver(n: int, saver: dict, lg: dict) -> None:
     rows.append(["memory flat (anonymous resident memory at 10% / 50% / 100% of the steps)",
                  " / ".join(h.fmt_bytes(rss[m]) for m in marks),
                  h.verdict(rss[marks[-1]] <= 1.2 * rss[marks[0]])])
-    h.table("Issue 10 targets (AgentcasSaver)", ["target", "measured", "met"], rows)
+    h.table("AgentcasSaver targets", ["target", "measured", "met"], rows)
 
 
 def store_payload(store) -> int:
@@ -471,7 +471,7 @@ def report(n: int, a: dict, lg: dict, msg_bytes: int) -> None:
                  h.verdict(max(a["fork_bytes"], a["fork_pages"]) < 16 << 10)])
     rows.append(["log of the whole thread well under 1 s (CLI)", h.fmt_time(a["log_cli_time"]),
                  h.verdict(a["log_cli_time"] < 1.0)])
-    h.table("Issue 3 targets (LangGraph workload)", ["target", "measured", "met"], rows)
+    h.table("LangGraph workload targets", ["target", "measured", "met"], rows)
 
 
 def profile_saver(work: str, n: int) -> None:

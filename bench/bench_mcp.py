@@ -1,4 +1,4 @@
-"""Issue 12: pages of the MCP tools and of the effects ledger on one very long thread.
+"""Pages of the MCP tools and of the effects ledger on one very long thread.
 
 One thread with N checkpoints (100,000; --quick 10,000) and N effects in its history:
   - effects: N `agentcas.effect` records (a new effect each) plus N/5 later state
@@ -29,7 +29,6 @@ Pass/fail: every page under 50 ms and last/first within 2x.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -170,7 +169,7 @@ def main(argv: list[str]) -> int:
     load = h.load_note()
     from agentcas import Store
     from agentcas.mcp.tools import ToolHost
-    rows, effect_rows = [], []
+    rows = []
     with h.work_dir("mcp") as work:
         workspace = os.path.join(work, "ws")
         for i in range(FILES):

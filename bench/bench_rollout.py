@@ -1,4 +1,4 @@
-"""Issue 3 numbers: rollouts (append, fork, snapshots of a growing JSONL file, cat).
+"""Rollout numbers: rollouts (append, fork, snapshots of a growing JSONL file, cat).
 
 1. Append 1 KiB to a 100 MB rollout vs to a 1 MB rollout: new storage and time.
 2. Fork of a thread with 100 MB of history: new storage, in-process time (Store.fork).
@@ -50,8 +50,8 @@ def kib_record(rollout: Rollout, size: int = 1024) -> bytes:
 # --- workers: in-process measurements in a fresh process ---------------------------------------
 
 def worker(name: str, args: list[str]) -> None:
-    from agentcas.repository import Store
     from agentcas.cas.store import TABLES
+    from agentcas.repository import Store
     store = Store.open(args[0])
     used = store.objects.used_bytes
 
@@ -332,7 +332,7 @@ def report(r: dict, s: dict) -> None:
          f"{h.fmt_ratio(c['cat | wc -c'] / c['agentcas rollout cat | wc -c'])}",
          h.verdict(c["agentcas rollout cat | wc -c"] <= 2 * c["cat | wc -c"])],
     ]
-    h.table("Issue 3 targets (rollouts)", ["target", "measured", "met"], rows)
+    h.table("Rollout targets", ["target", "measured", "met"], rows)
 
 
 def main(argv: list[str]) -> int:

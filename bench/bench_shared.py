@@ -40,12 +40,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
-from harness import AGENTCAS, env_for, fmt_bytes, fmt_time, load_note, machine_note, table, work_dir  # noqa: E402
-from services import PostgresServer, SeaweedServer  # noqa: E402
-
 from agentcas.cas import framing  # noqa: E402
 from agentcas.cas.digest import hash_blob  # noqa: E402
 
+from harness import AGENTCAS, env_for, fmt_bytes, fmt_time, load_note, machine_note, table, work_dir  # noqa: E402
+from support.services import PostgresServer, SeaweedServer  # noqa: E402
 
 # --- 1. ref CAS throughput -----------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Issue 13: the per-step hot path, each figure beside its peer in one run.
+"""The per-step hot path, each figure beside its peer in one run.
 
 1. Bytes per checkpoint. One step appends one ~400-byte message to a JSONL rollout and
    rewrites one small file (`memory/state.json`), then checkpoints: agentcas through the
@@ -18,9 +18,7 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -360,7 +358,7 @@ def main(argv: list[str]) -> int:
                 f"{h.fmt_time(rc[CLICK])} ({h.fmt_ratio(rc[CLICK] / git)})", "-"],
                ["(for scale: the same read in process, vs zstd -dc \\| b3sum)",
                 f"{h.fmt_time(rd[API_READ_ROW])} ({h.fmt_ratio(rd[API_READ_ROW] / floor)})", "-"]]
-    h.table("Issue 13 targets", ["target", "measured", "met"], targets)
+    h.table("Per-step targets", ["target", "measured", "met"], targets)
     print(f"Load: {load} at start, {h.load_note()} at end.\n")
     return 0
 

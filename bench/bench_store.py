@@ -1,4 +1,4 @@
-"""Issue 2 numbers: the embedded store against git, restic, borg, b3sum and cp.
+"""Store numbers: the embedded store against git, restic, borg, b3sum and cp.
 
 On a directory of N files (1 GiB in 1,000 files; --quick: 64 MiB in 100), once with
 incompressible bytes and once with text/JSON, in one run:
@@ -275,7 +275,7 @@ def targets(results: list[dict]) -> str:
             rows.append([f"{kind}: store within 5% of data", f"{h.fmt_ratio(used / r['data_bytes'])} (pages in use), "
                          f"{h.fmt_ratio(r['agentcas_disk_first'] / r['data_bytes'])} (data.mdb on disk)",
                          h.verdict(abs(used / r["data_bytes"] - 1) <= 0.05)])
-    return h.table("Issue 2 targets", ["target", "measured", "met"], rows)
+    return h.table("Store targets", ["target", "measured", "met"], rows)
 
 
 def bench_one_file(total: int, quick: bool) -> dict:
@@ -322,7 +322,7 @@ def report_one_file(r: dict) -> str:
                          f"{r['data_bytes'] / t / 2**20:.0f} MiB/s"])
     return h.table(f"One file of {h.fmt_bytes(r['data_bytes'])}, random",
                    ["step", "tool", "time (median)", "range", "time / agentcas", "throughput"], rows,
-                   [f"Not an issue target: agentcas streams files over 256 MiB (windows scanned, chunks "
+                   [f"Not a target: agentcas streams files over 256 MiB (windows scanned, chunks "
                     f"hashed on two workers). Restored size checked: {'ok' if r['checkout_ok'] else 'MISMATCH'}. "
                     f"Load: {r['load_start']} at start, {r['load_end']} at end."])
 

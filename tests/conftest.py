@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-
 from agentcas import Store
+
+# Fixtures kept beside the helpers they go with (tests/support/), offered to every test.
+pytest_plugins = ("support.bundles", "support.crash_walk")
 
 AGENTCAS = shutil.which("agentcas", path=str(Path(sys.executable).parent)) or "agentcas"
 
@@ -82,6 +84,7 @@ def tree_bytes(root: Path) -> dict:
 def store_rows(store_dir: Path) -> dict:
     """Every (table, key) -> value in a store, read raw through LMDB, to assert nothing changed."""
     import lmdb
+
     from agentcas.cas.store import TABLES
     env = lmdb.open(str(store_dir), readonly=True, lock=False, max_dbs=len(TABLES) + 2)
     rows = {}
@@ -129,14 +132,14 @@ def views(store):
         yield View(txn, objects)
 
 
-# -- issue 11: real PostgreSQL and SeaweedFS (S3) servers, one of each per pytest process --------
+# -- real PostgreSQL and SeaweedFS (S3) servers, one of each per pytest process --------
 # Started on first use, stopped at session end (also when tests fail); a server that cannot
 # start makes the test error, never skip. Their variables (PGPASSWORD, AWS_*) go into
 # os.environ so the stores and any `agentcas` subprocess find them as a user's shell would.
 
 @pytest.fixture(scope="session")
 def postgres_server():
-    from services import PostgresServer
+    from support.services import PostgresServer
     server = PostgresServer()
     os.environ.update(server.env())
     yield server
@@ -145,7 +148,7 @@ def postgres_server():
 
 @pytest.fixture(scope="session")
 def s3_server():
-    from services import SeaweedServer
+    from support.services import SeaweedServer
     server = SeaweedServer()
     os.environ.update(server.env())
     yield server
@@ -165,7 +168,7 @@ def s3_url(s3_server) -> str:
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Issue 14's counts (crash points walked, faults injected, inputs fuzzed), from the
+    """The robustness counts (crash points walked, faults injected, inputs fuzzed), from the
     tests' record_property, summed over every test (and every xdist worker)."""
     totals: dict[str, int] = {}
     for report in terminalreporter.stats.get("passed", []):
@@ -173,5 +176,5 @@ def pytest_terminal_summary(terminalreporter):
             if name in ("crash_points", "faults_injected", "inputs_fuzzed", "model_steps"):
                 totals[name] = totals.get(name, 0) + int(value)
     if totals:
-        terminalreporter.write_line("issue 14: " + ", ".join(f"{name.replace('_', ' ')}: {value:,}"
+        terminalreporter.write_line("robustness: " + ", ".join(f"{name.replace('_', ' ')}: {value:,}"
                                                               for name, value in sorted(totals.items())))

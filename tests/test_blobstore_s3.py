@@ -18,11 +18,12 @@ import uuid
 import pytest
 
 from agentcas.cas import framing
-from agentcas.cas.blobstore.base import BlobUnavailable
 from agentcas.cas.blobstore import s3
+from agentcas.cas.blobstore.base import BlobUnavailable
 from agentcas.cas.blobstore.s3 import HEAD_MAX, S3BlobStore, parse_url
 from agentcas.errors import UsageError
-from services import S3_ACCESS_KEY, S3_BUCKET, S3_SECRET_KEY, SeaweedServer
+
+from support.services import S3_ACCESS_KEY, S3_BUCKET, S3_SECRET_KEY, SeaweedServer
 
 
 def key(n: int) -> bytes:

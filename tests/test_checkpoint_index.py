@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import random
 
-from conftest import views
 from agentcas import Store
 from agentcas.cas.objects import Checkpoint
 from agentcas.lineage.checkpoints import ancestor_at, newest_at_or_before
 from agentcas.refs.revisions import load_checkpoint
+
+from conftest import views
 
 
 def naive_newest(txn, tip, seq):

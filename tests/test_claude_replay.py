@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from harness_samples import ClaudeSession
-
 from agentcas.harnesses.claude_replay import replay_claude
 from agentcas.harnesses.records import parse_records
+
+from support.harness_samples import ClaudeSession
 
 
 def replay(session: ClaudeSession) -> dict:
@@ -89,7 +89,7 @@ def test_meta_records_in_the_chain_are_not_visible_but_stay_in_the_chain():
     doc = replay(c)
     assert doc["chain"] == [meta, p, a]
     assert doc["visible"] == [p, a]
-    # ... but Claude Code sends meta text to the model (agent-logs.md 2.3): it is in messages.
+    # ... but Claude Code sends meta text to the model (docs/HARNESSES.md): it is in messages.
     assert doc["messages"][0]["role"] == "user"
     assert [b["text"] for b in doc["messages"][0]["content"]] == [
         "<local-command-caveat>Caveat: local commands</local-command-caveat>", "go"]

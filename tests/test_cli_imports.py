@@ -39,7 +39,7 @@ def loaded(modules: set, names) -> list:
     return [name for name in names if any(m == name or m.startswith(name + ".") for m in modules)]
 
 
-# Storage and crypto: what --help, --version and usage errors must never load (issue 13).
+# Storage and crypto: what --help, --version and usage errors must never load.
 STORAGE = ["agentcas.repository", "agentcas.cas", "agentcas.refs", "agentcas.lineage",
            "agentcas.workspace", "lmdb", "zstandard", "blake3", "pyfastcdc", "ahocorasick_rs",
            "cryptography", "concurrent.futures"]

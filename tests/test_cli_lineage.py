@@ -24,6 +24,7 @@ from agentcas import Store
 from agentcas.lineage import rollout
 from agentcas.lineage.closure import Walker
 from agentcas.refs import threads
+
 from conftest import AGENTCAS, run_cli, store_rows, views
 
 
@@ -135,10 +136,11 @@ def test_cat_ranges_are_exact_and_bad_ranges_clear(sdir):
     assert cli(sdir, "rollout", "cat", "t").out == b"".join(lines)
     assert cli(sdir, "rollout", "cat", "t", "--from", "3", "--to", "7").out == b"".join(lines[3:7])
     assert cli(sdir, "rollout", "cat", "t", "--from", "12").out == b""
-    assert cli(sdir, "rollout", "cat", "t", "--to", "99").out == b"".join(lines)
+    assert cli(sdir, "rollout", "cat", "t", "--to", "12").out == b"".join(lines)
     doc = cli(sdir, "--json", "rollout", "cat", "t", "--from", "10").json()
     assert doc["records"] == docs[10:]
     for args, code, message in [(["--from", "13"], 2, b"beyond the end of the history (12 records)"),
+                                (["--to", "99"], 2, b"--to 99 is beyond the end of the history (12 records)"),
                                 (["--from", "-1"], 2, b"must not be negative"),
                                 (["--from", "x"], 2, b"x")]:
         result = cli(sdir, "rollout", "cat", "t", *args)

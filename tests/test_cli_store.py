@@ -1,4 +1,4 @@
-"""The embedded store end to end through the real `agentcas` command (issue 2).
+"""The embedded store end to end through the real `agentcas` command.
 
 Each failure case asserts the exit code, a one-line error without a traceback, and that
 the store (every raw LMDB row) and the disk are as they were. Stores are created and used
@@ -471,6 +471,7 @@ def test_stale_expect_stores_no_objects_either(small_store):
 def _corrupt(store, what):
     """Flip one byte of a stored value, raw. No Store is open on this path in this process."""
     import lmdb
+
     from agentcas.cas import framing
     from agentcas.cas.store import TABLES
     env = lmdb.open(str(store), max_dbs=len(TABLES) + 2)
@@ -518,6 +519,7 @@ def test_flipped_byte_checkout_exits_4_and_creates_nothing(committed, tmp_path, 
 
 def test_newer_store_format_is_refused(small_store, tmp_path):
     import lmdb
+
     from agentcas.cas import encoding
     from agentcas.cas.sealed import seal
     from agentcas.cas.store import TABLES
@@ -603,8 +605,9 @@ def test_store_works_under_an_address_space_limit(tmp_path):
 def test_file_larger_than_memory_is_streamed(tmp_path):
     """A file that cannot be read whole (1.5 GB under a 2.5 GB address-space limit, with the
     store's map inside it) is committed anyway: large files are streamed."""
-    import blake3
     import resource
+
+    import blake3
     store = init(tmp_path / "store")
     ws = make_workspace(tmp_path / "ws")
     size = 1_500_000_000

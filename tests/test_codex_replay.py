@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 
-from harness_samples import CodexSession, dumps, env_context, text_item
-
-from agentcas.harnesses.codex_replay import (SUMMARY_PREFIX, drop_last_n_user_turns, is_user_turn_boundary,
-                                             replay_codex)
+from agentcas.harnesses.codex_replay import SUMMARY_PREFIX, drop_last_n_user_turns, is_user_turn_boundary, replay_codex
 from agentcas.harnesses.records import parse_records
+
+from support.harness_samples import CodexSession, dumps, env_context, text_item
 
 
 def replay(session: CodexSession) -> dict:

@@ -17,14 +17,14 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
-from cli_forks import CliForks, thread_states
-from services import PG_PASSWORD, S3_BUCKET
+from support.cli_forks import CliForks, thread_states
+from support.services import PG_PASSWORD, S3_BUCKET
 
 pytestmark = pytest.mark.crash
 
@@ -39,7 +39,7 @@ def forks(s3_server, postgres_server):
 def observe_shared(url: str, refs: str, cache: str) -> dict:
     """fsck and every thread's state of a shared store, read through the cache at `cache`."""
     os.environ["AGENTCAS_CACHE_DIR"] = cache
-    from cli_forks import observe
+    from support.cli_forks import observe
     return {"stores": {url: observe(url, refs)}}
 
 

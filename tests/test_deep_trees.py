@@ -5,7 +5,7 @@ the depth of a directory tree: dirfd-relative mkdirs nest without limit. A commi
 the workspace by absolute paths, so the deepest workspace it can read has paths of up
 to 4,095 bytes; with one-letter names that is about 2,000 levels below the workspace.
 agentcas therefore caps a checkpoint's relative paths at 4,095 bytes (objects.MAX_PATH_BYTES)
-and restores dirfd-relative, so such a tree checks out wherever DEST is. Issue 14 (2).
+and restores dirfd-relative, so such a tree checks out wherever DEST is.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from agentcas.cas.objects import MAX_PATH_BYTES
 from agentcas.workspace.restore import remove_tree
 
 from conftest import run_cli, store_rows
-from test_bundle import ALICE, Craft
+from support.bundles import ALICE, Craft
 
 PATH_MAX = os.pathconf("/", "PC_PATH_MAX")
 

@@ -6,8 +6,17 @@ import subprocess
 import blake3
 import pytest
 
-from agentcas.cas.digest import (EMPTY, EMPTY_HISTORY, OBJECT_CONTEXTS, PREFIX_CHAIN_CONTEXT, Digest,
-                                 DigestMismatch, chain_prefix, hash_blob, hash_object)
+from agentcas.cas.digest import (
+    EMPTY,
+    EMPTY_HISTORY,
+    OBJECT_CONTEXTS,
+    PREFIX_CHAIN_CONTEXT,
+    Digest,
+    DigestMismatch,
+    chain_prefix,
+    hash_blob,
+    hash_object,
+)
 from agentcas.errors import IntegrityError, UsageError
 
 HELLO = b"hello\n"
@@ -49,7 +58,7 @@ def test_raw_must_be_32_bytes():
 def test_digest_is_frozen_hashable_ordered():
     a, b = Digest(bytes(32)), Digest(b"\x01" * 32)
     assert a < b and len({a, Digest(bytes(32))}) == 1
-    with pytest.raises(Exception):
+    with pytest.raises(AttributeError):
         a.raw = b"y" * 32
 
 

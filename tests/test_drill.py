@@ -7,10 +7,11 @@ import os
 
 import pytest
 
-from conftest import store_rows
 from agentcas import drill
 from agentcas.api.checkpoints import Checkpoints
 from agentcas.repository import Store
+
+from conftest import store_rows
 
 
 def test_drill_cli_passes_without_a_store(run, tmp_path):

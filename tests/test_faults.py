@@ -8,8 +8,7 @@ Two kinds of fault:
 - real: a small tmpfs (`mount -t tmpfs -o size=...`, we are root in the test VM) filled
   to every few KiB below what a command needs, a read-only bind mount, `chmod a-w`,
   and gc on a completely full disk. Skipped where mount is not permitted.
-The message tests check issue 14's defects 3 and 4 stay fixed: one clear line, never
-"internal error".
+The message tests check the error stays one clear line, never "internal error".
 """
 
 from __future__ import annotations
@@ -24,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from cli_forks import CliForks, thread_states
-from conftest import run_cli, tree_bytes
-from test_crashpoints import SCENARIOS, SERVER_ENV, Walk, make_workspace, memory_tmp, records  # noqa: F401
+from conftest import tree_bytes
+from support.cli_forks import CliForks, thread_states
+from support.crash_walk import SCENARIOS, SERVER_ENV, Walk, make_workspace, records
 
 ERRNOS = ("EIO", "ENOSPC")
 
@@ -181,7 +180,7 @@ def test_full_disk_at_every_few_kib_of_a_write(forks, tmp_path, command, record_
     argv = {"commit": ["commit", tmp_path / "ws", "-m", "x"],
             "commit-rollout": ["commit", tmp_path / "ws", "-m", "x", "--rollout", tmp_path / "ws" / "rollout.jsonl"],
             "append": ["rollout", "append", "main", tmp_path / "ws" / "rollout.jsonl"]}[command]
-    old = forks.call("cli_forks:observe_all", [str(base)]).value
+    old = forks.call("support.cli_forks:observe_all", [str(base)]).value
     old_threads = thread_states(old)[str(base)]
     failures = 0
     with tmpfs(tmp_path / "disk", "8m") as disk:
@@ -193,7 +192,7 @@ def test_full_disk_at_every_few_kib_of_a_write(forks, tmp_path, command, record_
             if result.code != 0:
                 failures += 1
                 assert_clear_error(result, what)
-            doc = forks.call("cli_forks:observe_all", [str(store)]).value
+            doc = forks.call("support.cli_forks:observe_all", [str(store)]).value
             assert doc["stores"][str(store)]["ok"], f"{what}: {doc}"
             got = thread_states(doc)[str(store)]
             assert (got == old_threads) == (result.code != 0), f"{what}: {result}"
@@ -216,18 +215,18 @@ def test_gc_on_a_completely_full_disk(forks, tmp_path, record_property):
             assert forks.run("--store", store, "commit", tmp_path / f"g{step}", "-m", "doomed",
                              "--thread", "doomed").code == 0
         assert forks.run("--store", store, "branch", "-d", "doomed").code == 0
-        before = forks.call("cli_forks:observe_all", [str(store)]).value["stores"][str(store)]
+        before = forks.call("support.cli_forks:observe_all", [str(store)]).value["stores"][str(store)]
         fill(disk, 0)
         result = forks.run("--store", store, "gc", "--grace", "0s", "--expire-reflog", "now")
         if result.code != 0:
             assert_clear_error(result, "gc on a full disk")
-        after = forks.call("cli_forks:observe_all", [str(store)]).value["stores"][str(store)]
+        after = forks.call("support.cli_forks:observe_all", [str(store)]).value["stores"][str(store)]
         assert after["ok"] and after["threads"] == before["threads"], after
         assert forks.run("--store", store, "checkout", "main", tmp_path / "out").code == 0
         assert tree_bytes(tmp_path / "out") == tree_bytes(tmp_path / "ws")
         os.unlink(disk / "ballast")
         assert forks.run("--store", store, "gc", "--grace", "0s", "--expire-reflog", "now").code == 0
-        final = forks.call("cli_forks:observe_all", [str(store)]).value["stores"][str(store)]
+        final = forks.call("support.cli_forks:observe_all", [str(store)]).value["stores"][str(store)]
         assert final["ok"] and final["objects"] < before["objects"]
     record_property("faults_injected", 1)
 
@@ -255,7 +254,7 @@ def test_checkout_and_export_onto_a_full_disk(forks, tmp_path, command, record_p
             elif command == "checkout":
                 assert tree_bytes(target) == tree_bytes(tmp_path / "ws"), what
             else:
-                assert forks.call("cli_forks:check_bundle_file", str(target)).code == 0, what
+                assert forks.call("support.cli_forks:check_bundle_file", str(target)).code == 0, what
             for entry in os.listdir(disk):
                 shutil.rmtree(disk / entry) if (disk / entry).is_dir() else os.unlink(disk / entry)
     assert failures >= 3
@@ -304,7 +303,7 @@ def read_only_fixture(forks, tmp_path) -> Path:
 @pytest.mark.parametrize("how", ["read-only-mount", "chmod"])
 def test_read_only_store_refuses_writes_and_serves_reads(forks, tmp_path, how, record_property):
     store = read_only_fixture(forks, tmp_path)
-    before = forks.call("cli_forks:observe_all", [str(store)]).value["stores"][str(store)]
+    before = forks.call("support.cli_forks:observe_all", [str(store)]).value["stores"][str(store)]
 
     def check(view: Path) -> None:
         for name, argv in WRITES:
@@ -325,7 +324,7 @@ def test_read_only_store_refuses_writes_and_serves_reads(forks, tmp_path, how, r
     else:
         with read_only_view(store, tmp_path / "ro") as view:
             check(view)
-    after = forks.call("cli_forks:observe_all", [str(store)]).value["stores"][str(store)]
+    after = forks.call("support.cli_forks:observe_all", [str(store)]).value["stores"][str(store)]
     assert after == before
     record_property("faults_injected", len(WRITES))
 

@@ -10,8 +10,18 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agentcas.cas import framing
-from agentcas.cas.framing import (CODEC_RAW, CODEC_ZSTD, HEADER_SIZE, KIND_CHUNK, KIND_TREE, CorruptValue,
-                                  decompress_bounded, frame, read_header, unframe)
+from agentcas.cas.framing import (
+    CODEC_RAW,
+    CODEC_ZSTD,
+    HEADER_SIZE,
+    KIND_CHUNK,
+    KIND_TREE,
+    CorruptValue,
+    decompress_bounded,
+    frame,
+    read_header,
+    unframe,
+)
 from agentcas.errors import IntegrityError
 
 

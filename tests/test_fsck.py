@@ -189,7 +189,7 @@ def test_damaged_database_file(tmp_path):
     assert "Traceback" not in result.err
 
 
-# --- issue 14 (crash-point walk): an interrupted write leaves orphans, not corruption ----
+# --- an interrupted write (the crash-point walk) leaves orphans, not corruption ----------
 
 def test_orphans_of_an_interrupted_import_are_not_corruption(tmp_path):
     """A killed import can land a checkpoint and a segment before the segment's chunks and
@@ -228,7 +228,7 @@ def test_reachable_segment_missing_its_chunk_is_still_reported(tmp_path):
     assert any(p["what"] == "missing" and p.get("id") == chunk for p in result.json()["problems"])
 
 
-# --- issue 14 (1): objects that lie about what they name -----------------------------------------
+# --- objects that lie about what they name ------------------------------------------------------
 
 def plant_lie(store: Store, kind: str) -> None:
     """Write, straight into the store, a thread `lies` whose checkpoint holds one file that lies."""
@@ -301,6 +301,7 @@ def test_fsck_and_pull_refuse_lying_skip_pointers_and_generations(tmp_path):
     """A segment whose skip pointer is not its ancestor at skip_index, and a checkpoint whose
     generation does not follow its parent's: fsck names both, pull refuses them."""
     import blake3
+
     from agentcas.cas.digest import chain_prefix
     from agentcas.cas.objects import Checkpoint
     from agentcas.lineage.rollout import History

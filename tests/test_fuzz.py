@@ -1,4 +1,4 @@
-"""Fuzzing (issue 14): every decoder of untrusted bytes, under atheris for a short run.
+"""Fuzzing: every decoder of untrusted bytes, under atheris for a short run.
 
 `fuzz/targets.py` has one target per decoder and its allowed exceptions (AgentcasError
 only: anything else is an "internal error" for the user). Here: every seed and every

@@ -9,28 +9,21 @@ import time
 
 import pytest
 
-from conftest import views
-
 from agentcas import Store
 from agentcas.cas import encoding, framing
 from agentcas.cas.digest import Digest, hash_blob, hash_object
+from agentcas.cas.leases import Lease, LeaseRow, this_host
 from agentcas.cas.objects import Tree, TreeEntry
 from agentcas.cas.sealed import seal
 from agentcas.cas.store import save_object
-from agentcas.cas.leases import Lease, LeaseRow, this_host
 from agentcas.errors import UsageError
 from agentcas.gc.plan import parse_duration, plan_gc
 from agentcas.gc.roots import GcAborted
 from agentcas.gc.sweep import execute
 from agentcas.lineage import rollout
-from agentcas.lineage.closure import Walker
-from agentcas.refs import threads
 
-LATER = 5  # seconds: plan "now" this far ahead, so objects just written are past a 0s grace
-
-
-def later() -> float:
-    return time.time() + LATER
+from conftest import views
+from support.gc_stores import all_keys, closure_of_threads, later, records, write_files
 
 
 @pytest.fixture(params=["memory", "lmdb"])
@@ -41,18 +34,8 @@ def any_store(request, tmp_path) -> Store:
     return store
 
 
-def write_files(root, files: dict) -> str:
-    for rel, data in files.items():
-        path = os.path.join(root, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as handle:
-            handle.write(data)
-    return str(root)
 
 
-def all_keys(store: Store) -> set[bytes]:
-    with views(store) as txn:
-        return {bytes(k) for k, _ in txn.scan("objects")}
 
 
 def stored_bytes(store: Store) -> int:
@@ -60,29 +43,8 @@ def stored_bytes(store: Store) -> int:
         return sum(len(v) for _, v in txn.scan("objects"))
 
 
-def closure_of_threads(store: Store) -> set[bytes]:
-    """Every object reachable from thread refs and reflog states, by an independent full walk."""
-    seen: set = set()
-    with views(store) as txn:
-        walker = Walker(txn, seen, verify=True)
-        for _, state in threads.list_threads(txn):
-            if state.checkpoint:
-                list(walker.checkpoint(state.checkpoint))
-            if state.history.segment:
-                list(walker.history(state.history))
-        for _, entry in threads.all_reflog_entries(txn):
-            if entry.new.checkpoint:
-                list(walker.checkpoint(entry.new.checkpoint))
-            if entry.new.history.segment:
-                list(walker.history(entry.new.history))
-            if entry.old:
-                list(walker.checkpoint(entry.old))
-    return seen
 
 
-def records(n: int, tag: str, width: int = 300) -> bytes:
-    return b"".join(b'{"i": %d, "t": "%s", "pad": "%s"}\n' % (i, tag.encode(), os.urandom(width // 2).hex().encode())
-                    for i in range(n))
 
 
 def test_parse_duration():
@@ -180,7 +142,7 @@ def test_reflog_keeps_reverted_head_until_it_expires(any_store, tmp_path):
     assert len(store.threads.reflog("main")) == 1  # the newest entry is never expired ...
     assert Digest.parse(second).raw in all_keys(store)  # ... and keeps the checkpoint it left
     explained = store.gc.explain(second, grace=0, expire_reflog=0).to_json()
-    assert explained["root"]["kind"] == "reflog" and explained["root"]["name"] == "main@{2}"
+    assert explained["root"]["kind"] == "reflog" and explained["root"]["name"] == "main@{0}"
 
     third = store.checkpoints.commit(write_files(ws, {"a": os.urandom(70_000)}), "three").to_json()["checkpoint"]
     store.gc.run(grace=0, expire_reflog=0, now=later())
@@ -282,6 +244,23 @@ def test_live_pin_stops_the_sweep_and_dead_pin_is_dropped(any_store, tmp_path):
     assert all_keys(store) == set()
     with views(store) as txn:
         assert txn.count("leases") == 0
+
+
+def test_a_dead_writers_lease_is_no_write_in_progress_in_the_plan(any_store, tmp_path):
+    """The plan counts only live leases as writes in progress: a lease left by a process of
+    this host that is gone is neither a pin root nor a note that the sweep will wait."""
+    store = any_store
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    key = b"fedcba9876543210"
+    row = LeaseRow(key, "crashed commit", this_host(), int(dead), time.time(), time.time() + 600)
+    store.meta.write(lambda txn: txn.put("leases", key, row.encode()))
+    plan = store.gc.run(grace=0, expire_reflog=0, dry_run=True, now=later()).plan
+    assert plan["roots"]["pin"] == 0
+    assert not any("in progress" in note for note in plan["notes"])
+    with Lease(store.meta, "live write"):
+        plan = store.gc.run(grace=0, expire_reflog=0, dry_run=True, now=later()).plan
+    assert plan["roots"]["pin"] == 1 and any("1 write(s) in progress" in note for note in plan["notes"])
 
 
 def test_ref_moved_during_gc_is_marked_before_sweeping(any_store, tmp_path):
@@ -441,6 +420,7 @@ def test_report_memory_does_not_grow_with_the_objects_it_counts(tmp_path, monkey
     # and spool are gc's bounded structures. With a 64 KiB budget, 12,000 live objects
     # (a dict of them: over 1 MiB of Python objects) must fit in well under that.
     import tracemalloc
+
     from agentcas.gc import markset, report
     store, _ = Store.init(str(tmp_path / "store"))
     files = {f"d{i % 40}/f{i}": b"%d" % i * 3 for i in range(12_000)}

@@ -92,6 +92,7 @@ def test_bad_durations_are_usage_errors(tmp_path):
 
 def test_missing_object_exits_4_and_deletes_nothing(tmp_path):
     import lmdb
+
     from agentcas.cas.store import TABLES
     store_dir, _ = setup_store(tmp_path)
     files = run_cli("--json", "show", "main", "--files", store=store_dir).json()["files"]
@@ -104,3 +105,54 @@ def test_missing_object_exits_4_and_deletes_nothing(tmp_path):
     assert result.code == 4, result
     assert files[0]["id"] in result.err and "deleted nothing" in result.err
     assert store_rows(store_dir) == before
+
+
+def test_the_report_names_kept_reflog_states_as_reflog_does(tmp_path):
+    """Each kept checkpoint is named by the entry `agentcas reflog` shows for it (@{0} the
+    newest), and the report counts entries as `reflog` lists them."""
+    store_dir = tmp_path / "store"
+    assert run_cli("init", store_dir).code == 0
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for n in range(3):
+        (ws / "step.txt").write_text(f"step {n}\n")
+        assert run_cli("commit", ws, "-m", f"step {n}", store=store_dir).code == 0
+    assert run_cli("revert", "main", "main@{2}", store=store_dir).code == 0
+    reflog = run_cli("--json", "reflog", "main", store=store_dir).json()["entries"]
+    listed = {row["rev"]: row["new"]["checkpoint"] for row in reflog}
+    report = tmp_path / "report.json"
+    assert run_cli("gc", "--dry-run", "--report", report, store=store_dir).code == 0
+    doc = json.loads(report.read_text())
+    named = [(r["name"], r["checkpoint"]) for r in doc["roots"]["reflog"] if not r.get("left")]
+    assert named == sorted(listed.items(), key=lambda item: item[0])  # main@{0} .. main@{3}
+    assert doc["roots"]["counts"]["reflog"] == len(reflog) == doc["reflog"]["entries"] == 4
+    plain = tmp_path / "report.txt"
+    assert run_cli("gc", "--dry-run", "--report", plain, store=store_dir).code == 0
+    body = plain.read_text()
+    assert "4 reflog entries" in body
+    for rev, checkpoint in listed.items():
+        assert f"  {rev}: checkpoint {checkpoint[:12]}" in body
+
+
+def test_explain_takes_the_file_id_show_files_prints_for_a_file_of_many_chunks(tmp_path):
+    store_dir = tmp_path / "store"
+    assert run_cli("init", store_dir).code == 0
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "big.bin").write_bytes(os.urandom(1_500_000))  # several chunks: stored as a chunk list
+    assert run_cli("commit", ws, "-m", "big", store=store_dir).code == 0
+    shown = run_cli("--json", "show", "main", "--files", store=store_dir).json()["files"]
+    file_id = shown[0]["id"]
+    short = run_cli("show", "main", "--files", store=store_dir).out.split()[-2]  # as printed
+    assert file_id.startswith(short)
+    for given in (file_id, short):
+        result = run_cli("--json", "gc", "explain", given, store=store_dir)
+        assert result.code == 0, result
+        doc = result.json()
+        assert doc["object"] == file_id and doc["kind"] == "file" and doc["alive"]
+        assert [s["kind"] for s in doc["path"]] == ["checkpoint", "tree", "chunklist"]
+        assert doc["path"][-1]["id"] == doc["chunk_list"]
+    text = run_cli("gc", "explain", short, store=store_dir)
+    assert text.code == 0 and f"file {file_id}" in text.out and "kept by thread main" in text.out
+    missing = run_cli("gc", "explain", "f" * 16, store=store_dir)
+    assert missing.code == 1 and "no stored object" in missing.err

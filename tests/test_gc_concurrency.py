@@ -79,7 +79,7 @@ def test_concurrent_writers_and_gc_at_zero_grace(tmp_path):
         retried += stats["retried"]
     assert runs >= 3 and deleted > 0  # gc really ran (and deleted) while the writers wrote
     # Pins, not the final "vanished" re-check, keep a write's objects: every step writes
-    # new objects (so holds a pin), and gc deletes none of them (issue 15 item 1).
+    # new objects (so holds a pin), and gc deletes none of them (docs/RELIABILITY.md, mechanism 1).
     assert retried <= 1, f"{retried} writes lost objects to gc and had to be retried"
 
     fsck = run_cli("--json", "fsck", store=store_dir)
@@ -124,6 +124,7 @@ def _garbage_store(tmp_path, count: int):
 
 def _count_objects(store_dir) -> int:
     import lmdb
+
     from agentcas.cas.store import TABLES
     env = lmdb.open(str(store_dir), readonly=True, max_dbs=len(TABLES) + 2)
     try:

@@ -6,14 +6,15 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import given, settings, strategies as st
-
-from conftest import run_cli
-from test_gc import all_keys, closure_of_threads, later, records, write_files
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentcas import Store
 from agentcas.gc import markset
 from agentcas.gc.markset import KeySpool, MarkSet
+
+from conftest import run_cli
+from support.gc_stores import all_keys, closure_of_threads, later, records, write_files
 
 TINY = 4096  # bytes: the in-memory table is moved to disk every ~48 ids (64 slots, 3/4 full)
 

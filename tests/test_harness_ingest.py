@@ -12,11 +12,12 @@ import threading
 import time
 
 import pytest
-from conftest import AGENTCAS
-from harness_samples import ClaudeSession, CodexSession, dumps
 
 from agentcas import Store
 from agentcas.harnesses.ingest import Ingest
+
+from conftest import AGENTCAS
+from support.harness_samples import ClaudeSession, CodexSession, dumps
 
 CODEX_ID = "0199a0b1-0000-7000-8000-000000000001"
 THREAD = f"codex/{CODEX_ID}"

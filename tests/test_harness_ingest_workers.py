@@ -17,12 +17,13 @@ import sys
 import time
 
 import pytest
-from conftest import AGENTCAS
-from harness_samples import ClaudeSession, CodexSession
 
 from agentcas import Store
 from agentcas.harnesses import ingest, packing_workers
 from agentcas.harnesses.ingest import Ingest
+
+from conftest import AGENTCAS
+from support.harness_samples import ClaudeSession, CodexSession
 
 
 def codex_files(root, count: int, turns: int, filler: int = 200, damaged: bool = True) -> list:

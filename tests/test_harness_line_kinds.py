@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from agentcas.harnesses import line_kinds
 from agentcas.harnesses.line_kinds import classify_lines, line_kind

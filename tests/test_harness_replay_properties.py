@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 
-from harness_samples import ClaudeSession, CodexSession
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agentcas import Store
+from agentcas.api.history import SessionAppend
 from agentcas.harnesses import replay as stored_replay
 from agentcas.harnesses.claude_replay import replay_claude
 from agentcas.harnesses.codex_replay import replay_codex
 from agentcas.harnesses.records import parse_records
-from agentcas.api.history import SessionAppend
+
+from support.harness_samples import ClaudeSession, CodexSession
 
 CODEX_OPS = st.lists(st.sampled_from(["turn", "compact", "legacy", "rollback", "rollback2", "unfinished",
                                       "abort", "damaged", "unknown"]), min_size=1, max_size=12)

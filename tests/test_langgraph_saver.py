@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -23,13 +24,14 @@ pytest.importorskip("langgraph.checkpoint.conformance",
 from langchain_core.messages import AIMessage, HumanMessage  # noqa: E402
 from langgraph.checkpoint.base import empty_checkpoint  # noqa: E402
 from langgraph.checkpoint.base.id import uuid6  # noqa: E402
-from langgraph.checkpoint.serde.base import CipherProtocol  # noqa: E402
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer  # noqa: E402
 from langgraph.graph import END, START, MessagesState, StateGraph  # noqa: E402
 from langgraph.types import Command, interrupt  # noqa: E402
 
 from agentcas import Store  # noqa: E402
 from agentcas.langgraph import AgentcasSaver, CorruptCheckpoint, thread_name  # noqa: E402
+
+from support.ciphers import AesGcm  # noqa: E402
 
 
 def chat_graph(saver):
@@ -172,9 +174,9 @@ def test_a_message_is_stored_once_its_write_and_item_name_those_bytes(saver):
 
 
 def test_a_reference_to_no_record_raises_a_clear_error(saver, monkeypatch):
-    from agentcas.langgraph import saver as saver_module
+    from agentcas.langgraph import writes as writes_module
     first = put(saver, "bad", values={"v": 1}, step=0)
-    monkeypatch.setattr(saver_module, "_value_fields", lambda data, earlier: {"r": 10 ** 6, "o": 0, "n": 5})
+    monkeypatch.setattr(writes_module, "value_fields", lambda data, earlier: {"r": 10 ** 6, "o": 0, "n": 5})
     saver.put_writes(config("bad", first), [("ch", "a value")], "task-1")
     monkeypatch.undo()
     for reader in (saver, AgentcasSaver(saver.store)):
@@ -213,18 +215,6 @@ def test_a_list_that_does_not_extend_its_parent_is_stored_whole(saver):
     assert got == {a: [1, 2, 3], b: [1, 2, 3, 4], c: [9, 2], d: [9, 2, 5]}
 
 
-class AesGcm(CipherProtocol):
-    def __init__(self, key: bytes):
-        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-        self.aead = AESGCM(key)
-
-    def encrypt(self, plaintext: bytes) -> tuple[str, bytes]:
-        nonce = os.urandom(12)
-        return "aesgcm", nonce + self.aead.encrypt(nonce, plaintext, None)
-
-    def decrypt(self, ciphername: str, ciphertext: bytes) -> bytes:
-        assert ciphername == "aesgcm"
-        return self.aead.decrypt(ciphertext[:12], ciphertext[12:], None)
 
 
 def test_encrypted_serializer_round_trips(tmp_path):
@@ -632,7 +622,7 @@ def test_sigkill_inside_the_final_transaction_keeps_the_old_checkpoint(tmp_path)
         assert saver.get_tuple(config("k")) is not None
 
 
-# Issue 14: the crash walk of a put. Each scenario builds a base store, counts the durable steps
+# The crash walk of a put. Each scenario builds a base store, counts the durable steps
 # (cas/crashpoints.py) of one saver call in a forked child, then for every step N: copies the
 # base, runs the call in a child killed (SIGKILL) at step N, and checks that the thread's refs
 # are exactly the old ones or the newest checkpoint is the new one, that fsck is clean, and that
@@ -848,6 +838,60 @@ def test_a_shared_store_carries_a_thread_between_two_machines(tmp_path, s3_url, 
         assert [m.content for m in chat_graph(saver).get_state(config()).values["messages"]][-1] == "reply 4"
 
 
+def test_an_async_put_waiting_on_a_hung_server_leaves_the_event_loop_running(tmp_path, s3_url, monkeypatch):
+    """aput on a shared store whose PostgreSQL stops answering: while the put waits for the
+    server, the event loop goes on running other tasks (a ticker counts its turns during the
+    put), and the put lands once the server answers again."""
+    from support.services import PostgresServer
+    server = PostgresServer()
+    try:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("AGENTCAS_CACHE_DIR", str(tmp_path / "cache"))
+        store, _ = Store.init(s3_url, refs=server.create_database())
+        saver = AgentcasSaver(store)
+        first = put(saver, "slow", values={"v": 1}, step=0)  # a pooled connection, open when it hangs
+        resumed = threading.Event()
+
+        def resume():
+            server.resume()
+            resumed.set()
+
+        async def main():
+            turns = {"during": 0}
+            putting = False
+
+            async def ticker():
+                while True:
+                    await asyncio.sleep(0.01)
+                    if putting:
+                        turns["during"] += 1
+
+            ticking = asyncio.create_task(ticker())
+            cp = empty_checkpoint()
+            cp["id"] = str(uuid6(clock_seq=1))
+            cp["channel_values"], cp["channel_versions"] = {"v": 2}, {"v": 2}
+            server.hang()
+            threading.Timer(1.0, resume).start()
+            putting = True
+            try:
+                stored = await saver.aput(config("slow", first), cp, {"source": "loop", "step": 1}, {"v": 2})
+            finally:
+                putting = False
+                ticking.cancel()
+            return stored, turns["during"]
+
+        stored, turns = asyncio.run(main())
+        assert resumed.is_set()  # the put waited for the server
+        assert turns > 0  # and the loop ran the ticker meanwhile
+        assert saver.get_tuple(config("slow")).config == stored
+        assert saver.get_tuple(stored).checkpoint["channel_values"] == {"v": 2}
+        store.close()
+    finally:
+        server.resume()
+        server.close()
+
+
 # -- hand-over to another store through the CLI ---------------------------------------------------
 
 def test_export_signed_import_and_resume_in_another_store(tmp_path, run):
@@ -890,11 +934,12 @@ def test_push_and_pull_carry_a_thread_the_saver_resumes(tmp_path, run):
         assert [m.content for m in messages] == ["one", "reply 1", "two", "reply 3"]
 
 
-# --- the decoded-items index of a listing (saver._Records) -----------------------------------
+# --- the decoded-items index of a listing (records.LineRecords) -----------------------------------
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
-from agentcas.langgraph.saver import _Records  # noqa: E402
+from agentcas.langgraph.records import LineRecords  # noqa: E402
 
 
 @settings(max_examples=200, deadline=None)
@@ -904,7 +949,7 @@ def test_records_items_answer_every_range_exactly_and_decode_each_item_once(coun
     """Whatever ranges a listing asks for, in any order, `items` returns exactly the decoded
     items of that range (never a placeholder), and decodes each item at most once."""
     records = [(seq, {"k": "item", "ch": "messages", "n": seq}) for seq in range(count)]
-    index = _Records(records, 0)
+    index = LineRecords(records, 0)
     loads = []
 
     def load(record):

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import views
-
 from agentcas import Store
+from agentcas.api.threads import UNRELATED_NOTE, WORLD_NOTE
 from agentcas.errors import ConflictError, NotFound, UsageError
 from agentcas.lineage import rollout
 from agentcas.lineage.closure import Walker
 from agentcas.refs import threads
-from agentcas.api.threads import UNRELATED_NOTE, WORLD_NOTE
+
+from conftest import views
 
 # The worked replay example of a Codex-style rollout: 25 records, the last turn rolled back.
 REPLAY_25 = [
@@ -60,7 +60,7 @@ class Workspace:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
 
-    def set(self, **files: str) -> "Workspace":
+    def set(self, **files: str) -> Workspace:
         for old in self.root.iterdir():
             old.unlink()
         for name, text in files.items():

@@ -360,7 +360,7 @@ def test_errors_are_tool_errors_and_the_server_keeps_serving(store_dir, workspac
             await refused(s, "fork_checkpoint", checkpoint_id=ids[0], name="evil\x1b[31m\u202e" + "n" * 5000),
         ]
         page = await ok(s, "list_checkpoints", thread="main", limit=1)
-        other = await ok(s, "inspect_checkpoint", checkpoint_id=ids[0])
+        await ok(s, "inspect_checkpoint", checkpoint_id=ids[0])
         wrong = await refused(s, "inspect_checkpoint", checkpoint_id=ids[0], cursor=page["next_cursor"])
         return messages, page, wrong
     messages, page, wrong = drive(store_dir, workspace, body)

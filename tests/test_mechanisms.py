@@ -1,7 +1,7 @@
-"""Safety mechanisms that must stay caught (issue 15): one test per mechanism.
+"""Safety mechanisms that must stay caught: one test per mechanism.
 
-The twelve of issue 15, then the five of the lease protocol (cas/leases.py) that the
-storage split brought.
+Twelve mechanisms of the write, import, restore and gc paths, then five of the lease
+protocol (cas/leases.py); their numbers are those of docs/RELIABILITY.md.
 
 A mutation audit found that each of these could be deleted with every other test still
 passing. Each test below fails when its mechanism is removed (each was checked by
@@ -25,15 +25,16 @@ import time
 
 import pytest
 
-from conftest import tree_bytes
-from test_bundle import Craft, good_craft, receiver, snapshot  # noqa: F401 - receiver is a fixture
 from agentcas import Store, testing_hooks
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest, hash_blob, hash_object
-from agentcas.cas.objects import Checkpoint, ChunkList, ChunkRef, Segment, Tree, TreeEntry
 from agentcas.cas.leases import LeaseExpired, LeaseRow, begin_sweep, end_sweep, read_leases
+from agentcas.cas.objects import Checkpoint, ChunkList, ChunkRef, Segment, Tree, TreeEntry
 from agentcas.errors import AgentcasError, ConflictError, IntegrityError
 from agentcas.gc import sweep
+
+from conftest import tree_bytes
+from support.bundles import Craft, good_craft, snapshot
 
 CREATED = "2026-12-01T09:00:00.000000Z"
 
@@ -70,7 +71,7 @@ def records(count: int, tag: str) -> bytes:
 # --- 1. the writer's lease, taken before it stores anything -----------------------------------------
 
 def test_commit_pin_is_live_after_its_first_batch_and_holds_gc_off(store, tmp_path):
-    """Issue 15 item 1 (cas/leases.py): a writer takes its lease before it stores anything
+    """Mechanism 1 (cas/leases.py): a writer takes its lease before it stores anything
     (it was a lazy pin), so gc --grace 0s during a commit deletes none of its objects."""
     ws = tmp_path / "ws"
     write_files(ws, {"a.bin": os.urandom(3000), "b.txt": b"pinned while committing\n"})
@@ -94,7 +95,7 @@ def test_commit_pin_is_live_after_its_first_batch_and_holds_gc_off(store, tmp_pa
 # --- 2. checkout's whole-file check -------------------------------------------------------------
 
 def test_checkout_refuses_a_chunk_list_of_other_bytes_with_the_same_sizes(store, store_dir, tmp_path, run):
-    """Issue 15 item 2 (workspace/restore.py): every chunk is valid, but together they are
+    """Mechanism 2 (workspace/restore.py): every chunk is valid, but together they are
     not the file the tree names; checkout exits 4 and creates nothing."""
     ws = tmp_path / "ws"
     write_files(ws, {"a.txt": b"A" * 100, "b.txt": b"B" * 100})
@@ -117,7 +118,7 @@ def test_checkout_refuses_a_chunk_list_of_other_bytes_with_the_same_sizes(store,
 # --- 3. bundle pass 1 checks every chunk's hash ---------------------------------------------------
 
 def test_bundle_with_its_last_chunk_flipped_is_refused_before_anything_is_written(receiver, tmp_path):
-    """Issue 15 item 3 (exchange/bundle_format.py): pass 1 checks chunk hashes, so a bad
+    """Mechanism 3 (exchange/bundle_format.py): pass 1 checks chunk hashes, so a bad
     last chunk is found before pass 2 writes a single batch."""
     craft = good_craft()
     last = craft.find(framing.KIND_CHUNK)[-1]
@@ -169,10 +170,10 @@ def _lying_history_bundle(tmp_path, change: dict) -> bytes:
 
 @pytest.mark.parametrize("lie", ["digest", "count"])
 def test_import_reverifies_a_rehashed_segment_whose_digest_or_count_lies(lie, store, tmp_path):
-    """Issue 15 item 4 (exchange/bundle.py): the history is recomputed from the bundle's
-    bytes, so a consistent-looking rebuilt segment and checkpoint are refused. Since issue
-    14's defect 1, the closure walk recomputes every segment first ("does not match its
-    bytes"); the head history's re-verification stays behind it."""
+    """Mechanism 4 (exchange/bundle.py): the history is recomputed from the bundle's
+    bytes, so a consistent-looking rebuilt segment and checkpoint are refused. The closure
+    walk recomputes every segment first ("does not match its bytes"); the head history's
+    re-verification stays behind it."""
     change = {"digest": Digest(bytes(32))} if lie == "digest" else {"count": 4}
     path = tmp_path / "lying.bundle"
     path.write_bytes(_lying_history_bundle(tmp_path, change))
@@ -187,7 +188,7 @@ def test_import_reverifies_a_rehashed_segment_whose_digest_or_count_lies(lie, st
 # --- 5. reflog expiry keeps every thread's newest entry -----------------------------------------------
 
 def test_expire_reflog_now_keeps_each_threads_newest_entry(run, store_dir, tmp_path):
-    """Issue 15 item 5 (gc/sweep.py): expiring the reflog never touches another thread's
+    """Mechanism 5 (gc/sweep.py): expiring the reflog never touches another thread's
     newest entry; with two threads, each THREAD@{0} still exists."""
     ws = tmp_path / "ws"
     for thread in ("alpha", "beta"):
@@ -209,7 +210,7 @@ def test_expire_reflog_now_keeps_each_threads_newest_entry(run, store_dir, tmp_p
 # --- 6. commit re-checks that every object it needs is still there ---------------------------------
 
 def test_commit_reusing_only_old_garbage_fails_cleanly_when_gc_runs_before_it_lands(store, tmp_path):
-    """Issue 15 item 6 (lineage/moves.py): before the ref moves, a commit checks that every
+    """Mechanism 6 (lineage/moves.py): before the ref moves, a commit checks that every
     object it relies on is still stored. Here its lease is lost (as a writer paused past its
     expiry loses it), so gc at grace 0 deletes the old objects it reuses; the re-check fails
     the commit cleanly (without it, the lease check would raise a conflict instead)."""
@@ -238,7 +239,7 @@ def test_commit_reusing_only_old_garbage_fails_cleanly_when_gc_runs_before_it_la
 # --- 7. commit --expect is re-checked when landing ------------------------------------------------
 
 def test_commit_expect_is_rechecked_when_the_thread_moves_during_the_snapshot(store, tmp_path):
-    """Issue 15 item 7 (api/checkpoints.py): `commit --expect` compares again in the final
+    """Mechanism 7 (workspace/commit.py): `commit --expect` compares again in the final
     transaction; a thread moved during the snapshot is a conflict (exit 3)."""
     ws, other = tmp_path / "ws", tmp_path / "other"
     write_files(ws, {"a.txt": b"one\n"})
@@ -258,7 +259,7 @@ def test_commit_expect_is_rechecked_when_the_thread_moves_during_the_snapshot(st
 # --- 8. commit --rollout is re-checked when landing -----------------------------------------------
 
 def test_commit_rollout_is_rechecked_when_the_history_moves_during_the_commit(store, tmp_path):
-    """Issue 15 item 8 (api/checkpoints.py): the rollout tail was read against one history; if the
+    """Mechanism 8 (workspace/commit.py): the rollout tail was read against one history; if the
     thread's history moved meanwhile, the commit is a conflict and nothing lands."""
     ws = tmp_path / "ws"
     write_files(ws, {"a.txt": b"one\n"})
@@ -279,7 +280,7 @@ def test_commit_rollout_is_rechecked_when_the_history_moves_during_the_commit(st
 # --- 9. import re-checks the thread when landing ----------------------------------------------------
 
 def test_import_is_a_conflict_when_the_thread_moves_while_it_writes(store, tmp_path):
-    """Issue 15 item 9 (exchange/bundle.py): the final transaction compares the thread with
+    """Mechanism 9 (exchange/bundle.py): the final transaction compares the thread with
     what import planned from; a commit landing meanwhile is never overwritten."""
     src, _ = Store.init(str(tmp_path / "src"))
     write_files(tmp_path / "src-ws", {"a.txt": b"from the bundle\n"})
@@ -299,7 +300,7 @@ def test_import_is_a_conflict_when_the_thread_moves_while_it_writes(store, tmp_p
 # --- 10. checkout re-checks DEST before the final rename ----------------------------------------
 
 def test_checkout_never_replaces_a_dest_created_while_it_ran(store, tmp_path):
-    """Issue 15 item 10 (workspace/restore.py): DEST is checked again just before the
+    """Mechanism 10 (workspace/restore.py): DEST is checked again just before the
     temporary directory is renamed; an (empty) DEST made meanwhile is a conflict, kept as it is."""
     ws = tmp_path / "ws"
     write_files(ws, {"a.txt": b"checkout me\n"})
@@ -318,7 +319,7 @@ def test_checkout_never_replaces_a_dest_created_while_it_ran(store, tmp_path):
 # --- 11. the sweep re-checks grace ---------------------------------------------------------------
 
 def test_sweep_keeps_an_object_stored_again_after_planning(store, tmp_path):
-    """Issue 15 item 11 (gc/sweep.py): each sweep transaction re-reads an object's write
+    """Mechanism 11 (gc/sweep.py): each sweep transaction re-reads an object's write
     time; one deleted and stored again after the plan was made is young, so it is kept."""
     ws = tmp_path / "ws"
     write_files(ws, {"x.txt": b"stored, deleted, stored again\n"})
@@ -343,7 +344,7 @@ def test_sweep_keeps_an_object_stored_again_after_planning(store, tmp_path):
 # --- 12. the rollout record size limit --------------------------------------------------------------
 
 def test_a_record_longer_than_the_limit_is_refused_by_its_line_number():
-    """Issue 15 item 12 (lineage/rollout.py): a line over 64 MiB is refused, naming its
+    """Mechanism 12 (lineage/rollout.py): a line over 64 MiB is refused, naming its
     line, before anything is parsed or stored."""
     store = Store.memory()
     limit = 64 * 1024 * 1024  # MAX_RECORD_BYTES, as README/FORMAT state it

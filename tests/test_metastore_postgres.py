@@ -14,8 +14,9 @@ import pytest
 
 from agentcas.cas.metastore.base import MetadataUnavailable, Read
 from agentcas.cas.metastore.postgres import SCHEMA_VERSION, PostgresMetadataStore, SchemaMissing, SchemaTooNew
+
 from conftest import run_cli
-from services import PG_PASSWORD, PostgresServer
+from support.services import PG_PASSWORD, PostgresServer
 
 
 @pytest.fixture

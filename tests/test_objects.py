@@ -7,8 +7,21 @@ from agentcas.cas import encoding
 from agentcas.cas.digest import EMPTY, EMPTY_HISTORY, Digest, chain_prefix, hash_blob
 from agentcas.cas.encoding import NotCanonical
 from agentcas.cas.names import BadName
-from agentcas.cas.objects import (EMPTY_POSITION, JSON_FORMAT, MODE_EXEC, PACKED_FORMAT, Checkpoint, CheckpointSeries,
-                                  ChunkList, ChunkRef, HistoryPosition, InvalidObject, Segment, Tree, TreeEntry)
+from agentcas.cas.objects import (
+    EMPTY_POSITION,
+    JSON_FORMAT,
+    MODE_EXEC,
+    PACKED_FORMAT,
+    Checkpoint,
+    CheckpointSeries,
+    ChunkList,
+    ChunkRef,
+    HistoryPosition,
+    InvalidObject,
+    Segment,
+    Tree,
+    TreeEntry,
+)
 
 # --- docs/FORMAT.md "Test vectors" (keep the two in step) ---------------------------------------
 HELLO_ID = "8e4c7c1b99dbfd50e7a95185fead5ee1448fa904a2fdd778eaf5f2dbfd629a99"
@@ -269,6 +282,36 @@ def test_packed_vectors():
     assert Segment.decode(PACKED_SEGMENT) == seg
 
 
+PACKED_CHECKPOINT_WITH_FILE = bytes.fromhex(
+    "060c030204" + PACKED_SMALL_TREE_ID + "060005046d61696e0510666972737420636865636b706f696e74050d616c"
+    "696365406578616d706c65051b323032362d31312d32395431323a30303a30302e3030303030305a0703086167656e74"
+    "6361730505302e312e30026f7305104c696e757820362e31207838365f363406707974686f6e0506332e31312e370604"
+    "04" + PACKED_SEGMENT_ID + "0301031004" + D1 + "030000" "0603050d726f6c6c6f75742e6a736f6e6c03100301")
+PACKED_CHECKPOINT_WITH_FILE_ID = "902b00f0df59d5c34fb63a3e414edef9003c1a06b53adb62e5d3a84229468ef4"
+
+
+def test_vector_checkpoint_with_rollout_file():
+    """The optional last item: present, it is in the bytes and the id; absent, nothing changes."""
+    import dataclasses
+
+    from agentcas.cas.objects import HistoryPosition, RolloutFile
+    base = first_checkpoint(PACKED_FORMAT, PACKED_SMALL_TREE_ID)
+    cp = dataclasses.replace(base, history=HistoryPosition(D(PACKED_SEGMENT_ID), 1, len(RECORD), D(D1)),
+                             rollout_file=RolloutFile(len(RECORD), 1, "rollout.jsonl"))
+    assert cp.encode() == PACKED_CHECKPOINT_WITH_FILE and cp.digest().hex() == PACKED_CHECKPOINT_WITH_FILE_ID
+    assert Checkpoint.decode(PACKED_CHECKPOINT_WITH_FILE) == cp
+    assert Checkpoint.decode(PACKED_CHECKPOINT).rollout_file is None  # an older checkpoint reads as before
+    as_json = dataclasses.replace(cp, format=JSON_FORMAT)
+    assert Checkpoint.decode(as_json.encode()).rollout_file == RolloutFile(16, 1, "rollout.jsonl")
+    assert b'"rollout_file":{"offset":16,"path":"rollout.jsonl","seq":1}' in as_json.encode()
+    for bad in (RolloutFile(16, 2, "x"),):  # beyond the checkpoint's history
+        with pytest.raises(InvalidObject):
+            dataclasses.replace(cp, rollout_file=bad)
+    for path in ("../x", "/x", "a//b", ""):
+        with pytest.raises(InvalidObject):
+            RolloutFile(0, 0, path)
+
+
 def test_the_spelled_out_tree_encoder_matches_the_generic_one():
     from agentcas.cas import packed
     big = TreeEntry("b" * 200, "file", H, MODE_EXEC, 2**40, H)  # multi-byte varints, a chunk list
@@ -317,7 +360,8 @@ def test_format_md_states_every_vector():
                   CHECKPOINT_ID, CHILD_ID, CHUNKLIST_ID, RECORD_ID, D1, D2, SEGMENT_ID,
                   hash_blob(RUN_SH).hex(), PACKED_EMPTY_TREE_ID, PACKED_MEMORY_TREE_ID,
                   PACKED_SMALL_TREE_ID, PACKED_CHECKPOINT_ID, PACKED_CHUNKLIST_ID, PACKED_SEGMENT_ID,
-                  PACKED_EMPTY_TREE.hex(), PACKED_SEGMENT.hex()):
+                  PACKED_EMPTY_TREE.hex(), PACKED_SEGMENT.hex(), PACKED_CHECKPOINT_WITH_FILE.hex(),
+                  PACKED_CHECKPOINT_WITH_FILE_ID):
         assert value in doc, value
     for data in (EMPTY_TREE, MEMORY_TREE, SMALL_TREE, CHECKPOINT, CHUNKLIST,
                  Segment(EMPTY_POSITION, 0, None, 1, len(RECORD), D(D1),
@@ -328,8 +372,8 @@ def test_format_md_states_every_vector():
                     "agentcas 2026-11 signature v1", "agentcas 2026-11 history prefix v1",
                     "agentcas 2026-11 sealed table value v1"):
         assert context in doc, context
-    from agentcas.cas.digest import OBJECT_CONTEXTS, PACKED_OBJECT_CONTEXTS, PREFIX_CHAIN_CONTEXT
     from agentcas.cas import sealed
+    from agentcas.cas.digest import OBJECT_CONTEXTS, PACKED_OBJECT_CONTEXTS, PREFIX_CHAIN_CONTEXT
     assert set(OBJECT_CONTEXTS.values()) | set(PACKED_OBJECT_CONTEXTS.values()) | {
         PREFIX_CHAIN_CONTEXT, sealed._CONTEXT} <= {line for line in doc.split('"')}
 

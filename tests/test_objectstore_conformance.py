@@ -12,8 +12,9 @@ from agentcas.cas import framing
 from agentcas.cas.digest import Digest, DigestMismatch, hash_blob, hash_object
 from agentcas.cas.lmdb_store import LmdbObjectStore, StoreUnavailable
 from agentcas.cas.store import TABLES, MemoryObjectStore, save_object
-from conftest import objects_of
 from agentcas.errors import IntegrityError
+
+from conftest import objects_of
 
 
 @pytest.fixture(params=["memory", "lmdb"])

@@ -6,11 +6,12 @@ from agentcas.cas import framing
 from agentcas.cas.digest import Digest, hash_blob
 from agentcas.cas.objects import Checkpoint, Tree
 from agentcas.cas.store import MemoryObjectStore, save_object
-from conftest import objects_of
 from agentcas.errors import IntegrityError, NotFound, UsageError
 from agentcas.refs.names import BadThreadName, check_thread_name
 from agentcas.refs.revisions import AmbiguousRevision, UnknownRevision, load_checkpoint, resolve
 from agentcas.refs.threads import ThreadState, list_threads, read_reflog, read_thread, set_if_equals
+
+from conftest import objects_of
 
 TREE = Tree(()).digest()
 
@@ -211,10 +212,10 @@ def test_thread_name_wins_over_hex_prefix(chain):
 
 
 # --- reflog rows, version 2 (docs/FORMAT.md 6.2 and 9b) -----------------------------------------
-from hypothesis import given, strategies as st  # noqa: E402
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 from agentcas.cas import encoding  # noqa: E402
-from agentcas.cas.digest import EMPTY_HISTORY  # noqa: E402
 from agentcas.cas.objects import EMPTY_POSITION, HistoryPosition  # noqa: E402
 from agentcas.cas.sealed import seal, unseal  # noqa: E402
 from agentcas.refs import threads  # noqa: E402

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import random
 import time
 
@@ -19,8 +18,7 @@ from agentcas.cas import framing
 from agentcas.cas.store import TABLES
 from agentcas.errors import ConflictError, IntegrityError, NotFound, UsageError
 from agentcas.exchange import remote as remote_table
-from agentcas.exchange.transfer import (CorruptTransfer, LocalStoreEndpoint, NotFastForward, restamp,
-                                        transfer)
+from agentcas.exchange.transfer import CorruptTransfer, LocalStoreEndpoint, NotFastForward, restamp, transfer
 from agentcas.lineage.closure import Walker
 
 from conftest import tree_bytes, views
@@ -92,7 +90,7 @@ def test_remote_add_list_remove(tmp_path, store, monkeypatch):
     other, _ = Store.init(str(tmp_path / "o"))
     monkeypatch.chdir(tmp_path)
     added = store.remotes.add("o", "o")  # relative: resolved now, against the current directory
-    assert added.to_json() == {"name": "o", "url": "file://" + str(tmp_path / "o")}
+    assert added.to_json() == {"name": "o", "url": "file://" + str(tmp_path / "o"), "created": False}
     store.remotes.add("p", "file://" + str(tmp_path / "o"))
     assert [r["name"] for r in [item.to_json() for item in store.remotes.list()]] == ["o", "p"]
     assert store.remotes.remove("o").to_json()["removed"] is True
@@ -110,10 +108,13 @@ def test_remote_add_refusals_change_nothing(tmp_path, store):
     for bad_name in ["", "-x", "a/b", "a b", "x" * 65, "é"]:
         with pytest.raises(UsageError, match="invalid remote name"):
             store.remotes.add(bad_name, str(tmp_path / "o"))
-    for not_store in ["missing", "plain", "file"]:
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.md").write_text("mine")
+    for not_store in ["full", "file"]:  # a missing or empty directory gets a store (test_remote_cli.py)
         with pytest.raises(Exception) as info:
             store.remotes.add("n", str(tmp_path / not_store))
         assert info.value.exit_code == 1 and "remote 'n'" in str(info.value)
+    assert os.listdir(tmp_path / "full") == ["notes.md"]
     with pytest.raises(UsageError, match="this store itself"):
         store.remotes.add("me", store.path)
     with pytest.raises(NotFound, match="no remote named"):

@@ -53,7 +53,7 @@ def test_remote_add_list_remove(tmp_path, stores):
     local, other = stores
     (tmp_path / "sub").mkdir()
     added = run_cli("--json", "remote", "add", "rel", "../other", store=local, cwd=tmp_path / "sub")
-    assert added.code == 0 and added.json() == {"name": "rel", "url": f"file://{other}"}
+    assert added.code == 0 and added.json() == {"name": "rel", "url": f"file://{other}", "created": False}
     assert run_cli("remote", "add", "url", f"file://{other}", store=local).code == 0
     listed = run_cli("--json", "remote", "list", store=local)
     assert [r["name"] for r in listed.json()["remotes"]] == ["other", "rel", "url"]
@@ -65,11 +65,14 @@ def test_remote_add_list_remove(tmp_path, stores):
 
 def test_remote_add_errors_change_nothing(tmp_path, stores):
     local, other = stores
-    (tmp_path / "empty").mkdir()
+    (tmp_path / "not-a-store").mkdir()
+    (tmp_path / "not-a-store" / "notes.md").write_text("mine\n")
     before = store_rows(local)
     check_error(run_cli("remote", "add", "other", other, store=local), 3, "already exists")
-    check_error(run_cli("remote", "add", "x", tmp_path / "missing", store=local), 1, "no store at")
-    check_error(run_cli("remote", "add", "x", tmp_path / "empty", store=local), 1, "not an agentcas store")
+    check_error(run_cli("remote", "add", "other", tmp_path / "new", store=local), 3, "already exists")
+    assert not (tmp_path / "new").exists()  # the name was taken: no store made for it
+    check_error(run_cli("remote", "add", "x", tmp_path / "not-a-store", store=local), 1, "not an agentcas store")
+    assert os.listdir(tmp_path / "not-a-store") == ["notes.md"]
     check_error(run_cli("remote", "add", "x", "http://host/p", store=local), 2, "unsupported remote URL")
     check_error(run_cli("remote", "add", "x", "s3://bucket/p", store=local), 2, "needs its refs database")
     check_error(run_cli("remote", "add", "x", "s3://bucket/p", "--refs", "postgresql://u:pw@h/db", store=local), 2,
@@ -180,8 +183,8 @@ def test_corrupt_object_in_sender_exits_4_and_nothing_lands(stores):
     key = corrupt_largest_object(local)
     before = store_rows(other)
     result = run_cli("--json", "push", "other", "main", store=local)
-    check_error(result, 4, "corrupt")
-    assert key.hex() in result.err and result.out == ""
+    assert result.code == 4 and "corrupt" in result.err, result
+    assert key.hex() in result.err and json.loads(result.out)["exit_code"] == 4  # the failure, as JSON
     assert store_rows(other) == before
 
 
@@ -246,3 +249,19 @@ def test_remote_add_takes_the_bucket_names_store_takes(bucket):
     except BadRemote:
         remote_takes = False
     assert remote_takes == store_takes
+
+
+def test_remote_add_creates_a_store_in_a_new_or_empty_directory(tmp_path, stores, workspace):
+    """As the README's first push is written: `remote add backup DIR` on a DIR that does not
+    exist (or is empty) makes an empty store there, says so, and the push works."""
+    local, _ = stores
+    assert run_cli("commit", workspace, "-m", "one", store=local).code == 0
+    (tmp_path / "empty").mkdir()
+    for name, target in (("backup", tmp_path / "mnt" / "backup"), ("spare", tmp_path / "empty")):
+        added = run_cli("remote", "add", name, target, store=local)
+        assert added.code == 0 and f"Created an empty store at file://{target}" in added.out, added
+        assert (target / "data.mdb").exists()
+        pushed = run_cli("push", name, "main", store=local)
+        assert pushed.code == 0, pushed
+        assert run_cli("log", "main", store=target).code == 0
+    assert run_cli("--json", "remote", "add", "third", tmp_path / "third", store=local).json()["created"] is True

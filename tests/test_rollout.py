@@ -12,8 +12,6 @@ import os
 
 import pytest
 
-from conftest import views
-
 from agentcas import Store
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest
@@ -21,6 +19,8 @@ from agentcas.cas.objects import EMPTY_POSITION
 from agentcas.errors import IntegrityError, UsageError
 from agentcas.lineage import rollout
 from agentcas.refs import threads
+
+from conftest import views
 
 
 def records(count: int, start: int = 0, size: int = 0, tag: str = "m") -> list[bytes]:
@@ -159,6 +159,14 @@ def test_bad_ranges_raise_before_any_byte(any_store, start, stop, message):
     with pytest.raises(UsageError) as caught:
         any_store.history.read("t", start, stop)  # raises on the call, not on iteration
     assert message in str(caught.value)
+
+
+def test_a_stop_past_the_end_raises_unless_clamped(any_store):
+    """`rollout cat --to` past the end is refused, as `fork --at` and `replay --at` are."""
+    any_store.history.append("t", b"".join(records(10)))
+    with pytest.raises(UsageError, match=r"--to 11 is beyond the end of the history \(10 records\)"):
+        any_store.history.read("t", 0, 11, clamp=False)
+    assert b"".join(any_store.history.read("t", 0, 10, clamp=False)) == b"".join(records(10))
 
 
 def test_reading_an_unknown_thread_is_not_found(any_store):
@@ -347,7 +355,7 @@ def test_reads_load_segments_proportional_to_records_read_plus_log_n(monkeypatch
 def test_appends_load_log_n_segments(monkeypatch):
     """Linking segment n walks to its skip target in at most ceil(log2 n) + 2 segment loads,
     for every n up to 1100 (measured: at most ceil(log2 n) + 1). An off-by-one in the skip
-    walk (ancestor_at_index taking `skip_at > index`) costs 40 loads at n = 1025 (issue 15)."""
+    walk (ancestor_at_index taking `skip_at > index`) costs 40 loads at n = 1025."""
     store = Store.memory()
     loads = SegmentLoads(monkeypatch)
     head, over = EMPTY_POSITION, []
@@ -468,8 +476,9 @@ def test_raw_lines_cut_only_long_bodies_into_content_defined_chunks():
     harness repeats a run of them byte for byte), a long timestamped line's body is cut by
     content so a fork's copy (new timestamp) shares its chunks, and a region over
     ROLLOUT_MAX_SIZE without a timestamp is still cut."""
-    from agentcas.cas import chunking
     import random
+
+    from agentcas.cas import chunking
     rng = random.Random(4)
     short = b"".join(b'{"n": %d, "text": "%s"}\n' % (n, rng.randbytes(400).hex().encode()) for n in range(1000))
     assert 512 * 1024 < len(short) <= rollout.MAX_SEGMENT_BYTES

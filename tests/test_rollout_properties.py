@@ -16,9 +16,8 @@ import tempfile
 
 import blake3
 import pytest
-
-from conftest import views
-from hypothesis import HealthCheck, settings, strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from agentcas import Store
@@ -26,7 +25,10 @@ from agentcas.cas.digest import PREFIX_CHAIN_CONTEXT
 from agentcas.cas.objects import EMPTY_POSITION
 from agentcas.lineage import rollout
 from agentcas.lineage.closure import Walker
-from agentcas.refs import revisions, threads as refs_threads
+from agentcas.refs import revisions
+from agentcas.refs import threads as refs_threads
+
+from conftest import views
 
 # --- the model ----------------------------------------------------------------------------
 

@@ -11,8 +11,10 @@ import time
 
 import pytest
 
-from conftest import AGENTCAS, run_cli, tree_bytes
 from agentcas import Store
+
+from conftest import AGENTCAS, run_cli, tree_bytes
+from support.files import write
 
 
 @pytest.fixture
@@ -34,12 +36,6 @@ def shared(tmp_path, s3_url, postgres_url):
     return first
 
 
-def write(root, files: dict):
-    for rel, data in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data if isinstance(data, bytes) else data.encode())
-    return root
 
 
 def test_commit_on_one_machine_check_out_on_another(shared, workspace, tmp_path):
@@ -108,7 +104,7 @@ def test_unchanged_recommit_uploads_nothing_but_its_checkpoint(shared, workspace
     pg_requests = store.meta.round_trips
     print(f"\n[shared] unchanged recommit: {s3_requests} S3 requests, {pg_requests} PostgreSQL round trips "
           f"({store.meta.statements} statements)")
-    # Issue 11: at most 3 requests to each service (open the store, take the lease with the
+    # At most 3 requests to each service (open the store, take the lease with the
     # thread's state, land the move), and the only upload is the new checkpoint.
     assert s3_requests <= 3 and pg_requests <= 3
     assert [item.to_json() for item in store.threads.log("main", limit=1)][0]["reason"] == "unchanged"

@@ -315,7 +315,7 @@ def test_planted_small_order_trust_row_is_refused_at_use(store, workspace):
 
 
 def test_verify_thread_refuses_a_signature_made_for_another_thread(signed_store, run):
-    """Issue 14 (6): a signature binds a thread; verify THREAD checks that thread."""
+    """A signature binds a thread; verify THREAD checks that thread."""
     store, k = signed_store
     assert run("branch", "other", "main", store=store).code == 0
     assert run("sign", "other", "--key", k / "alice.key", store=store).code == 0

@@ -3,7 +3,7 @@
 Real file systems where the machine can make them (a 2 MiB tmpfs, remounted read-only;
 this needs root, else the tests skip with the reason), and a fault-injecting LD_PRELOAD
 shim where no device here can produce the error (EIO from every write and sync of one
-file, so LMDB's own C code meets it). Issue 14 (3, 4).
+file, so LMDB's own C code meets it).
 """
 
 from __future__ import annotations

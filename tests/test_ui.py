@@ -16,10 +16,11 @@ import signal
 import pytest
 from markupsafe import escape
 
-from conftest import run_cli, store_rows
-from harness_samples import ClaudeSession
-from ui_server import UiServer, wait_closed
 from agentcas import Store
+
+from conftest import run_cli, store_rows
+from support.harness_samples import ClaudeSession
+from support.ui_server import UiServer, wait_closed
 
 HOSTILE_THREAD = "<script>alert(1)</script>"
 HOSTILE_PATH = "<img src=x onerror=alert(2)>.txt"
@@ -478,6 +479,7 @@ def test_another_loopback_address_is_served_under_its_own_name(small_store):
 
 def test_host_names_allowed_for_each_kind_of_bind():
     from types import SimpleNamespace
+
     from agentcas.ui.server import _host_allowed, allowed_hosts
 
     def allowed(bind: str, header: str) -> bool:

@@ -12,10 +12,11 @@ import shutil
 
 import pytest
 
-from conftest import run_cli
-from harness_samples import ClaudeSession
-from ui_server import UiServer
 from agentcas import Store
+
+from conftest import run_cli
+from support.harness_samples import ClaudeSession
+from support.ui_server import UiServer
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -52,7 +53,7 @@ def demo_store(store_dir, tmp_path):
     def step(thread: str, reason: str, files: dict, records: int):
         write(ws, files)
         for _ in range(records):
-            lines.append('{"role":"assistant","text":"step %d"}\n' % len(lines))
+            lines.append(f'{{"role":"assistant","text":"step {len(lines)}"}}\n')
         rollout.write_text("".join(lines))
         return store.checkpoints.commit(str(ws), reason, thread, str(rollout) if thread == "main" else None).checkpoint
 

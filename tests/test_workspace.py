@@ -374,7 +374,7 @@ def test_stat_cache_is_not_trusted_when_objects_are_gone(mem, ws, monkeypatch, t
 
 
 def test_remembered_stat_cache_rows_skip_decoding_but_never_outlive_their_bytes(mem, ws, monkeypatch):
-    """A process committing again reuses the rows it already checked (issue 13: a harness
+    """A process committing again reuses the rows it already checked (a harness
     holding Store open); a row whose stored bytes changed is checked again, and a damaged
     one costs a re-read, never a wrong entry."""
     monkeypatch.setattr(snapshot, "RACY_NS", 0)
@@ -453,6 +453,7 @@ def test_reasons_at_the_limits_are_accepted(mem, ws):
 def test_allowed_secret_is_rescanned_by_a_later_commit_without_the_flag(tmp_path):
     """--allow-secret applies to one commit; the stat cache must not carry it forward."""
     import time as _time
+
     from agentcas import Store
     from agentcas.workspace import snapshot as snapshot_module
     from agentcas.workspace.snapshot import SecretFound

@@ -81,8 +81,8 @@ def test_a_failed_background_batch_is_raised_after_the_others_end():
 
 
 def test_a_commit_cuts_files_at_its_blob_stores_chunk_sizes(tmp_path):
-    from agentcas.workspace.snapshot import Snapshotter
     from agentcas.cas.lmdb_store import open_lmdb
+    from agentcas.workspace.snapshot import Snapshotter
 
     data = random.Random(11).randbytes(12 << 20)
     (tmp_path / "ws").mkdir()

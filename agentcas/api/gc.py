@@ -20,16 +20,16 @@ if TYPE_CHECKING:
 class Gc:
     """Garbage collection and verification of a store (`store.gc`)."""
 
-    def __init__(self, store: "Store"):
+    def __init__(self, store: Store):
         self._stores = store.stores
 
     def plan(self, grace: int = DEFAULT_GRACE, expire_reflog: int = DEFAULT_EXPIRE_REFLOG,
-             now: float | None = None) -> "GcPlan":
+             now: float | None = None) -> GcPlan:
         """Mark from every root and classify every object (deletes nothing): a gc.plan.GcPlan."""
         from agentcas.gc.plan import plan_gc
         return plan_gc(self._stores, now, grace, expire_reflog)
 
-    def execute(self, plan: "GcPlan", wait: float = DEFAULT_WAIT, progress=None,
+    def execute(self, plan: GcPlan, wait: float = DEFAULT_WAIT, progress=None,
                 batch: int = BATCH_DELETES) -> GcResult:
         """Carry out a GcPlan (gc/sweep.py): expire reflog entries, delete garbage, settle."""
         from agentcas.gc.sweep import execute

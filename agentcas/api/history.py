@@ -6,8 +6,9 @@ Appends are lineage/appends.py's ref moves; reads walk lineage/rollout.py's segm
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from agentcas.cas import framing
 from agentcas.cas.leases import Lease
@@ -24,7 +25,8 @@ if TYPE_CHECKING:
     from agentcas.lineage.marks import IngestedThread
     from agentcas.repository import Store
 
-INGEST_ZSTD_LEVEL = framing.INGEST_ZSTD   # harness logs: level 3 (small tables), 4x faster than the rollout level 7, ~3% larger
+# Harness logs: level 3 (small tables), 4x faster than the rollout level 7, ~3% larger.
+INGEST_ZSTD_LEVEL = framing.INGEST_ZSTD
 
 
 @dataclass(frozen=True)
@@ -38,13 +40,13 @@ class SessionAppend:
     forked_from: ForkOrigin | None = None
     # `data` prepared ahead (rollout.pack_raw_lines at INGEST_ZSTD_LEVEL, chained from
     # `based_on`'s digest at these marks), e.g. in an ingest worker; `data` may then be empty.
-    packed: "rollout.PackedLines | None" = None
+    packed: rollout.PackedLines | None = None
 
 
 class Histories:
     """The rollout histories of a store's threads (`store.history`)."""
 
-    def __init__(self, store: "Store"):
+    def __init__(self, store: Store):
         self._store = store
         self._stores = store.stores
         self.segments = rollout.SegmentCache()  # decoded segments, kept across reads
@@ -58,12 +60,13 @@ class Histories:
         return append_records(self._stores, thread, data)
 
     def read(self, rev: str, start: int = 0, stop: int | None = None,
-             whole_records: bool = True) -> Iterator[bytes]:
+             whole_records: bool = True, clamp: bool = True) -> Iterator[bytes]:
         """An iterator over the bytes of records start <= seq < stop of a thread's history.
 
         `rev` may also be a revision: a checkpoint's prefix, or for THREAD@{N} the
-        whole history that reflog entry recorded. A `stop` past the end reads to the
-        end; a bad range raises here, before any byte is produced. Each piece holds whole
+        whole history that reflog entry recorded. A `stop` past the end reads to the end
+        (`clamp=False`: raises, as `rollout cat --to` does); a bad range raises UsageError
+        here, before any byte is produced. Each piece holds whole
         records unless `whole_records=False` (pieces as stored, for copying bytes out).
         """
         if start < 0 or (stop is not None and stop < 0):
@@ -75,6 +78,8 @@ class Histories:
                 raise NotFound(f"no thread or checkpoint named {rev!r}") from None
         if start > head.seq:
             raise UsageError(f"--from {start} is beyond the end of the history ({head.seq} records)")
+        if not clamp and stop is not None and stop > head.seq:  # as fork --at and replay --at
+            raise UsageError(f"--to {stop} is beyond the end of the history ({head.seq} records)")
         if stop is not None and stop < start:
             raise UsageError(f"--to {stop} is before --from {start}")
         return self._read(head, start, stop, whole_records)
@@ -89,7 +94,7 @@ class Histories:
         with self._stores.objects.reading(buffers=True) as objects:
             yield from self.history(objects).read(head, start, stop, whole_records)
 
-    def ingest(self, appends: list[SessionAppend], author: str | None = None) -> list["IngestedThread"]:
+    def ingest(self, appends: list[SessionAppend], author: str | None = None) -> list[IngestedThread]:
         """Append raw log lines to several threads, with a checkpoint at each mark.
 
         Each SessionAppend's lines are stored byte for byte (no JSON check); each mark
@@ -98,8 +103,8 @@ class Histories:
         together or not at all, in one metadata transaction (lineage/marks.py); a thread
         no longer at `based_on` (None: must not exist) raises ConflictError and nothing lands.
         """
-        from agentcas.api.checkpoints import default_author, runtime_description
         from agentcas.cas.store_format import utc_now
+        from agentcas.lineage.checkpoints import default_author, runtime_description
         from agentcas.lineage.marks import append_many_with_marks, prepare_raw
         for item in appends:   # reasons are checked by Checkpoint itself, in the plan
             check_thread_name(item.thread)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from agentcas.api.results import BundleCheck, BundleExport, BundleImport, RemoteRemoved, TransferResult
+from agentcas.api.results import BundleCheck, BundleExport, BundleImport, RemoteAdded, RemoteRemoved, TransferResult
 from agentcas.cas import framing
 from agentcas.cas.lmdb_store import StoreUnavailable
-from agentcas.errors import UsageError
+from agentcas.errors import ConflictError, UsageError
 from agentcas.refs.names import check_thread_name
 
 if TYPE_CHECKING:
@@ -23,25 +23,43 @@ if TYPE_CHECKING:
 class Remotes:
     """Remotes, push and pull, bundles (`store.remotes`)."""
 
-    def __init__(self, store: "Store"):
+    def __init__(self, store: Store):
         self._store = store
         self._stores = store.stores
 
     # -- the remote table ------------------------------------------------------------------------
-    def add(self, name: str, url: str, refs: str | None = None) -> "Remote":
-        """Record another agentcas store as remote `name`; it must exist and not be this store.
+    def add(self, name: str, url: str, refs: str | None = None) -> RemoteAdded:
+        """Record another agentcas store as remote `name`; it must not be this store.
 
         `url` is a path, file:// URL or s3://BUCKET/PREFIX; an s3:// remote needs `refs`
-        (postgresql://..., without a password).
+        (postgresql://..., without a password). A path that does not exist, or an empty
+        directory, gets an empty store made there (like `git init --bare` then `git remote
+        add`); a directory holding anything else must be a store.
         """
         from agentcas.exchange import remote as remote_table
+        from agentcas.repository import Store
         remote_table.check_remote_name(name)
         url = remote_table.normalise_url(url)
         refs = remote_table.check_refs_dsn(refs, url)
-        self._open(remote_table.Remote(name, url, refs))  # it must open (left open, as the store caches its environment)
-        return self._stores.meta.write(lambda txn: remote_table.add_remote(txn, name, url, refs))
+        remote = remote_table.Remote(name, url, refs)
+        made, existed = False, True
+        if not remote.shared and _absent_or_empty(remote.path):
+            with self._stores.meta.reader() as txn:
+                if any(r.name == name for r in remote_table.list_remotes(txn)):
+                    raise ConflictError(f"remote {name!r} already exists (remove it first)")
+            existed = os.path.isdir(remote.path)
+            Store.init(remote.path)
+            made = True
+        try:
+            self._open(remote)  # it must open (left open, as the store caches its environment)
+            added = self._stores.meta.write(lambda txn: remote_table.add_remote(txn, name, url, refs))
+        except BaseException:
+            if made:  # whole or nothing: the store made for it goes too
+                _remove_new_store(remote.path, existed)
+            raise
+        return RemoteAdded(added, made)
 
-    def list(self) -> list["Remote"]:
+    def list(self) -> list[Remote]:
         """Every remote, by name."""
         from agentcas.exchange import remote as remote_table
         with self._stores.meta.reader() as txn:
@@ -52,7 +70,7 @@ class Remotes:
         from agentcas.exchange import remote as remote_table
         return RemoteRemoved(self._stores.meta.write(lambda txn: remote_table.remove_remote(txn, name)))
 
-    def _open(self, remote: "Remote") -> "Store":
+    def _open(self, remote: Remote) -> Store:
         from agentcas.repository import Store
         if remote.shared:
             if self._store.url == remote.url:
@@ -133,7 +151,7 @@ class Remotes:
                                                  progress))
 
 
-def _transfer_result(direction: str, remote: "Remote", result) -> TransferResult:
+def _transfer_result(direction: str, remote: Remote, result) -> TransferResult:
     """The report of a push or pull."""
     def checkpoint(state):
         return None if state is None or state.checkpoint is None else state.checkpoint.hex()
@@ -141,3 +159,17 @@ def _transfer_result(direction: str, remote: "Remote", result) -> TransferResult
                           checkpoint(result.new), None if result.old is None else result.old.history.seq,
                           result.new.history.seq, result.objects_total, result.up_to_date, result.forced,
                           result.objects, result.bytes)
+
+
+def _absent_or_empty(path: str) -> bool:
+    """Whether `path` does not exist or is an empty directory (a store can be made there)."""
+    return not os.path.lexists(path) or (os.path.isdir(path) and not os.path.islink(path)
+                                         and not os.listdir(path))
+
+
+def _remove_new_store(path: str, existed: bool) -> None:
+    """Undo `Store.init` of an empty store at `path` (its directory too, unless it `existed`)."""
+    for name in os.listdir(path):
+        os.unlink(os.path.join(path, name))
+    if not existed:
+        os.rmdir(path)

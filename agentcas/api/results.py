@@ -14,6 +14,7 @@ from typing import Any
 
 from agentcas.cas.objects import HistoryPosition
 from agentcas.lineage.appends import AppendResult
+from agentcas.lineage.checkpoints import CommitResult
 from agentcas.lineage.effects_index import EffectState
 from agentcas.lineage.effects_ledger import EffectAdded, EffectsPage, OpenEffects
 from agentcas.lineage.fork_tree import Lineage, LineageNode
@@ -23,23 +24,6 @@ from agentcas.result import Result, json_value
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class CommitResult(Result):
-    """A commit that landed: the checkpoint, its tree and history, and what it stored."""
-
-    checkpoint: str
-    tree: str
-    thread: str
-    parents: list[str]
-    history: HistoryPosition
-    files: int
-    bytes: int
-    cached_files: int
-    new_objects: int
-    new_bytes: int
-    appended_records: int
-
-
 @dataclass(frozen=True)
 class FileInfo(Result):
     """A file of a checkpoint's tree."""
@@ -139,6 +123,7 @@ class CheckoutResult(Result):
     dest: str
     files: int
     effects: OpenEffects | None
+    rollout_file: str | None = None  # where the rollout file committed with it was written back
 
 
 @dataclass(frozen=True)
@@ -233,7 +218,7 @@ class GcResult(Result):
     blocked_by: list[dict]
 
     @classmethod
-    def from_doc(cls, doc: dict) -> "GcResult":
+    def from_doc(cls, doc: dict) -> GcResult:
         """From the document gc/sweep.py's `execute` returns."""
         return cls(doc["deleted"]["objects"], doc["deleted"]["bytes"], doc["reflog_expired"], doc["pins_dropped"],
                    doc["remarked"], doc["batches"], doc["complete"], doc["blocked_by"])
@@ -385,6 +370,25 @@ class BundleImport(BundleDocument):
     @property
     def new_bytes(self) -> int:
         return self.doc["new_bytes"]
+
+
+@dataclass(frozen=True)
+class RemoteAdded(Result):
+    """A remote recorded; `created` when an empty store was made for it at a new or empty path."""
+
+    remote: Any  # exchange.remote.Remote
+    created: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.remote.name
+
+    @property
+    def url(self) -> str:
+        return self.remote.url
+
+    def to_json(self) -> dict:
+        return dict(self.remote.to_doc(), created=self.created)
 
 
 @dataclass(frozen=True)

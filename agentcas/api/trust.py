@@ -20,17 +20,17 @@ if TYPE_CHECKING:
 class Trust:
     """Trusted signers and checkpoint signatures (`store.trust`)."""
 
-    def __init__(self, store: "Store"):
+    def __init__(self, store: Store):
         self._store = store
         self._stores = store.stores
 
-    def add(self, name: str, public_key_file: str, namespaces=()) -> "TrustEntry":
+    def add(self, name: str, public_key_file: str, namespaces=()) -> TrustEntry:
         """Trust the key in `public_key_file` as signer `name` for `namespaces`."""
         from agentcas.signing import keys, trust
         public = keys.load_public_key(public_key_file)
         return self._stores.meta.write(lambda txn: trust.add(txn, name, public, namespaces))
 
-    def list(self) -> list["TrustEntry"]:
+    def list(self) -> list[TrustEntry]:
         """Every trusted signer, by name."""
         from agentcas.signing import trust
         with self._stores.meta.reader() as txn:

@@ -213,6 +213,7 @@ def mark_prefix(stores: Stores, value: bytes) -> None:
     """At init, after the database holds `value`: write the prefix's marker with its id
     (create-if-absent; a marker written meanwhile by another init must name the same id)."""
     bound = _binding(value)
+    assert bound is not None  # the binding init just wrote
     data = json.dumps({"store": bound["id"], "format": "agentcas store marker 1"}).encode()
     if not stores.blobs.create_marker(data) and _marker_id(stores.blobs.read_marker() or b"") != bound["id"]:
         raise ConflictError(f"{stores.blobs.url} was claimed by another agentcas store while this one was "

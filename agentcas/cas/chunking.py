@@ -24,7 +24,8 @@ same file may be cut differently in two stores; only deduplication between them 
 
 from __future__ import annotations
 
-from typing import Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import NamedTuple
 
 
 class ChunkSizes(NamedTuple):

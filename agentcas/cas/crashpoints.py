@@ -25,7 +25,7 @@ import errno
 import os
 import signal
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 CRASH_AT = "AGENTCAS_CRASH_AT"
 CRASH_COUNT = "AGENTCAS_CRASH_COUNT"

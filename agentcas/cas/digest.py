@@ -60,7 +60,7 @@ class Digest:
         return self.raw.hex()[:12]
 
     @classmethod
-    def parse(cls, text: str) -> "Digest":
+    def parse(cls, text: str) -> Digest:
         """Parse 64 lowercase hex characters; anything else is a UsageError."""
         if not isinstance(text, str) or not _HEX.fullmatch(text):
             raise UsageError(f"not a 64-character lowercase hex id: {str(text)[:80]!r}")

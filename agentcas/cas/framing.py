@@ -16,6 +16,7 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass
+from typing import cast
 
 import zstandard
 
@@ -142,7 +143,8 @@ def unframe(value, copy: bool = True) -> tuple[int, bytes]:
     if codec == CODEC_RAW:
         if len(body) != size:
             raise CorruptValue("stored value length differs from its header")
-        return kind, bytes(body) if copy else memoryview(body)
+        # A view serves wherever the body is only read (the bytes-like protocol).
+        return kind, bytes(body) if copy else cast(bytes, memoryview(body))
     return kind, decompress_bounded(body, size)
 
 

@@ -107,7 +107,7 @@ class LeaseRow:
              "started_at": int(self.started_at * 1000), "expires_at": int(self.expires_at * 1000)}))
 
     @classmethod
-    def decode(cls, key: bytes, value) -> "LeaseRow":
+    def decode(cls, key: bytes, value) -> LeaseRow:
         doc = encoding.decode(unseal("leases", key, value))
         try:
             return cls(bytes(key), str(doc["what"]), str(doc["host"]), int(doc["pid"]),
@@ -258,7 +258,7 @@ class Lease:
         started = self.row.started_at if self.row else now
         return LeaseRow(self.key, self.what, this_host(), os.getpid(), started, now + LEASE_SECONDS)
 
-    def acquire(self) -> "Lease":
+    def acquire(self) -> Lease:
         """Take the lease, waiting out a sweep batch that is active now.
 
         While a batch runs, the row is written at once and the writer waits: gc starts
@@ -338,7 +338,7 @@ class Lease:
         raise LeaseExpired(f"this {self.what} took longer than its lease ({LEASE_SECONDS:.0f} s) "
                            "and a gc may have run meanwhile; nothing was changed, retry")
 
-    def expect(self) -> tuple[str, bytes, bytes]:
+    def expect(self) -> tuple[str, bytes, bytes | None]:
         """The exchange expectation that this lease is still held as written (gc drops a
         lease it judged dead, so a vanished or changed row means it may have swept)."""
         return "leases", self.key, self.value
@@ -355,7 +355,7 @@ class Lease:
         txn.delete("leases", self.key)
         self.released = True
 
-    def __enter__(self) -> "Lease":
+    def __enter__(self) -> Lease:
         return self.acquire()
 
     def __exit__(self, *exc):

@@ -17,6 +17,7 @@ import errno
 import os
 import threading
 from contextlib import contextmanager
+from typing import Any
 
 import lmdb
 
@@ -33,7 +34,7 @@ INITIAL_MAP_SIZE = int(os.environ.get("AGENTCAS_LMDB_MAP_SIZE", str(16 << 30)))
 MIN_MAP_SIZE = 1 << 30
 DATA_FILE = "data.mdb"
 
-_OPEN: dict[str, "LmdbObjectStore"] = {}
+_OPEN: dict[str, LmdbObjectStore] = {}
 _OPEN_LOCK = threading.Lock()
 
 
@@ -249,7 +250,7 @@ class LmdbObjectStore(ObjectStore):
         self._gate = _ResizeGate()
         self.env = self._open_env(create)
         self.env.reader_check()
-        self.dbs = {}
+        self.dbs: dict[str, Any] = {}  # table -> its handle (None: a table newer than a read-only store)
         if self.readonly:
             # Not inside an explicit read transaction: handles opened there die with it
             # (every later get() fails with EINVAL); py-lmdb's own transaction keeps them.
@@ -323,7 +324,7 @@ class LmdbObjectStore(ObjectStore):
         while True:
             with self._gate.shared():
                 try:
-                    txn = self.env.begin(buffers=buffers)
+                    txn = self.env.begin(buffers=buffers)  # type: ignore[call-overload]  # the stubs miss `buffers`
                 except lmdb.MapResizedError:
                     txn = None  # another process grew the map: adopt its size, then retry
                 except lmdb.Error as exc:

@@ -13,6 +13,7 @@ read in (its `format`), so re-encoding a stored object always gives back its id.
 from __future__ import annotations
 
 import re
+from collections.abc import Set
 from dataclasses import dataclass, field
 
 from agentcas.cas import encoding, framing, packed
@@ -51,7 +52,7 @@ def _int(value, what: str, low: int = 0) -> int:
     return value
 
 
-def _keys(doc, required: set, optional: set = frozenset(), what: str = "object") -> None:
+def _keys(doc, required: set, optional: Set[str] = frozenset(), what: str = "object") -> None:
     if not isinstance(doc, dict):
         raise InvalidObject(f"{what} must be a JSON object")
     missing = required - doc.keys()
@@ -81,15 +82,17 @@ def _is_json(data) -> bool:
     return bytes(data[:1]) == b"{"
 
 
-def _packed_row(data, what: str, fields: int) -> list:
-    """The items after the leading format number of a packed object; exactly `fields` of them."""
+def _packed_row(data, what: str, fields: int | tuple[int, ...]) -> list:
+    """The items after the leading format number of a packed object; exactly `fields` of
+    them (or one of the counts `fields` lists: an object with an optional last item)."""
+    counts = (fields,) if isinstance(fields, int) else fields
     row = packed.decode(data)
     if not isinstance(row, list) or not row or not isinstance(row[0], int) or isinstance(row[0], bool):
         raise InvalidObject(f"{what} is not a packed object")
     if row[0] > PACKED_FORMAT:
         raise InvalidObject(f"{what} format {row[0]} is newer than this agentcas reads "
                             f"({PACKED_FORMAT}); upgrade agentcas")
-    if row[0] != PACKED_FORMAT or len(row) != fields + 1:
+    if row[0] != PACKED_FORMAT or len(row) - 1 not in counts:
         raise InvalidObject(f"{what} has the wrong shape for format {PACKED_FORMAT}")
     return row[1:]
 
@@ -110,7 +113,7 @@ def _text(value, what: str) -> str:
     return value
 
 
-def _packed_chunks(value, what: str) -> tuple["ChunkRef", ...]:
+def _packed_chunks(value, what: str) -> tuple[ChunkRef, ...]:
     if not isinstance(value, list):
         raise InvalidObject(f"{what} must be a list")
     refs = []
@@ -197,7 +200,7 @@ class ChunkList:
         return hash_object("chunklist", self.encode())
 
     @classmethod
-    def decode(cls, data: bytes) -> "ChunkList":
+    def decode(cls, data: bytes) -> ChunkList:
         if not _is_json(data):
             (chunks,) = _packed_row(data, "chunklist", 1)
             return cls(_packed_chunks(chunks, "chunklist"))
@@ -251,7 +254,7 @@ class TreeEntry:
         return [0, self.name, self.id, self.mode, self.size, self.chunks]
 
     @classmethod
-    def from_row(cls, row) -> "TreeEntry":
+    def from_row(cls, row) -> TreeEntry:
         if not isinstance(row, list) or not row or row[0] not in (0, 1) or isinstance(row[0], bool) \
                 or len(row) != (3 if row[0] == 1 else 6):
             raise InvalidObject("tree entry has the wrong shape")
@@ -264,7 +267,7 @@ class TreeEntry:
             raise InvalidObject(str(exc)) from None
 
     @classmethod
-    def from_doc(cls, doc) -> "TreeEntry":
+    def from_doc(cls, doc) -> TreeEntry:
         if not isinstance(doc, dict):
             raise InvalidObject("tree entry must be an object")
         allowed = {"name", "type", "id", "mode", "size", "chunks"}
@@ -303,7 +306,7 @@ class Tree:
             raise InvalidObject(str(exc)) from None
 
     @classmethod
-    def of(cls, entries) -> "Tree":
+    def of(cls, entries) -> Tree:
         return cls(tuple(sorted(entries, key=lambda e: e.name.encode("utf-8"))))
 
     def encode(self) -> bytes:
@@ -327,7 +330,7 @@ class Tree:
         return hash_object("tree", self.encode())
 
     @classmethod
-    def decode(cls, data: bytes) -> "Tree":
+    def decode(cls, data: bytes) -> Tree:
         if not _is_json(data):
             (entries,) = _packed_row(data, "tree", 1)
             if not isinstance(entries, list):
@@ -372,14 +375,14 @@ class HistoryPosition:
         return [self.segment, self.seq, self.offset, self.digest]
 
     @classmethod
-    def from_row(cls, row) -> "HistoryPosition":
+    def from_row(cls, row) -> HistoryPosition:
         if not isinstance(row, list) or len(row) != 4:
             raise InvalidObject("history position has the wrong shape")
         return cls(_opt_id(row[0], "segment"), _int(row[1], "seq"), _int(row[2], "offset"),
                    _id(row[3], "digest"))
 
     @classmethod
-    def from_doc(cls, doc) -> "HistoryPosition":
+    def from_doc(cls, doc) -> HistoryPosition:
         _keys(doc, {"segment", "seq", "offset", "digest"}, what="history position")
         segment = None if doc["segment"] is None else _digest(doc["segment"], "segment")
         return cls(segment, _int(doc["seq"], "seq"), _int(doc["offset"], "offset"),
@@ -445,7 +448,7 @@ class Segment:
         return hash_object("segment", self.encode())
 
     @classmethod
-    def decode(cls, data: bytes) -> "Segment":
+    def decode(cls, data: bytes) -> Segment:
         if not _is_json(data):
             base, index, skip, count, length, digest, chunks, inline = _packed_row(data, "segment", 8)
             if not isinstance(inline, bytes):
@@ -460,6 +463,58 @@ class Segment:
                    _int(doc["count"], "count", 1), _int(doc["length"], "length", 1),
                    _digest(doc["digest"], "digest"), _chunk_refs(doc["chunks"], "segment chunks"),
                    format=JSON_FORMAT)
+
+
+@dataclass(frozen=True)
+class RolloutFile:
+    """Where a checkpoint's history stands in the rollout file committed with it (`commit
+    --rollout`): the file's first `offset` bytes are, line for line, records of the history's
+    first `seq` records (the others there were added by agentcas, effects), record
+    `seq - 1` being the file's last. `path` is the file's place relative to the workspace,
+    "/"-separated, when it was inside it: checkout writes the file back there."""
+
+    offset: int
+    seq: int
+    path: str | None = None
+
+    def __post_init__(self):
+        for name in ("offset", "seq"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                raise InvalidObject(f"rollout_file {name} must be an integer >= 0")
+        if self.path is not None:
+            if not isinstance(self.path, str) or len(self.path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+                raise InvalidObject("rollout_file path must be text of at most 4,095 bytes")
+            try:
+                for part in self.path.split("/"):
+                    check_name(part)
+            except BadName as exc:
+                raise InvalidObject(f"rollout_file path {self.path!r}: {exc}") from None
+
+    def to_doc(self) -> dict:
+        doc = {"offset": self.offset, "seq": self.seq}
+        if self.path is not None:
+            doc["path"] = self.path
+        return doc
+
+    def to_row(self) -> list:
+        return [self.path, self.offset, self.seq]
+
+    @classmethod
+    def from_doc(cls, doc) -> "RolloutFile":
+        if not isinstance(doc, dict):
+            raise InvalidObject("rollout_file must be a map")
+        _keys(doc, {"offset", "seq"}, optional={"path"}, what="rollout_file")
+        return cls(doc["offset"], doc["seq"], doc.get("path"))
+
+    @classmethod
+    def from_row(cls, row) -> "RolloutFile":
+        if not isinstance(row, list) or len(row) != 3:
+            raise InvalidObject("rollout_file must be [PATH | null, OFFSET, SEQ]")
+        path, offset, seq = row
+        if path is not None and not isinstance(path, str):
+            raise InvalidObject("rollout_file path must be text")
+        return cls(offset, seq, path)
 
 
 @dataclass(frozen=True)
@@ -480,6 +535,8 @@ class Checkpoint:
     # 0 / None (the keys omitted) mean "not indexed": readers then step parent by parent.
     generation: int = 0
     skip: Digest | None = None
+    # Optional (absent before `commit --rollout` recorded it): see RolloutFile.
+    rollout_file: RolloutFile | None = None
 
     KIND = framing.KIND_CHECKPOINT
 
@@ -503,6 +560,9 @@ class Checkpoint:
             raise InvalidObject("only a checkpoint of generation >= 2 has a skip pointer")
         if self.format not in (JSON_FORMAT, PACKED_FORMAT):
             raise InvalidObject(f"checkpoint format {self.format} is not 1 or 2")
+        if self.rollout_file is not None and (not isinstance(self.rollout_file, RolloutFile)
+                                              or self.rollout_file.seq > self.history.seq):
+            raise InvalidObject("rollout_file must be a RolloutFile within the checkpoint's history")
 
     def to_doc(self):
         doc = {"format": self.format, "tree": self.tree.hex(),
@@ -513,14 +573,19 @@ class Checkpoint:
             doc["generation"] = self.generation
         if self.skip is not None:
             doc["skip"] = self.skip.hex()
+        if self.rollout_file is not None:
+            doc["rollout_file"] = self.rollout_file.to_doc()
         return doc
 
     def encode(self) -> bytes:
         if self.format == JSON_FORMAT:
             return encoding.encode(self.to_doc(), check=False)
-        return packed.encode([PACKED_FORMAT, self.tree, list(self.parents), self.thread, self.reason,
-                              self.author, self.created_at, dict(self.runtime), self.history.to_row(),
-                              self.generation, self.skip])
+        row = [PACKED_FORMAT, self.tree, list(self.parents), self.thread, self.reason,
+               self.author, self.created_at, dict(self.runtime), self.history.to_row(),
+               self.generation, self.skip]
+        if self.rollout_file is not None:  # an optional last item: without it, the bytes (and id) of before
+            row.append(self.rollout_file.to_row())
+        return packed.encode(row)
 
     def digest(self) -> Digest:
         return hash_object("checkpoint", self.encode())
@@ -531,19 +596,21 @@ class Checkpoint:
         return body, hash_object("checkpoint", body)
 
     @classmethod
-    def decode(cls, data: bytes) -> "Checkpoint":
+    def decode(cls, data: bytes) -> Checkpoint:
         if not _is_json(data):
+            row = _packed_row(data, "checkpoint", (10, 11))
             (tree, parents, thread, reason, author, created_at, runtime, history, generation,
-             skip) = _packed_row(data, "checkpoint", 10)
+             skip) = row[:10]
             if not isinstance(parents, list) or not isinstance(runtime, dict):
                 raise InvalidObject("checkpoint parents must be a list and runtime a map")
             return cls(_id(tree, "tree"), tuple(_id(p, "parent") for p in parents),
                        _text(thread, "thread"), _text(reason, "reason"), _text(author, "author"),
                        _text(created_at, "created_at"), runtime, HistoryPosition.from_row(history),
-                       PACKED_FORMAT, _int(generation, "generation"), _opt_id(skip, "skip"))
+                       PACKED_FORMAT, _int(generation, "generation"), _opt_id(skip, "skip"),
+                       RolloutFile.from_row(row[10]) if len(row) == 11 else None)
         doc = encoding.decode(data)
         _keys(doc, {"format", "tree", "parents", "thread", "reason", "author", "created_at",
-                    "runtime", "history"}, what="checkpoint")
+                    "runtime", "history"}, optional={"generation", "skip", "rollout_file"}, what="checkpoint")
         if _int(doc["format"], "format") > FORMAT_VERSION:
             raise InvalidObject(f"checkpoint format {doc['format']} is newer than this agentcas "
                                 f"reads ({FORMAT_VERSION}); upgrade agentcas")
@@ -558,7 +625,8 @@ class Checkpoint:
                    doc["thread"], doc["reason"], doc["author"], doc["created_at"],
                    doc["runtime"], HistoryPosition.from_doc(doc["history"]), doc["format"],
                    _int(doc.get("generation", 0), "generation"),
-                   None if skip is None else _digest(skip, "skip"))
+                   None if skip is None else _digest(skip, "skip"),
+                   None if "rollout_file" not in doc else RolloutFile.from_doc(doc["rollout_file"]))
 
 
 class CheckpointSeries:

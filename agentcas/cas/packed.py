@@ -195,7 +195,7 @@ def _value(data, at: int, depth: int):
         return _text(data, at)
     if tag == LIST:
         count, at = _varint(data, at)
-        items = []
+        items: list = []
         append = items.append
         for _ in range(count):
             item, at = _value(data, at, depth + 1)

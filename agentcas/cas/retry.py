@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from agentcas.cas import settings
 
@@ -41,7 +42,7 @@ class Retry:
         return time.monotonic() - self.began
 
     def call(self, attempt: Callable[[], T], retryable: Callable[[BaseException], bool],
-             unavailable: Callable[[BaseException, "Retry"], Exception],
+             unavailable: Callable[[BaseException, Retry], Exception],
              final: Callable[[BaseException], bool] = lambda exc: False) -> T:
         """attempt() until it returns, retried while it raises a `retryable` exception.
 

@@ -9,8 +9,8 @@ with LMDB, `reading()` pins one read snapshot for a burst of reads.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Iterable, Iterator
 
 import blake3
 
@@ -80,11 +80,9 @@ class ObjectSource:
         """Stored ids >= `start` in order (prefix resolution)."""
         lister = getattr(self.blobs, "list_from", None)
         if lister is not None:
-            for info in lister(start):
-                yield info.key
+            yield from (info.key for info in lister(start))
             return
-        for key in sorted(info.key for info in self.blobs.list() if info.key >= start):
-            yield key
+        yield from sorted(info.key for info in self.blobs.list() if info.key >= start)
 
     def put_many(self, items: dict) -> tuple[int, int]:
         """Store framed objects unless present: (objects written, bytes written)."""

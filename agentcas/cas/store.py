@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from contextlib import contextmanager
-from typing import Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import TypeVar
 
 from agentcas.cas import framing
 from agentcas.cas.blobstore.base import BlobInfo, BlobStore
@@ -49,7 +50,7 @@ class ObjectStore(ABC):
     url: str
 
     @abstractmethod
-    def reader(self, buffers: bool = False) -> "contextmanager[Txn]":
+    def reader(self, buffers: bool = False) -> AbstractContextManager[Txn]:
         """A consistent read-only snapshot.
 
         With `buffers=True`, values may be memoryviews into the store that are valid
@@ -111,7 +112,7 @@ class MemoryObjectStore(ObjectStore):
 
     def __init__(self) -> None:
         self.url = "memory://"
-        self._tables = {name: {} for name in TABLES}
+        self._tables: dict[str, dict] = {name: {} for name in TABLES}
         self._lock = threading.RLock()
 
     @contextmanager
@@ -191,7 +192,7 @@ def _list_objects(txn: Txn, start: bytes | None = None) -> Iterator[BlobInfo]:
 class TableBlobStore(BlobStore):
     """The `objects` table of an environment as a BlobStore."""
 
-    def __init__(self, env: "ObjectStore"):
+    def __init__(self, env: ObjectStore):
         self.env = env
         self.url = env.url
 
@@ -274,7 +275,7 @@ class TableBlobStore(BlobStore):
 class TableMetadataStore(MetadataStore):
     """The metadata tables of an environment as a MetadataStore (same transactions)."""
 
-    def __init__(self, env: "ObjectStore"):
+    def __init__(self, env: ObjectStore):
         self.env = env
         self.url = env.url
 

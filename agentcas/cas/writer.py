@@ -18,12 +18,16 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from typing import TYPE_CHECKING
 
 from agentcas import testing_hooks
 from agentcas.cas import crashpoints
 from agentcas.cas.digest import Digest
 from agentcas.cas.leases import Lease
 from agentcas.cas.source import ObjectSource
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 BATCH_BYTES = 64 * 1024 * 1024  # measured here: 32 MiB 0.9 s, 64 MiB 0.55 s, 256 MiB 0.85 s per 256 MB
 BATCH_OBJECTS = crashpoints.batch_objects(4096)  # a test-only override makes more crash points
@@ -57,7 +61,7 @@ class BatchWriter:
         # (uploads to a remote store overlap hashing); at most IN_FLIGHT batches are in
         # flight, and flush() waits for them, so everything added is stored when it returns.
         self.background = background
-        self._pool = None
+        self._pool: ThreadPoolExecutor | None = None
         self._in_flight: deque = deque()
         self._lock = threading.Lock()  # the lease and the counters, shared by the batches
 

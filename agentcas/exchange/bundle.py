@@ -34,19 +34,32 @@ import blake3
 
 from agentcas import testing_hooks
 from agentcas.cas import crashpoints, encoding, framing
-from agentcas.cas.digest import Digest
-from agentcas.cas.objects import Checkpoint, HistoryPosition, InvalidObject
-from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.backends import Stores
 from agentcas.cas.blobstore.base import BlobInfo, BlobStore
+from agentcas.cas.digest import Digest
 from agentcas.cas.leases import Lease
 from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.objects import Checkpoint, HistoryPosition, InvalidObject
+from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.source import ObjectSource
 from agentcas.cas.system_errors import from_os_error
-from agentcas.errors import ConflictError, IntegrityError, UsageError
-from agentcas.exchange.bundle_format import (MAGIC, MAX_SIGNATURES, RECORD_HEAD, TRAILER, TRAILER_MAGIC, U32,
-                                             BundleCorrupt, Manifest, ManifestFile, ParsedBundle, iter_records,
-                                             parse, read_record_value, restamp)
+from agentcas.errors import AgentcasError, ConflictError, IntegrityError, NotFound, UsageError
+from agentcas.exchange.bundle_format import (
+    MAGIC,
+    MAX_SIGNATURES,
+    RECORD_HEAD,
+    TRAILER,
+    TRAILER_MAGIC,
+    U32,
+    BundleCorrupt,
+    Manifest,
+    ManifestFile,
+    ParsedBundle,
+    iter_records,
+    parse,
+    read_record_value,
+    restamp,
+)
 from agentcas.exchange.secret_scan import is_binary_file, refuse_rollout_secrets
 from agentcas.lineage import rollout
 from agentcas.lineage.closure import MissingObject, Walker
@@ -76,8 +89,9 @@ class RollbackRefused(IntegrityError):
     """The bundle is older than one already imported for the same thread."""
 
 
-class SecretInBundle(IntegrityError):
-    """Export found a likely secret (or private key) among the checkpoint's files."""
+class SecretInBundle(AgentcasError):
+    """Export found a likely secret (or private key) among the checkpoint's files (exit 1,
+    as a commit refused for a secret)."""
 
 
 # --- export -----------------------------------------------------------------------------------
@@ -196,7 +210,8 @@ def _scan_files(txn: ObjectSource, tree_id: Digest, allow_secrets, scanned: set)
             continue
         allowed = any(fnmatch.fnmatchcase(path, g) for g in allow_secrets)
         # Window by window, so a file of any size is scanned in bounded memory.
-        windows = secrets.WindowScan(lambda data, lines: _refuse_secret(data, lines, path, allowed))
+        windows = secrets.WindowScan(lambda data, lines, path=path, allowed=allowed:
+                                     _refuse_secret(data, lines, path, allowed))
         for data in verified_chunks(txn, entry, path):
             windows.feed(data)
         windows.finish()
@@ -384,9 +399,15 @@ def require_signature(checked: CheckedBundle, allow_unsigned: bool) -> None:
     raise SignatureRejected(env.ABSENT, "bundle is not signed (pass --allow-unsigned to import it anyway)")
 
 
+class NoBundleFile(NotFound):
+    """The bundle file named does not exist."""
+
+
 def open_bundle(path: str):
     try:
         return open(path, "rb")
+    except FileNotFoundError:
+        raise NoBundleFile(f"bundle file {path} does not exist") from None
     except OSError as exc:
         raise UsageError(f"cannot read bundle {path}: {exc.strerror}") from None
 

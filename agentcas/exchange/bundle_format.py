@@ -25,8 +25,7 @@ import blake3
 from agentcas.cas import encoding, framing
 from agentcas.cas.digest import Digest
 from agentcas.cas.names import BadName, check_relpath, collision_key
-from agentcas.cas.objects import (JSON_FORMAT, MODE_EXEC, MODE_FILE, OBJECT_FORMAT, HistoryPosition,
-                                  InvalidObject)
+from agentcas.cas.objects import JSON_FORMAT, MODE_EXEC, MODE_FILE, OBJECT_FORMAT, HistoryPosition, InvalidObject
 from agentcas.cas.source import verify_object
 from agentcas.errors import IntegrityError
 from agentcas.refs.names import check_thread_name
@@ -93,7 +92,7 @@ class Manifest:
         return encoding.encode(self.to_doc())
 
     @classmethod
-    def decode(cls, data: bytes) -> "Manifest":
+    def decode(cls, data: bytes) -> Manifest:
         try:
             doc = encoding.decode(data)
         except encoding.NotCanonical as exc:
@@ -104,7 +103,7 @@ class Manifest:
             raise BundleCorrupt(f"bundle manifest is invalid: {exc}") from None
 
     @classmethod
-    def _from_doc(cls, doc) -> "Manifest":
+    def _from_doc(cls, doc) -> Manifest:
         _check_depth(doc, 0)
         if not isinstance(doc, dict):
             raise InvalidObject("manifest must be a JSON object")

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from agentcas.cas import encoding
 from agentcas.cas.backends import is_shared_url
-from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.sealed import seal, unseal
 from agentcas.errors import ConflictError, IntegrityError, NotFound, UsageError
 
 SCHEMES = ("file", "s3")

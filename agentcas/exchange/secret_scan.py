@@ -14,13 +14,13 @@ private-key block in a bundle: a private key never leaves in a bundle (as for fi
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import HistoryPosition
-from agentcas.errors import IntegrityError
+from agentcas.errors import AgentcasError, IntegrityError
 from agentcas.lineage.rollout import History
 from agentcas.workspace import secrets
 from agentcas.workspace.restore import file_chunks, list_files, verified_chunks
@@ -28,8 +28,9 @@ from agentcas.workspace.restore import file_chunks, list_files, verified_chunks
 PRIVATE_KEY = next(rule for rule in secrets.RULES if rule.name == "private key block")
 
 
-class RolloutSecret(IntegrityError):
-    """A rollout record about to leave the store looks like it holds a credential."""
+class RolloutSecret(AgentcasError):
+    """A rollout record about to leave the store looks like it holds a credential (exit 1,
+    as a commit refused for a secret: the store is sound, the user decides)."""
 
 
 @dataclass(frozen=True)

@@ -28,13 +28,13 @@ import struct
 import time
 import zlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
 
 from agentcas.cas import framing
-from agentcas.cas.digest import Digest
 from agentcas.cas.backends import Stores
+from agentcas.cas.digest import Digest
 from agentcas.cas.leases import Lease
 from agentcas.cas.source import ObjectSource, verify_object
 from agentcas.cas.writer import BatchWriter
@@ -288,7 +288,7 @@ def transfer(source: Endpoint, target: Endpoint, thread: str, force: bool = Fals
         if problem:
             raise NotFastForward(f"not a fast-forward of thread {thread!r} at {target.url}: "
                                  f"{problem}; nothing was changed (use --force to replace it)")
-    missing = []
+    missing: list[Digest] = []
     for start in range(0, len(needed), HAS_MANY_BATCH):
         batch = [digest for digest, _ in needed[start:start + HAS_MANY_BATCH]]
         present = target.has_many(batch)

@@ -11,11 +11,13 @@ the one reported, so a chunk shared by several threads is explained by one of th
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from agentcas.cas import framing
-from agentcas.cas.digest import Digest
 from agentcas.cas.backends import Stores
-from agentcas.cas.source import ObjectSource
+from agentcas.cas.digest import Digest
+from agentcas.cas.objects import Tree
+from agentcas.cas.source import ObjectSource, load_object
 from agentcas.errors import IntegrityError, NotFound, UsageError
 from agentcas.gc.plan import DEFAULT_EXPIRE_REFLOG, DEFAULT_GRACE
 from agentcas.gc.roots import SIGNATURE_KEY_SIZE, MarkWalker, all_roots, read_pins, young_closure
@@ -48,6 +50,34 @@ def resolve_object(objects: ObjectSource, text: str) -> Digest:
     return matches[0]
 
 
+def resolve_file(stores: Stores, objects: ObjectSource, text: str) -> tuple[Digest, Digest] | None:
+    """(file id, its chunk list id) for a file of several chunks whose b3sum id (what
+    `show --files` prints) is `text` or starts with it; None if no stored tree has one.
+
+    Such a file is stored as its chunk list, under the chunk list's own id, so the file
+    id names no object: the trees are searched for an entry that carries it.
+    """
+    text = (text or "").strip().lower()
+    found: dict[bytes, Digest] = {}
+    for info in stores.blobs.list():
+        kind = info.kind
+        if kind is None:
+            header = objects.blobs.header(info.key)
+            kind = None if header is None else framing.read_header(header)[0]
+        if kind != framing.KIND_TREE:
+            continue
+        data = load_object(objects, Digest(bytes(info.key)), framing.KIND_TREE)
+        for entry in () if data is None else Tree.decode(data).entries:
+            if entry.chunks is not None and entry.id.hex().startswith(text):
+                found[entry.id.raw] = entry.chunks
+        if len(found) > 1:
+            raise UsageError(f"file id prefix {text!r} is ambiguous")
+    if not found:
+        return None
+    (file_id, chunk_list), = found.items()
+    return Digest(file_id), chunk_list
+
+
 def _path(parents: dict, target: bytes) -> list[dict]:
     path, current = [], target
     while current is not None:
@@ -63,11 +93,20 @@ def explain(stores: Stores, text: str, now: float | None = None, grace: int = DE
     """{"object", "kind", "alive", "root", "path", ...} for the object `text` names."""
     now = time.time() if now is None else now
     with stores.meta.reader() as txn, stores.objects.reading() as objects:
-        target = resolve_object(objects, text)
+        try:
+            target = resolve_object(objects, text)
+            file_id = None
+        except UnknownObject:
+            file = resolve_file(stores, objects, text)
+            if file is None:
+                raise
+            file_id, target = file  # a file of several chunks lives as long as its chunk list
         value = objects.raw(target)
         kind, _, _, written_at = framing.read_header(value)
-        doc = {"object": target.hex(), "kind": framing.KIND_NAMES[kind], "written_at": written_at,
+        doc: dict[str, Any] = {"object": target.hex(), "kind": framing.KIND_NAMES[kind], "written_at": written_at,
                "size": len(value), "alive": False, "root": None, "path": [], "notes": []}
+        if file_id is not None:
+            doc.update(object=file_id.hex(), kind="file", chunk_list=target.hex())
         parents: dict[bytes, tuple] = {}
         walker = MarkWalker(objects)
 
@@ -116,6 +155,8 @@ def explain(stores: Stores, text: str, now: float | None = None, grace: int = DE
 
 def render_text(doc: dict) -> str:
     name = f"{doc['kind']} {doc['object']}"
+    if "chunk_list" in doc:
+        name += f" (stored as chunk list {doc['chunk_list']})"
     if not doc["alive"]:
         lines = [f"{name} is unreachable: the next gc deletes it (unless a write is in progress)"]
     else:

@@ -19,23 +19,25 @@ transaction for an embedded store; a listing of the bucket for a shared one).
    (lineage/closure.Walker, one shared `seen` set); a missing object is reported with
    what refers to it (on a shared store, missing means absent from step 2's listing of
    the bucket, kept in a bounded gc.markset.MarkSet: the walk reads through this
-   machine's cache, which may still hold what the bucket lost), and a corrupt object found in step 2 is annotated with its
-   referrer and root.
+   machine's cache, which may still hold what the bucket lost), and a corrupt object
+   found in step 2 is annotated with its referrer and root.
 A damaged LMDB file (lmdb.Error while reading) is reported as "store database is
 corrupt" (exit 4).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import lmdb
 
 from agentcas.cas import encoding, framing
-from agentcas.cas.digest import Digest
-from agentcas.cas.objects import Checkpoint, ChunkList, HistoryPosition, Segment, Tree
-from agentcas.cas.sealed import unseal
 from agentcas.cas.backends import Stores
+from agentcas.cas.digest import Digest
 from agentcas.cas.leases import LeaseRow
 from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.objects import Checkpoint, ChunkList, HistoryPosition, Segment, Tree
+from agentcas.cas.sealed import unseal
 from agentcas.cas.source import ObjectSource, load_object, verify_object
 from agentcas.errors import IntegrityError
 from agentcas.gc.markset import MarkSet
@@ -159,6 +161,8 @@ class Fsck:
         """A `signatures` row must list an envelope over the checkpoint its key names."""
         try:
             data = load_object(self.source, Digest(key[32:64]), framing.KIND_SIGNATURE)
+            if data is None:
+                return  # a missing envelope is reported by the object pass
             # Only the checkpoint id is read (signing/ sits above gc/; it decodes the rest).
             named = Digest.parse(encoding.decode(data)["statement"]["checkpoint"]).raw
         except lmdb.Error:
@@ -183,7 +187,8 @@ class Fsck:
                 elif table == "reflog":
                     entry = threads.decode_reflog_entry(key, value)
                     name = key[len(threads.PREFIX): key.index(b"\0")].decode("utf-8")
-                    self.roots += entry_roots(name, entry)
+                    # Named by its stored number: this scan sees a thread's entries one by one.
+                    self.roots += entry_roots(name, entry.number, entry)
                 elif table == "leases":
                     LeaseRow.decode(key, value)
             except lmdb.Error:
@@ -214,7 +219,7 @@ class Fsck:
                 digest = Digest(raw)
                 verify_object(kind, digest, data)
                 decoder = DECODERS.get(kind)
-                obj = decoder(data) if decoder else None
+                obj: Any = decoder(data) if decoder else None
                 if kind == framing.KIND_SEGMENT:
                     self.check_segment(digest, obj)
                 elif kind == framing.KIND_CHECKPOINT:

@@ -21,8 +21,9 @@ so marking a million objects took ~100 MB. `MarkSet` holds the same ids packed:
 `KeySpool` keeps a list of (32-byte id, u64) pairs, gc's candidates and young objects,
 packed in memory up to SPOOL_BUFFER bytes (or MEMORY_BUDGET/8 if smaller) and in a
 temporary file beyond, read back in order in batches. `KeySizes` maps ids to a u64 (a
-shared store's listed sizes, for the report) in a temporary LMDB table from the start, its pages released like the spilled
-mark table's. So gc's memory for marks, candidates and sizes is bounded by constants.
+shared store's listed sizes, for the report) in a temporary LMDB table from the start,
+its pages released like the spilled mark table's. So gc's memory for marks, candidates and
+sizes is bounded by constants.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import shutil
 import struct
 import tempfile
 import weakref
+from typing import Any
 
 import lmdb
 
@@ -73,11 +75,12 @@ class MarkSet:
         self._capacity = capacity
         self._table = bytearray(_table_bytes(capacity))
         self._in_table = 0       # ids in the in-memory table
-        self._env = self._reader = None
-        self._dir = None
+        self._env: Any = None     # the spill environment (lmdb), once the table spilled
+        self._reader: Any = None  # its read transaction
+        self._dir: str | None = None
         self._pages: PageReleaser | None = None
         self.spills = 0          # times the in-memory table was moved to disk
-        self._missed = None      # (id, start, end) of the last `in` that found nothing
+        self._missed: tuple[bytes, int, int] | None = None  # (id, start, end) of the last `in` that found nothing
 
     # -- the in-memory table --------------------------------------------------------------
     def _run(self, raw: bytes) -> tuple[int, int]:
@@ -114,7 +117,8 @@ class MarkSet:
     def _on_disk(self, raw: bytes) -> bool:
         if self._reader is None:
             return False
-        self._pages.tick()
+        if self._pages is not None:
+            self._pages.tick()
         return self._reader.get(raw) is not None
 
     def __contains__(self, raw) -> bool:
@@ -194,11 +198,12 @@ class MarkSet:
             self._reader = None
         with self._env.begin(write=True) as txn:
             txn.cursor().putmulti(((raw, b"") for raw in self._slots(self._table)), overwrite=False)
-        self._table = None  # freed before the empty one is allocated
+        self._table = bytearray()  # freed before the empty one is allocated
         self._table = bytearray(_table_bytes(self._capacity))
         self._in_table = 0
         self.spills += 1
-        self._pages.release()
+        if self._pages is not None:
+            self._pages.release()
         self._reader = self._env.begin(buffers=True)
 
     @property
@@ -322,7 +327,7 @@ class KeySpool:
         self.buffer = max(KEY_SIZE + 8, min(SPOOL_BUFFER, MEMORY_BUDGET // 8)) if buffer is None else buffer
         self._keys = bytearray()
         self._numbers = array.array("Q")
-        self._file = None
+        self._file: Any = None  # the temporary file past `buffer` bytes
         self._spooled = 0
         self._count = 0
 

@@ -77,8 +77,8 @@ class PageReleaser:
 
     def _ranges(self) -> list[tuple[int, int]]:
         with open("/proc/self/maps") as maps:
-            spans = [line.split()[0] for line in maps if line.rstrip().endswith(self.data_file)]
-        return [tuple(int(x, 16) for x in span.split("-")) for span in spans]
+            spans = [line.split()[0] for line in maps if self.data_file and line.rstrip().endswith(self.data_file)]
+        return [(int(start, 16), int(end, 16)) for start, end in (span.split("-") for span in spans)]
 
     def release(self) -> None:
         if self._madvise is None:

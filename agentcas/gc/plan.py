@@ -30,16 +30,15 @@ import time
 from dataclasses import dataclass, field
 
 from agentcas.cas import framing
-from agentcas.cas.digest import Digest
 from agentcas.cas.backends import Stores
+from agentcas.cas.digest import Digest
 from agentcas.errors import IntegrityError, UsageError
-from agentcas.lineage.closure import MissingObject
-from agentcas.refs import threads
-from agentcas.gc_defaults import DEFAULT_EXPIRE_REFLOG, DEFAULT_GRACE  # re-exported for callers of this module
 from agentcas.gc.markset import KeySpool, MarkSet
 from agentcas.gc.pages import PageReleaser
-from agentcas.gc.roots import (GcAborted, MarkWalker, all_roots, mark_root, mark_signatures,
-                               read_pins, young_closure)
+from agentcas.gc.roots import GcAborted, MarkWalker, all_roots, mark_root, mark_signatures, read_pins, young_closure
+from agentcas.gc_defaults import DEFAULT_EXPIRE_REFLOG, DEFAULT_GRACE  # re-exported for callers of this module
+from agentcas.lineage.closure import MissingObject
+from agentcas.refs import threads
 
 KEY_SIZE = 32
 
@@ -268,12 +267,12 @@ def plan_gc(stores: Stores, now: float | None = None, grace: int = DEFAULT_GRACE
         signatures += mark_signatures(txn, objects, seen)
     pages.release()
 
-    live_pins = [p for p in pins if p.live]
+    live_pins = [p for p in pins if p.live()]
     if live_pins:
         notes.append(f"{len(live_pins)} write(s) in progress: the sweep waits until none is "
                      "(a write in progress may reuse any stored object)")
     root_counts = {"thread": sum(1 for r in roots if r.kind == "thread"),
-                   "reflog": sum(1 for r in roots if r.kind == "reflog"),
+                   "reflog": reflog_entries - expiring,  # entries kept, as `agentcas reflog` counts
                    "signature": signatures, "recent": recent_roots,
                    "pin": len(live_pins)}
     return GcPlan(store=stores.url, now=now, grace=grace, expire_reflog=expire_reflog,

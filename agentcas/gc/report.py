@@ -17,6 +17,8 @@ The report costs one walk per thread, so it is built only when asked for
 
 from __future__ import annotations
 
+from typing import Any
+
 from agentcas.cas.backends import Stores
 from agentcas.cas.digest import Digest
 from agentcas.errors import IntegrityError, UsageError
@@ -40,7 +42,7 @@ def _prefix_pinned(history: rollout.History, state, names: set) -> dict | None:
     if 0 < origin.seq <= state.history.seq:
         try:
             position = history.position(state.history, origin.seq)
-            doc.update(segment=position.segment.hex(), offset=position.offset)
+            doc.update(segment=None if position.segment is None else position.segment.hex(), offset=position.offset)
         except (IntegrityError, UsageError) as exc:
             doc["error"] = str(exc)
     return doc
@@ -48,7 +50,7 @@ def _prefix_pinned(history: rollout.History, state, names: set) -> dict | None:
 
 def build_report(stores: Stores, plan: GcPlan, result: dict | None = None) -> dict:
     """The report as a JSON-able dict (see docs/GC.md, "Report")."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     first, shared = MarkSet(), MarkSet()
     firsts = KeySpool()  # (id, size << THREAD_BITS | index of the thread that reached it first)
     sizes = KeySizes() if stores.shared else None
@@ -119,7 +121,7 @@ def build_report(stores: Stores, plan: GcPlan, result: dict | None = None) -> di
     return report
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
             return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -127,12 +129,15 @@ def _size(n: int) -> str:
     return str(n)
 
 
+REFLOG_LINES = 20  # kept reflog states listed by name in the text report
+
+
 def render_text(report: dict) -> str:
     """The report for people."""
     counts = report["roots"]["counts"]
     lines = [f"gc report for {report['store']} (grace {report['grace_seconds']} s, "
              f"reflog kept {report['expire_reflog_seconds']} s)",
-             f"roots: {counts['thread']} threads, {counts['reflog']} reflog states, "
+             f"roots: {counts['thread']} threads, {counts['reflog']} reflog entries, "
              f"{counts['signature']} signatures, {counts['recent']} recent objects, "
              f"{counts['pin']} writes in progress", "", "threads:"]
     for row in report["threads"]:
@@ -159,6 +164,12 @@ def render_text(report: dict) -> str:
     else:
         lines.append("held by grace: nothing")
     lines.append(f"reflog: {report['reflog']['entries']} entries, {report['reflog']['expiring']} expiring")
+    kept_states = report["roots"]["reflog"]
+    for root in kept_states[:REFLOG_LINES]:  # named as `agentcas reflog THREAD` numbers them
+        left = " (the checkpoint it left)" if root.get("left") else ""
+        lines.append(f"  {root['name']}: checkpoint {(root['checkpoint'] or '-')[:12]}, seq {root['seq']}{left}")
+    if len(kept_states) > REFLOG_LINES:
+        lines.append(f"  ... and {len(kept_states) - REFLOG_LINES} more (the JSON report lists all)")
     result = report.get("result")
     if result:
         lines.append(f"deleted: {result['deleted']['objects']} objects, {_size(result['deleted']['bytes'])}; "

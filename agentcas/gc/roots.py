@@ -16,27 +16,28 @@ dropped.
 
 Mark: one `MarkWalker` (lineage/closure.Walker) shares a single `seen` mark set of raw
 32-byte digests across all roots (a markset.MarkSet in gc: bounded memory, spilling to
-disk), so each object is visited once however many threads share it. Interior objects (checkpoints, trees, chunk lists, segments) decide what
-else is alive, so they are verified against their ids; chunks are leaves and are only
-checked for presence. A history is followed back through segment `base` links only,
-so a fork that shares the first N records of a deleted parent keeps exactly the
-segments up to the one holding record N-1 (that segment whole) and nothing after it.
+disk), so each object is visited once however many threads share it. Interior objects
+(checkpoints, trees, chunk lists, segments) decide what else is alive, so they are
+verified against their ids; chunks are leaves and are only checked for presence. A
+history is followed back through segment `base` links only, so a fork that shares the
+first N records of a deleted parent keeps exactly the segments up to the one holding
+record N-1 (that segment whole) and nothing after it.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest
-from agentcas.cas.objects import EMPTY_POSITION, ChunkList, HistoryPosition, Segment, Tree
 from agentcas.cas.leases import LeaseRow, read_leases
 from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.objects import EMPTY_POSITION, ChunkList, HistoryPosition, Segment, Tree
 from agentcas.cas.source import ObjectSource, load_object
 from agentcas.errors import IntegrityError
-from agentcas.lineage.closure import MissingObject, Walker
+from agentcas.lineage.closure import MarkSetLike, MissingObject, Walker
 from agentcas.refs import threads
 from agentcas.refs.threads import ThreadState
 
@@ -52,20 +53,24 @@ class Root:
     """One reason for objects to be alive: a thread ref or a kept reflog state."""
 
     kind: str  # "thread" | "reflog"
-    name: str  # "main", "main@{3}" (reflog entry number 3, old or new state)
+    name: str  # "main", "main@{3}" (the reflog entry `agentcas reflog` numbers 3, 0 the newest)
     thread: str
     checkpoint: Digest | None
     history: HistoryPosition = EMPTY_POSITION
+    left: bool = False  # a reflog entry's checkpoint it moved away from (not the state it set)
 
     def to_doc(self) -> dict:
-        return {"kind": self.kind, "name": self.name, "thread": self.thread,
-                "checkpoint": None if self.checkpoint is None else self.checkpoint.hex(),
-                "seq": self.history.seq,
-                "segment": None if self.history.segment is None else self.history.segment.hex()}
+        doc = {"kind": self.kind, "name": self.name, "thread": self.thread,
+               "checkpoint": None if self.checkpoint is None else self.checkpoint.hex(),
+               "seq": self.history.seq,
+               "segment": None if self.history.segment is None else self.history.segment.hex()}
+        if self.left:
+            doc["left"] = True
+        return doc
 
     def describe(self) -> str:
         what = "thread" if self.kind == "thread" else "reflog entry"
-        return f"{what} {self.name}"
+        return f"{what} {self.name}{' (the checkpoint it left)' if self.left else ''}"
 
 
 def read_pins(txn: Txn) -> list[LeaseRow]:
@@ -82,12 +87,14 @@ def state_roots(kind: str, name: str, thread: str, state: ThreadState | None) ->
     return [Root(kind, name, thread, state.checkpoint, state.history)]
 
 
-def entry_roots(name: str, entry) -> list[Root]:
-    """Roots of one reflog entry: the state it set and the checkpoint it left."""
-    label = f"{name}@{{{entry.number}}}"
+def entry_roots(name: str, index: int, entry, older_kept: bool = False) -> list[Root]:
+    """Roots of one kept reflog entry, named `NAME@{index}` as `agentcas reflog` numbers it
+    (0 the newest): the state it set, and the checkpoint it left unless the next older
+    entry, kept too, names that state already."""
+    label = f"{name}@{{{index}}}"
     roots = state_roots("reflog", label, name, entry.new)
-    if entry.old is not None:
-        roots.append(Root("reflog", label, name, entry.old))
+    if entry.old is not None and not older_kept:
+        roots.append(Root("reflog", label, name, entry.old, left=True))
     return roots
 
 
@@ -99,30 +106,37 @@ def thread_roots(txn: Txn) -> Iterator[Root]:
 def reflog_roots(txn: Txn, reflog_cutoff: float) -> tuple[list[Root], int, int]:
     """Roots from the reflog entries gc keeps; also (entries, entries that will expire).
 
-    An entry is kept if it is younger than the cutoff or is the newest of its thread
-    (the reflog scan is in key order, thread by thread, entry numbers ascending).
+    An entry is kept if it is younger than the cutoff or is the newest of its thread.
+    The scan is in key order, thread by thread, oldest entry first; each thread's
+    entries are then numbered newest first, as `agentcas reflog` and THREAD@{N} do.
     """
     roots: list[Root] = []
     total = expiring = 0
-    previous: tuple[str, object] | None = None
 
-    def keep(name, entry):
-        roots.extend(entry_roots(name, entry))
+    def judge(name: str, entries: list) -> None:
+        nonlocal expiring
+        newest_first = entries[::-1]
+        kept = [index == 0 or entry.time >= reflog_cutoff for index, entry in enumerate(newest_first)]
+        expiring += kept.count(False)
+        for index, entry in enumerate(newest_first):
+            if kept[index]:
+                older = newest_first[index + 1] if index + 1 < len(kept) and kept[index + 1] else None
+                older_kept = older is not None and older.new is not None and older.new.checkpoint == entry.old
+                roots.extend(entry_roots(name, index, entry, older_kept))
 
+    current: tuple[str, list] | None = None
     try:
         for name, entry in threads.all_reflog_entries(txn):
             total += 1
-            if previous is not None:
-                prev_name, prev_entry = previous
-                if prev_name != name or prev_entry.time >= reflog_cutoff:
-                    keep(prev_name, prev_entry)  # newest of its thread, or young
-                else:
-                    expiring += 1
-            previous = (name, entry)
+            if current is None or current[0] != name:
+                if current is not None:
+                    judge(*current)
+                current = (name, [])
+            current[1].append(entry)
     except IntegrityError as exc:
         raise GcAborted(f"{exc}; gc deleted nothing (run 'agentcas fsck')") from None
-    if previous is not None:
-        keep(*previous)
+    if current is not None:
+        judge(*current)
     return roots, total, expiring
 
 
@@ -145,7 +159,7 @@ class MarkWalker(Walker):
     re-validates every object in full). A malformed one still stops gc (GcAborted).
     """
 
-    def __init__(self, objects: ObjectSource, seen: set | None = None, pages=None):
+    def __init__(self, objects: ObjectSource, seen: MarkSetLike | None = None, pages=None):
         super().__init__(objects, seen, verify=True, follow_parents=True)
         self.pages = pages  # a gc.pages.PageReleaser ticked per object read, or None
 
@@ -256,7 +270,7 @@ def mark_root(walker: MarkWalker, root: Root) -> int:
     return count
 
 
-def mark_signatures(txn: Txn, objects: ObjectSource, seen: set) -> int:
+def mark_signatures(txn: Txn, objects: ObjectSource, seen: MarkSetLike) -> int:
     """Mark signature objects whose checkpoint is marked; the number newly marked."""
     count = 0
     for key, _ in txn.scan("signatures"):

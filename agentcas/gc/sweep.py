@@ -30,20 +30,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 
 from agentcas import testing_hooks
 from agentcas.cas import encoding, framing
-from agentcas.cas.sealed import seal
 from agentcas.cas.backends import Stores
 from agentcas.cas.leases import SWEEP_WINDOW, begin_sweep, end_sweep
 from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.sealed import seal
 from agentcas.cas.source import ObjectSource
 from agentcas.errors import IntegrityError
-from agentcas.gc_defaults import BATCH_DELETES, DEFAULT_WAIT  # re-exported for callers of this module
 from agentcas.gc.pages import PageReleaser
 from agentcas.gc.plan import HEADER_WINDOW, KEY_SIZE, SWEEP_LEVELS, GcPlan
-from agentcas.gc.roots import (GcAborted, MarkWalker, entry_roots, mark_root, mark_signatures,
-                               read_pins, state_roots)
+from agentcas.gc.roots import GcAborted, MarkWalker, entry_roots, mark_root, mark_signatures, read_pins, state_roots
+from agentcas.gc_defaults import BATCH_DELETES, DEFAULT_WAIT  # re-exported for callers of this module
 from agentcas.refs import threads
 
 BUSY_SLEEP = 0.05
@@ -95,8 +95,8 @@ def remark_moved_threads(txn: Txn, objects: ObjectSource, plan: GcPlan) -> int:
     for name in moved:
         try:
             roots = state_roots("thread", name, name, threads.read_thread(txn, name))
-            for entry in threads.read_reflog(txn, name):
-                roots += entry_roots(name, entry)
+            for index, entry in enumerate(threads.read_reflog(txn, name)):  # newest first
+                roots += entry_roots(name, index, entry)
         except IntegrityError as exc:
             raise GcAborted(f"{exc}; gc stopped (run 'agentcas fsck')") from None
         for root in roots:
@@ -195,11 +195,15 @@ def _delete_signature_rows(txn: Txn, checkpoints: list[bytes]) -> None:
             txn.delete("signatures", sig_key)
 
 
+def _put_last_gc(txn: Txn, sealed: bytes) -> None:
+    txn.put("meta", LAST_GC_KEY, sealed)
+
+
 def settle(stores: Stores, doc: dict) -> None:
     """Two small write transactions so the next write can reuse the pages just freed."""
     for step in (1, 2):
-        payload = encoding.encode(dict(doc, settle=step))
-        stores.meta.write(lambda txn: txn.put("meta", LAST_GC_KEY, seal("meta", LAST_GC_KEY, payload)))
+        sealed = seal("meta", LAST_GC_KEY, encoding.encode(dict(doc, settle=step)))
+        stores.meta.write(partial(_put_last_gc, sealed=sealed))
 
 
 def execute(stores: Stores, plan: GcPlan, wait: float = DEFAULT_WAIT,

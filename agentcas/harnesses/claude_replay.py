@@ -27,7 +27,7 @@ is reached through `logicalParentUuid`; a branch of only system/progress/attachm
 records hangs from the chosen conversation and is not one); `sidechains` lists each inline
 subagent tree (root without a sidechain parent, its leaf chosen as the session's is, the path);
 `messages` is the Messages-API view of the chain's user/assistant records: system
-records dropped, `isMeta` text kept (Claude Code sends it to the model; agent-logs.md 2.3).
+records dropped, `isMeta` text kept (Claude Code sends it to the model; docs/HARNESSES.md).
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def messages_view(records: list[dict]) -> list[dict]:
     for entry in records:
         if entry.get("type") not in ("user", "assistant"):
             continue
-        message = entry.get("message") if isinstance(entry.get("message"), dict) else {}
+        message = entry["message"] if isinstance(entry.get("message"), dict) else {}
         content = message.get("content")
         if entry["type"] == "assistant":
             message_id = message.get("id")

@@ -37,6 +37,8 @@ lazily from the end.
 
 from __future__ import annotations
 
+from typing import Any
+
 from agentcas.harnesses.records import record_type
 
 SUMMARY_PREFIX = (
@@ -163,7 +165,7 @@ def inter_agent_item(payload) -> dict | None:
                    {"type": "encrypted_content", "encrypted_content": encrypted}]
     else:
         content = [{"type": "input_text", "text": text}]
-    item = {"type": "agent_message"}
+    item: dict[str, Any] = {"type": "agent_message"}
     if payload.get("id") is not None:
         item["id"] = payload["id"]
     item.update(author=author, recipient=recipient, content=content)
@@ -301,7 +303,7 @@ def replay_codex(records, damaged_lines=None) -> dict:
     """
     at = len(records)
     skipped: set[int] = set()
-    state = {"base": None, "settings": None, "reference": "never", "pending": 0}
+    state: dict[str, Any] = {"base": None, "settings": None, "reference": "never", "pending": 0}
     rolled_back: list[str] = []
     suffix_start = 0
     active: _Segment | None = None

@@ -77,7 +77,7 @@ def identify(harness: str, head: bytes, session: SessionFile) -> SessionIdentity
         if harness == CODEX:
             if record.get("type") != "session_meta":
                 continue
-            payload = record.get("payload") if isinstance(record.get("payload"), dict) else {}
+            payload = record["payload"] if isinstance(record.get("payload"), dict) else {}
             thread_id = payload.get("id")
             if not isinstance(thread_id, str) or not thread_id:
                 return None

@@ -30,6 +30,7 @@ import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import blake3
 
@@ -168,11 +169,11 @@ class _Pending:
     report: FileReport
     key: str
     st: os.stat_result
-    append: object           # SessionAppend
+    append: Any              # SessionAppend
     turn_seq: int
     size: int                # bytes of new lines
     prefix: bytes | None = None  # BLAKE3 of the file's bytes through the new lines (IngestState)
-    session: object = None   # discovery.SessionFile: to plan the file again if its thread moved
+    session: Any = None   # discovery.SessionFile: to plan the file again if its thread moved
 
 
 @dataclass
@@ -183,10 +184,10 @@ class _Planned:
     key: str
     st: os.stat_result
     thread: str
-    row: dict | None         # the thread's row as listed at the start of the run
+    row: Any                 # the thread's ThreadInfo as listed at the start of the run (None: new)
     parent: str | None       # the thread it links to in `lineage` (a fork's parent, a subagent's session)
-    job: object              # new_lines.NewLinesJob
-    session: object = None   # discovery.SessionFile
+    job: Any                 # new_lines.NewLinesJob
+    session: Any = None   # discovery.SessionFile
 
 
 class _Ready:
@@ -215,9 +216,9 @@ class Ingest:
         if thread is not None:
             check_thread_name(thread)
         self.state = IngestState(store.stores.local, harness, named=thread is not None)
-        self._inflight = None   # (executor, future) of the batch landing in the background
+        self._inflight: Any = None  # (executor, future) of the batch landing in the background
         self._moved: list | None = []   # files whose thread moved under them (another ingest): planned again once
-        self._workers = None    # packing_workers.PackingWorkers of a large run
+        self._workers: Any = None  # packing_workers.PackingWorkers of a large run
 
     def run(self) -> list[FileReport]:
         """One pass over the paths: every file's report (refused ones carry their error)."""
@@ -277,7 +278,7 @@ class Ingest:
         pending: list[_Pending] = []
         forks: list[_Pending] = []
         reading: deque = deque()   # (planned, future) in file order
-        state = {"pending": pending, "bytes": 0, "ahead": 0, "planned": False}
+        state: dict[str, Any] = {"pending": pending, "bytes": 0, "ahead": 0, "planned": False}
         claimed: set = set()   # threads a file of this pass lands in
         later: list = []       # files of a thread already claimed: planned again after this pass
         try:
@@ -414,7 +415,8 @@ class Ingest:
                 entry = self.state.entries.get(key)
                 grew = entry is not None and entry["thread"] == thread and entry["ino"] == st.st_ino \
                     and st.st_size > entry["size"] and entry["bytes"] == stored
-                if grew and isinstance(entry.get("prefix"), str) and len(entry["prefix"]) == 64:
+                if grew and entry is not None and isinstance(entry.get("prefix"), str) \
+                        and len(entry["prefix"]) == 64:
                     known_prefix = bytes.fromhex(entry["prefix"])   # the job re-hashes the prefix
                 else:
                     self._check_whole_prefix(session.path, handle, thread, based_on)
@@ -470,9 +472,10 @@ class Ingest:
         first): an edit anywhere in the stored part is found. A file that only grew is
         checked by its job instead, against the whole-bytes digest the last run recorded.
         """
+        import blake3
+
         from agentcas.cas.digest import chain_prefix
         from agentcas.cas.objects import EMPTY_POSITION
-        import blake3
         handle.seek(0)
         digest, seq, remaining, carry = EMPTY_POSITION.digest, 0, based_on.offset, b""
         while remaining > 0:

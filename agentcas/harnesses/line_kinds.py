@@ -9,7 +9,7 @@ faster than orjson on Codex logs), and a line that is not ASCII is checked to be
 `parse_line`'s own answer, so the two never disagree: msgspec refuses some lines that
 `parse_line` accepts (a lone surrogate escape, a number out of its range, nesting deeper
 than its limit, a `payload` that is not an object), never the other way round
-(tests/test_harness_records.py). `classify_lines` is `line_kind` of every line of a file
+(tests/test_harness_line_kinds.py). `classify_lines` is `line_kind` of every line of a file
 (what ingest calls): one msgspec call for a file of compact objects, else one loop, with the
 UTF-8 check made once for the whole file. A module of its own because importing msgspec costs
 ~50 ms, which an ingest with nothing new to read does not pay.
@@ -34,7 +34,7 @@ class _Head(msgspec.Struct):
     """The fields of a record ingest reads from every line (others are skipped, not built)."""
 
     type: object = None
-    payload: "_Payload | None" = None   # any other JSON value: decoded by parse_line instead
+    payload: _Payload | None = None   # any other JSON value: decoded by parse_line instead
 
 
 _HEAD = msgspec.json.Decoder(_Head)
@@ -89,8 +89,10 @@ def classify_lines(data: bytes, wants) -> tuple[list[int], list[int], list[int]]
             is_object, kind, inner = line_kind(view[start:end], valid_utf8)
         else:
             if valid_utf8 or _is_utf8(view[start:end]):
-                is_object, kind, inner = True, head.type, None if head.payload is None else head.payload.type
-                kind, inner = kind if type(kind) is str else None, inner if type(inner) is str else None
+                head_kind, inner_kind = head.type, None if head.payload is None else head.payload.type
+                is_object = True
+                kind = head_kind if type(head_kind) is str else None
+                inner = inner_kind if type(inner_kind) is str else None
             else:
                 is_object, kind, inner = False, None, None
         if not is_object:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from agentcas.harnesses.line_kinds import classify_lines
 from agentcas.harnesses.records import parse_line
@@ -38,10 +39,10 @@ class NewLinesJob:
     offset: int              # bytes already stored
     seq: int                 # records already stored
     chain_from: bytes        # the digest the stored history ends in
-    tracker: object          # turns.CodexTurns | turns.ClaudeTurns, primed with the open turn
+    tracker: Any             # turns.CodexTurns | turns.ClaudeTurns, primed with the open turn
     turn_seq: int            # where the open turn starts (a seq)
     closes_before: bool      # a boundary record opens the next turn (Claude), so that turn starts at it
-    level: object             # zstd level of new chunks (int or framing.SmallTables)
+    level: Any               # zstd level of new chunks (int or framing.SmallTables)
     size: int                # bytes to read, as of the stat that planned the job
     keep_data: bool = False  # return the new lines' bytes too (a Codex fork measures its copy)
     # The whole-bytes BLAKE3 of the stored prefix (bytes 0..offset), as the last run left it:
@@ -76,7 +77,7 @@ def read_new_lines(job: NewLinesJob) -> NewLines:
             if os.fstat(handle.fileno()).st_ino != job.ino:
                 return NewLines(error=f"{job.path} was replaced while it was read; run ingest again")
             hasher = _hash_prefix(handle, job.offset) if job.hash_prefix or job.prefix_digest else None
-            if job.prefix_digest is not None and hasher.digest() != job.prefix_digest:
+            if job.prefix_digest is not None and hasher is not None and hasher.digest() != job.prefix_digest:
                 return NewLines(error=f"{job.path} differs from what was already ingested into {job.thread} "
                                       "(it was rewritten or edited, not appended to); not ingested")
             handle.seek(job.offset)

@@ -148,7 +148,7 @@ def worker_command() -> list[str]:
 class _Worker:
     """One worker process, the futures of the jobs sent to it (in order), and its reader thread."""
 
-    def __init__(self, pool: "PackingWorkers"):
+    def __init__(self, pool: PackingWorkers):
         self.proc = subprocess.Popen(worker_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      close_fds=True)
         _widen_pipe(self.proc.stdout)
@@ -158,7 +158,7 @@ class _Worker:
                                        name=f"ingest-worker-{self.proc.pid}")
         self.reader.start()
 
-    def _read_results(self, pool: "PackingWorkers") -> None:
+    def _read_results(self, pool: PackingWorkers) -> None:
         while True:
             try:
                 result = _receive(self.proc.stdout)
@@ -226,7 +226,8 @@ class PackingWorkers:
                 worker.proc.kill()
         for worker in self._workers:
             try:
-                worker.proc.stdin.close()
+                if worker.proc.stdin is not None:
+                    worker.proc.stdin.close()
             except OSError:
                 pass
         for worker in self._workers:
@@ -236,7 +237,8 @@ class PackingWorkers:
             except subprocess.TimeoutExpired:
                 worker.proc.kill()
                 worker.proc.wait()
-            worker.proc.stdout.close()
+            if worker.proc.stdout is not None:
+                worker.proc.stdout.close()
         self._workers.clear()
 
 

@@ -9,6 +9,8 @@ its `skipped_lines` then come from damaged_lines.py (a cached scan of the whole 
 
 from __future__ import annotations
 
+from typing import Any
+
 from agentcas.errors import AgentcasError, UsageError
 from agentcas.harnesses.claude_replay import replay_claude
 from agentcas.harnesses.codex_replay import replay_codex
@@ -117,7 +119,7 @@ def _parts(value) -> list:
     return [part for part in value if isinstance(part, dict)] if isinstance(value, list) else []
 
 
-def _item_text(item: dict) -> tuple[str, str]:
+def _item_text(item: dict) -> tuple[str, Any]:
     kind = item.get("type")
     if kind == "message":
         texts = [p.get("text", "") for p in _parts(item.get("content"))]
@@ -144,7 +146,8 @@ def render_text(doc: dict, records=None, limit: int = 100) -> str:
         context = doc["turn_context"]
         if isinstance(context, dict):
             lines.append(f"turn context (line {doc['turn_context_line']}): model {preview(context.get('model'), 60)}, "
-                         f"approval {preview(context.get('approval_policy'), 40)}, cwd {preview(context.get('cwd'), 120)}")
+                         f"approval {preview(context.get('approval_policy'), 40)}, "
+                         f"cwd {preview(context.get('cwd'), 120)}")
         else:
             lines.append("turn context: none (the next turn re-injects the full context)")
         if doc["rolled_back_turns"]:

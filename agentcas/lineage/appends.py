@@ -9,8 +9,8 @@ for `effect add --id`). An empty append moves nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from agentcas.cas.backends import Stores
 from agentcas.cas.objects import EMPTY_POSITION, HistoryPosition
@@ -55,6 +55,8 @@ def append_records(stores: Stores, thread: str, data: bytes,
 
         state, move = move_thread(stores, lease, thread, plan)
     if move is None:
+        assert state is not None  # no move only when the thread exists and nothing was new
         return AppendResult(thread, 0, state.history.seq, state.history)
+    assert isinstance(move.result, tuple)
     base, head = move.result
     return AppendResult(thread, head.seq - base.seq, base.seq, head)

@@ -12,6 +12,10 @@ Checkpoints without an index (generation 0) are walked parent by parent.
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
+from agentcas import __version__
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import Checkpoint, HistoryPosition
@@ -19,7 +23,25 @@ from agentcas.cas.source import ObjectSource
 from agentcas.errors import IntegrityError, NotFound
 from agentcas.lineage.rollout import SkipLinks, search_skip_list, skip_index
 from agentcas.refs.revisions import load_checkpoint
+from agentcas.result import Result
 
+
+@dataclass(frozen=True)
+class CommitResult(Result):
+    """A commit that landed (workspace/commit.py): the checkpoint, its tree and history, what it stored."""
+
+    checkpoint: str
+    tree: str
+    thread: str
+    parents: list[str]
+    history: HistoryPosition
+    files: int
+    bytes: int
+    cached_files: int
+    new_objects: int
+    new_bytes: int
+    appended_records: int
+    unchanged_files: int = 0  # the cached ones and those read again that equal the previous tree's
 
 CHECKPOINT_LINKS = SkipLinks()  # checkpoints: (generation, skip, first parent)
 
@@ -51,18 +73,38 @@ def index_for_child(objects: ObjectSource, parent: Digest | None, load=None,
     return generation, search_skip_list(links, parent, skip_index(generation))
 
 
+def runtime_description() -> dict:
+    """The runtime a checkpoint records (agentcas, Python, OS): facts, never re-executed."""
+    import platform  # lazy: only commits describe their runtime
+    return {"agentcas": __version__, "python": platform.python_version(),
+            "os": f"{platform.system()} {platform.release()} {platform.machine()}"}
+
+
+def default_author() -> str:
+    """A checkpoint's author: $AGENTCAS_AUTHOR, else user@host."""
+    name = os.environ.get("AGENTCAS_AUTHOR")
+    if name:
+        return name
+    import getpass  # lazy (it imports termios): only a commit without $AGENTCAS_AUTHOR needs it
+    try:
+        return f"{getpass.getuser()}@{os.uname().nodename}"  # socket.gethostname(), without socket
+    except Exception:  # noqa: BLE001 - no user database in some containers
+        return "unknown"
+
+
 def build_checkpoint(objects: ObjectSource, tree: Digest, parents: tuple, thread: str, reason: str,
                      author: str, created_at: str, runtime: dict, history: HistoryPosition,
-                     load=None) -> tuple[Digest, Checkpoint, bytes]:
+                     load=None, rollout_file=None) -> tuple[Digest, Checkpoint, bytes]:
     """A new checkpoint on `parents` with its skip index: (id, checkpoint, framed object).
 
     The one place a checkpoint object is made for a ref move (a commit, a group write);
     its links are remembered in CHECKPOINT_LINKS for the next commit on top of it.
     `load` as in `index_for_child` (a writer's view that also sees objects not yet stored).
+    `rollout_file`: where `history` stands in a committed rollout file (cas.objects.RolloutFile).
     """
     generation, skip = index_for_child(objects, parents[0] if parents else None, load, memo=True)
     cp = Checkpoint(tree, tuple(parents), thread, reason, author, created_at, runtime, history,
-                    generation=generation, skip=skip)
+                    generation=generation, skip=skip, rollout_file=rollout_file)
     body, digest = cp.encode_with_id()
     CHECKPOINT_LINKS.put(digest.raw, links_of(cp))
     return digest, cp, framing.frame(framing.KIND_CHECKPOINT, body)

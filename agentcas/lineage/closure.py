@@ -27,16 +27,24 @@ So import, transfer and fsck refuse the same lies, and a store that fsck passes 
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
+from typing import Protocol
 
 import blake3
 
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest
-from agentcas.cas.objects import (MAX_PATH_BYTES, Checkpoint, ChunkList, HistoryPosition, PathTooLong,
-                                  Segment, Tree)
+from agentcas.cas.objects import MAX_PATH_BYTES, Checkpoint, ChunkList, HistoryPosition, PathTooLong, Segment, Tree
 from agentcas.cas.source import ObjectSource, load_object, verify_object
 from agentcas.errors import IntegrityError
+
+
+class MarkSetLike(Protocol):
+    """What a walk marks objects in: a set of raw ids, or gc's bounded `MarkSet`."""
+
+    def __contains__(self, raw: object) -> bool: ...
+
+    def add(self, raw: bytes) -> None: ...
 
 
 class MissingObject(IntegrityError):
@@ -59,7 +67,7 @@ def _by(referrer: Digest | None) -> str:
 class Walker:
     """Streams reachable objects, each once; `seen` may be shared across many roots."""
 
-    def __init__(self, objects: ObjectSource, seen: set | None = None, verify: bool = True,
+    def __init__(self, objects: ObjectSource, seen: MarkSetLike | None = None, verify: bool = True,
                  follow_parents: bool = True, deep: bool = False, deep_history: bool | None = None):
         self.objects = objects
         self.seen = set() if seen is None else seen
@@ -226,10 +234,11 @@ class Walker:
             if self._hashable(chunk_list):
                 hasher = blake3.blake3()
         if fresh or hasher is not None:
+            assert chunk_list is not None  # decoded above whenever it is fresh or hashed
             for ref in chunk_list.chunks:
                 if fresh:
                     yield from self._leaf(ref.id, framing.KIND_CHUNK, list_id, ref.size, hasher)
-                else:
+                elif hasher is not None:
                     hasher.update(self._chunk_bytes(ref.id, list_id))
         total = self._sizes.get(list_id.raw)
         if total is not None and total != entry.size:

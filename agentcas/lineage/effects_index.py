@@ -31,8 +31,8 @@ import functools
 import json
 import sqlite3
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from agentcas.cas.objects import EMPTY_POSITION, HistoryPosition
 from agentcas.errors import IntegrityError
@@ -187,7 +187,10 @@ class EffectsIndex:
         latest: dict[str, tuple[int, str]] = {}   # id -> (seq, state) of its latest record
         # Ids not seen in this batch are looked up in the rows below start, if there are any.
         self._rows_below = self.db.execute("SELECT 1 FROM states WHERE line=? LIMIT 1", (line,)).fetchone()
-        effects, states, successors, running = [], [], [], []
+        effects: list = []
+        states: list = []
+        successors: list = []
+        running: list = []
         seq = start
         for piece in source.read(head, start):
             begin = 0
@@ -279,7 +282,7 @@ class EffectsIndex:
                "ORDER BY s.seq DESC LIMIT :n")
         args = {"line": line, "stop": stop, "since": since, "upto": upto, "n": limit + 1}
         if states:
-            rows = []
+            rows: list = []
             for state in states:  # one ordered index scan per state, merged: no sort of all rows
                 rows += self.db.execute(sql.format(state="AND s.state=:state"), dict(args, state=state))
             rows.sort(key=lambda r: -r[0])

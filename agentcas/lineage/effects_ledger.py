@@ -104,6 +104,7 @@ class EffectsLedger:
             if existing is None:
                 raise NotFound(f"no effect {effect_id!r} in the history of thread {thread!r}; "
                                "nothing was written")
+            assert effect_id is not None  # `change` means an --id was given
             record = effects.state_change(effect_id, state, utc_now())
         else:
             missing = [f"--{n}" for n, v in (("kind", kind), ("target", target), ("rollback", rollback))
@@ -114,6 +115,7 @@ class EffectsLedger:
             if existing is not None:
                 raise ConflictError(f"effect {effect_id!r} already exists in thread {thread!r} (to record a "
                                     "new state give only --id and --state); nothing was written")
+            assert kind is not None and target is not None and rollback is not None  # checked above
             record = effects.new_effect(effect_id or effects.new_effect_id(), kind, target, state, rollback,
                                         provider, operation, utc_now())
         guard = None if effect_id is None else self._guard(thread, effect_id, read_at)
@@ -185,6 +187,7 @@ class EffectsLedger:
         checkout's target): what moving to `target` does not undo."""
         since = rollout.common_prefix(self._history(), head, target)
         page = self.page(head, line_name, is_thread, since, effects.OPEN_STATES, limit, None)
+        assert page.totals is not None  # a page counts its totals unless told not to
         counts = page.totals["by_state"]
         return OpenEffects(since, head.seq, sum(counts.get(s, 0) for s in effects.OPEN_STATES),
                            page.effects, page.has_more, page.note)

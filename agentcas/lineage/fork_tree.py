@@ -24,7 +24,7 @@ class LineageNode(Result):
     checkpoint: str | None
     records: int
     forked_from: ForkOrigin | None
-    children: list["LineageNode"] = field(default_factory=list)
+    children: list[LineageNode] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

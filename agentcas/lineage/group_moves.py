@@ -28,15 +28,16 @@ writer take a lease and plan again; so does content large enough to be stored ea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Callable
+from functools import partial
 
 from agentcas import testing_hooks
 from agentcas.cas import framing
 from agentcas.cas.backends import Stores
 from agentcas.cas.digest import Digest, hash_blob
 from agentcas.cas.leases import Lease, SweepWatch, SweptMeanwhile
-from agentcas.cas.objects import ChunkList, ChunkRef, Checkpoint, HistoryPosition, Tree, TreeEntry
+from agentcas.cas.objects import Checkpoint, ChunkList, ChunkRef, HistoryPosition, Tree, TreeEntry
 from agentcas.cas.source import ObjectSource, unframe_verified
 from agentcas.cas.store import has_object, save_object
 from agentcas.cas.writer import BATCH_BYTES
@@ -77,11 +78,13 @@ class _Overlay(ObjectSource):
 
 def refs_under(txn, prefix: str) -> list[tuple[str, ThreadState]]:
     """(name, state) of ref `prefix` and of every ref below it (`prefix/...`), by name."""
-    out = []
+    out: list[tuple[str, ThreadState]] = []
     for key, _ in txn.scan("refs", threads.PREFIX + prefix.encode("utf-8")):
         name = bytes(key)[len(threads.PREFIX):].decode("utf-8")
         if name == prefix or name.startswith(prefix + "/"):
-            out.append((name, threads.read_thread(txn, name)))
+            state = threads.read_thread(txn, name)
+            if state is not None:  # a listed row is never absent
+                out.append((name, state))
     return out
 
 
@@ -180,7 +183,7 @@ class GroupWriter:
         self._waiting_bytes = 0
         self.needed: set[bytes] = set()
 
-    def __enter__(self) -> "GroupWriter":
+    def __enter__(self) -> GroupWriter:
         # Taken before anything stored is looked at, as every writer's lease (Lease.__enter__).
         if self.optimistic and self.stores.embedded is not None:
             watch = SweepWatch()
@@ -279,8 +282,7 @@ class GroupWriter:
             if self.watch is not None:
                 testing_hooks.reached("group.before_land")
                 try:
-                    self.stores.meta.write(lambda txn, view=view, waiting=waiting:
-                                           self._land_at_once(txn, view, waiting))
+                    self.stores.meta.write(partial(self._land_at_once, view=view, waiting=waiting))
                 except LostRace:
                     continue
                 except SweptMeanwhile:
@@ -309,6 +311,7 @@ class GroupWriter:
 
     def _land_at_once(self, txn, view: GroupView, waiting: dict[bytes, bytes]) -> None:
         """The whole landing in the environment's one write transaction (a SweepWatch writer)."""
+        assert self.watch is not None  # only a SweepWatch writer lands in one transaction
         self.watch.check(txn)
         if self.lease.row is not None:
             self.lease.check(txn)

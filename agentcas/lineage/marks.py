@@ -1,4 +1,4 @@
-"""Appending raw lines with checkpoints at marks: how harness sessions land (issue 9).
+"""Appending raw lines with checkpoints at marks: how harness sessions land.
 
 A harness log (Codex, Claude Code) is stored byte for byte as the thread's rollout, and
 each turn boundary becomes a checkpoint whose tree is empty (a session has no
@@ -122,8 +122,9 @@ def _marks_plan(stores: Stores, thread: str, segments: list, marks, based_on: Hi
         head, new_objects, positions = rollout.link_segments_at(stores.objects, base, segments,
                                                                 [m for m, _ in marks])
         current = None if state is None else state.checkpoint
-        made, indexed = [], {}   # indexed: raw id -> _Indexed, of the checkpoints made here
-        by_generation = {}       # generation -> id, of the checkpoints made here (one first-parent chain)
+        made: list = []
+        indexed: dict = {}        # raw id -> _Indexed, of the checkpoints made here
+        by_generation: dict = {}  # generation -> id, of the checkpoints made here (one first-parent chain)
 
         def load(digest: Digest):  # one made here is not stored yet: its index, else the stored one
             return indexed.get(digest.raw) or load_checkpoint(stores.objects, digest)

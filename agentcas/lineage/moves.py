@@ -21,8 +21,8 @@ collects them after the grace period.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from agentcas.cas.backends import Stores
 from agentcas.cas.leases import Lease
@@ -100,9 +100,11 @@ def move_thread(stores: Stores, lease: Lease, thread: str,
         if move is None:
             return base.state, None
         store_objects(stores, move.objects, move.needed, move.action)
-        landed, base = _land(stores, lease, base, move, keep_lease)
+        landed, after = _land(stores, lease, base, move, keep_lease)
         if landed:
-            return base.state, move
+            assert after is not None  # a landed move returns its base
+            return after.state, move
+        base = after
     raise ConflictError(f"thread {thread!r} kept moving under {MAX_ATTEMPTS} attempts; "
                         "nothing was changed, retry")
 

@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 import blake3
 
 from agentcas.cas import framing
-from agentcas.cas.digest import (Digest, chain_prefix, chain_raw, chain_step_hasher, chain_values, hash_blob,
-                                 hash_object)
+from agentcas.cas.digest import Digest, chain_prefix, chain_raw, chain_step_hasher, chain_values, hash_blob, hash_object
 from agentcas.cas.objects import EMPTY_POSITION, ChunkRef, HistoryPosition, Segment
 from agentcas.cas.source import ObjectSource, load_object, verify_object
 from agentcas.errors import AgentcasError, IntegrityError, UsageError
@@ -43,7 +42,15 @@ READ_BATCH_BYTES = 8 * 1024 * 1024
 
 
 class BadRecord(AgentcasError):
-    """An input line that is not a JSON object."""
+    """An input line that is not a JSON object: its 1-based `line` and what is wrong."""
+
+    def __init__(self, message: str, line: int = 0, detail: str = ""):
+        super().__init__(message)
+        self.line, self.detail = line, detail
+
+    @classmethod
+    def at(cls, line: int, detail: str) -> "BadRecord":
+        return cls(f"line {line}: {detail}", line, detail)
 
 
 class MissingHistory(IntegrityError):
@@ -72,13 +79,13 @@ def split_records(data: bytes, first_line: int = 1) -> list[tuple[int, int]]:
         end = size if end < 0 else end + 1
         raw = data[start:end]
         if len(raw) > MAX_RECORD_BYTES:
-            raise BadRecord(f"line {line}: record longer than {MAX_RECORD_BYTES} bytes")
+            raise BadRecord.at(line, f"record longer than {MAX_RECORD_BYTES} bytes")
         try:
             value = decoder.decode(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            raise BadRecord(f"line {line}: not a JSON object ({str(exc)[:80]})") from None
+            raise BadRecord.at(line, f"not a JSON object ({str(exc)[:80]})") from None
         if not isinstance(value, dict):
-            raise BadRecord(f"line {line}: a record must be a JSON object, got {type(value).__name__}")
+            raise BadRecord.at(line, f"a record must be a JSON object, got {type(value).__name__}")
         records.append((start, end))
         start = end
         line += 1
@@ -112,7 +119,7 @@ class PreparedSegment:
     record_hashes: list[bytes]
     record_sizes: list[int] = field(default_factory=list)
     inline: bytes = b""
-    chained: "ChainedRecords | None" = None
+    chained: ChainedRecords | None = None
 
     @property
     def count(self) -> int:
@@ -145,7 +152,9 @@ def chain_ahead(prepared: list[PreparedSegment], base: bytes, marks) -> list[Pre
             at[number] = (sum(item.record_sizes[:number]), values[number - 1])
         out.append(PreparedSegment(item.chunks, item.length, [], [], item.inline,
                                    ChainedRecords(chain, count, values[-1] if values else chain, at)))
-        chain, done = out[-1].chained.end, done + count
+        chained = out[-1].chained
+        assert chained is not None  # made just above
+        chain, done = chained.end, done + count
     return out
 
 
@@ -472,7 +481,9 @@ class History:
         """
         if not 0 <= seq < head.seq:
             raise UsageError(f"seq {seq} is outside the history (0..{head.seq - 1})")
-        node_id, node, cut = head.segment, self.segment(head.segment), head
+        node_id: Digest | None = head.segment
+        assert node_id is not None  # seq < head.seq: the history is not empty
+        node, cut = self.segment(node_id), head
         while node.base.seq > seq:
             if node.skip is not None:
                 skip = self.segment(node.skip)
@@ -481,6 +492,7 @@ class History:
                     continue
             cut = node.base
             node_id = node.base.segment
+            assert node_id is not None  # a base holding records ends in a segment
             node = self.segment(node_id)
         return node_id, node, cut
 
@@ -544,7 +556,8 @@ class History:
         chain = [(node, cut)]
         while node.base.seq > start:
             cut = node.base
-            node = self.segment(node.base.segment)
+            assert cut.segment is not None  # a base holding records ends in a segment
+            node = self.segment(cut.segment)
             chain.append((node, cut))
         chain.reverse()
         stored = (self.stored_chunks(node, cut) for node, cut in chain)
@@ -626,7 +639,8 @@ class History:
             self.check_position(segment.base)
         if (segment.skip is None) != (segment.index < 2) or (
                 segment.skip is not None
-                and self.ancestor_at_index(segment.base.segment, skip_index(segment.index)) != segment.skip):
+                and (segment.base.segment is None
+                     or self.ancestor_at_index(segment.base.segment, skip_index(segment.index)) != segment.skip)):
             raise IntegrityError(f"segment {digest.hex()} has a skip pointer that is not its ancestor at "
                                  f"index {skip_index(segment.index)}")
 
@@ -659,7 +673,7 @@ class History:
             offset += len(piece)
         if (seq, offset, digest) != (head.seq, head.offset, head.digest):
             raise IntegrityError(
-                f"history at segment {head.segment.hex()} does not match its position "
+                f"history at segment {head.segment.hex() if head.segment else None} does not match its position "
                 f"(seq {seq} vs {head.seq}, offset {offset} vs {head.offset})")
         return seq
 
@@ -741,6 +755,7 @@ def link_segments_at(objects: ObjectSource, head: HistoryPosition, prepared: lis
         index = 0 if head.segment is None else links(head.segment)[0] + 1
         skip = None
         if index >= 2:
+            assert head.segment is not None  # index >= 2: two segments below
             skip = search_skip_list(links, head.segment, skip_index(index))
             if skip is None:
                 raise IntegrityError(f"the segment chain back from {head.segment.hex()} has no segment "

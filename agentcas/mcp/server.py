@@ -161,7 +161,8 @@ class _AnswersFirstReader(_StreamWrapper):
 
 
 def _refusal_of_a_line(failure: Exception) -> types.JSONRPCError:
-    errors = failure.errors() if callable(getattr(failure, "errors", None)) else []   # pydantic's
+    errors = getattr(failure, "errors", None)   # pydantic's ValidationError.errors()
+    errors = errors() if callable(errors) else []
     if any(isinstance(error, dict) and error.get("type") == "json_invalid" for error in errors):
         code, message = types.PARSE_ERROR, "Parse error: the line is not JSON"
     else:

@@ -38,9 +38,14 @@ import re
 import secrets
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from agentcas.errors import AgentcasError, NotFound, UsageError
 from agentcas.lineage.effects import NOT_UNDONE_NOTE, OPEN_STATES
+
+if TYPE_CHECKING:
+    from agentcas.cas.objects import Checkpoint
+    from agentcas.repository import Store
 
 TRUNCATED = "…[truncated]"
 MAX_ANSWER_BYTES = 64 * 1024
@@ -119,12 +124,12 @@ class ToolSpec:
 class ToolHost:
     """The tools over one Store, scoped and bounded as the host decided."""
 
-    store: object
+    store: Store
     globs: tuple[str, ...] = ("*",)
     allow_restore: bool = False
     limit: int = DEFAULT_LIMIT
     workspace_root: str = field(default_factory=os.getcwd)
-    _key: bytes | None = None     # the cursor key: the store's (see the module doc)
+    _key: bytes = b""             # the cursor key: the store's (see the module doc)
     _trees: OrderedDict = field(default_factory=OrderedDict)
     _summaries: OrderedDict = field(default_factory=OrderedDict)
     _diffs: OrderedDict = field(default_factory=OrderedDict)
@@ -134,7 +139,7 @@ class ToolHost:
             raise UsageError(f"--limit must be 1..{MAX_HOST_LIMIT}, got {self.limit}")
         self.globs = tuple(self.globs) or ("*",)
         self.workspace_root = os.path.realpath(self.workspace_root)
-        if self._key is None:
+        if not self._key:
             try:
                 self._key = self.store.token_key(CURSOR_KEY_PURPOSE)
             except AgentcasError:
@@ -156,7 +161,8 @@ class ToolHost:
                              "items": {"type": "array", "items": _EFFECT_ITEM}, "has_more": {"type": "boolean"},
                              "note": {"type": "string"}}, ["count", "items", "has_more", "note"])
         restore_out = _obj({"performed": {"type": "boolean"}, "status": {"type": "string"},
-                            "message": {"type": "string"}, "host_command": {"type": "array", "items": {"type": "string"}},
+                            "message": {"type": "string"},
+                            "host_command": {"type": "array", "items": {"type": "string"}},
                             "open_effects": open_effects, "result": {"type": ["object", "null"]},
                             "note": {"type": "string"}},
                            ["performed", "status", "host_command", "open_effects", "note"])
@@ -250,7 +256,7 @@ class ToolHost:
                             f"(threads matching {', '.join(self.globs)})")
         return thread
 
-    def _checkpoint(self, checkpoint_id) -> tuple[str, object]:
+    def _checkpoint(self, checkpoint_id) -> tuple[str, Checkpoint]:
         """(full id, Checkpoint) of an in-scope checkpoint named by hex id or prefix."""
         if not isinstance(checkpoint_id, str) or not _HEX_ID.match(checkpoint_id):
             raise ToolError("checkpoint_id must be 8..64 lowercase hex characters")
@@ -326,7 +332,8 @@ class ToolHost:
             entries = [] if start is None else self.store.threads.log(start, n + 1)
         else:
             entries = self.store.threads.log(after, n + 2)[1:]  # the walk resumes after the cursor's checkpoint
-        items, used = [], 0
+        items: list[dict] = []
+        used = 0
         for entry in entries[:n]:
             text, _ = preview(entry.reason, REASON_PREVIEW_CHARS)
             item = {"checkpoint_id": entry.checkpoint, "thread": preview(entry.thread, TEXT_PREVIEW_CHARS)[0],
@@ -359,7 +366,8 @@ class ToolHost:
         n = self._limit(limit)
         start = self.unseal("inspect_checkpoint", full, cursor) or 0
         files = self._tree_files(full, cp.tree.hex())
-        items, used = [], 0
+        items: list[dict] = []
+        used = 0
         for entry in files[start:start + n]:
             path, cut = preview(entry.path, PATH_PREVIEW_CHARS)
             item = {"path_preview": path, "path_truncated": cut, "size": entry.size,
@@ -446,6 +454,7 @@ class ToolHost:
             totals = self._summaries[(old, new)] = page.totals
             while len(self._summaries) > 64:
                 self._summaries.popitem(last=False)
+        assert totals is not None  # this pair's, or this page's (asked for when not kept)
         items = self._bounded_items(page.effects, effects_budget)
         more = page.has_more or len(items) < len(page.effects)
         return {"from": old, "to": new, "files": files, "records": d.records.to_json(),
@@ -526,7 +535,7 @@ def bounded_error(exc: Exception) -> str:
     """
     text = " ".join(str(exc).split()) or type(exc).__name__
     text = _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
-    return "error: " + preview(text, 1000)[0]
+    return "error: " + (preview(text, 1000)[0] or "")
 
 
 __all__ = ["ToolHost", "ToolError", "ToolSpec", "bounded_error", "MAX_ANSWER_BYTES", "TRUNCATED", "NotFound"]

@@ -14,11 +14,10 @@ import re
 
 from agentcas.cas import framing
 from agentcas.cas.digest import DIGEST_SIZE, Digest
-from agentcas.cas.objects import Checkpoint
 from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.objects import Checkpoint, HistoryPosition
 from agentcas.cas.source import ObjectSource, load_object
 from agentcas.errors import IntegrityError, NotFound, UsageError
-from agentcas.cas.objects import HistoryPosition
 from agentcas.refs.names import is_thread_name
 from agentcas.refs.threads import ThreadState, read_reflog, read_thread
 
@@ -26,6 +25,7 @@ _SUFFIX = re.compile(r"(~\d*|\^)$", re.ASCII)
 _REFLOG = re.compile(r"^(.+)@\{(\d+)\}$", re.ASCII)
 _HEX = re.compile(r"^[0-9a-f]{8,64}$")
 MIN_PREFIX = 8
+_SHORT_HEX = re.compile(r"^[0-9a-fA-F]{1,%d}$" % (MIN_PREFIX - 1))  # looks like a too-short id
 
 
 class UnknownRevision(NotFound):
@@ -95,6 +95,9 @@ def _resolve_base(txn: Txn, objects: ObjectSource, base: str, rev: str) -> Diges
                 raise UnknownRevision(f"unknown revision {rev!r}")
             return digest
         return _resolve_prefix(objects, base.lower(), rev)
+    if _SHORT_HEX.match(base):
+        raise UnknownRevision(f"unknown revision {rev!r}: no thread has that name, and an id prefix "
+                              f"needs at least {MIN_PREFIX} hex digits")
     raise UnknownRevision(f"unknown revision {rev!r}")
 
 
@@ -159,7 +162,9 @@ def source_state(txn: Txn, objects: ObjectSource, source: str) -> tuple[HistoryP
             return state.history, state.checkpoint, source
     entry = reflog_state(txn, objects, source)
     if entry is not None:
-        return entry.history, entry.checkpoint, _REFLOG.match(source).group(1)
+        named = _REFLOG.match(source)
+        assert named is not None  # a reflog state was found for it
+        return entry.history, entry.checkpoint, named.group(1)
     digest = resolve(txn, objects, source)
     cp = load_checkpoint(objects, digest)
     return cp.history, digest, cp.thread

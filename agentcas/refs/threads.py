@@ -24,13 +24,12 @@ import struct
 import time
 from dataclasses import dataclass
 
-from agentcas.cas import encoding
-from agentcas.cas import framing
+from agentcas.cas import encoding, framing
 from agentcas.cas.digest import EMPTY_HISTORY, Digest
-from agentcas.cas.objects import EMPTY_POSITION, Checkpoint, HistoryPosition, InvalidObject
-from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.metastore.base import MetaTxn as Txn
 from agentcas.cas.metastore.base import Read
+from agentcas.cas.objects import EMPTY_POSITION, Checkpoint, HistoryPosition, InvalidObject
+from agentcas.cas.sealed import seal, unseal
 from agentcas.errors import IntegrityError
 from agentcas.refs.names import check_thread_name
 
@@ -69,7 +68,7 @@ class ThreadState:
                 "forked_from": None if self.forked_from is None else self.forked_from.to_doc()}
 
     @classmethod
-    def from_doc(cls, doc) -> "ThreadState":
+    def from_doc(cls, doc) -> ThreadState:
         return cls(None if doc["checkpoint"] is None else Digest.parse(doc["checkpoint"]),
                    HistoryPosition.from_doc(doc["history"]), ForkOrigin.from_doc(doc["forked_from"]))
 
@@ -292,6 +291,7 @@ def encode_reflog_payload(old: Digest | None, new: ThreadState, action: str, mes
         h = new.history
         parts.append(_varint(h.seq))
         if h.seq:
+            assert h.segment is not None  # a non-empty history ends in a segment
             parts += [h.segment.raw, _varint(h.offset), h.digest.raw]
     if fork is not None:
         parts += [_text(fork.thread), _varint(fork.seq)]

@@ -19,9 +19,9 @@ from cryptography.exceptions import InvalidSignature
 
 from agentcas.cas import encoding, framing
 from agentcas.cas.digest import Digest, hash_object
+from agentcas.cas.metastore.base import MetaTxn as Txn
 from agentcas.cas.objects import FORMAT_VERSION, InvalidObject
 from agentcas.cas.sealed import seal, unseal
-from agentcas.cas.metastore.base import MetaTxn as Txn
 from agentcas.cas.source import ObjectSource, load_object
 from agentcas.errors import IntegrityError
 from agentcas.signing.keys import BadKey, PublicKey, SigningKey, key_id
@@ -80,7 +80,7 @@ class Statement:
         return MESSAGE_PREFIX + encoding.encode(self.to_doc())
 
     @classmethod
-    def from_doc(cls, doc) -> "Statement":
+    def from_doc(cls, doc) -> Statement:
         if not isinstance(doc, dict) or sorted(doc) != sorted(cls.FIELDS):
             raise InvalidObject(f"a signed statement has exactly the fields {list(cls.FIELDS)}")
         try:
@@ -116,7 +116,7 @@ class Envelope:
         return hash_object("signature", self.encode())
 
     @classmethod
-    def decode(cls, data: bytes) -> "Envelope":
+    def decode(cls, data: bytes) -> Envelope:
         if len(data) > MAX_ENVELOPE_BYTES:
             raise InvalidObject(f"signature envelope larger than {MAX_ENVELOPE_BYTES} bytes")
         doc = encoding.decode(data)

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agentcas.cas import encoding
-from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.sealed import seal, unseal
 from agentcas.errors import ConflictError, IntegrityError, NotFound
 from agentcas.signing.envelope import NAMESPACE_CHECKPOINT, check_namespace, utc_now
 from agentcas.signing.keys import BadKey, PublicKey, check_key_name
@@ -37,7 +37,7 @@ class TrustEntry:
                 "namespaces": list(self.namespaces), "added_at": self.added_at}
 
     @classmethod
-    def from_doc(cls, doc) -> "TrustEntry":
+    def from_doc(cls, doc) -> TrustEntry:
         return cls(doc["name"], PublicKey(bytes.fromhex(doc["public_key"])), tuple(doc["namespaces"]),
                    doc["added_at"])
 

@@ -37,7 +37,7 @@ class PageRequest:
     limit: int
 
     @classmethod
-    def parse(cls, cursor: str | None, limit: str | None, default: int = DEFAULT_PAGE) -> "PageRequest":
+    def parse(cls, cursor: str | None, limit: str | None, default: int = DEFAULT_PAGE) -> PageRequest:
         if limit is None or limit == "":
             size = default
         else:

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentcas.repository import Store
 
 EFFECT_COUNTS_CACHED = 8192
 
@@ -24,7 +28,7 @@ def as_doc(value):
 
 @dataclass(frozen=True)
 class StoreReads:
-    store: object
+    store: Store
     # Effect counts by checkpoint id: a checkpoint's history prefix never changes, so neither
     # do the effects recorded in it (the server's process keeps the latest ones asked for).
     _effect_counts: OrderedDict = field(default_factory=OrderedDict, repr=False)

@@ -25,7 +25,7 @@ import blake3
 
 from agentcas import testing_hooks
 from agentcas.cas import crashpoints, framing
-from agentcas.cas.digest import DigestMismatch, Digest
+from agentcas.cas.digest import Digest, DigestMismatch
 from agentcas.cas.objects import MAX_PATH_BYTES, ChunkList, PathTooLong, Tree, TreeEntry
 from agentcas.cas.source import ObjectSource, load_object, verify_object
 from agentcas.cas.system_errors import from_os_error
@@ -201,8 +201,25 @@ def write_verified(txn, path: str, entry: TreeEntry, target: str, dir_fd: int | 
         os.fchmod(out.fileno(), entry.mode)
 
 
-def restore_tree(objects: ObjectSource, tree_id: Digest, dest: str, progress=None) -> int:
-    """Create `dest` holding exactly the tree; return the number of files written."""
+def _write_extra(temp: str, relative: str, pieces) -> None:
+    """Write `pieces` to `temp`/`relative` (a new file; its directories made as needed)."""
+    parent, _, _ = relative.rpartition("/")
+    if parent:
+        os.makedirs(os.path.join(temp, parent), 0o755, exist_ok=True)
+    fd = os.open(os.path.join(temp, relative), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as out:
+        for piece in pieces:
+            out.write(piece)
+        os.fchmod(out.fileno(), 0o644)
+
+
+def restore_tree(objects: ObjectSource, tree_id: Digest, dest: str, progress=None, extra=None) -> int:
+    """Create `dest` holding exactly the tree; return the number of files written.
+
+    `extra`: (relative "/"-path, iterable of verified byte pieces) of one more file, mode
+    0644, written in the same temporary directory before it becomes `dest` (the rollout
+    file a commit stored as history).
+    """
     dest = os.path.abspath(dest)
     if os.path.lexists(dest):
         raise ConflictError(f"destination already exists: {dest}")
@@ -256,6 +273,8 @@ def restore_tree(objects: ObjectSource, tree_id: Digest, dest: str, progress=Non
                     progress(done, total)
             for future in futures:
                 future.result()
+        if extra is not None:
+            _write_extra(temp, *extra)
         testing_hooks.reached("checkout.before_rename")
         if os.path.lexists(dest):
             raise ConflictError(f"destination appeared while checking out: {dest}")

@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import blake3
 
@@ -46,10 +47,13 @@ from agentcas.cas.digest import EMPTY, Digest, hash_blob
 from agentcas.cas.names import BadName, check_name, check_unique
 from agentcas.cas.objects import MODE_EXEC, MODE_FILE, ChunkList, ChunkRef, Tree, TreeEntry
 from agentcas.cas.sealed import seal, unseal
-from agentcas.cas.source import ObjectSource
+from agentcas.cas.source import ObjectSource, load_object
 from agentcas.cas.store import ObjectStore
 from agentcas.cas.writer import BatchWriter
 from agentcas.errors import AgentcasError, IntegrityError
+
+if TYPE_CHECKING:
+    import pathspec
 
 IGNORE_FILE = ".agentcasignore"
 RACY_NS = 2_000_000_000
@@ -94,7 +98,7 @@ class FileTooLarge(AgentcasError):
     """A file does not fit in memory (files are read whole while they are stored)."""
 
 
-def _too_large(item: "FileItem") -> FileTooLarge:
+def _too_large(item: FileItem) -> FileTooLarge:
     return FileTooLarge(f"not enough memory to read {item.rel} ({item.st.st_size} bytes); "
                         "nothing was committed")
 
@@ -112,6 +116,7 @@ class SnapshotStats:
     files: int = 0
     bytes: int = 0
     cached_files: int = 0
+    unchanged_files: int = 0  # the cached ones, and those read again that equal the previous tree's
     read_bytes: int = 0
     new_objects: int = 0
     new_bytes: int = 0
@@ -152,7 +157,8 @@ def _decode_cache_row(payload: bytes, name: str) -> tuple | None:
 
 class Snapshotter:
     def __init__(self, objects: ObjectSource, local: ObjectStore, root: str, allow_secrets=(),
-                 progress=None, skip_dirs=(), skip_files=(), lease=None, known=None):
+                 progress=None, skip_dirs=(), skip_files=(), lease=None, known=None,
+                 previous_tree: Digest | None = None):
         # `local` is this machine's environment (its stat cache); `known(keys)` the objects
         # this machine knows are stored (the store itself, or a shared store's local
         # cache): the commit re-checks `needed` against the real store before landing.
@@ -166,6 +172,7 @@ class Snapshotter:
         self.skip_dirs = {os.path.realpath(d) for d in skip_dirs}
         self.skip_files = {os.path.realpath(f) for f in skip_files}
         self.stats = SnapshotStats()
+        self.previous_tree = previous_tree  # the thread's head tree, to tell unchanged files
         # Every object id the resulting tree depends on directly (trees, file objects,
         # chunks of new chunk lists): the commit re-checks them in its final transaction,
         # so a concurrent gc that removed an old object we deduplicated against is caught.
@@ -173,7 +180,7 @@ class Snapshotter:
         self.allowed_secrets: set[str] = set()
         # A shared store's writer uploads in the background while the workers go on hashing.
         self.writer = BatchWriter(objects, lease=lease, known=known, background=known is not None)
-        self._ignores: dict[str, object] = {}  # directory rel path -> its .agentcasignore spec
+        self._ignores: dict[str, pathspec.GitIgnoreSpec] = {}  # directory rel path -> its .agentcasignore spec
         self._started_ns = time.time_ns()
         self._buffers = threading.local()  # one read buffer per worker thread
 
@@ -213,7 +220,7 @@ class Snapshotter:
         while stack:
             rel_dir = stack.pop()
             abs_dir = os.path.join(self.root, rel_dir)
-            children = []
+            children: list[tuple[str, Any]] = []  # (name, "dir" or its FileItem)
             try:
                 entries = sorted(os.scandir(abs_dir), key=lambda e: e.name)
                 self._load_ignore(rel_dir, {entry.name for entry in entries})
@@ -309,7 +316,7 @@ class Snapshotter:
     def _allowed(self, rel: str) -> bool:
         return any(fnmatch.fnmatchcase(rel, glob) for glob in self.allow_secrets)
 
-    def _check_secret(self, rel: str, data: bytes, lines_before: int = 0, sniff: bool = True) -> None:
+    def _check_secret(self, rel: str, data: bytes | memoryview, lines_before: int = 0, sniff: bool = True) -> None:
         """Refuse `data` if it holds a secret; `lines_before`: newlines in the file before
         `data` (a window of a streamed file)."""
         from agentcas.workspace import secrets  # lazy: see _store_files
@@ -435,6 +442,7 @@ class Snapshotter:
                 self._buffers = threading.local()
         root = self._build_trees(dirs)
         self.writer.flush()
+        self.stats.unchanged_files = self.stats.cached_files + self._same_as_before(todo)
         rows = self._cache_rows(todo)
         if rows:
             def put_rows(txn):
@@ -444,6 +452,35 @@ class Snapshotter:
         self.stats.new_objects = self.writer.written_objects
         self.stats.new_bytes = self.writer.written_bytes
         return root
+
+    def _same_as_before(self, items: list[FileItem]) -> int:
+        """How many of `items` (files read again: not in the stat cache, or too recent to
+        trust it) have the id and mode they had in the previous tree. Only the directories
+        holding them are loaded."""
+        if self.previous_tree is None or not items:
+            return 0
+        directories: dict[str, dict] = {}  # rel dir -> {name: entry} in the previous tree
+
+        def entries_of(rel_dir: str) -> dict:
+            if rel_dir not in directories:
+                if rel_dir == "":
+                    tree_id = self.previous_tree
+                else:
+                    parent, _, name = rel_dir.rpartition("/")
+                    entry = entries_of(parent).get(name)
+                    tree_id = entry.id if entry is not None and entry.type == "dir" else None
+                data = None if tree_id is None else load_object(self.objects, tree_id, framing.KIND_TREE)
+                directories[rel_dir] = {} if data is None else {e.name: e for e in Tree.decode(data).entries}
+            return directories[rel_dir]
+
+        same = 0
+        for item in items:
+            rel_dir, _, name = item.rel.rpartition("/")
+            before = entries_of(rel_dir).get(name)
+            if before is not None and item.entry is not None and before.type == "file" \
+                    and (before.id, before.mode) == (item.entry.id, item.entry.mode):
+                same += 1
+        return same
 
     def _store_files(self, todo: list[FileItem], total: int) -> None:
         """Scan every file, then store them on the workers while this thread writes."""
@@ -455,7 +492,7 @@ class Snapshotter:
         with (_InlinePool() if small else ThreadPoolExecutor(WORKERS, initializer=_yield_to_writer)) as pool:
             for _ in pool.map(self._scan_file, todo):  # every file, before anything is stored
                 pass
-            pending = []
+            pending: list = []
             in_flight = 0
             queue = [item for item in reversed(todo) if item.st.st_size <= STREAM_BYTES]
             while queue or pending:
@@ -476,7 +513,10 @@ class Snapshotter:
                     self.progress(done, total)
             for item in todo:
                 if item.st.st_size > STREAM_BYTES:
-                    size = self._store_stream(item, pool, lambda part: self.progress and self.progress(done + part, total))
+                    def report(part: int, done: int = done) -> None:
+                        if self.progress:
+                            self.progress(done + part, total)
+                    size = self._store_stream(item, pool, report)
                     done += size
                     self.stats.read_bytes += size
                     if self.progress:
@@ -518,7 +558,7 @@ class Snapshotter:
         hasher = blake3.blake3(max_threads=1)
         refs: list[ChunkRef] = []
         in_flight: deque = deque()  # futures of released windows' (digest, size, framed or None)
-        windows = None
+        windows: secrets.WindowScan | None = None
         size = 0
 
         def store(limit: int) -> bool:
@@ -548,6 +588,7 @@ class Snapshotter:
                 windows = secrets.WindowScan(check)
             hasher.update(piece)
             size += len(piece)
+            assert windows is not None  # made from the first piece
             released = windows.feed(piece)
             if released:
                 submit(released)
@@ -654,11 +695,13 @@ def _mode(st: os.stat_result) -> int:
 
 
 def snapshot(objects: ObjectSource, local: ObjectStore, root: str, allow_secrets=(), progress=None,
-             skip_dirs=(), skip_files=(), lease=None, known=None):
+             skip_dirs=(), skip_files=(), lease=None, known=None, previous_tree: Digest | None = None):
     """Store the directory `root`; return (root tree id, SnapshotStats, ids it needs).
 
     `skip_dirs` / `skip_files` (e.g. the store itself, a rollout file stored as history)
-    are left out of the tree.
+    are left out of the tree. `previous_tree` (the thread's head tree) only lets the
+    stats count files read again but unchanged.
     """
-    snap = Snapshotter(objects, local, root, allow_secrets, progress, skip_dirs, skip_files, lease, known)
+    snap = Snapshotter(objects, local, root, allow_secrets, progress, skip_dirs, skip_files, lease, known,
+                       previous_tree)
     return snap.run(), snap.stats, snap.needed

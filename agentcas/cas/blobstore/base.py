@@ -4,15 +4,15 @@ A blob store holds framed objects (cas/framing.py: header, then raw or zstd byte
 nothing else. It has no transactions: every operation is idempotent, an object is
 written only if absent (create-if-absent), and a reader that finds a key gets the
 bytes that were first written under it. It does not verify: callers read objects
-through `cas.objects_source.ObjectSource`, which checks every value against its id.
+through `cas.source.ObjectSource`, which checks every value against its id.
 Backends: memory.py, ../lmdb_store.py (in the store's one LMDB environment), s3.py.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping, Sequence
 
 from agentcas.cas.chunking import LOCAL, ChunkSizes
 from agentcas.errors import AgentcasError
@@ -107,3 +107,13 @@ class BlobStore(ABC):
 
     def close(self) -> None:
         pass
+
+    # A shared store's prefix holds a marker naming the store that owns it (cas/backends.py);
+    # only the backends a shared store is made of have one.
+    def read_marker(self) -> bytes | None:
+        """The marker's bytes, or None if the prefix has none."""
+        raise NotImplementedError(f"{type(self).__name__} has no store marker")
+
+    def create_marker(self, data: bytes) -> bool:
+        """Write the marker unless one exists; True if written now."""
+        raise NotImplementedError(f"{type(self).__name__} has no store marker")

@@ -36,7 +36,7 @@ import hashlib
 import os
 import struct
 import time
-from typing import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from agentcas.cas import settings
 from agentcas.cas.blobstore.base import BlobInfo, BlobStore

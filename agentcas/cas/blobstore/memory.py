@@ -8,7 +8,7 @@ written_at 0 (fsck reads it and reports the damage).
 from __future__ import annotations
 
 import threading
-from typing import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from agentcas.cas import framing
 from agentcas.cas.blobstore.base import BlobInfo, BlobStore

@@ -47,9 +47,9 @@ import queue
 import re
 import threading
 from collections import Counter
-from datetime import datetime
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
 
 from agentcas.cas import chunking, crashpoints, framing, settings
 from agentcas.cas.blobstore.base import KEY_SIZE, BlobInfo, BlobStore, BlobUnavailable
@@ -599,7 +599,7 @@ class S3BlobStore(BlobStore):
                 while not pages.empty():
                     pages.get_nowait()
 
-    def _list_range(self, prefix: str, start_after: str | None, pages: "queue.Queue", stop) -> None:
+    def _list_range(self, prefix: str, start_after: str | None, pages: queue.Queue, stop) -> None:
         """Producer: the pages of one key range onto `pages`, then None (or the error)."""
         token = None
 

@@ -1,7 +1,7 @@
 """The metadata-store interface: small mutable tables in atomic transactions.
 
 Tables (names below): `meta` (format record, counters), `refs` (threads/NAME), `reflog`,
-`leases` (writers in progress, see gc/leases.py), `trust`, `remotes`, `signatures`
+`leases` (writers in progress, see cas/leases.py), `trust`, `remotes`, `signatures`
 (checkpoint || signature id -> nothing: an index), `imports`. Keys and values are
 bytes; values of every table are sealed by the layer that owns them (cas/sealed.py).
 
@@ -23,12 +23,13 @@ Backends: memory.py, ../lmdb_store.py, postgres.py.
 
 from __future__ import annotations
 
-from agentcas.errors import AgentcasError
-
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import TypeVar
+
+from agentcas.errors import AgentcasError
 
 T = TypeVar("T")
 

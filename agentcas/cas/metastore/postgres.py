@@ -55,6 +55,7 @@ import os
 import re
 import threading
 from contextlib import contextmanager
+from typing import Any
 from urllib.parse import quote
 
 import psycopg
@@ -62,8 +63,7 @@ from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict, timeout_from_conninfo
 
 from agentcas.cas import crashpoints, settings
-from agentcas.cas.metastore.base import (TABLES, MetadataStore, MetadataUnavailable, MetaTxn, Read,
-                                         prefix_end)
+from agentcas.cas.metastore.base import TABLES, MetadataStore, MetadataUnavailable, MetaTxn, prefix_end
 from agentcas.cas.retry import Retry
 from agentcas.errors import UsageError
 
@@ -190,7 +190,7 @@ class _PgTxn(MetaTxn):
     """Statements whose result nobody reads (BEGIN, put) wait and go out in one pipeline
     with the next statement or the COMMIT: a ref move is three round trips, not five."""
 
-    def __init__(self, store: "PostgresMetadataStore", conn: psycopg.Connection, writable: bool,
+    def __init__(self, store: PostgresMetadataStore, conn: psycopg.Connection, writable: bool,
                  begin: str | None = None):
         self._store = store
         self._conn = conn
@@ -342,7 +342,7 @@ class PostgresMetadataStore(MetadataStore):
             raise UsageError(f"not a valid PostgreSQL URL: {exc} (postgresql://USER@HOST:PORT/DB)") from None
         self._dsn = dsn
         self._params = params
-        self._secrets = [s for s in (params.get("password"), os.environ.get("PGPASSWORD")) if s]
+        self._secrets = [str(s) for s in (params.get("password"), os.environ.get("PGPASSWORD")) if s]
         host = str(params.get("host") or os.environ.get("PGHOST") or "localhost")
         port = str(params.get("port") or os.environ.get("PGPORT") or "5432")
         dbname = str(params.get("dbname") or os.environ.get("PGDATABASE") or params.get("user") or "")
@@ -383,7 +383,7 @@ class PostgresMetadataStore(MetadataStore):
     def _connect(self) -> psycopg.Connection:
         self.connections += 1
         bound = timeout_seconds()
-        options = {}
+        options: dict[str, Any] = {}
         if "connect_timeout" not in self._params:
             options["connect_timeout"] = CONNECT_SECONDS
         if bound > 0:
@@ -391,7 +391,7 @@ class PostgresMetadataStore(MetadataStore):
             ms = max(1, int(bound * 1000))
             options["options"] = " ".join(filter(None, (
                 f"-c statement_timeout={ms}",
-                self._params.get("options"))))
+                str(self._params.get("options") or ""))))
         try:
             conn = _BoundedConnection.connect(self._dsn, autocommit=True, application_name="agentcas", **options)
         except psycopg.OperationalError as exc:

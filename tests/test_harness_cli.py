@@ -1,8 +1,8 @@
-"""Acceptance tests of issues 9 and 12 through the real CLI, on sessions built from the spec.
+"""Harness sessions and effects through the real CLI, on sessions built from the spec.
 
-The sessions come from tests/acceptance_samples_912.py (written from agent-logs.md, not
-from tests/harness_samples.py); every check runs `agentcas` in a subprocess, the way the
-issues' words describe it.
+The sessions come from tests/support/spec_sessions.py (written from docs/HARNESSES.md, not
+from tests/support/harness_samples.py); every check runs `agentcas` in a subprocess, the way the
+user would.
 """
 
 from __future__ import annotations
@@ -12,10 +12,8 @@ import signal
 import subprocess
 import time
 
-import pytest
-
-from acceptance_samples_912 import Claude, Codex
 from conftest import AGENTCAS
+from support.spec_sessions import Claude, Codex
 
 
 def cli(store_dir, *args):
@@ -39,9 +37,9 @@ def one_error_line(stderr: str) -> str:
     return lines[0]
 
 
-# --- issue 9: --json after the command, as the issue writes it -------------------------------------
+# --- --json after the command -------------------------------------
 
-def test_json_flag_after_the_command_as_the_issues_write_it(store_dir, tmp_path):
+def test_json_flag_after_the_command_is_accepted(store_dir, tmp_path):
     """`agentcas replay REV [--at SEQ] [--format F] [--json]`, `agentcas effects REV ... [--json]`."""
     c = Codex()
     c.turn("fix the parser", first=True)
@@ -61,7 +59,7 @@ def test_json_flag_after_the_command_as_the_issues_write_it(store_dir, tmp_path)
     assert [e["id"] for e in json.loads(listed.stdout)["effects"]] == [effect_id]
 
 
-# --- issue 9: Codex replay by the harness's resume rules ----------------------------------------------
+# --- Codex replay by the harness's resume rules ----------------------------------------------
 
 def test_codex_rollback_compaction_crash_and_damage_as_codex_resumes(store_dir, tmp_path):
     c = Codex()
@@ -125,7 +123,7 @@ def test_codex_replay_at_every_seq_equals_the_cut_file(store_dir, tmp_path):
         assert replay_json(store_dir, f"codex/{c.id}", "--at", seq) == replay_json(store_dir, f"cut-{seq}")
 
 
-# --- issue 9: Claude Code replay ----------------------------------------------------------------------
+# --- Claude Code replay ----------------------------------------------------------------------
 
 def claude_session_with_everything():
     c = Claude()
@@ -190,7 +188,7 @@ def test_replay_at_a_seq_before_the_first_record_naming_the_session(store_dir, t
 
 
 def test_claude_messages_keep_meta_text_the_model_is_sent(store_dir, tmp_path):
-    """agent-logs.md 2.3: the Messages-API view drops system records; Claude Code sends
+    """docs/HARNESSES.md: the Messages-API view drops system records; Claude Code sends
     `isMeta` text to the model, so it is kept (it is only not `visible`)."""
     c, r = claude_session_with_everything()
     c.write(tmp_path / "projects" / "-home-u-proj" / f"{c.sid}.jsonl")
@@ -234,7 +232,7 @@ def test_claude_subagent_file_replays_the_subagents_conversation(store_dir, tmp_
                                                                          for line in parent.lines]
 
 
-# --- issue 9: ingest -------------------------------------------------------------------------------
+# --- ingest -------------------------------------------------------------------------------
 
 def test_refused_files_are_named_others_go_on_and_nothing_is_written_for_them(store_dir, tmp_path):
     sessions = []
@@ -338,7 +336,7 @@ def test_watch_follows_a_new_file_and_sigterm_commits_everything(store_dir, tmp_
                           capture_output=True).stdout == c.text().encode()
 
 
-# --- issue 12: effects on the command line -------------------------------------------------------------
+# --- effects on the command line -------------------------------------------------------------
 
 def test_revert_and_checkout_list_open_effects_after_the_target_and_undo_none(store_dir, tmp_path):
     ws = tmp_path / "ws"

@@ -1,4 +1,4 @@
-"""Acceptance scenario for issue 10 (the LangGraph checkpointer), written as a LangGraph user
+"""The LangGraph checkpointer in scenarios written as a LangGraph user
 would from LangGraph's own documentation: a StateGraph over MessagesState that pauses on
 `interrupt()` and resumes with `Command(resume=...)`, a subgraph (non-empty checkpoint_ns),
 parallel tasks whose writes stay pending, time travel (invoke from a past checkpoint of
@@ -14,7 +14,6 @@ bench extra); AgentcasSaver must show the same state history, next nodes and int
 from __future__ import annotations
 
 import asyncio
-import json
 import operator
 import os
 import random
@@ -23,10 +22,10 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-from dataclasses import dataclass
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import pytest
 
@@ -41,9 +40,9 @@ from langgraph.types import Command, interrupt  # noqa: E402
 from typing_extensions import TypedDict  # noqa: E402
 
 from agentcas import Store  # noqa: E402
-from agentcas.errors import IntegrityError  # noqa: E402
 from agentcas.langgraph import AgentcasSaver, AsyncAgentcasSaver, CorruptCheckpoint  # noqa: E402
-from test_langgraph_saver import AesGcm  # noqa: E402  (an AES-GCM cipher for EncryptedSerializer)
+
+from support.ciphers import AesGcm  # noqa: E402
 
 
 def reference_savers():
@@ -531,7 +530,8 @@ def _writer(tmp_path, path, who, count):
 
 def _logged(log: Path) -> tuple[list[str], list[str]]:
     lines = log.read_text().splitlines()
-    return [l.split()[1] for l in lines if l.startswith("start")], [l.split()[1] for l in lines if l.startswith("done")]
+    return ([line.split()[1] for line in lines if line.startswith("start")],
+            [line.split()[1] for line in lines if line.startswith("done")])
 
 
 def test_two_processes_on_one_thread_lose_no_checkpoint(tmp_path):
@@ -584,6 +584,7 @@ def test_sigkill_during_puts_leaves_the_old_or_the_new_checkpoint(tmp_path):
 def _flip_each_object(path: Path):
     """Yield (object id, where) with that stored object's bytes damaged, restoring it after."""
     import lmdb
+
     from agentcas.cas.store import TABLES
     env = lmdb.open(str(path), max_dbs=len(TABLES) + 2)
     with env.begin() as txn:
@@ -709,7 +710,7 @@ def _extend(state, writes):  # a DeltaChannel reducer: one call with a batch of 
 
 @pytest.mark.parametrize("every", [3, 50])
 def test_prune_keep_latest_keeps_a_delta_channels_state(tmp_path, every):
-    Notes = TypedDict("Notes", {"notes": Annotated[list, DeltaChannel(_extend, snapshot_frequency=every)]})
+    Notes = TypedDict("Notes", {"notes": Annotated[list, DeltaChannel(_extend, snapshot_frequency=every)]})  # noqa: UP013
 
     def build(saver):
         builder = StateGraph(Notes)
@@ -783,3 +784,143 @@ def test_a_list_of_values_without_a_truth_valued_eq_is_stored(tmp_path):
     with AgentcasSaver.from_path(tmp_path / "store") as saver:  # and it reads back in a new saver
         assert [[v.xs for v in s.values.get("vectors", [])]
                 for s in build(saver).get_state_history(thread("vec"))] == ours
+
+
+def test_from_path_is_an_async_context_manager_too(tmp_path):
+    pytest.importorskip("langgraph")
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    from agentcas.langgraph import AgentcasSaver, AsyncAgentcasSaver
+
+    def reply(state):
+        return {"messages": [AIMessage(content=f"reply {len(state['messages'])}")]}
+
+    async def main(path):
+        async with AsyncAgentcasSaver.from_path(path) as saver:
+            builder = StateGraph(MessagesState)
+            builder.add_node("agent", reply)
+            builder.add_edge(START, "agent")
+            builder.add_edge("agent", END)
+            graph = builder.compile(checkpointer=saver)
+            config = {"configurable": {"thread_id": "async"}}
+            await graph.ainvoke({"messages": [HumanMessage(content="hi")]}, config)
+            state = await graph.aget_state(config)
+            return [m.content for m in state.values["messages"]]
+
+    path = str(tmp_path / "store")
+    assert asyncio.run(main(path)) == ["hi", "reply 1"]
+    with AgentcasSaver.from_path(path) as saver:  # the sync form still works, on the same store
+        assert saver.get_tuple({"configurable": {"thread_id": "async"}}) is not None
+    assert Store.open(path).threads.get("langgraph/async") is not None
+    assert AsyncAgentcasSaver is AgentcasSaver or issubclass(AsyncAgentcasSaver, AgentcasSaver)
+
+
+def _tool_loop_graph(saver):
+    """agent <-> tools (an interrupt asks before each tool call) until two tools ran, then a
+    subgraph that interrupts too."""
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    from langgraph.graph import END, START, MessagesState, StateGraph
+    from langgraph.types import interrupt
+
+    def agent(state):
+        messages = state["messages"]
+        tools_ran = sum(isinstance(m, ToolMessage) for m in messages)
+        if isinstance(messages[-1], HumanMessage) or (isinstance(messages[-1], ToolMessage) and tools_ran < 2):
+            call = {"name": "calc", "args": {"x": tools_ran}, "id": f"call{len(messages)}"}
+            return {"messages": [AIMessage(content=f"calling tool {tools_ran}", tool_calls=[call])]}
+        return {"messages": [AIMessage(content="done: " + " ".join(m.content for m in messages
+                                                                    if isinstance(m, ToolMessage)))]}
+
+    def tools(state):
+        call = state["messages"][-1].tool_calls[0]
+        approved = interrupt({"approve": call["id"]})
+        return {"messages": [ToolMessage(content=f"{call['args']['x'] * 10} ({approved})", tool_call_id=call["id"])]}
+
+    def route(state) -> Literal["tools", "sub"]:
+        return "tools" if getattr(state["messages"][-1], "tool_calls", None) else "sub"
+
+    sub = StateGraph(MessagesState)
+    sub.add_node("ask", lambda state: {"messages": [AIMessage(content=f"sub: {interrupt('sub?')}")]})
+    sub.add_edge(START, "ask")
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", tools)
+    builder.add_node("sub", sub.compile())
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", route)
+    builder.add_edge("tools", "agent")
+    builder.add_edge("sub", END)
+    return builder.compile(checkpointer=saver)
+
+
+def _seen(state) -> tuple:
+    import re
+    return (tuple(state.next), tuple(m.content for m in state.values.get("messages", [])),
+            (state.metadata or {}).get("step"), (state.metadata or {}).get("source"),
+            tuple((t.name, re.sub(r"id='[0-9a-f]+'", "", repr(t.interrupts))) for t in state.tasks))
+
+
+def _scenario(saver) -> list:
+    from langchain_core.messages import HumanMessage
+    from langgraph.types import Command
+    graph = _tool_loop_graph(saver)
+    cfg = {"configurable": {"thread_id": "t"}}
+    seen = []
+    graph.invoke({"messages": [HumanMessage("compute")]}, cfg)
+    for answer in ("yes", "yes again", "sub answer"):
+        seen.append(_seen(graph.get_state(cfg)))
+        graph.invoke(Command(resume=answer), cfg)
+    history = list(graph.get_state_history(cfg))
+    seen.append([_seen(h) for h in history])
+    first_ask = [h for h in history if h.next == ("tools",)][-1]
+    graph.invoke(Command(resume="no"), first_ask.config)  # time travel: resume a past interrupt
+    seen.append(_seen(graph.get_state(cfg)))
+    graph.update_state(history[-2].config, {"messages": [HumanMessage("instead")]})  # a fork
+    graph.invoke(None, cfg)
+    graph.invoke(Command(resume="on the fork"), cfg)
+    seen.append(_seen(graph.get_state(cfg)))
+    seen.append(sorted(map(repr, map(_seen, graph.get_state_history(cfg)))))
+
+    async def asynchronous():
+        acfg = {"configurable": {"thread_id": "a"}}
+        await graph.ainvoke({"messages": [HumanMessage("async")]}, acfg)
+        updates = [sorted(u) async for u in graph.astream(Command(resume="ay"), acfg, stream_mode="updates")]
+        return [updates, _seen(await graph.aget_state(acfg)),
+                [_seen(h) async for h in graph.aget_state_history(acfg)]]
+    seen.append(asyncio.run(asynchronous()))
+    return seen
+
+
+def test_a_tool_loop_with_interrupts_forks_and_subgraphs_matches_in_memory_saver(tmp_path, run):
+    pytest.importorskip("langgraph")
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command
+
+    from agentcas.langgraph import AgentcasSaver
+
+    expected = _scenario(InMemorySaver())
+    path = tmp_path / "store"
+    with AgentcasSaver.from_path(str(path)) as saver:
+        assert _scenario(saver) == expected
+    assert run("--json", "fsck", store=path).json()["ok"]
+    log = run("--json", "log", "langgraph/t", store=path)
+    assert log.code == 0 and all(c["reason"].startswith("langgraph step ") for c in log.json()["checkpoints"])
+    lineage = run("lineage", "langgraph/t", store=path)
+    assert lineage.code == 0 and "langgraph/t/branches/" in lineage.out
+    # Hand the paused thread over, signed, and resume it on the other store with a new saver.
+    assert run("keygen", "alice", "--out", tmp_path / "keys", store=path).code == 0
+    assert run("export", "langgraph/t", "-o", tmp_path / "t.bundle", "--sign", tmp_path / "keys" / "alice.key",
+               store=path).code == 0
+    other = tmp_path / "other"
+    assert run("init", other).code == 0
+    assert run("trust", "add", "alice", tmp_path / "keys" / "alice.pub", store=other).code == 0
+    assert run("import", tmp_path / "t.bundle", store=other).code == 0
+    with AgentcasSaver.from_path(str(path)) as here, AgentcasSaver.from_path(str(other)) as there:
+        cfg = {"configurable": {"thread_id": "t"}}
+        mine, theirs = _tool_loop_graph(here), _tool_loop_graph(there)
+        assert _seen(theirs.get_state(cfg)) == _seen(mine.get_state(cfg))
+        for graph in (mine, theirs):
+            graph.invoke(Command(resume="same answer"), cfg)
+        assert _seen(theirs.get_state(cfg)) == _seen(mine.get_state(cfg))
+    assert run("--json", "fsck", store=other).json()["ok"]

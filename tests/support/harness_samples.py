@@ -1,5 +1,5 @@
 """Builders of Codex rollouts and Claude Code transcripts, shaped as docs/HARNESSES.md describes
-(../shared/background/agent-logs.md: read from the harnesses' source). Tests and bench/ build
+(read from the harnesses' source; "The two log formats" there). Tests and bench/ build
 sessions from these instead of committing large fixture files.
 """
 
@@ -64,7 +64,7 @@ class CodexSession:
         self.lines.append(data)
         return len(self.lines)
 
-    def copy_lines(self, other: "CodexSession", count: int | None = None) -> None:
+    def copy_lines(self, other: CodexSession, count: int | None = None) -> None:
         """A fork's copy of the source's lines (records as they were, fresh timestamps)."""
         for line in other.lines[:count]:
             doc = json.loads(line)

@@ -1,7 +1,7 @@
-"""Held-out-style acceptance of issue 9's replay half, through the real CLI.
+"""Replay by the harnesses' resume rules, through the real CLI.
 
 Every session here is written by this file's own builders (`Rollout`, `Transcript`) from
-../shared/background/agent-logs.md and the harnesses' source it cites, not by the repo's
+docs/HARNESSES.md ("The two log formats") and the harnesses' source it cites, not by the repo's
 sample builders; each test ingests the file with `agentcas --store DIR ingest codex|claude`
 and reads `agentcas --json replay THREAD [--at N]` in a subprocess, then compares the JSON
 field by field with what the rule says the harness rebuilds on resume. The expected values
@@ -50,6 +50,13 @@ def cli(store_dir, *args):
                           text=True, timeout=120)
 
 
+def json_failure(result, code: int) -> bool:
+    """A --json failure: exit `code` and, on stdout, only {"error": its stderr line, "exit_code"}."""
+    doc = json.loads(result.stdout)
+    return result.returncode == code and doc == {"error": result.stderr.strip()[len("agentcas: error: "):],
+                                                 "exit_code": code}
+
+
 def ingest(store_dir, harness, path):
     result = cli(store_dir, "--json", "ingest", harness, path)
     assert result.returncode == 0, result.stderr
@@ -71,7 +78,7 @@ def one_error_line(result) -> str:
     return lines[0]
 
 
-# --- Codex rollouts, written from agent-logs.md 1.1-1.3 ----------------------------------------------
+# --- Codex rollouts, written from docs/HARNESSES.md (formats, Codex replay) ---------------------------
 
 def line_json(obj) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False) + "\n"
@@ -665,7 +672,7 @@ def test_replay_of_a_checkpoint_id_is_the_replay_at_its_position(store_dir, tmp_
     assert replay(store_dir, cps[0]["checkpoint"][:16]) == replay(store_dir, cps[0]["checkpoint"])
     first = cps[0]
     beyond = cli(store_dir, "--json", "replay", first["checkpoint"], "--at", first["history"]["seq"] + 1)
-    assert beyond.returncode == 2 and beyond.stdout == ""
+    assert json_failure(beyond, 2), beyond
     assert "beyond the end" in one_error_line(beyond)
 
 
@@ -683,7 +690,7 @@ def test_at_zero_and_at_beyond_the_end(store_dir, tmp_path):
     assert replay(store_dir, thread, "--at", len(r.lines)) == replay(store_dir, thread)
     for args in (("--at", len(r.lines) + 1), ("--at", 10**12)):
         result = cli(store_dir, "--json", "replay", thread, *args)
-        assert result.returncode == 2 and result.stdout == "", result
+        assert json_failure(result, 2), result
         line = one_error_line(result)
         assert "beyond the end" in line and str(len(r.lines)) in line
     negative = cli(store_dir, "replay", thread, "--at", "-1")
@@ -695,7 +702,7 @@ def test_at_zero_and_at_beyond_the_end(store_dir, tmp_path):
 
 
 def test_format_that_contradicts_the_thread_is_refused(store_dir, tmp_path):
-    """`--format` names the format of a history that is neither (issue 9); one the thread is
+    """`--format` names the format of a history that is neither; one the thread is
     positively not would print a replay the harness never builds (a Claude chain of a Codex
     rollout is empty, a Codex replay of a transcript has no items): a usage error instead (exit
     2, DESIGN.md CLI contract), as for an `--at` the history does not have."""
@@ -710,7 +717,7 @@ def test_format_that_contradicts_the_thread_is_refused(store_dir, tmp_path):
     for thread, wrong, right in ((codex_thread, "claude", "codex"), (claude_thread, "codex", "claude")):
         assert replay(store_dir, thread, "--format", right) == replay(store_dir, thread)
         result = cli(store_dir, "--json", "replay", thread, "--format", wrong)
-        assert result.returncode == 2 and result.stdout == "", result
+        assert json_failure(result, 2), result
         line = one_error_line(result)
         assert f"--format {right}" in line
 
@@ -720,7 +727,7 @@ def test_a_history_of_neither_format_names_format(store_dir, tmp_path):
     path.write_text('{"hello": 1}\n{"world": 2}\n')
     assert cli(store_dir, "rollout", "append", "plain", path).returncode == 0
     result = cli(store_dir, "--json", "replay", "plain")
-    assert result.returncode == 1 and result.stdout == ""
+    assert json_failure(result, 1), result
     assert "--format" in one_error_line(result)
     forced = replay(store_dir, "plain", "--format", "codex")
     assert forced["items"] == [] and forced["at"] == 2
@@ -751,7 +758,7 @@ def test_replay_never_executes_anything_from_the_log(store_dir, tmp_path):
     assert any(f"{marker}-shell" in item.get("arguments", "") for item in shown)
 
 
-# --- Claude Code transcripts, written from agent-logs.md 2.1 -------------------------------------------
+# --- Claude Code transcripts, written from docs/HARNESSES.md (Claude Code format) -------------------
 
 class Transcript:
     """A Claude Code session file: one record per line, chained by parentUuid."""

@@ -1,5 +1,5 @@
-"""Acceptance tests for issue 11 (one store for many machines: objects in S3 on a real
-SeaweedFS, refs in a real PostgreSQL) and issue 13's compatibility points, through the
+"""One store for many machines (objects in S3 on a real SeaweedFS, refs in a real
+PostgreSQL) and stores of earlier format versions, through the
 `agentcas` command only, as a team would use it. Each "machine" is its own
 $AGENTCAS_CACHE_DIR; the servers come from the session fixtures of conftest.py."""
 
@@ -13,8 +13,8 @@ import uuid
 import pytest
 
 from conftest import run_cli, tree_bytes
-from services import PG_PASSWORD, S3_SECRET_KEY
-from test_shared_store import write
+from support.files import write
+from support.services import PG_PASSWORD, S3_SECRET_KEY
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -57,7 +57,7 @@ def team(tmp_path, s3_url, postgres_url, s3_server):
     return on
 
 
-# -- what held: two machines through the flags, init of a missing bucket, twice ------------------
+# -- two machines through the flags, init of a missing bucket, twice ------------------
 
 def test_two_machines_fork_revert_and_check_out_each_others_work(tmp_path, s3_server, postgres_url):
     store = s3_server.url(bucket=f"acc11b-{uuid.uuid4().hex[:10]}")  # a bucket nobody made yet
@@ -93,7 +93,7 @@ def test_two_machines_fork_revert_and_check_out_each_others_work(tmp_path, s3_se
     assert second["parents"] == [first["checkpoint"]]
 
 
-# -- defect: fsck on the machine that wrote the objects checked its own cache -------------------
+# -- fsck reads the bucket, not the cache of the machine that wrote the objects --------------------
 
 def test_fsck_on_the_machine_that_wrote_reads_the_bucket_not_its_cache(team, tmp_path, s3_server):
     """A tampered object in the bucket is found by fsck on every machine, also the one whose
@@ -117,7 +117,7 @@ def test_fsck_on_the_machine_that_wrote_reads_the_bucket_not_its_cache(team, tmp
     assert made["tree"] in one_line_error(checkout, 4) and not (tmp_path / "out").exists()
 
 
-# -- defect: a machine whose cache outlived a gc elsewhere could never commit again --------------
+# -- a machine whose cache outlived a gc elsewhere commits again -----------------------------------
 
 def test_a_commit_after_gc_on_another_machine_deleted_what_this_cache_remembers(team, tmp_path):
     """Machine a's cache and stat cache remember a file's objects; machine b's gc deletes them
@@ -141,7 +141,7 @@ def test_a_commit_after_gc_on_another_machine_deleted_what_this_cache_remembers(
     assert rerun.code == 0 and rerun.json()["new_objects"] == 0, rerun
 
 
-# -- defects: malformed URLs and endpoints were internal errors, some printing a secret ----------
+# -- malformed URLs and endpoints are usage errors that print no secret ----------------------------
 
 @pytest.mark.parametrize("store", ["s3://bucket with space/p", "s3://AKIDKEY:hunter2secret@bucket/p"])
 def test_a_malformed_store_url_is_a_usage_error_that_repeats_no_secret(store, tmp_path, postgres_url):
@@ -182,7 +182,7 @@ def test_a_malformed_refs_url_parameter_is_a_usage_error_at_once(query, team, tm
     assert team("a")("--json", "branch").json()["threads"] == []
 
 
-# -- what held: credentials appear in no output, report, bundle, row or cache file -----------------
+# -- credentials appear in no output, report, bundle, row or cache file -----------------
 
 def test_credentials_appear_nowhere(tmp_path, s3_url, postgres_url, s3_server):
     refs = postgres_url.replace("agentcas@", f"agentcas:{PG_PASSWORD}@")
@@ -222,7 +222,7 @@ def test_credentials_appear_nowhere(tmp_path, s3_url, postgres_url, s3_server):
         assert not [b for b in blobs if secret.encode() in b], secret
 
 
-# -- issue 13 / FORMAT.md: stores and databases of the previous versions --------------------------
+# -- FORMAT.md: stores and databases of the previous versions --------------------------
 
 def test_a_schema_version_1_database_is_refused_until_init_migrates_it(team, tmp_path):
     a = team("a")
@@ -252,6 +252,7 @@ def test_a_format_1_store_works_through_the_cli_and_a_newer_one_is_refused(tmp_p
     assert run_cli("checkout", "main@{3}", tmp_path / "old", store=store).code == 0
     # The same store marked as a future format 3: refused, saying to upgrade.
     import lmdb
+
     from agentcas.cas import encoding
     from agentcas.cas.sealed import seal, unseal
     env = lmdb.open(str(store), max_dbs=20)
@@ -265,7 +266,7 @@ def test_a_format_1_store_works_through_the_cli_and_a_newer_one_is_refused(tmp_p
         assert "format 3" in err and "upgrade agentcas" in err
 
 
-# -- defect: --refs with a directory store was silently ignored ---------------------------------
+# -- --refs with a directory store is a usage error ------------------------------------------------
 
 def test_refs_with_a_directory_store_is_a_usage_error_not_ignored(tmp_path):
     """`--store ./dir --refs postgresql://...` looked like the team's store and committed
@@ -282,7 +283,7 @@ def test_refs_with_a_directory_store_is_a_usage_error_not_ignored(tmp_path):
     assert quiet.code == 0, quiet
 
 
-# -- defect: fsck on the machine that wrote it passed objects the bucket had lost --------------
+# -- fsck names objects the bucket lost, even where the cache holds them ---------------------------
 
 @pytest.mark.parametrize("lost", ["tree", "segment"])
 def test_fsck_names_an_object_the_bucket_lost_even_where_the_cache_holds_it(lost, team, tmp_path, s3_server):

@@ -1,0 +1,1 @@
+"""Helpers the tests share: real servers, session builders, the fork server for CLI runs."""
