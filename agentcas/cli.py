@@ -1046,6 +1046,29 @@ def mcp_server(ctx, globs, allow_restore, limit, workspace):
     serve_stdio(ToolHost(ctx.store(), tuple(globs), allow_restore, limit, workspace))
 
 
+@cli.command("ui")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (another than loopback lets others on the network try the token).")
+@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True,
+              help="Port to listen on (0: a free one).")
+@click.option("--no-browser", is_flag=True, help="Do not open a browser; only print the URL.")
+@pass_ctx
+def ui_command(ctx, host, port, no_browser):
+    """Serve a read-only web view of the store; its URL, with an access token, is the first line printed."""
+    try:
+        import jinja2  # noqa: F401 - the pages' templates; checked before listening
+    except ImportError:
+        raise AgentcasError("the web view needs Jinja2: pip install 'agentcas[ui]'") from None
+    from agentcas.ui.server import serve
+
+    def announce(url: str) -> None:
+        click.echo(url)
+        sys.stdout.flush()
+        click.echo("agentcas: serving a read-only view; Ctrl-C (SIGINT) or SIGTERM stops it", err=True)
+
+    serve(ctx.store(), host, port, not no_browser, announce)
+
+
 # --- drill (exchange helper) -----------------------------------------------------------------
 # (drill: commands go here)
 @cli.command()

@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
     if args.only:
         scripts = [s for s in scripts if any(o in os.path.basename(s) for o in args.only)]
     order = {"bench_store.py": 0, "bench_rollout.py": 1, "bench_langgraph.py": 2, "bench_step.py": 3,
-             "bench_harnesses.py": 4, "bench_mcp.py": 5, "bench_shared.py": 6}
+             "bench_harnesses.py": 4, "bench_mcp.py": 5, "bench_shared.py": 6, "bench_ui.py": 7}
     scripts.sort(key=lambda s: (order.get(os.path.basename(s), 9), s))
 
     lines = [f"# agentcas benchmarks ({'quick' if args.quick else 'full'})", "",

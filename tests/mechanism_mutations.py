@@ -219,6 +219,21 @@ MUTATIONS = {
            ["        if (seq, offset, digest) != (head.seq, head.offset, head.digest):\n"], ["        if False:\n"],
            ["tests/test_rollout.py::test_history_verify_refuses_a_head_position_that_lies_about_its_prefix[digest]",
             "tests/test_rollout.py::test_history_verify_refuses_a_head_position_that_lies_about_its_prefix[seq]"]),
+    # The web view (agentcas/ui/server.py, pages.py, lineage_view.py): each check removed in turn.
+    "Uh": ("agentcas/ui/server.py", ["        if not _host_allowed(self.server, self.headers.get(\"Host\")):\n"],
+           ["        if False:\n"], ["tests/test_ui.py::test_a_host_header_naming_another_server_is_refused"]),
+    "Ut": ("agentcas/ui/server.py", ["        if not hmac.compare_digest("], ["        if False and not hmac.compare_digest("],
+           ["tests/test_ui.py::test_without_a_token_401_with_a_wrong_one_403"]),
+    "Um": ("agentcas/ui/server.py", ["        if name.startswith(\"do_\"):\n"], ["        if False:\n"],
+           ["tests/test_ui.py::test_only_get_and_head"]),
+    "Ue": ("agentcas/ui/pages.py", ["autoescape=True"], ["autoescape=False"],
+           ["tests/test_ui.py::test_a_hostile_thread_name_is_text_everywhere",
+            "tests/test_ui.py::test_a_hostile_file_path_and_reason_are_text",
+            "tests/test_ui.py::test_record_text_in_a_replay_is_text"]),
+    "Uc": ("agentcas/ui/pages.py", ["        return escape_controls(value, lines=True)\n"], ["        return value\n"],
+           ["tests/test_ui.py::test_control_and_bidi_characters_are_shown_as_escapes"]),
+    "Uf": ("agentcas/ui/lineage_view.py", ["MAX_ROWS = 200\n"], ["MAX_ROWS = 100_000\n"],
+           ["tests/test_ui.py::test_lineage_is_folded_beyond_a_bound_with_the_way_to_unfold"]),
 }
 
 

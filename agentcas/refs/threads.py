@@ -102,9 +102,12 @@ def _key(name: str) -> bytes:
 # Ref rows decoded lately, by (key, exact row bytes): a writer reads the same few rows
 # several times per move (a LangGraph put: ~5), each an unseal, a canonical-JSON check and
 # a parse. A row's bytes verified once decode the same way again; a changed row is a new
-# key here. Bounded: dropped whole at _DECODED_MAX rows.
+# key here. A listing of every thread (lineage, the web view's pages, each a request in one
+# long-lived process) decodes each row once too while the store has fewer threads than the
+# bound (a row is ~0.3 ms to verify and parse: 1,000 threads were 300 ms a listing).
+# Bounded: dropped whole at _DECODED_MAX rows (~1 KiB each).
 _DECODED: dict[tuple[bytes, bytes], ThreadState] = {}
-_DECODED_MAX = 256
+_DECODED_MAX = 16_384
 
 
 def _decode_state(key: bytes, value) -> ThreadState:
