@@ -51,6 +51,7 @@ from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import EMPTY_POSITION, HistoryPosition, Tree, TreeEntry
 from agentcas.errors import ConflictError, IntegrityError
+from agentcas.refs.names import encode_component
 from agentcas.refs.threads import ForkOrigin, ThreadState
 
 ROOT = "langgraph"
@@ -82,8 +83,7 @@ class CorruptCheckpoint(IntegrityError):
 
 def _encode(text: str, safe=_SAFE) -> str:
     """Percent-encode every character outside `safe` (so '.', '/', ':' never reach a ref name)."""
-    return "".join(c if safe.fullmatch(c) else "".join(f"%{b:02X}" for b in c.encode("utf-8"))
-                   for c in text)
+    return encode_component(text, safe)
 
 
 def _component(text: str) -> str:

@@ -11,11 +11,15 @@ let it reorder or break the lines that show it (Trojan Source).
 
 from __future__ import annotations
 
+import re
+from urllib.parse import unquote
+
 from agentcas.errors import UsageError
 from agentcas.terminal_text import holds_controls
 
 MAX_THREAD_NAME = 200
 _FORBIDDEN = set(" ~^:?*[\\")
+_COMPONENT_SAFE = re.compile(r"[A-Za-z0-9_-]")
 
 
 class BadThreadName(UsageError):
@@ -51,3 +55,21 @@ def check_thread_name(name: str) -> str:
         if part.endswith(".lock"):
             bad("has a component ending with '.lock'")
     return name
+
+
+def encode_component(text: str, safe: re.Pattern = _COMPONENT_SAFE) -> str:
+    """`text` with every character outside `safe` percent-encoded as its UTF-8 bytes, so that a
+    framework's id ('.', '/', ':', spaces, anything) becomes one valid name component."""
+    return "".join(c if safe.fullmatch(c) else "".join(f"%{b:02X}" for b in c.encode("utf-8"))
+                   for c in text)
+
+
+def id_component(text: str) -> str:
+    """One reversible name component for an id: `encode_component`, and `%` alone for the
+    empty id (a real `%` is `%25`, so `%` alone is no other id's)."""
+    return encode_component(text) or "%"
+
+
+def id_of_component(component: str) -> str:
+    """The id `id_component` encoded."""
+    return "" if component == "%" else unquote(component, errors="strict")
