@@ -127,6 +127,12 @@ class RecordStore:
             return []
         return self.store.read_history(history, start, stop).splitlines()
 
+    def extends(self, history: HistoryPosition, known: HistoryPosition) -> bool:
+        """Whether the history at `history` begins with the one at `known` (prefix digests)."""
+        if known.seq > history.seq:
+            return False
+        return rollout.History(self.store.source).position(history, known.seq).digest == known.digest
+
     def reflog(self, thread: str) -> list[dict]:
         return self.store.reflog(thread)
 
