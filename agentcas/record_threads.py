@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from agentcas.cas.objects import EMPTY_POSITION, HistoryPosition
 from agentcas.errors import ConflictError, NotFound
-from agentcas.lineage import rollout
+from agentcas.lineage import checkpoints, rollout
 from agentcas.refs.threads import ThreadState
 
 # How often a change is rebuilt when the threads it read keep moving (each rebuild means
@@ -179,6 +179,9 @@ class RecordStore:
             history = rollout.History(view.objects).position(history, edit.seq)
             if history.segment is not None:  # a stored segment the new state relies on
                 view.needed.add(history.segment.raw)
+            if old is not None and old.checkpoint is not None:  # (a user's `agentcas commit` made one)
+                checkpoint = checkpoints.newest_at_or_before(view.objects, old.checkpoint, edit.seq)
+                return ThreadState(checkpoint, history, old.forked_from)
         return ThreadState(None if old is None else old.checkpoint, history,
                            None if old is None else old.forked_from)
 
