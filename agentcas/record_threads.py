@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from agentcas.cas.objects import EMPTY_POSITION, HistoryPosition
 from agentcas.errors import ConflictError, NotFound
 from agentcas.lineage import checkpoints, rollout
+from agentcas.refs.names import BadThreadName
 from agentcas.refs.threads import ThreadState
 
 # How often a change is rebuilt when the threads it read keep moving (each rebuild means
@@ -111,9 +112,10 @@ class RecordStore:
 
     # -- reads -------------------------------------------------------------------------------
     def state(self, thread: str) -> ThreadState | None:
+        """The thread's state; None if it is absent, or its name too long to exist."""
         try:
             return self.store.thread(thread)
-        except NotFound:
+        except (NotFound, BadThreadName):
             return None
 
     def states(self, prefix: str) -> dict[str, ThreadState]:
