@@ -354,3 +354,29 @@ def test_push_and_pull_carry_a_session_like_any_thread(tmp_path, clock):
         return session
     session = asyncio.run(read())
     assert session.state == {"k": 1} and [e.id for e in session.events] == ["e0"]
+
+
+def test_gc_keeps_a_fork_whole_after_its_source_is_deleted(tmp_path, clock):
+    path = tmp_path / "st"
+
+    async def build():
+        service = AgentcasSessionService(str(path))
+        source = await service.create_session(app_name="app", user_id="u", session_id="src", state={"k": -1})
+        for n in range(4):
+            await service.append_event(source, event(n, {"k": n}))
+        await service.fork_session("app", "u", "src", "kept", at_event_id="e2")
+        await service.delete_session(app_name="app", user_id="u", session_id="src")
+        service.close()
+    asyncio.run(build())
+    assert run_cli("gc", "--grace", "0s", "--expire-reflog", "now", store=path).code == 0
+
+    async def read():
+        service = AgentcasSessionService(str(path))
+        fork = await service.get_session(app_name="app", user_id="u", session_id="kept")
+        listed = await service.list_sessions(app_name="app", user_id="u")
+        service.close()
+        return fork, listed
+    fork, listed = asyncio.run(read())
+    assert [e.id for e in fork.events] == ["e0", "e1", "e2"] and fork.state == {"k": 2}
+    assert [s.id for s in listed.sessions] == ["kept"]
+    assert run_cli("fsck", store=path).code == 0

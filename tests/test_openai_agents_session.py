@@ -350,3 +350,29 @@ def test_push_pull_and_export_carry_a_session_like_any_thread(tmp_path):
         return items
     assert asyncio.run(pop_after_commit()) == [message(0), message(1), message(2), {"after": 1}]
     assert run_cli("fsck", store=laptop).code == 0
+
+
+def test_gc_keeps_what_a_fork_shares_after_its_source_is_cleared(tmp_path):
+    path = tmp_path / "st"
+
+    async def build():
+        source = AgentcasSession("src", str(path))
+        await source.add_items([message(i) for i in range(6)])
+        source.fork("kept", at=4)
+        await source.clear_session()
+        await source.add_items([{"new": 1}])
+        source.close()
+    asyncio.run(build())
+    gc = run_cli("gc", "--grace", "0s", "--expire-reflog", "now", store=path)
+    assert gc.code == 0, gc
+
+    async def read():
+        fork = AgentcasSession("kept", str(path))
+        items = await fork.get_items()
+        fork.close()
+        source = AgentcasSession("src", str(path))
+        rest = await source.get_items()
+        source.close()
+        return items, rest
+    assert asyncio.run(read()) == ([message(i) for i in range(4)], [{"new": 1}])
+    assert run_cli("fsck", store=path).code == 0
