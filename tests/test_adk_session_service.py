@@ -268,6 +268,37 @@ def test_adk_rewind_works_on_a_fork_as_on_adk_own_service(tmp_path, clock):
     asyncio.run(go())
 
 
+def test_an_adk_runner_sees_the_same_session_as_with_in_memory_service(tmp_path, clock):
+    """The one-line switch: Runner.run_async with a scripted model, once on
+    InMemorySessionService and once on AgentcasSessionService: the same stored sessions."""
+    from google.adk.models.base_llm import BaseLlm
+    from google.adk.models.llm_response import LlmResponse
+
+    class ScriptedLlm(BaseLlm):
+        async def generate_content_async(self, llm_request, stream=False):
+            said = sum(1 for c in llm_request.contents if c.role == "model")
+            yield LlmResponse(content=types.Content(role="model", parts=[types.Part(text=f"answer {said}")]))
+
+    async def conversation(service):
+        clock.ids, clock.now = itertools.count(), 1000.0
+        agent = LlmAgent(name="agent", model=ScriptedLlm(model="scripted"), output_key="last_answer")
+        runner = Runner(app_name="app", agent=agent, session_service=service)
+        await service.create_session(app_name="app", user_id="u", session_id="s", state={"user:lang": "en"})
+        for text in ("hi", "again"):
+            clock.now += 1
+            async for _ in runner.run_async(user_id="u", session_id="s",
+                                            new_message=types.Content(role="user", parts=[types.Part(text=text)])):
+                pass
+        return shape(await service.get_session(app_name="app", user_id="u", session_id="s"))
+
+    async def both():
+        return await conversation(AgentcasSessionService(str(tmp_path / "st"))), \
+            await conversation(InMemorySessionService())
+    got, want = asyncio.run(both())
+    assert got == want
+    assert got["state"]["last_answer"] == "answer 1" and len(got["events"]) == 4
+
+
 # -- several processes, one session -------------------------------------------------------------
 _WRITER = """
 import asyncio, os, sys, time

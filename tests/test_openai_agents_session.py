@@ -142,6 +142,36 @@ def test_store_work_runs_off_the_event_loop(tmp_path, monkeypatch):
     session.close()
 
 
+def test_the_sdk_runner_sees_the_same_conversation_as_with_sqlite_session(tmp_path):
+    """The one-line switch: Runner.run with a scripted model (the SDK's own test double),
+    once on SQLiteSession and once on AgentcasSession: the same model inputs, the same items."""
+    from agents import Agent, Runner, set_tracing_disabled
+    from agents.testing import ScriptedModel, assistant_message
+    set_tracing_disabled(True)
+
+    async def conversation(session):
+        model = ScriptedModel([[assistant_message("one", item_id="m1")], [assistant_message("two", item_id="m2")],
+                               [assistant_message("three", item_id="m3")]])
+        agent = Agent(name="assistant", model=model)
+        await Runner.run(agent, "hi", session=session)
+        await Runner.run(agent, "again", session=session)
+        await session.pop_item()
+        await Runner.run(agent, "once more", session=session)
+        return [call.input for call in model.calls], await session.get_items()
+
+    async def both():
+        reference = SQLiteSession("chat")
+        want = await conversation(reference)
+        reference.close()
+        ours = AgentcasSession("chat", str(tmp_path / "st"))
+        got = await conversation(ours)
+        ours.close()
+        return got, want
+    got, want = asyncio.run(both())
+    assert got == want
+    assert len(got[1]) == 5 and got[0][2][-1]["content"] == "once more"
+
+
 # -- changes are moves; the removed items stay as evidence --------------------------------------
 def test_each_change_is_one_move_and_popped_items_stay_in_the_reflog(tmp_path):
     path = tmp_path / "st"
