@@ -8,7 +8,8 @@ event, and no checkpoint. Everything they do is built from four moves on such th
 - cut a thread back to its first `seq` records (its history position after them: the
   records past the cut stay in the store, named by the reflog entry before the cut),
 - delete a thread,
-- fork a thread at a seq (`Store.fork`: one position shared, nothing copied).
+- fork a thread at a seq (`Store.fork`: one position shared, nothing copied),
+- checkpoint a thread as it is (an empty tree, its history: what `export` and `sign` name).
 
 How a change lands: `RecordStore.change(what, build)` calls `build(snapshot)`, which reads
 the states it needs through the snapshot and returns the edits (appends, cuts, deletes) of
@@ -25,9 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from agentcas.cas.objects import EMPTY_POSITION, HistoryPosition
+from agentcas.cas.objects import EMPTY_POSITION, HistoryPosition, check_reason
 from agentcas.errors import ConflictError, NotFound
 from agentcas.lineage import checkpoints, rollout
 from agentcas.refs.names import BadThreadName
@@ -64,6 +65,19 @@ class Cut:
     thread: str
     seq: int
     message: str
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Make a checkpoint of `thread` at its head: an empty tree, the thread's history.
+    `made` holds its id once landed."""
+
+    thread: str
+    reason: str
+    made: list = field(default_factory=list)
+
+    def __post_init__(self):
+        check_reason(self.reason)  # UsageError before anything is stored
 
 
 @dataclass(frozen=True)
@@ -158,6 +172,7 @@ class RecordStore:
     def _land(self, what: str, read: dict, edits: list) -> None:
         with self.store.lineage_writer(what) as writer:
             prepared = {id(edit): writer.prepare_records(edit.data) for edit in edits if isinstance(edit, Append)}
+            empty_tree = writer.store_tree({}) if any(isinstance(edit, Checkpoint) for edit in edits) else None
 
             def plan(view):
                 for name, state in read.items():
@@ -165,6 +180,9 @@ class RecordStore:
                         raise _Moved()
                 for edit in edits:
                     old = view.thread(edit.thread)
+                    if isinstance(edit, Checkpoint):
+                        self._commit(view, old, edit, empty_tree)
+                        continue
                     view.set_thread(edit.thread, old, self._moved_state(view, old, edit, prepared),
                                     *self._action(edit))
 
@@ -186,6 +204,15 @@ class RecordStore:
                 return ThreadState(checkpoint, history, old.forked_from)
         return ThreadState(None if old is None else old.checkpoint, history,
                            None if old is None else old.forked_from)
+
+    @staticmethod
+    def _commit(view, old: ThreadState, edit: Checkpoint, tree) -> None:
+        from agentcas.repository import default_author
+        parents = () if old.checkpoint is None else (old.checkpoint,)
+        digest = view.commit(edit.thread, tree, parents, edit.reason, old.history, default_author())
+        edit.made[:] = [digest]  # (a re-plan replaces it)
+        view.set_thread(edit.thread, old, ThreadState(digest, old.history, old.forked_from), "commit",
+                        edit.reason, history_implied=True)
 
     @staticmethod
     def _action(edit) -> tuple[str, str]:

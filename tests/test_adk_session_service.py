@@ -365,7 +365,7 @@ def test_sessions_on_a_shared_store_are_seen_by_another_machine(tmp_path, s3_url
     asyncio.run(go())
 
 
-def test_push_and_pull_carry_a_session_like_any_thread(tmp_path, clock):
+def test_push_pull_and_export_carry_a_session_like_any_thread(tmp_path, clock):
     laptop, team = tmp_path / "laptop", tmp_path / "team"
 
     async def fill():
@@ -385,6 +385,30 @@ def test_push_and_pull_carry_a_session_like_any_thread(tmp_path, clock):
         return session
     session = asyncio.run(read())
     assert session.state == {"k": 1} and [e.id for e in session.events] == ["e0"]
+
+    async def checkpoint():
+        service = AgentcasSessionService(str(laptop))
+        with pytest.raises(SessionNotFoundError):
+            await service.checkpoint_session("app", "u", "missing")
+        made = await service.checkpoint_session("app", "u", "s", "hand over")
+        session = await service.get_session(app_name="app", user_id="u", session_id="s")
+        await service.append_event(session, event(1, {"k": 2}))  # the session carries on after it
+        service.close()
+        return made
+    made = asyncio.run(checkpoint())
+    assert run_cli("--json", "show", "adk/app/u/s", store=laptop).json()["checkpoint"] == made
+    assert run_cli("export", made, "-o", tmp_path / "s.bundle", store=laptop).code == 0
+    other = tmp_path / "other"
+    assert run_cli("init", other).code == 0
+    assert run_cli("import", tmp_path / "s.bundle", "--allow-unsigned", store=other).code == 0
+
+    async def read_other():
+        service = AgentcasSessionService(str(other))
+        session = await service.get_session(app_name="app", user_id="u", session_id="s")
+        service.close()
+        return session
+    imported = asyncio.run(read_other())
+    assert imported.state == {"k": 1} and [e.id for e in imported.events] == ["e0"]
 
 
 def test_gc_keeps_a_fork_whole_after_its_source_is_deleted(tmp_path, clock):

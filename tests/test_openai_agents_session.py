@@ -342,7 +342,7 @@ def test_a_session_on_a_shared_store_is_seen_by_another_machine(tmp_path, s3_url
     asyncio.run(go())
 
 
-def test_push_pull_and_export_carry_a_session_like_any_thread(tmp_path):
+def test_push_pull_and_a_signed_export_carry_a_session_like_any_thread(tmp_path):
     laptop, team = tmp_path / "laptop", tmp_path / "team"
 
     async def fill():
@@ -361,14 +361,22 @@ def test_push_pull_and_export_carry_a_session_like_any_thread(tmp_path):
         return items
     assert asyncio.run(read(team)) == [message(i) for i in range(4)]
 
-    # export and sign name a checkpoint: an empty commit makes one that holds the session
-    (tmp_path / "empty").mkdir()
-    assert run_cli("commit", tmp_path / "empty", "-m", "hand over", "--thread", "openai-agents/s",
+    # export and sign name a checkpoint: the session makes one that holds it as it is
+    async def checkpoint():
+        session = AgentcasSession("s", str(laptop))
+        made = await session.checkpoint("hand over")
+        session.close()
+        return made
+    made = asyncio.run(checkpoint())
+    shown = run_cli("--json", "show", "openai-agents/s", store=laptop).json()
+    assert shown["checkpoint"] == made and shown["reason"] == "hand over" and shown["history"]["seq"] == 4
+    assert run_cli("keygen", "alice", "--out", tmp_path).code == 0
+    assert run_cli("export", "openai-agents/s", "-o", tmp_path / "s.bundle", "--sign", tmp_path / "alice.key",
                    store=laptop).code == 0
-    assert run_cli("export", "openai-agents/s", "-o", tmp_path / "s.bundle", store=laptop).code == 0
     other = tmp_path / "other"
     assert run_cli("init", other).code == 0
-    assert run_cli("import", tmp_path / "s.bundle", "--allow-unsigned", store=other).code == 0
+    assert run_cli("trust", "add", "alice", tmp_path / "alice.pub", store=other).code == 0
+    assert run_cli("import", tmp_path / "s.bundle", store=other).code == 0
     assert asyncio.run(read(other)) == [message(i) for i in range(4)]
 
     async def pop_after_commit():  # a move back past the checkpoint keeps the thread consistent
@@ -406,3 +414,21 @@ def test_gc_keeps_what_a_fork_shares_after_its_source_is_cleared(tmp_path):
         return items, rest
     assert asyncio.run(read()) == ([message(i) for i in range(4)], [{"new": 1}])
     assert run_cli("fsck", store=path).code == 0
+
+
+def test_a_bad_checkpoint_is_refused_and_changes_nothing(tmp_path):
+    from agentcas.errors import UsageError
+    store, _ = Store.init(str(tmp_path / "st"))
+
+    async def go():
+        session = AgentcasSession("s", store)
+        with pytest.raises(ValueError):
+            await session.checkpoint()  # nothing stored yet
+        await session.add_items([{"a": 1}])
+        before = store.reflog(session.thread)
+        for reason in ("", " ", "x" * 513):
+            with pytest.raises(UsageError):
+                await session.checkpoint(reason)
+        assert store.reflog(session.thread) == before and store.thread(session.thread).checkpoint is None
+    asyncio.run(go())
+    store.close()

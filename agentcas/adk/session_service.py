@@ -47,7 +47,7 @@ from google.adk.sessions.state import State
 
 from agentcas.cas.objects import HistoryPosition
 from agentcas.errors import ConflictError
-from agentcas.record_threads import Append, Delete, RecordStore, in_thread, to_completion
+from agentcas.record_threads import Append, Checkpoint, Delete, RecordStore, in_thread, to_completion
 from agentcas.refs.names import id_component, id_of_component
 
 ROOT = "adk"
@@ -197,6 +197,22 @@ class AgentcasSessionService(BaseSessionService):
         """
         return await to_completion(self._fork, app_name, user_id, session_id.strip(),
                                    (new_session_id or "").strip() or platform_uuid.new_uuid(), at_event_id)
+
+    async def checkpoint_session(self, app_name: str, user_id: str, session_id: str,
+                                 reason: str = "session checkpoint") -> str:
+        """Make an agentcas checkpoint of the session as it is (an empty tree and its records),
+        for `agentcas export` and `sign`, which name a checkpoint; its id (hex). Raises
+        SessionNotFoundError, or agentcas's UsageError for a bad reason (1..512 characters)."""
+        thread = session_thread(app_name, user_id, session_id.strip())
+        checkpoint = Checkpoint(thread, reason)
+
+        def build(snapshot):
+            if snapshot.state(thread) is None:
+                raise SessionNotFoundError(f"Session {session_id} not found.")
+            return [checkpoint], None
+
+        await to_completion(self._records.change, f"checkpoint {thread}", build)
+        return checkpoint.made[0].hex()
 
     def _fork(self, app_name, user_id, session_id, new_session_id, at_event_id) -> Session:
         source = session_thread(app_name, user_id, session_id)

@@ -12,7 +12,9 @@ history record may not.
   `agentcas revert` does: the removed items stay in the store, named by the reflog entry
   before the move (`agentcas rollout cat openai-agents/S@{1}`);
 - fork(new_id, at) is `agentcas fork`: the new thread shares the first `at` records (one
-  history position, nothing copied) and `agentcas lineage` shows it under its source.
+  history position, nothing copied) and `agentcas lineage` shows it under its source;
+- checkpoint(reason) makes an agentcas checkpoint of the session as it is (an empty tree and
+  the history), which `agentcas export` and `sign` name.
 
 Every call that changes the session is one ref move by compare-and-swap (agentcas/
 record_threads.py): several processes adding to one session all land, none lost. The
@@ -27,7 +29,7 @@ from typing import Any
 from agents.memory.session import SessionABC
 from agents.memory.session_settings import SessionSettings, coerce_session_settings, resolve_session_limit
 
-from agentcas.record_threads import Cut, Append, RecordStore, in_thread, to_completion
+from agentcas.record_threads import Append, Checkpoint, Cut, RecordStore, in_thread, to_completion
 from agentcas.refs.names import id_component
 
 ROOT = "openai-agents"
@@ -134,6 +136,22 @@ class AgentcasSession(SessionABC):
 
     async def _itself(self) -> "AgentcasSession":
         return self
+
+    async def checkpoint(self, reason: str = "session checkpoint") -> str:
+        """Make an agentcas checkpoint of the session as it is (an empty tree and the items'
+        history), for `agentcas export` and `sign`, which name a checkpoint; its id (hex).
+        Raises ValueError if nothing was ever stored in the session, agentcas's UsageError for
+        a bad reason (1..512 characters)."""
+        self._check_open()
+        checkpoint = Checkpoint(self.thread, reason)
+
+        def build(snapshot):
+            if snapshot.state(self.thread) is None:
+                raise ValueError(f"session {self.session_id!r} has nothing stored to checkpoint")
+            return [checkpoint], None
+
+        await to_completion(self._records.change, f"checkpoint {self.thread}", build)
+        return checkpoint.made[0].hex()
 
     # -- store work (worker threads) ---------------------------------------------------------
     def _get_items(self, limit: int | None) -> list:
