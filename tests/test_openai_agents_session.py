@@ -236,6 +236,36 @@ def test_a_fork_shares_a_prefix_and_each_side_goes_its_own_way(tmp_path):
     assert children == {"openai-agents/alt": 3, "openai-agents/copy": 6}
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(before=calls, at=st.none() | st.integers(0, 12), after=st.lists(st.tuples(st.booleans(), calls), max_size=4))
+def test_a_fork_answers_as_a_copy_of_its_source_prefix_would(before, at, after):
+    """Reference: a second SQLiteSession holding a copy of the source's first `at` items;
+    then calls on either side must answer alike, and neither side sees the other's."""
+    store = Store.memory()
+
+    async def both():
+        ours, reference = AgentcasSession("s", store), SQLiteSession("s")
+        for op in before:
+            assert await call(ours, op) == await call(reference, op), op
+        items = await reference.get_items()
+        cut = None if at is None else min(at, len(items))
+        ours_fork = ours.fork("f", at=cut)
+        reference_fork = SQLiteSession("f")
+        await reference_fork.add_items(items[:len(items) if cut is None else cut])
+        try:
+            for on_fork, ops in after:
+                pair = (ours_fork, reference_fork) if on_fork else (ours, reference)
+                for op in ops:
+                    assert await call(pair[0], op) == await call(pair[1], op), op
+            assert await ours.get_items() == await reference.get_items()
+            assert await ours_fork.get_items() == await reference_fork.get_items()
+        finally:
+            reference.close()
+            reference_fork.close()
+
+    asyncio.run(both())
+
+
 def test_a_fork_of_a_long_session_stores_a_position_not_a_copy(tmp_path):
     store, _ = Store.init(str(tmp_path / "st"))
 
