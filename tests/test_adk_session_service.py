@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import subprocess
-import sys
 
 import pytest
 

@@ -29,6 +29,7 @@ from typing import Any
 from agents.memory.session import SessionABC
 from agents.memory.session_settings import SessionSettings, coerce_session_settings, resolve_session_limit
 
+from agentcas.errors import ConflictError
 from agentcas.record_threads import Append, Checkpoint, Cut, RecordStore, in_thread, to_completion
 from agentcas.refs.names import id_component
 
@@ -124,7 +125,6 @@ class AgentcasSession(SessionABC):
             raise ValueError(f"at={at} is beyond the {count} items of session {self.session_id!r}")
         if state is None:  # nothing stored yet: the fork is a new empty session
             if self._records.state(target) is not None:
-                from agentcas.errors import ConflictError
                 raise ConflictError(f"thread {target!r} already exists")
         else:
             self._records.fork(self.thread, target, at)
