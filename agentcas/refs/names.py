@@ -12,7 +12,6 @@ let it reorder or break the lines that show it (Trojan Source).
 from __future__ import annotations
 
 import re
-from urllib.parse import unquote
 
 from agentcas.errors import UsageError
 from agentcas.terminal_text import holds_controls
@@ -72,4 +71,5 @@ def id_component(text: str) -> str:
 
 def id_of_component(component: str) -> str:
     """The id `id_component` encoded."""
+    from urllib.parse import unquote  # lazy: every command checks names, few decode ids
     return "" if component == "%" else unquote(component, errors="strict")
