@@ -155,6 +155,11 @@ MUTATIONS = {
            ["            pass\n"],
            ["tests/test_gc_markset.py::test_markset_spills_past_its_budget_and_finds_every_id_in_both_tables",
             "tests/test_gc_markset.py::test_gc_with_a_tiny_memory_budget_deletes_exactly_the_garbage_on_lmdb"]),
+    # A session change (record_threads.py) lands only on the states its build read, else is rebuilt.
+    "Sr": ("agentcas/record_threads.py", ["                    if view.thread(name) != state:\n"],
+           ["                    if False:\n"],
+           ["tests/test_openai_agents_session.py::"
+            "test_a_pop_rebuilds_when_an_add_lands_between_its_read_and_its_landing"]),
 }
 
 

@@ -197,6 +197,33 @@ def test_each_change_is_one_move_and_popped_items_stay_in_the_reflog(tmp_path):
     assert [json.loads(line)["i"] for line in cleared.out.splitlines()] == [message(0), message(1)]
 
 
+def test_a_pop_rebuilds_when_an_add_lands_between_its_read_and_its_landing(tmp_path):
+    """A pop read the session (3 items), then another writer added a 4th before the pop's
+    compare-and-swap: the pop must start again and remove the 4th, not cut the session back
+    to 2 items built on what it read (which would lose the 3rd and the 4th)."""
+    from agentcas import testing_hooks
+    from agentcas.record_threads import Append, RecordStore
+    from agentcas.openai_agents.session import _record
+    store, _ = Store.init(str(tmp_path / "st"))
+    other = RecordStore(store)
+    raced = []
+
+    def add_meanwhile():
+        if not raced:
+            raced.append(True)
+            other.change("add", lambda snapshot: ([Append("openai-agents/s", _record({"n": 3}), "add")], None))
+
+    async def go():
+        session = AgentcasSession("s", store)
+        await session.add_items([{"n": 0}, {"n": 1}, {"n": 2}])
+        with testing_hooks.on("group.before_land", add_meanwhile):
+            popped = await session.pop_item()
+        return popped, await session.get_items()
+    popped, left = asyncio.run(go())
+    assert raced and popped == {"n": 3} and left == [{"n": 0}, {"n": 1}, {"n": 2}]
+    store.close()
+
+
 def test_a_new_session_object_on_the_same_store_sees_the_items(tmp_path):
     async def go():
         first = AgentcasSession("s", str(tmp_path / "st"))
