@@ -201,6 +201,38 @@ def test_a_fork_holds_the_events_up_to_one_and_the_state_they_produce(tmp_path, 
     assert {c["thread"] for c in lineage["threads"][0]["children"]} == {"adk/app/u/alt", "adk/app/u/id-0"}
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(initial=states, deltas=st.lists(states, min_size=1, max_size=6), at=st.integers(0, 5),
+       after=st.lists(st.tuples(st.booleans(), states), max_size=5))
+def test_a_fork_answers_as_a_session_replaying_its_source_events_would(initial, deltas, at, after, clock):
+    """Reference: an InMemorySessionService session created with the same initial state that
+    is given the source's events up to the fork point; then appends on either side."""
+    async def go():
+        ours, reference = AgentcasSessionService(Store.memory()), InMemorySessionService()
+        source = await ours.create_session(app_name="app", user_id="u", session_id="src", state=initial)
+        expected = await reference.create_session(app_name="app", user_id="u", session_id="fork", state=initial)
+        reference_source = await reference.create_session(app_name="app", user_id="u", session_id="src",
+                                                          state=initial)
+        cut = min(at, len(deltas) - 1)
+        for n, delta in enumerate(deltas):
+            await ours.append_event(source, event(n, delta))
+            await reference.append_event(reference_source, event(n, delta))
+            if n <= cut:  # right after, so that app and user state see each delta in one order
+                await reference.append_event(expected, event(n, delta))
+        fork = await ours.fork_session("app", "u", "src", "fork", at_event_id=f"e{cut}")
+        sessions = {True: (fork, expected), False: (source, reference_source)}
+        for n, (on_fork, delta) in enumerate(after, start=100):
+            mine, theirs = sessions[on_fork]
+            await ours.append_event(mine, event(n, delta))
+            await reference.append_event(theirs, event(n, delta))
+        for sid in ("src", "fork"):
+            got = await ours.get_session(app_name="app", user_id="u", session_id=sid)
+            want = await reference.get_session(app_name="app", user_id="u", session_id=sid)
+            assert shape(got) == shape(want), sid
+    asyncio.run(go())
+
+
 def test_bad_forks_are_refused_and_change_nothing(tmp_path, clock):
     store, _ = Store.init(str(tmp_path / "st"))
 
