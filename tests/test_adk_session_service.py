@@ -465,3 +465,27 @@ def test_gc_keeps_a_fork_whole_after_its_source_is_deleted(tmp_path, clock):
     assert [e.id for e in fork.events] == ["e0", "e1", "e2"] and fork.state == {"k": 2}
     assert [s.id for s in listed.sessions] == ["kept"]
     assert run_cli("fsck", store=path).code == 0
+
+
+def test_a_record_appended_by_hand_is_not_an_event_and_forks_still_cut_at_their_event(tmp_path, clock):
+    path = tmp_path / "st"
+
+    async def build():
+        service = AgentcasSessionService(str(path))
+        session = await service.create_session(app_name="app", user_id="u", session_id="s")
+        await service.append_event(session, event(0, {"k": 0}))
+        service.close()
+
+    async def more():
+        service = AgentcasSessionService(str(path))
+        session = await service.get_session(app_name="app", user_id="u", session_id="s")
+        await service.append_event(session, event(1, {"k": 1}))
+        fork = await service.fork_session("app", "u", "s", "f", at_event_id="e1")
+        got = await service.get_session(app_name="app", user_id="u", session_id="s")
+        service.close()
+        return fork, got
+    asyncio.run(build())
+    assert run_cli("rollout", "append", "adk/app/u/s", "-", input='{"note": "by hand"}\n', store=path).code == 0
+    fork, got = asyncio.run(more())
+    assert [e.id for e in got.events] == [e.id for e in fork.events] == ["e0", "e1"]
+    assert fork.state == got.state == {"k": 1}

@@ -85,14 +85,19 @@ class _Stored:
     state: dict = field(default_factory=dict)     # session-scoped state after the events
     events: list = field(default_factory=list)    # event JSON documents
     last_update_time: float = 0.0
+    event_seqs: list = field(default_factory=list)  # the history seq of each event's record
 
-    def add(self, record: dict) -> None:
-        if record.get("k") == "session":
+    def add(self, record: dict, seq: int) -> None:
+        kind = record.get("k")
+        if kind == "session":
             self.created = self.last_update_time = record["time"]
             self.state = dict(record["state"])
             return
+        if kind != "event":
+            return  # a record of another kind (appended by hand): not part of the session
         event = record["event"]
         self.events.append(event)
+        self.event_seqs.append(seq)
         self.last_update_time = event["timestamp"]
         for key, value in (event.get("actions") or {}).get("state_delta", {}).items():
             if _is_session_key(key):
@@ -222,11 +227,11 @@ class AgentcasSessionService(BaseSessionService):
             raise SessionNotFoundError(f"Session {session_id} not found.")
         at = None
         if at_event_id is not None:
-            events = self._stored(source, state.history).events
-            index = next((i for i, e in enumerate(events) if e.get("id") == at_event_id), None)
+            stored = self._stored(source, state.history)
+            index = next((i for i, e in enumerate(stored.events) if e.get("id") == at_event_id), None)
             if index is None:
                 raise NotFoundError(f"Event {at_event_id} not found in session {session_id}.")
-            at = index + 2  # the session record, then events 0..index
+            at = stored.event_seqs[index] + 1  # the records up to and including that event's
         if self._records.state(target) is not None:
             raise AlreadyExistsError(f"Session with id {new_session_id} already exists.")
         try:
@@ -246,12 +251,12 @@ class AgentcasSessionService(BaseSessionService):
         if cached is not None and cached.history.seq < history.seq \
                 and self._records.extends(history, cached.history):
             stored = _Stored(history, cached.created, dict(cached.state), list(cached.events),
-                             cached.last_update_time)
+                             cached.last_update_time, list(cached.event_seqs))
             start = cached.history.seq
         else:
             stored, start = _Stored(history, 0.0), 0
-        for line in self._records.lines(history, start, history.seq):
-            stored.add(json.loads(line))
+        for seq, line in enumerate(self._records.lines(history, start, history.seq), start):
+            stored.add(json.loads(line), seq)
         with self._cache_lock:
             self._cache[thread] = stored
         return stored
