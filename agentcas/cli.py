@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from agentcas import __version__
+from agentcas import __version__, gc_defaults
 from agentcas.errors import AgentcasError, UsageError
 from agentcas.terminal_text import escape_controls
 
@@ -34,29 +34,35 @@ class Context:
     def check_refs(self, path: str) -> None:
         """`--refs` names the refs of an s3:// store; given with a directory store it would
         be ignored, and the user would think the commit went to the team's store."""
-        if self.refs_flag and not path.startswith("s3://"):
+        from agentcas.cas.backends import is_shared_url
+        if self.refs_flag and not is_shared_url(path):
             raise UsageError(f"--refs is only for an s3://BUCKET/PREFIX store, and {path} is a directory "
                              "store; nothing was done")
 
     def store(self) -> Store:
         if self._store is None:
             # Lazy: --help, --version and usage errors need no store (~50 ms of imports).
+            from agentcas.cas.backends import is_shared_url
             from agentcas.repository import STORE_DIR, Store, find_store
             path = self.store_path or os.environ.get("AGENTCAS_STORE") or find_store()
             if not path:
                 raise AgentcasError(f"no store found: use --store DIR, set AGENTCAS_STORE, "
                                     f"or run 'agentcas init' to create ./{STORE_DIR}")
             self.check_refs(path)
-            if str(path).startswith("s3://"):  # before the request pool's threads start
+            if is_shared_url(path):  # before the request pool's threads start
                 from agentcas.cas.blobstore.s3 import cap_malloc_arenas
                 cap_malloc_arenas()
             self._store = Store.open(path, refs=self.refs)
         return self._store
 
     def emit(self, doc, text: str | None = None) -> None:
-        """Print `doc` as JSON with --json, else `text` (or a readable rendering of doc)."""
+        """Print `doc` (a typed result, or a document of them) as JSON with --json, else `text`.
+
+        The one place a command's result becomes output: its JSON is the result's
+        `to_json()` (agentcas/result.py), its text what the command rendered from its fields."""
         if self.as_json:
-            click.echo(json.dumps(doc, indent=2, ensure_ascii=False, sort_keys=True))
+            from agentcas.result import json_value
+            click.echo(json.dumps(json_value(doc), indent=2, ensure_ascii=False, sort_keys=True))
         elif text is not None:
             click.echo(escape_controls(text, lines=True))
 
@@ -132,12 +138,12 @@ def init(ctx, directory):
 def commit(ctx, path, reason, thread, rollout_file, expect, allow_secrets):
     """Snapshot the workspace PATH as a checkpoint on a thread."""
     with Progress("commit") as progress:
-        result = ctx.store().commit(path, reason, thread, rollout_file, expect, allow_secrets,
-                                    progress=progress)
-    extra = f", {result['appended_records']} rollout records" if rollout_file else ""
-    ctx.emit(result, f"[{thread} {result['checkpoint'][:12]}] {reason}\n"
-                     f" {result['files']} files, {result['bytes']} bytes ({result['cached_files']} unchanged), "
-                     f"{result['new_objects']} new objects, {result['new_bytes']} bytes stored{extra}")
+        result = ctx.store().checkpoints.commit(path, reason, thread, rollout_file, expect, allow_secrets,
+                                                progress=progress)
+    extra = f", {result.appended_records} rollout records" if rollout_file else ""
+    ctx.emit(result, f"[{thread} {result.checkpoint[:12]}] {reason}\n"
+                     f" {result.files} files, {result.bytes} bytes ({result.cached_files} unchanged), "
+                     f"{result.new_objects} new objects, {result.new_bytes} bytes stored{extra}")
 
 
 @cli.command()
@@ -147,10 +153,10 @@ def commit(ctx, path, reason, thread, rollout_file, expect, allow_secrets):
 def checkout(ctx, rev, dest):
     """Restore checkpoint REV into DEST, which must not exist."""
     with Progress("checkout") as progress:
-        result = ctx.store().checkout(rev, dest, progress=progress)
-    ctx.emit(result, f"Checked out {result['checkpoint'][:12]} into {result['dest']} ({result['files']} files)")
+        result = ctx.store().checkpoints.checkout(rev, dest, progress=progress)
+    ctx.emit(result, f"Checked out {result.checkpoint[:12]} into {result.dest} ({result.files} files)")
     if not ctx.as_json:
-        _print_open_effects(result["effects"], "checkout")
+        _print_open_effects(result.effects, "checkout")
 
 
 @cli.command()
@@ -159,17 +165,17 @@ def checkout(ctx, rev, dest):
 @pass_ctx
 def show(ctx, rev, files):
     """Show a checkpoint."""
-    doc = ctx.store().show(rev, files)
-    lines = [f"checkpoint {doc['checkpoint']}", f"thread     {doc['thread']}", f"tree       {doc['tree']}"]
-    lines += [f"parent     {p}" for p in doc["parents"]]
-    lines += [f"author     {doc['author']}", f"date       {doc['created_at']}",
-              f"history    seq {doc['history']['seq']}, {doc['history']['offset']} bytes, "
-              f"digest {doc['history']['digest'][:16]}",
-              "runtime    " + ", ".join(f"{k} {v}" for k, v in sorted(doc["runtime"].items())),
-              "", "    " + doc["reason"]]
+    doc = ctx.store().checkpoints.show(rev, files)
+    lines = [f"checkpoint {doc.checkpoint}", f"thread     {doc.thread}", f"tree       {doc.tree}"]
+    lines += [f"parent     {p}" for p in doc.parents]
+    lines += [f"author     {doc.author}", f"date       {doc.created_at}",
+              f"history    seq {doc.history.seq}, {doc.history.offset} bytes, "
+              f"digest {doc.history.digest.hex()[:16]}",
+              "runtime    " + ", ".join(f"{k} {v}" for k, v in sorted(doc.runtime.items())),
+              "", "    " + doc.reason]
     if files:
         lines.append("")
-        lines += [f"{f['mode']:04o} {f['size']:>12} {f['id'][:16]}  {f['path']}" for f in doc["files"]]
+        lines += [f"{f.mode:04o} {f.size:>12} {f.id[:16]}  {f.path}" for f in doc.files]
     ctx.emit(doc, "\n".join(lines))
 
 
@@ -179,8 +185,8 @@ def show(ctx, rev, files):
 @pass_ctx
 def log(ctx, thread, limit):
     """List a thread's checkpoints, newest first, with their history positions."""
-    entries = ctx.store().log(thread, limit)
-    text = "\n".join(f"{e['checkpoint'][:12]} {e['created_at'][:19]} seq {e['history']['seq']:>7}  {e['reason']}"
+    entries = ctx.store().threads.log(thread, limit)
+    text = "\n".join(f"{e.checkpoint[:12]} {e.created_at[:19]} seq {e.history.seq:>7}  {e.reason}"
                      for e in entries)
     ctx.emit({"thread": thread or "main", "checkpoints": entries}, text)
 
@@ -191,14 +197,14 @@ def log(ctx, thread, limit):
 @pass_ctx
 def diff(ctx, rev1, rev2):
     """Files added, removed and changed, and rollout records added, from REV1 to REV2."""
-    d = ctx.store().diff(rev1, rev2)
-    lines = [f"A {f['path']} ({f['size']} bytes)" for f in d["added"]]
-    lines += [f"D {f['path']} ({f['size']} bytes)" for f in d["removed"]]
-    lines += [f"M {f['path']} ({f['old_size']} -> {f['new_size']} bytes)" for f in d["changed"]]
-    r = d["records"]
-    lines.append(f"rollout: {r['added']} records added (seq {r['added_range'][0]}..{r['added_range'][1]})"
-                 + (f", {r['removed']} records not in {rev2} (histories diverge at seq {r['common']})"
-                    if r["removed"] else ""))
+    d = ctx.store().checkpoints.diff(rev1, rev2)
+    lines = [f"A {f.path} ({f.size} bytes)" for f in d.added]
+    lines += [f"D {f.path} ({f.size} bytes)" for f in d.removed]
+    lines += [f"M {f.path} ({f.old_size} -> {f.new_size} bytes)" for f in d.changed]
+    r = d.records
+    lines.append(f"rollout: {r.added} records added (seq {r.added_range[0]}..{r.added_range[1]})"
+                 + (f", {r.removed} records not in {rev2} (histories diverge at seq {r.common})"
+                    if r.removed else ""))
     ctx.emit(d, "\n".join(lines))
 
 
@@ -215,14 +221,14 @@ def branch(ctx, name, rev, delete):
             raise click.UsageError("branch -d needs a thread name")
         if rev is not None:   # `branch -d a b` would otherwise delete a, say so, and keep b
             raise click.UsageError(f"branch -d deletes one thread: got {name!r} and {rev!r} (delete each in turn)")
-        result = store.delete_thread(name)
+        result = store.threads.delete(name)
         ctx.emit(result, f"Deleted thread {name}")
     elif name is not None:
-        result = store.create_thread(name, rev)
-        ctx.emit(result, f"Created thread {name} at {result['checkpoint'][:12]}")
+        result = store.threads.create(name, rev)
+        ctx.emit(result, f"Created thread {name} at {result.checkpoint[:12]}")
     else:
-        rows = store.threads()
-        text = "\n".join(f"{r['thread']:<24} {(r['checkpoint'] or '-')[:12]:<12} {r['history']['seq']:>8} records"
+        rows = store.threads.list()
+        text = "\n".join(f"{r.thread:<24} {(r.checkpoint or '-')[:12]:<12} {r.history.seq:>8} records"
                          for r in rows)
         ctx.emit({"threads": rows}, text)
 
@@ -233,11 +239,12 @@ def branch(ctx, name, rev, delete):
 @pass_ctx
 def reflog(ctx, thread, limit):
     """Every move of a thread's ref, newest first (THREAD@{N})."""
-    entries = ctx.store().reflog(thread, limit)
+    entries = ctx.store().threads.reflog(thread, limit)
     lines = []
-    for e in entries:
-        cp = (e["new"]["checkpoint"] or "-")[:12] if e["new"] else "-"
-        lines.append(f"{cp} {e['rev']}: {e['action']}: {e['message']} (seq {e['new']['history']['seq']})")
+    for item in entries:
+        e = item.entry
+        cp = (e.new.checkpoint.hex() if e.new.checkpoint else "-")[:12] if e.new else "-"
+        lines.append(f"{cp} {item.rev}: {e.action}: {e.message} (seq {e.new.history.seq})")
     ctx.emit({"thread": thread, "entries": entries}, "\n".join(lines))
 
 
@@ -248,9 +255,9 @@ def reflog(ctx, thread, limit):
 @pass_ctx
 def fork(ctx, source, name, at):
     """New thread NAME sharing SOURCE's history (or its first SEQ records) without copying."""
-    result = ctx.store().fork(source, name, at)
-    ctx.emit(result, f"Forked {name} from {source} at seq {result['seq']}"
-                     f" (files of {result['checkpoint'][:12] if result['checkpoint'] else 'no checkpoint'})")
+    result = ctx.store().threads.fork(source, name, at)
+    ctx.emit(result, f"Forked {name} from {source} at seq {result.seq}"
+                     f" (files of {result.checkpoint[:12] if result.checkpoint else 'no checkpoint'})")
 
 
 @cli.command()
@@ -260,26 +267,26 @@ def fork(ctx, source, name, at):
 @pass_ctx
 def revert(ctx, thread, rev, expect):
     """Point THREAD at checkpoint REV; its old head stays in the reflog (THREAD@{1})."""
-    result = ctx.store().revert(thread, rev, expect)
+    result = ctx.store().threads.revert(thread, rev, expect)
     if not ctx.as_json:
-        for note in result["notes"]:
+        for note in result.notes:
             click.echo(f"agentcas: note: {_one_line(note)}", err=True)
-    ctx.emit(result, f"Reverted {thread} to {result['checkpoint'][:12]} "
-                     f"(was {(result['previous'] or '-')[:12]}, now seq {result['history']['seq']})")
+    ctx.emit(result, f"Reverted {thread} to {result.checkpoint[:12]} "
+                     f"(was {(result.previous or '-')[:12]}, now seq {result.history.seq})")
     if not ctx.as_json:
-        _print_open_effects(result["effects"], "revert")
+        _print_open_effects(result.effects, "revert")
 
 
 def _print_open_effects(doc, verb: str) -> None:
     """On stderr: the pending/unknown effects after a revert's or checkout's target, not undone."""
-    if not doc or not doc["count"]:
+    if not doc or not doc.count:
         return
-    click.echo(f"agentcas: note: {doc['count']} pending or unknown effects were recorded after the "
-               f"target (seq >= {doc['since_seq']}); {verb} undid none of them:", err=True)
-    for e in doc["effects"]:
-        click.echo(escape_controls(f"  {e['state']:<8} {e['rollback']:<13} {e['id']}  {e['kind']} {e['target']!r}"
-                                   f" (seq {e['first_seq']})"), err=True)
-    if doc["has_more"]:
+    click.echo(f"agentcas: note: {doc.count} pending or unknown effects were recorded after the "
+               f"target (seq >= {doc.since_seq}); {verb} undid none of them:", err=True)
+    for e in doc.effects:
+        click.echo(escape_controls(f"  {e.state:<8} {e.rollback:<13} {e.id}  {e.kind} {e.target!r}"
+                                   f" (seq {e.first_seq})"), err=True)
+    if doc.has_more:
         click.echo(f"  ... and more: agentcas effects THREAD --since REV --state pending,unknown", err=True)
 
 
@@ -288,17 +295,17 @@ def _print_open_effects(doc, verb: str) -> None:
 @pass_ctx
 def lineage(ctx, thread):
     """The tree of threads and their fork points."""
-    doc = ctx.store().lineage(thread)
+    doc = ctx.store().threads.lineage(thread)
     lines = []
 
     def render(node, depth):
-        origin = node["forked_from"]
-        where = f"  (fork of {origin['thread']} at seq {origin['seq']})" if origin else ""
-        lines.append(f"{'  ' * depth}{node['thread']}  {node['records']} records{where}")
-        for child in node["children"]:
+        origin = node.forked_from
+        where = f"  (fork of {origin.thread} at seq {origin.seq})" if origin else ""
+        lines.append(f"{'  ' * depth}{node.thread}  {node.records} records{where}")
+        for child in node.children:
             render(child, depth + 1)
 
-    for root in doc["threads"]:
+    for root in doc.threads:
         render(root, 0)
     ctx.emit(doc, "\n".join(lines))
 
@@ -321,10 +328,10 @@ def effect():
 @pass_ctx
 def effect_add(ctx, thread, kind, target, state, rollback, provider, operation, effect_id):
     """Append an effect record (or a new state of effect --id) to THREAD's history."""
-    result = ctx.store().effect_add(thread, state, kind, target, rollback, provider, operation, effect_id)
-    what = "effect" if result["new"] else "state of effect"
-    ctx.emit(result, result["id"] if result["new"] and effect_id is None else
-             f"Recorded {what} {result['id']}: {result['state']} (seq {result['seq']})")
+    result = ctx.store().effects.add(thread, state, kind, target, rollback, provider, operation, effect_id)
+    what = "effect" if result.new else "state of effect"
+    ctx.emit(result, result.id if result.new and effect_id is None else
+             f"Recorded {what} {result.id}: {result.state} (seq {result.seq})")
 
 
 @cli.command()
@@ -339,19 +346,20 @@ def effects(ctx, rev, since, states, limit, cursor):
     wanted = [s.strip() for s in states.split(",") if s.strip()] if states is not None else None
     if wanted is not None and not wanted:
         raise click.UsageError("--state needs at least one state")
-    doc = ctx.store().effects(rev, since, wanted, limit, cursor)
-    t = doc["totals"]
-    lines = [f"{e['state']:<8} {e['rollback']:<13} {e['id']}  {e['kind']} {e['target']!r}"
-             + (f" via {e['provider']}" + (f" {e['operation']}" if e["operation"] else "") if e["provider"] else "")
-             + f" (seq {e['first_seq']}" + (f", state at {e['state_seq']})" if e["state_seq"] != e["first_seq"] else ")")
-             for e in doc["effects"]]
+    doc = ctx.store().effects.list(rev, since, wanted, limit, cursor)
+    t = doc.totals
+    lines = [f"{e.state:<8} {e.rollback:<13} {e.id}  {e.kind} {e.target!r}"
+             + (f" via {e.provider}" + (f" {e.operation}" if e.operation else "") if e.provider else "")
+             + f" (seq {e.first_seq}" + (f", state at {e.state_seq})" if e.state_seq != e.first_seq else ")")
+             for e in doc.effects]
+
     def counts(table):
         return ", ".join(f"{k or '-'} {v}" for k, v in sorted(table.items())) or "none"
     lines += [f"{t['effects']} effects; by state: {counts(t['by_state'])}; by rollback: {counts(t['by_rollback'])}; "
               f"by provider: {counts(t['by_provider'])}"]
-    if doc["has_more"]:
-        lines.append(f"more: --cursor {doc['next_cursor']}")
-    lines.append(f"note: {doc['note']}")
+    if doc.has_more:
+        lines.append(f"more: --cursor {doc.next_cursor}")
+    lines.append(f"note: {doc.note}")
     ctx.emit(doc, "\n".join(lines))
 
 
@@ -374,10 +382,10 @@ def rollout_append(ctx, thread, source):
                 data = handle.read()
         except OSError as exc:
             raise AgentcasError(f"cannot read {source}: {exc.strerror}") from None
-    result = ctx.store().rollout_append(thread, data)
-    span = (f" (seq {result['first_seq']}..{result['history']['seq'] - 1})"
-            if result["appended"] else "")
-    ctx.emit(result, f"Appended {result['appended']} records to {thread}{span}")
+    result = ctx.store().history.append(thread, data)
+    span = (f" (seq {result.first_seq}..{result.history.seq - 1})"
+            if result.appended else "")
+    ctx.emit(result, f"Appended {result.appended} records to {thread}{span}")
 
 
 @rollout.command("cat")
@@ -387,7 +395,7 @@ def rollout_append(ctx, thread, source):
 @pass_ctx
 def rollout_cat(ctx, thread, start, stop):
     """Print records FROM <= seq < TO of THREAD's history (or a checkpoint's), exactly as appended."""
-    pieces = ctx.store().rollout_read(thread, start, stop, whole_records=ctx.as_json)
+    pieces = ctx.store().history.read(thread, start, stop, whole_records=ctx.as_json)
     if ctx.as_json:
         from agentcas.harnesses.records import parse_line  # ingested logs keep damaged lines: null here
         records = [parse_line(line) for piece in pieces for line in piece.splitlines()]
@@ -492,15 +500,15 @@ def replay(ctx, rev, at, fmt):
 # (gc helper: commands go here)
 @cli.group("gc", invoke_without_command=True)
 @click.option("--dry-run", is_flag=True, help="Print the plan; delete nothing.")
-@click.option("--grace", default="1h", show_default=True, metavar="DURATION",
+@click.option("--grace", default=gc_defaults.DEFAULT_GRACE_TEXT, show_default=True, metavar="DURATION",
               help="Keep objects written less than this ago (0s, 90s, 15m, 1h, 7d).")
-@click.option("--expire-reflog", default="90d", show_default=True, metavar="DURATION|now",
-              help="Expire reflog entries older than this (never a thread's newest).")
+@click.option("--expire-reflog", default=gc_defaults.DEFAULT_EXPIRE_REFLOG_TEXT, show_default=True,
+              metavar="DURATION|now", help="Expire reflog entries older than this (never a thread's newest).")
 @click.option("--report", "report_file", type=click.Path(dir_okay=False), metavar="FILE",
               help="Write the lineage report to FILE (JSON with --json or a .json name, else text).")
-@click.option("--wait", default="60s", show_default=True, metavar="DURATION",
+@click.option("--wait", default=gc_defaults.DEFAULT_WAIT_TEXT, show_default=True, metavar="DURATION",
               help="How long to wait for writes in progress before stopping incomplete.")
-@click.option("--batch", default=10_000, type=click.IntRange(min=1), hidden=True,
+@click.option("--batch", default=gc_defaults.BATCH_DELETES, type=click.IntRange(min=1), hidden=True,
               help="Objects deleted per write transaction.")
 @click.pass_context
 def gc_command(click_ctx, dry_run, grace, expire_reflog, report_file, wait, batch):
@@ -514,19 +522,20 @@ def gc_command(click_ctx, dry_run, grace, expire_reflog, report_file, wait, batc
     wait_s = parse_duration(wait)
     store = _open_store_checked(ctx)
     with Progress("gc") as progress:
-        doc = store.gc(grace_s, expire_s, dry_run=dry_run, report=bool(report_file),
-                       wait=wait_s, progress=progress, batch=batch)
-    report = doc.pop("report", None)
+        done = store.gc.run(grace_s, expire_s, dry_run=dry_run, report=bool(report_file),
+                            wait=wait_s, progress=progress, batch=batch)
+    doc = {"dry_run": done.dry_run, "plan": done.plan, "result": done.result}
     if report_file:
         as_json = ctx.as_json or report_file.endswith(".json")
-        text = json.dumps(report, indent=2, sort_keys=True) + "\n" if as_json else gc_report.render_text(report) + "\n"
+        text = (json.dumps(done.report, indent=2, sort_keys=True) + "\n" if as_json
+                else gc_report.render_text(done.report) + "\n")
         try:
             with open(report_file, "w", encoding="utf-8") as handle:
                 handle.write(text)
         except OSError as exc:
             raise AgentcasError(f"cannot write report {report_file}: {exc.strerror}") from None
         doc["report_file"] = os.path.abspath(report_file)
-    plan, result = doc["plan"], doc["result"]
+    plan, result = done.plan, done.result
     rec, held, live = plan["reclaimable"], plan["held_by_grace"], plan["live"]
     lines = [f"{plan['objects']} objects: {live['objects']} live ({live['bytes']} bytes), "
              f"{rec['objects']} reclaimable ({rec['bytes']} bytes), {held['objects']} held by grace "
@@ -536,10 +545,10 @@ def gc_command(click_ctx, dry_run, grace, expire_reflog, report_file, wait, batc
     if dry_run:
         lines.append("dry run: nothing deleted")
     else:
-        lines.append(f"deleted {result['deleted']['objects']} objects ({result['deleted']['bytes']} bytes), "
-                     f"expired {result['reflog_expired']} reflog entries")
-        if not result["complete"]:
-            click.echo(f"agentcas: note: gc stopped early: {len(result['blocked_by'])} write(s) still in "
+        lines.append(f"deleted {result.deleted_objects} objects ({result.deleted_bytes} bytes), "
+                     f"expired {result.reflog_expired} reflog entries")
+        if not result.complete:
+            click.echo(f"agentcas: note: gc stopped early: {len(result.blocked_by)} write(s) still in "
                        "progress; run gc again later", err=True)
     lines += [f"note: {note}" for note in plan["notes"]]
     ctx.emit(doc, "\n".join(lines))
@@ -547,28 +556,27 @@ def gc_command(click_ctx, dry_run, grace, expire_reflog, report_file, wait, batc
 
 @gc_command.command("explain")
 @click.argument("object_id", metavar="ID")
-@click.option("--grace", default="1h", show_default=True, metavar="DURATION")
-@click.option("--expire-reflog", default="90d", show_default=True, metavar="DURATION|now")
+@click.option("--grace", default=gc_defaults.DEFAULT_GRACE_TEXT, show_default=True, metavar="DURATION")
+@click.option("--expire-reflog", default=gc_defaults.DEFAULT_EXPIRE_REFLOG_TEXT, show_default=True,
+              metavar="DURATION|now")
 @pass_ctx
 def gc_explain(ctx, object_id, grace, expire_reflog):
     """Why object ID (id or unique hex prefix) is alive: the path from a root, or unreachable."""
     from agentcas.gc import explain as gc_explain_module
     from agentcas.gc.plan import parse_duration
-    doc = ctx.store().gc_explain(object_id, parse_duration(grace),
+    doc = ctx.store().gc.explain(object_id, parse_duration(grace),
                                  parse_duration(expire_reflog, allow_now=True))
-    ctx.emit(doc, gc_explain_module.render_text(doc))
+    ctx.emit(doc, gc_explain_module.render_text(doc.to_json()))
 
 
 def _open_store_checked(ctx):
     """ctx.store(), but an LMDB file LMDB itself cannot open is corruption (exit 4)."""
-    from agentcas.cas.lmdb_store import StoreUnavailable
+    from agentcas.cas.lmdb_store import StoreUnreadable
     from agentcas.gc.fsck import StoreCorrupt
     try:
         return ctx.store()
-    except StoreUnavailable as exc:
-        if "cannot open store" in str(exc):
-            raise StoreCorrupt(f"store database is corrupt: {exc}") from None
-        raise
+    except StoreUnreadable as exc:
+        raise StoreCorrupt(f"store database is corrupt: {exc}") from None
 
 
 @cli.command("fsck")
@@ -578,12 +586,12 @@ def fsck_command(ctx):
     from agentcas.gc import fsck as gc_fsck
     store = _open_store_checked(ctx)
     with Progress("fsck") as progress:
-        doc = store.fsck(progress)
-    ctx.emit(doc, gc_fsck.render_text(doc))
-    if not doc["ok"]:
-        first = doc["problems"][0]["message"]
-        more = len(doc["problems"]) - 1
-        raise gc_fsck.FsckFailed(f"fsck found {len(doc['problems'])} problem(s): {first}"
+        doc = store.gc.fsck(progress)
+    ctx.emit(doc, gc_fsck.render_text(doc.to_json()))
+    if not doc.ok:
+        first = doc.problems[0]["message"]
+        more = len(doc.problems) - 1
+        raise gc_fsck.FsckFailed(f"fsck found {len(doc.problems)} problem(s): {first}"
                                  + (f" (and {more} more)" if more else ""))
 
 # --- keys, trust, signatures, bundles, remotes (exchange helper) ----------------------------
@@ -616,16 +624,16 @@ def trust_group():
 @pass_ctx
 def trust_add(ctx, name, pubkey_file, namespaces):
     """Trust the public key in PUBKEY_FILE as signer NAME."""
-    entry = ctx.store().trust_add(name, pubkey_file, namespaces)
-    ctx.emit(entry, f"Trusted {entry['name']} ({entry['key_id']}) for {', '.join(entry['namespaces'])}")
+    entry = ctx.store().trust.add(name, pubkey_file, namespaces)
+    ctx.emit(entry, f"Trusted {entry.name} ({entry.public_key.id}) for {', '.join(entry.namespaces)}")
 
 
 @trust_group.command("list")
 @pass_ctx
 def trust_list(ctx):
     """List trusted signers."""
-    rows = ctx.store().trust_list()
-    ctx.emit({"trusted": rows}, "\n".join(f"{r['name']:<20} {r['key_id']}  {','.join(r['namespaces'])}"
+    rows = ctx.store().trust.list()
+    ctx.emit({"trusted": rows}, "\n".join(f"{r.name:<20} {r.public_key.id}  {','.join(r.namespaces)}"
                                           for r in rows))
 
 
@@ -634,8 +642,8 @@ def trust_list(ctx):
 @pass_ctx
 def trust_remove(ctx, name):
     """Stop trusting signer NAME."""
-    entry = ctx.store().trust_remove(name)
-    ctx.emit(entry, f"Removed trusted signer {name} ({entry['key_id']})")
+    removed = ctx.store().trust.remove(name)
+    ctx.emit(removed, f"Removed trusted signer {name} ({removed.entry.public_key.id})")
 
 
 @cli.command()
@@ -644,8 +652,8 @@ def trust_remove(ctx, name):
 @pass_ctx
 def sign(ctx, rev, key_file):
     """Sign checkpoint REV and store the signature."""
-    result = ctx.store().sign(rev, key_file)
-    ctx.emit(result, f"Signed {result['checkpoint'][:12]} ({result['thread']}) with key {result['key_id']}")
+    result = ctx.store().trust.sign(rev, key_file)
+    ctx.emit(result, f"Signed {result.checkpoint[:12]} ({result.thread}) with key {result.key_id}")
 
 
 @cli.command()
@@ -656,12 +664,12 @@ def verify(ctx, target):
     store = ctx.store()
     if os.path.isfile(target):
         with Progress("verify") as progress:
-            result = store.verify_bundle(target, progress=progress)
-        text = (f"bundle OK: {result['objects']} objects, {result['files']} files, checkpoint "
-                f"{result['checkpoint'][:12]} ({result['thread']}); {result['reason']}")
+            result = store.remotes.verify_bundle(target, progress=progress)
+        text = (f"bundle OK: {result.objects} objects, {result.files} files, checkpoint "
+                f"{result.checkpoint[:12]} ({result.thread}); {result.reason}")
     else:
-        result = store.verify(target)
-        text = f"checkpoint {result['checkpoint'][:12]}: {result['reason']}"
+        result = store.trust.verify(target)
+        text = f"checkpoint {result.checkpoint[:12]}: {result.reason}"
     ctx.emit(result, text)
 
 
@@ -679,11 +687,11 @@ def verify(ctx, target):
 def export_cmd(ctx, rev, out_path, key_file, allow_secrets, allow_rollout_secrets):
     """Write checkpoint REV with its files, ancestry and history into one bundle file."""
     with Progress("export") as progress:
-        result = ctx.store().export_bundle(rev, out_path, key_file, allow_secrets, progress=progress,
-                                           allow_rollout_secrets=allow_rollout_secrets)
-    signed = f", signed by {', '.join(result['signatures'])}" if result["signatures"] else ", unsigned"
-    ctx.emit(result, f"Exported {result['checkpoint'][:12]} ({result['thread']}) to {result['bundle']}: "
-                     f"{result['objects']} objects, {result['bytes']} bytes{signed}")
+        result = ctx.store().remotes.export_bundle(rev, out_path, key_file, allow_secrets, progress=progress,
+                                                   allow_rollout_secrets=allow_rollout_secrets)
+    signed = f", signed by {', '.join(result.signatures)}" if result.signatures else ", unsigned"
+    ctx.emit(result, f"Exported {result.checkpoint[:12]} ({result.thread}) to {result.bundle}: "
+                     f"{result.objects} objects, {result.bytes} bytes{signed}")
 
 
 @cli.command("import")
@@ -695,11 +703,11 @@ def export_cmd(ctx, rev, out_path, key_file, allow_secrets, allow_rollout_secret
 def import_cmd(ctx, bundle_path, as_thread, allow_unsigned, allow_rollback):
     """Verify BUNDLE completely, then import it as a new thread or a fast-forward."""
     with Progress("import") as progress:
-        result = ctx.store().import_bundle(bundle_path, as_thread, allow_unsigned, allow_rollback,
-                                           progress=progress)
-    moved = "" if result["moved"] else " (thread already there)"
-    ctx.emit(result, f"Imported {result['checkpoint'][:12]} as {result['imported_as']}{moved}: "
-                     f"{result['new_objects']} new objects, {result['new_bytes']} bytes; {result['reason']}")
+        result = ctx.store().remotes.import_bundle(bundle_path, as_thread, allow_unsigned, allow_rollback,
+                                                   progress=progress)
+    moved = "" if result.moved else " (thread already there)"
+    ctx.emit(result, f"Imported {result.checkpoint[:12]} as {result.imported_as}{moved}: "
+                     f"{result.new_objects} new objects, {result.new_bytes} bytes; {result.reason}")
 
 @cli.command("scan")
 @click.argument("rev")
@@ -708,13 +716,13 @@ def import_cmd(ctx, bundle_path, as_thread, allow_unsigned, allow_rollback):
 def scan_cmd(ctx, rev, as_json):
     """Report likely secrets in REV's files and rollout history (exit 1 if any)."""
     ctx.as_json = ctx.as_json or as_json
-    doc = ctx.store().scan(rev)
-    lines = [f"{f['path']}:{f['line']}: looks like a {f['rule']}" for f in doc["files"]]
-    lines += [f"rollout {r['thread']} seq {r['seq']}: looks like a {r['rule']}" for r in doc["history"]]
-    found = len(doc["files"]) + len(doc["history"])
+    doc = ctx.store().checkpoints.scan(rev)
+    lines = [f"{f['path']}:{f['line']}: looks like a {f['rule']}" for f in doc.files]
+    lines += [f"rollout {r['thread']} seq {r['seq']}: looks like a {r['rule']}" for r in doc.history]
+    found = len(doc.files) + len(doc.history)
     lines.append(f"scan: {'clean' if not found else f'{found} likely secret(s)'} in "
-                 f"{'checkpoint ' + doc['checkpoint'][:12] if doc['checkpoint'] else 'no checkpoint'} "
-                 f"and {doc['records']} rollout records of {doc['thread']}")
+                 f"{'checkpoint ' + doc.checkpoint[:12] if doc.checkpoint else 'no checkpoint'} "
+                 f"and {doc.records} rollout records of {doc.thread}")
     ctx.emit(doc, "\n".join(lines))
     if found:
         raise AgentcasError(f"scan found {found} likely secret(s) in {rev} (the secrets are not shown)")
@@ -734,16 +742,16 @@ def remote_group():
 @pass_ctx
 def remote_add(ctx, name, url, refs):
     """Record the store at URL (a path, file:// URL or s3://BUCKET/PREFIX) as remote NAME."""
-    result = ctx.store().remote_add(name, url, refs)
-    ctx.emit(result, f"Added remote {result['name']} -> {result['url']}")
+    result = ctx.store().remotes.add(name, url, refs)
+    ctx.emit(result, f"Added remote {result.name} -> {result.url}")
 
 
 @remote_group.command("list")
 @pass_ctx
 def remote_list(ctx):
     """List remotes and their URLs."""
-    rows = ctx.store().remotes()
-    ctx.emit({"remotes": rows}, "\n".join(f"{r['name']}\t{r['url']}" for r in rows))
+    rows = ctx.store().remotes.list()
+    ctx.emit({"remotes": rows}, "\n".join(f"{r.name}\t{r.url}" for r in rows))
 
 
 @remote_group.command("remove")
@@ -751,18 +759,19 @@ def remote_list(ctx):
 @pass_ctx
 def remote_remove(ctx, name):
     """Forget remote NAME (the remote store itself is untouched)."""
-    result = ctx.store().remote_remove(name)
+    result = ctx.store().remotes.remove(name)
     ctx.emit(result, f"Removed remote {name}")
 
 
-def _transfer_text(verb: str, result: dict, objects: int, size: int) -> str:
-    if result["up_to_date"]:
-        return f"{result['thread']} is up to date with {result['remote']}; nothing to {verb}"
-    old = (result["old_checkpoint"] or "-")[:12] if result["old_seq"] is not None else "(new thread)"
-    new = (result["new_checkpoint"] or "-")[:12]
-    forced = " (forced)" if result["forced"] else ""
-    return (f"{verb.capitalize()}ed {result['thread']} {old} -> {new}{forced}, seq {result['new_seq']}: "
-            f"{objects} of {result['objects_total']} objects, {size} bytes")
+def _transfer_text(result) -> str:
+    verb = result.direction
+    if result.up_to_date:
+        return f"{result.thread} is up to date with {result.remote}; nothing to {verb}"
+    old = (result.old_checkpoint or "-")[:12] if result.old_seq is not None else "(new thread)"
+    new = (result.new_checkpoint or "-")[:12]
+    forced = " (forced)" if result.forced else ""
+    return (f"{verb.capitalize()}ed {result.thread} {old} -> {new}{forced}, seq {result.new_seq}: "
+            f"{result.objects} of {result.objects_total} objects, {result.bytes} bytes")
 
 
 @cli.command()
@@ -775,9 +784,9 @@ def _transfer_text(verb: str, result: dict, objects: int, size: int) -> str:
 def push(ctx, remote, thread, force, allow_rollout_secrets):
     """Send THREAD to REMOTE: only the objects it lacks, then its ref by compare-and-swap."""
     with Progress("push") as progress:
-        result = ctx.store().push(remote, thread, force, progress=progress,
-                                  allow_rollout_secrets=allow_rollout_secrets)
-    ctx.emit(result, _transfer_text("push", result, result["objects_sent"], result["bytes_sent"]))
+        result = ctx.store().remotes.push(remote, thread, force, progress=progress,
+                                          allow_rollout_secrets=allow_rollout_secrets)
+    ctx.emit(result, _transfer_text(result))
 
 
 @cli.command()
@@ -788,8 +797,8 @@ def push(ctx, remote, thread, force, allow_rollout_secrets):
 def pull(ctx, remote, thread, force):
     """Fetch THREAD from REMOTE into this store (creating it if absent)."""
     with Progress("pull") as progress:
-        result = ctx.store().pull(remote, thread, force, progress=progress)
-    ctx.emit(result, _transfer_text("pull", result, result["objects_received"], result["bytes_received"]))
+        result = ctx.store().remotes.pull(remote, thread, force, progress=progress)
+    ctx.emit(result, _transfer_text(result))
 
 @cli.command("mcp")
 @click.option("--thread", "globs", multiple=True, metavar="GLOB",

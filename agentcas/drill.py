@@ -159,14 +159,15 @@ def run_drill(echo=print, keep: bool = False) -> DrillReport:
 
         def commit():
             store, _ = Store.init(store_dir)
-            result = store.commit(ws, f"drill: after step {STEPS_BEFORE_CHECKPOINT}", "main", rollout_file)
-            memo["checkpoint"] = result["checkpoint"]
+            result = store.checkpoints.commit(ws, f"drill: after step {STEPS_BEFORE_CHECKPOINT}", "main",
+                                              rollout_file)
+            memo["checkpoint"] = result.checkpoint
             with open(rollout_file, "rb") as handle:
                 memo["rollout"] = handle.read()
             memo["state"] = SumOfSquaresAgent(ws, rollout_file).state()
             store.close()
-            return (f"checkpoint {result['checkpoint'][:12]}: {result['files']} files, "
-                    f"{result['appended_records']} rollout records")
+            return (f"checkpoint {result.checkpoint[:12]}: {result.files} files, "
+                    f"{result.appended_records} rollout records")
 
         stages.run("checkpoint", commit)
 
@@ -175,9 +176,9 @@ def run_drill(echo=print, keep: bool = False) -> DrillReport:
             memo["key_id"] = made["key_id"]
             store = Store.open(store_dir)
             os.makedirs(os.path.dirname(bundle))
-            result = store.export_bundle("main", bundle, made["private_key"])
+            result = store.remotes.export_bundle("main", bundle, made["private_key"])
             store.close()
-            return f"{result['bytes']} bytes, {result['objects']} objects, signed by key {made['key_id']}"
+            return f"{result.bytes} bytes, {result.objects} objects, signed by key {made['key_id']}"
 
         stages.run("export signed bundle", export)
 
@@ -189,9 +190,9 @@ def run_drill(echo=print, keep: bool = False) -> DrillReport:
             with open(bad, "wb") as out:
                 out.write(data)
             scratch = Store.memory()
-            scratch.trust_add("drill", os.path.join(key_dir, "drill.pub"))
+            scratch.trust.add("drill", os.path.join(key_dir, "drill.pub"))
             try:
-                scratch.import_bundle(bad)
+                scratch.remotes.import_bundle(bad)
             except IntegrityError as exc:
                 with scratch.meta.reader() as txn:
                     _require(scratch.blobs.count() == 0 and txn.count("refs") == 0,
@@ -210,19 +211,19 @@ def run_drill(echo=print, keep: bool = False) -> DrillReport:
 
         def restore():
             store, _ = Store.init(os.path.join(recovered, "store"))
-            store.trust_add("drill", os.path.join(key_dir, "drill.pub"))
-            result = store.import_bundle(bundle)
-            _require(result["checkpoint"] == memo["checkpoint"], "imported a different checkpoint")
-            verified = store.verify("main")
-            store.checkout("main", os.path.join(recovered, "workspace"))
-            rebuilt = b"".join(store.rollout_read("main"))
+            store.trust.add("drill", os.path.join(key_dir, "drill.pub"))
+            result = store.remotes.import_bundle(bundle)
+            _require(result.checkpoint == memo["checkpoint"], "imported a different checkpoint")
+            verified = store.trust.verify("main")
+            store.checkpoints.checkout("main", os.path.join(recovered, "workspace"))
+            rebuilt = b"".join(store.history.read("main"))
             _require(rebuilt == memo["rollout"], "the restored rollout differs from the original")
             with open(os.path.join(recovered, "rollout.jsonl"), "wb") as out:
                 out.write(rebuilt)
             state = SumOfSquaresAgent(os.path.join(recovered, "workspace"), "").state()
             _require(state == memo["state"], f"restored state {state} differs from saved {memo['state']}")
             store.close()
-            return (f"trusted key {memo['key_id']}, imported and verified ({verified['reason']}); "
+            return (f"trusted key {memo['key_id']}, imported and verified ({verified.reason}); "
                     f"state next i {state['next_i']}, partial sum {state['partial_sum']}; "
                     f"{len(rebuilt)} rollout bytes identical")
 
@@ -249,13 +250,13 @@ def run_drill(echo=print, keep: bool = False) -> DrillReport:
 
         def commit_finished():
             store = Store.open(os.path.join(recovered, "store"))
-            result = store.commit(os.path.join(recovered, "workspace"), "drill: finished", "main",
-                                  os.path.join(recovered, "rollout.jsonl"))
-            log = store.log("main")
+            result = store.checkpoints.commit(os.path.join(recovered, "workspace"), "drill: finished", "main",
+                                              os.path.join(recovered, "rollout.jsonl"))
+            log = store.threads.log("main")
             store.close()
-            _require(log[1]["checkpoint"] == memo["checkpoint"], "the finished checkpoint does not follow the imported one")
-            return (f"checkpoint {result['checkpoint'][:12]} follows {memo['checkpoint'][:12]}, "
-                    f"+{result['appended_records']} rollout records")
+            _require(log[1].checkpoint == memo["checkpoint"], "the finished checkpoint does not follow the imported one")
+            return (f"checkpoint {result.checkpoint[:12]} follows {memo['checkpoint'][:12]}, "
+                    f"+{result.appended_records} rollout records")
 
         stages.run("commit finished work", commit_finished)
         report.ok = True
@@ -271,7 +272,7 @@ def run_checkpoint_drill(store: Store, rev: str, echo=print, keep: bool = False)
     from agentcas.lineage import rollout
     from agentcas.workspace.restore import list_files, read_file, walk_directory
 
-    digest, cp = store.checkpoint(rev)  # an unknown revision is the user's error, not a failed drill
+    digest, cp = store.checkpoints.get(rev)  # an unknown revision is the user's error, not a failed drill
     report = DrillReport()
     stages = _Stages(report, echo)
     root = tempfile.mkdtemp(prefix="agentcas-drill-")
@@ -284,18 +285,18 @@ def run_checkpoint_drill(store: Store, rev: str, echo=print, keep: bool = False)
             memo["pub"] = made["public_key"]
             # The bundle stays in this temporary directory: files the user allowed past the
             # secret scan at commit time are exported as they are.
-            result = store.export_bundle(digest.hex(), bundle, made["private_key"], allow_secrets=("*",))
-            memo["thread"] = result["thread"]
-            return f"{digest.hex()[:12]}: {result['bytes']} bytes, {result['objects']} objects"
+            result = store.remotes.export_bundle(digest.hex(), bundle, made["private_key"], allow_secrets=("*",))
+            memo["thread"] = result.thread
+            return f"{digest.hex()[:12]}: {result.bytes} bytes, {result.objects} objects"
 
         stages.run("export signed bundle", export)
 
         def restore():
             scratch, _ = Store.init(os.path.join(root, "store"))
-            scratch.trust_add("drill", memo["pub"])
-            scratch.import_bundle(bundle)
-            scratch.verify(memo["digest"].hex())
-            scratch.checkout(memo["digest"].hex(), os.path.join(root, "workspace"))
+            scratch.trust.add("drill", memo["pub"])
+            scratch.remotes.import_bundle(bundle)
+            scratch.trust.verify(memo["digest"].hex())
+            scratch.checkpoints.checkout(memo["digest"].hex(), os.path.join(root, "workspace"))
             memo["scratch"] = scratch
             return "imported into a temporary store, verified, checked out"
 

@@ -8,7 +8,7 @@ event, and no checkpoint. Everything they do is built from four moves on such th
 - cut a thread back to its first `seq` records (its history position after them: the
   records past the cut stay in the store, named by the reflog entry before the cut),
 - delete a thread,
-- fork a thread at a seq (`Store.fork`: one position shared, nothing copied),
+- fork a thread at a seq (`store.threads.fork`: one position shared, nothing copied),
 - checkpoint a thread as it is (an empty tree, its history: what `export` and `sign` name).
 
 How a change lands: `RecordStore.change(what, build)` calls `build(snapshot)`, which reads
@@ -19,7 +19,7 @@ read and moves each edited thread by compare-and-swap, all in one metadata trans
 If any of them moved meanwhile nothing lands and `build` runs again on fresh states, so
 two processes appending to one session both land, one after the other, and nothing is
 lost. Reads go through the public `Store` API; only the cut's position is computed here
-(lineage/rollout.py's `History.position`, as `Store.fork` computes it).
+(lineage/rollout.py's `History.position`, as `store.threads.fork` computes it).
 """
 
 from __future__ import annotations
@@ -128,29 +128,29 @@ class RecordStore:
     def state(self, thread: str) -> ThreadState | None:
         """The thread's state; None if it is absent, or its name too long to exist."""
         try:
-            return self.store.thread(thread)
+            return self.store.threads.get(thread)
         except (NotFound, BadThreadName):
             return None
 
     def states(self, prefix: str) -> dict[str, ThreadState]:
         """Every thread named `prefix` or below `prefix/`."""
-        return self.store.thread_states(prefix)
+        return self.store.threads.under(prefix)
 
     def lines(self, history: HistoryPosition, start: int, stop: int) -> list[bytes]:
         """Records start <= seq < stop of the history at `history`, one bytes line each, verified."""
         stop = min(stop, history.seq)
         if start >= stop:
             return []
-        return self.store.read_history(history, start, stop).splitlines()
+        return self.store.history.read_at(history, start, stop).splitlines()
 
     def extends(self, history: HistoryPosition, known: HistoryPosition) -> bool:
         """Whether the history at `history` begins with the one at `known` (prefix digests)."""
         if known.seq > history.seq:
             return False
-        return rollout.History(self.store.source).position(history, known.seq).digest == known.digest
+        return self.store.history.history().position(history, known.seq).digest == known.digest
 
-    def reflog(self, thread: str) -> list[dict]:
-        return self.store.reflog(thread)
+    def reflog(self, thread: str) -> list:
+        return self.store.threads.reflog(thread)
 
     # -- changes -----------------------------------------------------------------------------
     def change(self, what: str, build):
@@ -170,7 +170,7 @@ class RecordStore:
         raise ConflictError(f"{what}: the session kept moving under {MAX_REBUILDS} attempts; nothing was changed")
 
     def _land(self, what: str, read: dict, edits: list) -> None:
-        with self.store.lineage_writer(what) as writer:
+        with self.store.threads.group_writer(what) as writer:
             prepared = {id(edit): writer.prepare_records(edit.data) for edit in edits if isinstance(edit, Append)}
             empty_tree = writer.store_tree({}) if any(isinstance(edit, Checkpoint) for edit in edits) else None
 
@@ -207,7 +207,7 @@ class RecordStore:
 
     @staticmethod
     def _commit(view, old: ThreadState, edit: Checkpoint, tree) -> None:
-        from agentcas.repository import default_author
+        from agentcas.api.checkpoints import default_author
         parents = () if old.checkpoint is None else (old.checkpoint,)
         digest = view.commit(edit.thread, tree, parents, edit.reason, old.history, default_author())
         edit.made[:] = [digest]  # (a re-plan replaces it)
@@ -225,7 +225,7 @@ class RecordStore:
     def fork(self, source: str, name: str, at: int | None) -> None:
         """Thread `name` sharing the first `at` records of `source` (all if None)."""
         with self._lock:
-            self.store.fork(source, name, at)
+            self.store.threads.fork(source, name, at)
 
 
 # -- the adapters' async side ----------------------------------------------------------------

@@ -189,7 +189,7 @@ import glob, json, sys, time
 from agentcas.cas import chunking, framing
 from agentcas.cas.digest import hash_blob
 from agentcas.harnesses.line_kinds import _HEAD
-from agentcas.repository import INGEST_ZSTD_LEVEL
+from agentcas.api.history import INGEST_ZSTD_LEVEL
 parts = dict.fromkeys(["read", "UTF-8 check", "msgspec validation", "content-defined cut", "BLAKE3 of chunks",
                        "zstd framing"], 0.0)
 for path in sorted(glob.glob(sys.argv[1] + "/**/*.jsonl", recursive=True)):

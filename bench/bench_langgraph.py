@@ -245,7 +245,7 @@ def bench_saver(work: str, msgs: list[dict], budget: float) -> dict:
             h.progress(f"AgentcasSaver: step {i + 1}/{n}, {h.fmt_bytes(store.objects.used_bytes())}")
     r = {"total": store.objects.used_bytes() - start_pages, "payload": store_payload(store) - start_payload,
          "disk": h.disk_bytes(path), "step_times": times, **per_step(put_times),
-         "rss": rss, "checkpoints": len(store.log("langgraph/agent"))}
+         "rss": rss, "checkpoints": len(store.threads.log("langgraph/agent"))}
     before_payload, before_pages = store_payload(store), store.objects.used_bytes()
     start = time.perf_counter()
     saver.copy_thread("agent", "agent-copy")
@@ -365,7 +365,7 @@ def bench_agentcas(work: str, msgs: list[dict]) -> dict:
         start = time.perf_counter()
         handle.write(line)
         handle.flush()
-        store.commit(workspace, f"step {i}", thread="main", rollout_file=rollout)
+        store.checkpoints.commit(workspace, f"step {i}", thread="main", rollout_file=rollout)
         times.append(time.perf_counter() - start)
         sizes.append(used() if i < WINDOW or i >= n - WINDOW - 1 else None)
         if (i + 1) % 500 == 0:
@@ -376,13 +376,13 @@ def bench_agentcas(work: str, msgs: list[dict]) -> dict:
 
     before, before_pages = store_payload(store), used()
     start = time.perf_counter()
-    store.fork("main", "fork", at=n // 2)
+    store.threads.fork("main", "fork", at=n // 2)
     r["fork_time"] = time.perf_counter() - start
     r["fork_bytes"] = store_payload(store) - before
     r["fork_pages"] = used() - before_pages
 
     start = time.perf_counter()
-    entries = store.log("main")
+    entries = store.threads.log("main")
     r["log_inproc_time"] = time.perf_counter() - start
     r["log_len"] = len(entries)
     r["log_cli_time"] = h.median_time(

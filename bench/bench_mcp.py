@@ -77,12 +77,12 @@ def build(store, workspace: str, n: int) -> list[str]:
     from agentcas.refs import threads
 
     h.progress(f"snapshotting a {FILES}-file workspace")
-    first = store.commit(workspace, "checkpoint 0", "agent")
+    first = store.checkpoints.commit(workspace, "checkpoint 0", "agent").to_json()
     h.progress(f"appending {n} effects + {n // 5} state records")
-    store.rollout_append("agent", effect_records(n))
-    tree = store.checkpoint(first["checkpoint"])[1].tree
-    _, base = store.checkpoint(first["checkpoint"])
-    head = store.thread("agent").history
+    store.history.append("agent", effect_records(n))
+    tree = store.checkpoints.get(first["checkpoint"])[1].tree
+    _, base = store.checkpoints.get(first["checkpoint"])
+    head = store.threads.get("agent").history
     from agentcas.lineage.rollout import History
     early = History(store.source).position(head, 10)  # the checkpoints between: 10 records in
     ids = [first["checkpoint"]]
@@ -200,18 +200,18 @@ def main(argv: list[str]) -> int:
                                 lambda d: d["files_page"]["next_cursor"])
         h.progress("effects: the first call builds the index")
         t0 = time.perf_counter()
-        doc = store.effects("agent", limit=LIMIT)
+        doc = store.effects.list("agent", limit=LIMIT).to_json()
         index_build = time.perf_counter() - t0
         assert doc["totals"]["effects"] == n
         h.progress("effects: every page, and every page of --state pending,unknown")
-        effect_pages = walk(lambda a: store.effects("agent", limit=LIMIT, before=a.get("cursor")), {},
+        effect_pages = walk(lambda a: store.effects.list("agent", limit=LIMIT, before=a.get("cursor")), {},
                             lambda d: d["next_cursor"])
-        open_pages = walk(lambda a: store.effects("agent", states=["pending", "unknown"], limit=LIMIT,
+        open_pages = walk(lambda a: store.effects.list("agent", states=["pending", "unknown"], limit=LIMIT,
                                                   before=a.get("cursor")), {}, lambda d: d["next_cursor"])
         h.progress("diff_checkpoint: every effects page of a whole-history window")
         diff_pages = walk(call("diff_checkpoint"), {"from": ids[1], "to": ids[0]},
                           lambda d: d["effects_page"]["next_cursor"])
-        since_first = timed(lambda: store.effects("agent", since=ids[1], limit=LIMIT), repeat=5)[0]
+        since_first = timed(lambda: store.effects.list("agent", since=ids[1], limit=LIMIT), repeat=5)[0]
         h.progress("list_checkpoints: every page through the stdio client")
         stdio = stdio_walk(store.path, workspace, "agent")
         store_bytes = h.disk_bytes(store.path)

@@ -67,29 +67,29 @@ def worker(name: str, args: list[str]) -> None:
         for i in range(repeat):
             before = used()
             start = time.perf_counter()
-            store.rollout_append(thread, data[i])
+            store.history.append(thread, data[i])
             times.append(time.perf_counter() - start)
             deltas.append(used() - before)
         out = {"times": times, "used_deltas": deltas}
     elif name == "fork":  # store thread repeat
         thread, repeat = args[1], int(args[2])
-        seq = store.thread(thread).history.seq
+        seq = store.threads.get(thread).history.seq
         times, deltas, mid_times, payloads = [], [], [], []
         for i in range(repeat):
             before, before_payload = used(), payload()
             start = time.perf_counter()
-            store.fork(thread, f"{thread}-fork{i}")
+            store.threads.fork(thread, f"{thread}-fork{i}")
             times.append(time.perf_counter() - start)
             deltas.append(used() - before)
             payloads.append(payload() - before_payload)
             start = time.perf_counter()
-            store.fork(thread, f"{thread}-mid{i}", at=seq // 2 + i)
+            store.threads.fork(thread, f"{thread}-mid{i}", at=seq // 2 + i)
             mid_times.append(time.perf_counter() - start)
         out = {"times": times, "used_deltas": deltas, "mid_times": mid_times, "seq": seq,
                "payload_deltas": payloads}
     elif name == "cat":  # store thread
         start = time.perf_counter()
-        total = sum(len(piece) for piece in store.rollout_read(args[1]))
+        total = sum(len(piece) for piece in store.history.read(args[1]))
         out = {"time": time.perf_counter() - start, "bytes": total}
     elif name == "snapshots":  # store workspace rollout_file steps step_bytes seed
         workspace, path, steps, step_bytes, seed = args[1], args[2], int(args[3]), int(args[4]), int(args[5])
@@ -99,7 +99,7 @@ def worker(name: str, args: list[str]) -> None:
             if i:
                 rollout.write(path, step_bytes)
             start = time.perf_counter()
-            store.commit(workspace, f"snapshot {i}", thread="main", rollout_file=path)
+            store.checkpoints.commit(workspace, f"snapshot {i}", thread="main", rollout_file=path)
             times.append(time.perf_counter() - start)
         out = {"times": times}
     print(json.dumps(out))

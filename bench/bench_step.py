@@ -152,7 +152,7 @@ start, times, text, msg = disk(), [], _Text(13), 0
 for i in range(steps):
     msg += do_step(ws, text, i)
     t = time.perf_counter()
-    store.commit(ws, f"step {i}", rollout_file=os.path.join(ws, "rollout.jsonl"))
+    store.checkpoints.commit(ws, f"step {i}", rollout_file=os.path.join(ws, "rollout.jsonl"))
     times.append(time.perf_counter() - t)
 print(json.dumps({"growth": disk() - start, "times": times, "messages": msg}))
 """
@@ -185,11 +185,11 @@ API_RECOMMIT = r"""
 import json, sys, time
 from agentcas.repository import Store
 store = Store.open(sys.argv[1])
-store.commit(sys.argv[2], "warm")
+store.checkpoints.commit(sys.argv[2], "warm")
 times = []
 for _ in range(int(sys.argv[3])):
     t = time.perf_counter()
-    doc = store.commit(sys.argv[2], "again")
+    doc = store.checkpoints.commit(sys.argv[2], "again").to_json()
     times.append(time.perf_counter() - t)
 print(json.dumps({"times": times, "cached": doc["cached_files"], "files": doc["files"]}))
 """
@@ -291,7 +291,7 @@ store, times = Store.open(sys.argv[1]), []
 fd = os.open(os.devnull, os.O_WRONLY)
 for _ in range(int(sys.argv[2])):
     t = time.perf_counter()
-    for piece in store.rollout_read("big", 0, None):
+    for piece in store.history.read("big", 0, None):
         os.write(fd, piece)
     times.append(time.perf_counter() - t)
 print(json.dumps(times))

@@ -48,10 +48,10 @@ def main() -> None:
             out.write(rng.randbytes(600_000))
         store, _ = Store.init(os.path.join(work, "store"))
         records = b"".join(b'{"type":"message","n":%d,"text":"hello %d"}\n' % (i, i) for i in range(5))
-        store.rollout_append("main", records)
-        store.commit(ws, "seed")
-        store.rollout_append("main", b'{"type":"tool_call","name":"ls"}\n')
-        store.commit(ws, "seed 2")
+        store.history.append("main", records)
+        store.checkpoints.commit(ws, "seed")
+        store.history.append("main", b'{"type":"tool_call","name":"ls"}\n')
+        store.checkpoints.commit(ws, "seed 2")
         key = keys.generate()
         key_dir = os.path.join(work, "keys")
         keys.write_keypair("alice", key_dir, key)
@@ -71,7 +71,7 @@ def main() -> None:
                     seed(KINDS[kind], data)
                     seed("encoding", data)
         bundle_path = os.path.join(work, "main.bundle")
-        store.export_bundle("main", bundle_path, os.path.join(key_dir, "alice.key"))
+        store.remotes.export_bundle("main", bundle_path, os.path.join(key_dir, "alice.key"))
         with open(bundle_path, "rb") as handle:
             whole = handle.read()
         (length,) = U32.unpack(whole[len(MAGIC):len(MAGIC) + 4])
@@ -80,10 +80,10 @@ def main() -> None:
         # Bundles: the big one (600 KB of chunks) is not a seed; a thread without it is.
         os.unlink(os.path.join(ws, "sub", "data.bin"))
         for thread in ("small", "small-signed"):
-            store.rollout_append(thread, records)
-            store.commit(ws, "small", thread=thread)
+            store.history.append(thread, records)
+            store.checkpoints.commit(ws, "small", thread=thread)
             path = os.path.join(work, thread + ".bundle")
-            store.export_bundle(thread, path, os.path.join(key_dir, "alice.key") if "signed" in thread else None)
+            store.remotes.export_bundle(thread, path, os.path.join(key_dir, "alice.key") if "signed" in thread else None)
             with open(path, "rb") as handle:
                 seed("bundle", handle.read())
         seed("rollout", records)

@@ -153,14 +153,14 @@ def observe(store_path: str, refs: str | None = None) -> dict:
     from agentcas import Store
     from agentcas.errors import AgentcasError
     store = Store.open(store_path, refs)
-    doc = store.fsck()
+    doc = store.gc.fsck().to_json()
     threads = {}
-    for row in store.threads():
+    for row in [item.to_json() for item in store.threads.list()]:
         state = {"checkpoint": row["checkpoint"], "history": row["history"],
                  "forked_from": row["forked_from"]}
         if row["checkpoint"]:
             try:
-                shown = store.show(row["checkpoint"])
+                shown = store.checkpoints.show(row["checkpoint"]).to_json()
                 state.update(tree=shown["tree"], reason=shown["reason"], parents=shown["parents"])
             except AgentcasError as exc:  # a ref to a missing checkpoint: the walk reports it
                 state["unreadable"] = str(exc)

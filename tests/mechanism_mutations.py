@@ -55,9 +55,9 @@ MUTATIONS = {
     "6": ("agentcas/lineage/moves.py", ["    missing = stores.objects.missing(needed)\n    if missing:\n"],
           ["    missing = stores.objects.missing(needed)\n    if False:\n"],
           [M + "test_commit_reusing_only_old_garbage_fails_cleanly_when_gc_runs_before_it_lands"]),
-    "7": ("agentcas/repository.py", ["                if expect is not None and current != expected:"], ["                if False:"],
+    "7": ("agentcas/api/checkpoints.py", ["                if expect is not None and current != expected:"], ["                if False:"],
           [M + "test_commit_expect_is_rechecked_when_the_thread_moves_during_the_snapshot"]),
-    "8": ("agentcas/repository.py", ["                    if history != based_on:"], ["                    if False:"],
+    "8": ("agentcas/api/checkpoints.py", ["                    if history != based_on:"], ["                    if False:"],
           [M + "test_commit_rollout_is_rechecked_when_the_history_moves_during_the_commit"]),
     "9": ("agentcas/exchange/bundle.py", ["                if state != before:"], ["                if False:"],
           [M + "test_import_is_a_conflict_when_the_thread_moves_while_it_writes"]),
@@ -107,7 +107,7 @@ MUTATIONS = {
     # move (here: after, so a kill in between leaves a ref to missing objects), and the landing's
     # compare-and-swap (here: a ref that moved is overwritten or its move silently dropped).
     "G1": ("agentcas/lineage/group_moves.py",
-           ["            self.lease.refresh()\n            self.stores.objects.put_many(waiting)\n",
+           ["            self.lease.refresh()\n            store_objects(self.stores, waiting, (self.needed | view.needed) - waiting.keys(), \"write\")\n",
             "                continue\n            return result\n"],
            ["            self.lease.refresh()\n",
             "                continue\n            self.stores.objects.put_many(waiting)\n            return result\n"],
@@ -127,12 +127,13 @@ MUTATIONS = {
            ["tests/test_langgraph_saver.py::"
             "test_gc_at_grace_zero_during_a_leaseless_put_sweeps_garbage_and_the_put_plans_again"]),
     "G2": ("agentcas/lineage/group_moves.py",
-           ["        if threads.read_thread(txn, name) != state:\n            raise LostRace()\n",
-            "        if not threads.set_if_equals(txn, name, old, new, action, message, implied):\n"
-            "            raise LostRace()\n"],
-           ["        pass\n",
-            "        threads.set_if_equals(txn, name, old, new, action, message, implied)\n"],
-           ["tests/test_langgraph_saver.py::test_a_ref_moved_between_planning_and_landing_makes_the_put_plan_again"]),
+           ["        if threads.read_thread(txn, name) != state:\n            raise LostRace(name)\n"],
+           ["        pass\n"],
+           ["tests/test_langgraph_saver.py::test_a_ref_moved_between_planning_and_landing_makes_the_put_plan_again"],
+           ("agentcas/lineage/moves.py",
+            ["        if not threads.set_if_equals(txn, name, old, new, action, message, implied):\n"
+             "            raise LostRace(name)\n"],
+            ["        threads.set_if_equals(txn, name, old, new, action, message, implied)\n"])),
     "Le": ("agentcas/gc/sweep.py", ["        if time.time() > began + SWEEP_WINDOW - WINDOW_MARGIN:\n"],
            ["        if False:\n"], [M + "test_a_sweep_batch_past_its_window_deletes_nothing"]),
     # A shared store's fsck reads the bucket (here: this machine's cache, which may hold a good
@@ -145,7 +146,7 @@ MUTATIONS = {
            ["        return False\n"],
            ["tests/test_acceptance_11b.py::"
             "test_fsck_names_an_object_the_bucket_lost_even_where_the_cache_holds_it"]),
-    "Vc": ("agentcas/repository.py", ["                if known is None:\n                    raise\n"],
+    "Vc": ("agentcas/api/checkpoints.py", ["                if known is None:\n                    raise\n"],
            ["                raise\n"],
            ["tests/test_acceptance_11b.py::"
             "test_a_commit_after_gc_on_another_machine_deleted_what_this_cache_remembers"]),

@@ -426,7 +426,7 @@ def test_export_signed_then_import_resumes_at_the_pending_interrupt(tmp_path, ru
         parallel_graph(saver, calls_here).invoke({"log": ["start"]}, thread("hand"))
         review_graph(saver).invoke({"messages": [HumanMessage(content="q")]}, thread("rev"))
         review_graph(saver).invoke(Command(resume="ok"), thread("rev"))
-        subgraph_threads = sorted(n for n in saver.store.thread_states("langgraph/rev") if "/ns/" in n)
+        subgraph_threads = sorted(n for n in saver.store.threads.under("langgraph/rev") if "/ns/" in n)
     assert run("keygen", "alice", "--out", tmp_path).code == 0
     assert run("init", there).code == 0
     assert run("trust", "add", "alice", tmp_path / "alice.pub", store=there).code == 0
@@ -485,7 +485,7 @@ def test_push_and_pull_through_a_remote_carry_a_paused_thread(tmp_path, run):
         assert snapshot(graph.get_state(thread("sync"))) == there
         out = graph.invoke(Command(resume="done"), thread("sync"))
         assert contents(out["messages"])[-2:] == ["prepared", "published: done"]
-        assert any(n.startswith("langgraph/sync/branches/") for n in saver.store.thread_states("langgraph/sync"))
+        assert any(n.startswith("langgraph/sync/branches/") for n in saver.store.threads.under("langgraph/sync"))
     assert run("fsck", store=here).code == 0
 
 
@@ -545,7 +545,7 @@ def test_two_processes_on_one_thread_lose_no_checkpoint(tmp_path):
     with AgentcasSaver.from_path(path) as saver:
         listed = [t.checkpoint["id"] for t in saver.list(thread("shared"))]
         assert len(listed) == len(written) == 2 * 8 * 3 and set(listed) == written
-        assert saver.store.fsck()["ok"]
+        assert saver.store.gc.fsck().to_json()["ok"]
 
 
 def test_sigkill_during_puts_leaves_the_old_or_the_new_checkpoint(tmp_path):
@@ -562,7 +562,7 @@ def test_sigkill_during_puts_leaves_the_old_or_the_new_checkpoint(tmp_path):
         proc.wait()
         started, done = _logged(log)
         store = Store.open(str(path))
-        assert store.fsck()["ok"]
+        assert store.gc.fsck().to_json()["ok"]
         store.close()
         with AgentcasSaver.from_path(path) as saver:
             head = saver.get_tuple(thread("shared"))
@@ -675,7 +675,7 @@ def nested_session(saver):
 def test_nested_subgraph_namespaces_are_listed_under_their_own_names(tmp_path):
     with AgentcasSaver.from_path(tmp_path / "store") as saver:
         namespaces, everywhere, ours = nested_session(saver)
-        assert any("%h" in n for n in saver.store.thread_states("langgraph/nest"))  # a hashed ref name
+        assert any("%h" in n for n in saver.store.threads.under("langgraph/nest"))  # a hashed ref name
     assert namespaces == everywhere
     assert all(ns == "" or ns.startswith("middle:") for ns in namespaces), namespaces
     assert nested_session(InMemorySaver())[2] == ours
@@ -733,7 +733,7 @@ def test_prune_keep_latest_keeps_a_delta_channels_state(tmp_path, every):
         graph.invoke({"notes": ["more"]}, thread("d"))
         reference.invoke({"notes": ["more"]}, thread("d"))
         assert graph.get_state(thread("d")).values == reference.get_state(thread("d")).values
-        assert saver.store.fsck()["ok"]
+        assert saver.store.gc.fsck().to_json()["ok"]
 
 
 # -- 10. values whose == is elementwise (numpy arrays) -------------------------------------------

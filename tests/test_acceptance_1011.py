@@ -131,7 +131,7 @@ def test_from_path_is_an_async_context_manager_too(tmp_path):
     assert asyncio.run(main(path)) == ["hi", "reply 1"]
     with AgentcasSaver.from_path(path) as saver:  # the sync form still works, on the same store
         assert saver.get_tuple({"configurable": {"thread_id": "async"}}) is not None
-    assert Store.open(path).thread("langgraph/async") is not None
+    assert Store.open(path).threads.get("langgraph/async") is not None
     assert AsyncAgentcasSaver is AgentcasSaver or issubclass(AsyncAgentcasSaver, AgentcasSaver)
 
 

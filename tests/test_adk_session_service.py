@@ -241,14 +241,14 @@ def test_bad_forks_are_refused_and_change_nothing(tmp_path, clock):
         source = await service.create_session(app_name="app", user_id="u", session_id="src")
         await service.append_event(source, event(0, {"k": 0}))
         await service.create_session(app_name="app", user_id="u", session_id="taken")
-        names = store.thread_names()
+        names = store.threads.names()
         with pytest.raises(SessionNotFoundError):
             await service.fork_session("app", "u", "missing", "new")
         with pytest.raises(NotFoundError):
             await service.fork_session("app", "u", "src", "new", at_event_id="no-such-event")
         with pytest.raises(AlreadyExistsError):
             await service.fork_session("app", "u", "src", "taken")
-        assert store.thread_names() == names
+        assert store.threads.names() == names
         assert (await service.get_session(app_name="app", user_id="u", session_id="taken")).events == []
     asyncio.run(go())
     store.close()

@@ -127,7 +127,7 @@ def snapshot(store: Store) -> dict:
 @pytest.fixture
 def receiver(tmp_path, store) -> Store:
     (tmp_path / "alice.pub").write_text(ALICE.public.to_line("alice"))
-    store.trust_add("alice", str(tmp_path / "alice.pub"))
+    store.trust.add("alice", str(tmp_path / "alice.pub"))
     return store
 
 
@@ -141,7 +141,7 @@ def refused(store: Store, data: bytes, tmp_path, fragment: str, **options) -> st
     writes = []
     with testing_hooks.on("import.before_write", lambda: writes.append(True)):
         with pytest.raises(IntegrityError) as info:
-            store.import_bundle(str(path), "main", **options)
+            store.remotes.import_bundle(str(path), "main", **options)
     assert writes == [], f"refused only while writing, not before: {info.value}"
     assert info.value.exit_code == 4
     assert fragment.lower() in str(info.value).lower(), str(info.value)
@@ -152,9 +152,9 @@ def refused(store: Store, data: bytes, tmp_path, fragment: str, **options) -> st
 def test_good_crafted_bundle_imports(receiver, tmp_path):
     path = tmp_path / "good.bundle"
     path.write_bytes(good_craft().bytes())
-    result = receiver.import_bundle(str(path))
+    result = receiver.remotes.import_bundle(str(path)).to_json()
     assert result["signature"] == "valid" and result["moved"]
-    receiver.checkout("main", str(tmp_path / "out"))
+    receiver.checkpoints.checkout("main", str(tmp_path / "out"))
     assert (tmp_path / "out" / "memory" / "notes.md").read_bytes() == b"plan: sum of squares\n"
 
 
@@ -475,12 +475,12 @@ def test_signature_defects_are_refused(case, receiver, tmp_path):
 def test_allow_unsigned_accepts_unsigned_and_untrusted_but_never_invalid(receiver, tmp_path):
     unsigned = tmp_path / "unsigned.bundle"
     unsigned.write_bytes(good_craft(sign=False).bytes())
-    assert receiver.import_bundle(str(unsigned), "a", allow_unsigned=True)["signature"] == "absent"
+    assert receiver.remotes.import_bundle(str(unsigned), "a", allow_unsigned=True).to_json()["signature"] == "absent"
     craft = good_craft(sign=False)
     craft.sign(MALLORY)
     untrusted = tmp_path / "untrusted.bundle"
     untrusted.write_bytes(craft.bytes())
-    assert receiver.import_bundle(str(untrusted), "b", allow_unsigned=True)["signature"] == "untrusted"
+    assert receiver.remotes.import_bundle(str(untrusted), "b", allow_unsigned=True).to_json()["signature"] == "untrusted"
     craft = good_craft()
     _changed_field("signed_at", "2030-01-01T00:00:00.000000Z")(craft)
     refused(receiver, craft.bytes(), tmp_path, "invalid", allow_unsigned=True)
@@ -488,7 +488,7 @@ def test_allow_unsigned_accepts_unsigned_and_untrusted_but_never_invalid(receive
 
 def test_trusted_for_another_namespace_only_is_untrusted(store, tmp_path):
     (tmp_path / "alice.pub").write_text(ALICE.public.to_line("alice"))
-    store.trust_add("alice", str(tmp_path / "alice.pub"), ["team-only"])
+    store.trust.add("alice", str(tmp_path / "alice.pub"), ["team-only"])
     refused(store, good_craft().bytes(), tmp_path, "not trusted for namespace")
 
 
@@ -541,7 +541,7 @@ def test_round_trip_restores_files_and_rollout(exchange, run, workspace):
 def test_bundle_from_export_defects_with_history(exchange, store, tmp_path):
     """Real exported bundle (history, parent): drop the parent, flip a rollout chunk, change the manifest."""
     src, dst, k, tmp = exchange
-    store.trust_add("alice", str(k / "alice.pub"))
+    store.trust.add("alice", str(k / "alice.pub"))
     cases = []
     craft = Craft.explode(str(tmp / "v2.bundle"))
     parent = craft.find(framing.KIND_CHECKPOINT)[1]
@@ -565,7 +565,7 @@ def test_bundle_from_export_defects_with_history(exchange, store, tmp_path):
         refused(store, craft.bytes(), tmp_path, fragment)
     good = tmp_path / "rebuilt.bundle"
     good.write_bytes(Craft.explode(str(tmp / "v2.bundle")).bytes())
-    assert store.import_bundle(str(good))["signature"] == "valid"
+    assert store.remotes.import_bundle(str(good)).to_json()["signature"] == "valid"
 
 
 def test_fast_forward_rollback_and_conflict(exchange, run, workspace):
@@ -601,19 +601,19 @@ def test_rollback_by_signed_time(receiver, tmp_path):
     older.sign(signed_at="2026-01-01T00:00:00.000000Z")
     (tmp_path / "new.bundle").write_bytes(newer.bytes())
     (tmp_path / "old.bundle").write_bytes(older.bytes())
-    receiver.import_bundle(str(tmp_path / "new.bundle"), "main")
-    receiver.delete_thread("main")
+    receiver.remotes.import_bundle(str(tmp_path / "new.bundle"), "main")
+    receiver.threads.delete("main")
     refused(receiver, older.bytes(), tmp_path, "rollback")
-    assert receiver.import_bundle(str(tmp_path / "old.bundle"), "main", allow_rollback=True)["moved"]
+    assert receiver.remotes.import_bundle(str(tmp_path / "old.bundle"), "main", allow_rollback=True).to_json()["moved"]
 
 
 def test_conflict_on_unrelated_thread_writes_no_objects(receiver, tmp_path, workspace):
-    receiver.commit(str(workspace), "local")
+    receiver.checkpoints.commit(str(workspace), "local")
     path = tmp_path / "b.bundle"
     path.write_bytes(good_craft().bytes())
     before = snapshot(receiver)
     with pytest.raises(ConflictError):
-        receiver.import_bundle(str(path), "main")
+        receiver.remotes.import_bundle(str(path), "main")
     assert snapshot(receiver) == before
 
 
@@ -679,7 +679,7 @@ def test_exported_records_carry_no_write_time_and_imports_get_a_fresh_one(exchan
     craft = Craft.explode(str(tmp / "v2.bundle"))
     assert {framing.read_header(framed)[3] for _, _, framed in craft.records} == {0}
     store = Store.open(str(dst))
-    store.import_bundle(str(tmp / "v2.bundle"), allow_unsigned=True)
+    store.remotes.import_bundle(str(tmp / "v2.bundle"), allow_unsigned=True)
     with views(store) as txn:
         times = {framing.read_header(value)[3] for _, value in txn.scan("objects")}
     assert 0 not in times
@@ -698,15 +698,15 @@ def test_pass_one_keeps_chunks_on_disk_not_in_memory(exchange):
 
 
 def test_export_carries_at_most_the_signature_limit(store, workspace, tmp_path):
-    store.commit(str(workspace), "one")
+    store.checkpoints.commit(str(workspace), "one")
     keys.write_keypair("alice", str(tmp_path / "k"))
     for _ in range(bf.MAX_SIGNATURES + 2):
-        store.sign("main", str(tmp_path / "k" / "alice.key"))
-    result = store.export_bundle("main", str(tmp_path / "b.bundle"), str(tmp_path / "k" / "alice.key"))
+        store.trust.sign("main", str(tmp_path / "k" / "alice.key"))
+    result = store.remotes.export_bundle("main", str(tmp_path / "b.bundle"), str(tmp_path / "k" / "alice.key")).to_json()
     assert len(result["signatures"]) == bf.MAX_SIGNATURES
     receiver = Store.memory()
-    receiver.trust_add("alice", str(tmp_path / "k" / "alice.pub"))
-    assert receiver.import_bundle(str(tmp_path / "b.bundle"))["signature"] == "valid"
+    receiver.trust.add("alice", str(tmp_path / "k" / "alice.pub"))
+    assert receiver.remotes.import_bundle(str(tmp_path / "b.bundle")).to_json()["signature"] == "valid"
 
 
 @pytest.mark.parametrize("at", [5, 9_000, 24_990])
@@ -728,9 +728,9 @@ def test_export_scans_a_large_file_window_by_window(tmp_path, monkeypatch, at):
     ws.mkdir()
     (ws / "log.txt").write_bytes(b"".join(lines))
     store = Store.init(str(tmp_path / "s"))[0]
-    store.commit(str(ws), "with a token", allow_secrets=["log.txt"])
+    store.checkpoints.commit(str(ws), "with a token", allow_secrets=["log.txt"])
     with pytest.raises(SecretInBundle, match=f"log.txt line {at + 1} looks like a GitHub token"):
-        store.export_bundle("main", str(tmp_path / "b.bundle"))
+        store.remotes.export_bundle("main", str(tmp_path / "b.bundle"))
     assert not (tmp_path / "b.bundle").exists()
 
 
@@ -803,9 +803,9 @@ def _history_craft(chunk_sizes, count=None, length=None):
 def test_good_history_craft_imports(receiver, tmp_path):
     path = tmp_path / "h.bundle"
     path.write_bytes(_history_craft([4, 4]).bytes())
-    receiver.import_bundle(str(path))
-    assert b"".join(receiver.rollout_read("main")) == b'{"a":1}\n'
-    assert receiver.fsck()["ok"]
+    receiver.remotes.import_bundle(str(path))
+    assert b"".join(receiver.history.read("main")) == b'{"a":1}\n'
+    assert receiver.gc.fsck().to_json()["ok"]
 
 
 @pytest.mark.parametrize("sizes", [[6, 2], [2, 6], [10 ** 15, 4]])

@@ -39,10 +39,10 @@ def test_commits_carry_generation_and_skip_and_fork_finds_the_newest_at_the_cut(
     rng = random.Random(7)
     for step in range(150):
         if rng.random() < 0.7:
-            store.rollout_append("main", b'{"step": %d}\n' % step * rng.randint(1, 3))
-        store.commit(str(ws), f"step {step}")
+            store.history.append("main", b'{"step": %d}\n' % step * rng.randint(1, 3))
+        store.checkpoints.commit(str(ws), f"step {step}")
         if step in (60, 110):  # reverts reset the history; the chain stays monotone
-            store.revert("main", "main~5")
+            store.threads.revert("main", "main~5")
     with views(store) as txn:
         tip = store.resolve("main")
         nodes = chain(txn, tip)
@@ -51,10 +51,10 @@ def test_commits_carry_generation_and_skip_and_fork_finds_the_newest_at_the_cut(
             assert cp.generation == generation
             assert (cp.skip is not None) == (generation >= 2)
             assert ancestor_at(txn, node, cp, generation // 2) == nodes[generation // 2]
-        head = store.thread("main").history.seq
+        head = store.threads.get("main").history.seq
         for seq in list(range(0, head + 1, 7)) + [head]:
             assert newest_at_or_before(txn, tip, seq) == naive_newest(txn, tip, seq)
-    forked = store.fork("main", "side", at=head // 2)
+    forked = store.threads.fork("main", "side", at=head // 2).to_json()
     with views(store) as txn:
         assert forked["checkpoint"] == naive_newest(txn, tip, head // 2).hex()
 
@@ -99,7 +99,7 @@ def test_a_commit_finds_its_skip_target_from_the_links_it_keeps(tmp_path, monkey
     work.mkdir()
     for i in range(40):
         (work / "f").write_text(str(i))
-        store.commit(str(work), f"step {i}", thread="main")
+        store.checkpoints.commit(str(work), f"step {i}", thread="main")
     loads = []
     real = revisions.load_checkpoint
     monkeypatch.setattr(checkpoints, "load_checkpoint", lambda objects, digest: loads.append(digest) or real(objects, digest))

@@ -61,7 +61,7 @@ def cli(sdir, *args, input=b""):
 def append(sdir, thread: str, data: bytes) -> None:
     """Set-up through the API in this process (closed again), to keep the tests quick."""
     with opened(sdir) as store:
-        store.rollout_append(thread, data)
+        store.history.append(thread, data)
 
 
 # --- rollout append -----------------------------------------------------------------------
@@ -103,7 +103,7 @@ def test_concurrent_appenders_lose_and_duplicate_nothing(sdir):
         who = sys.argv[2]
         for i in range(20):
             batch = "".join(json.dumps({"who": who, "i": i, "k": k}) + "\\n" for k in range(i % 3 + 1))
-            store.rollout_append("shared", batch.encode())
+            store.history.append("shared", batch.encode())
     """
     procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), str(sdir), f"p{n}"],
                               stderr=subprocess.PIPE) for n in range(4)]
@@ -118,9 +118,9 @@ def test_concurrent_appenders_lose_and_duplicate_nothing(sdir):
         mine = [(r["i"], r["k"]) for r in records if r["who"] == f"p{n}"]
         assert mine == sorted(mine)
     with opened(sdir) as store:
-        state = store.thread("shared")
+        state = store.threads.get("shared")
         assert state.history.seq == len(expected)
-        appends = [e for e in store.reflog("shared") if e["action"] == "append"]
+        appends = [e for e in [item.to_json() for item in store.threads.reflog("shared")] if e["action"] == "append"]
         assert len(appends) == 80
         seqs = sorted(e["new"]["history"]["seq"] for e in appends)
         assert len(set(seqs)) == 80 and seqs[-1] == len(expected)
@@ -226,13 +226,13 @@ def history(sdir, tmp_path):
     ws.mkdir()
     (ws / "a.txt").write_text("one\n")
     with opened(sdir) as store:
-        store.rollout_append("main", jsonl({"i": 0}, {"i": 1}))
-        c1 = store.commit(str(ws), "c1")["checkpoint"]
+        store.history.append("main", jsonl({"i": 0}, {"i": 1}))
+        c1 = store.checkpoints.commit(str(ws), "c1").to_json()["checkpoint"]
         (ws / "a.txt").write_text("one two\n")
         (ws / "b.txt").write_text("bbb\n")
-        store.rollout_append("main", jsonl({"i": 2}, {"i": 3}))
-        c2 = store.commit(str(ws), "c2")["checkpoint"]
-        store.fork("main", "side", at=3)
+        store.history.append("main", jsonl({"i": 2}, {"i": 3}))
+        c2 = store.checkpoints.commit(str(ws), "c2").to_json()["checkpoint"]
+        store.threads.fork("main", "side", at=3)
     return c1, c2
 
 
@@ -263,7 +263,7 @@ def test_revert_to_an_unrelated_checkpoint_says_so(sdir, history, tmp_path):
     ws.mkdir()
     (ws / "x").write_text("x")
     with opened(sdir) as store:
-        other = store.commit(str(ws), "other", "other")["checkpoint"]
+        other = store.checkpoints.commit(str(ws), "other", "other").to_json()["checkpoint"]
     text = cli(sdir, "revert", "main", other)
     assert text.code == 0 and b"not in this thread's ancestry" in text.err
     doc = cli(sdir, "--json", "revert", "side", other).json()
@@ -280,7 +280,7 @@ def test_racing_reverts_with_the_same_expect_exactly_one_wins(sdir, history):
         err = proc.stderr.read()
         assert err == b"" or b"nothing was changed" in err
     with opened(sdir) as store:
-        assert [e["action"] for e in store.reflog("main")].count("revert") == 1
+        assert [e["action"] for e in [item.to_json() for item in store.threads.reflog("main")]].count("revert") == 1
 
 
 def test_diff_and_lineage_cli(sdir, history):
@@ -328,7 +328,7 @@ def test_sigkill_during_appends_leaves_old_or_new_history(sdir):
         for n in range(int(sys.argv[2]), 1000000, 1000):
             batch = "".join(json.dumps({"n": n, "k": k, "pad": os.urandom(20000).hex()}) + "\\n"
                             for k in range(100))  # ~4 MB a batch
-            store.rollout_append("t", batch.encode())
+            store.history.append("t", batch.encode())
             print(n, flush=True)
     """
     rng = random.Random(7)
@@ -354,7 +354,7 @@ def test_sigkill_during_forks_leaves_whole_forks(sdir):
         from agentcas import Store
         store = Store.open(sys.argv[1])
         for n in range(100000):
-            store.fork("t", f"f{n}", at=n % 51)
+            store.threads.fork("t", f"f{n}", at=n % 51)
             print(n, flush=True)
     """
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), str(sdir)],
@@ -373,8 +373,8 @@ def test_sigkill_during_forks_leaves_whole_forks(sdir):
 def test_corrupt_rollout_chunk_makes_cat_exit_4_naming_it(sdir):
     with opened(sdir) as store:
         # Over rollout.INLINE_BYTES, so the records are stored as chunks.
-        store.rollout_append("t", jsonl(*({"i": i, "pad": os.urandom(1000).hex()} for i in range(40))))
-        head = store.thread("t").history
+        store.history.append("t", jsonl(*({"i": i, "pad": os.urandom(1000).hex()} for i in range(40))))
+        head = store.threads.get("t").history
         with views(store) as txn:
             chunk = rollout.History(txn).segment(head.segment).chunks[0].id.hex()
     flip = """

@@ -364,7 +364,7 @@ CHECK = textwrap.dedent("""
                 pass
             heads[name] = None if state.checkpoint is None else state.checkpoint.hex()
     for checkpoint, files in expect.items():
-        _, cp = store.checkpoint(checkpoint)
+        _, cp = store.checkpoints.get(checkpoint)
         with tempfile.TemporaryDirectory() as tmp:
             restore_tree(store.source, cp.tree, os.path.join(tmp, "out"))
             got = {}

@@ -238,7 +238,7 @@ def ingested_files_read_back(W, scenario) -> list | None:
     store = Store.open(str(Path(W) / "store"))
     problems = []
     for thread, rel in INGESTED[scenario].items():
-        data = b"".join(store.rollout_read(thread))
+        data = b"".join(store.history.read(thread))
         if data != (Path(W) / rel).read_bytes():
             problems.append(f"{thread}: rollout cat is {len(data)} bytes, the file {(Path(W) / rel).stat().st_size}")
     return problems or None

@@ -9,6 +9,7 @@ import pytest
 
 from conftest import store_rows
 from agentcas import drill
+from agentcas.api.checkpoints import Checkpoints
 from agentcas.repository import Store
 
 
@@ -56,14 +57,14 @@ def test_drill_fails_if_the_agent_starts_from_scratch(monkeypatch):
 
 
 def test_drill_fails_if_restore_loses_state(monkeypatch):
-    original_checkout = Store.checkout
+    original_checkout = Checkpoints.checkout
 
     def lossy(self, rev, dest, progress=None):
         result = original_checkout(self, rev, dest, progress)
         os.unlink(os.path.join(dest, "memory", "state.json"))
         return result
 
-    monkeypatch.setattr(Store, "checkout", lossy)
+    monkeypatch.setattr(Checkpoints, "checkout", lossy)
     with pytest.raises(drill.DrillFailed, match="state.json"):
         drill.run_drill(echo=lambda line: None)
 
@@ -91,7 +92,7 @@ def test_checkpoint_drill_compares_and_touches_nothing(user_store, run):
 
 
 def test_checkpoint_drill_detects_a_difference(user_store, monkeypatch):
-    original_checkout = Store.checkout
+    original_checkout = Checkpoints.checkout
 
     def corrupting(self, rev, dest, progress=None):
         result = original_checkout(self, rev, dest, progress)
@@ -99,7 +100,7 @@ def test_checkpoint_drill_detects_a_difference(user_store, monkeypatch):
             out.write(b" ")
         return result
 
-    monkeypatch.setattr(Store, "checkout", corrupting)
+    monkeypatch.setattr(Checkpoints, "checkout", corrupting)
     store = Store.open(str(user_store))
     with pytest.raises(drill.DrillFailed, match="task.json differs"):
         drill.run_checkpoint_drill(store, "main", echo=lambda line: None)

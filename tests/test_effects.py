@@ -19,7 +19,7 @@ def add(store, thread, **kw):
     kw.setdefault("kind", "http.request")
     kw.setdefault("target", "https://api.example/x")
     kw.setdefault("rollback", "irreversible")
-    return store.effect_add(thread, kw.pop("state", "pending"), kw.pop("kind"), kw.pop("target"),
+    return store.effects.add(thread, kw.pop("state", "pending"), kw.pop("kind"), kw.pop("target"),
                             kw.pop("rollback"), kw.pop("provider", None), kw.pop("operation", None),
                             kw.pop("effect_id", None))
 
@@ -62,31 +62,31 @@ def test_add_update_and_list_latest_states(store):
     a = add(store, "main", provider="stripe", operation="charge")
     b = add(store, "main", kind="file.write", target="/srv/out", rollback="compensatable", state="unknown",
             effect_id="write-1")
-    assert a["new"] and a["id"].startswith("eff-") and (a["seq"], b["seq"]) == (0, 1)
-    up = store.effect_add("main", "done", effect_id=a["id"])
-    assert not up["new"] and up["seq"] == 2
-    doc = store.effects("main")
-    assert [e["id"] for e in doc["effects"]] == [a["id"], "write-1"]  # newest activity first
+    assert a.new and a.id.startswith("eff-") and (a.seq, b.seq) == (0, 1)
+    up = store.effects.add("main", "done", effect_id=a.id)
+    assert not up.new and up.seq == 2
+    doc = store.effects.list("main").to_json()
+    assert [e["id"] for e in doc["effects"]] == [a.id, "write-1"]  # newest activity first
     first = doc["effects"][0]
     assert (first["state"], first["first_seq"], first["state_seq"], first["provider"]) == ("done", 0, 2, "stripe")
     assert doc["totals"] == {"effects": 2, "by_state": {"done": 1, "unknown": 1},
                              "by_rollback": {"compensatable": 1, "irreversible": 1},
                              "by_provider": {"": 1, "stripe": 1}}
-    assert [e["id"] for e in store.effects("main", states=["pending", "unknown"])["effects"]] == ["write-1"]
+    assert [e["id"] for e in store.effects.list("main", states=["pending", "unknown"]).to_json()["effects"]] == ["write-1"]
 
 
 def test_a_state_for_an_unknown_id_writes_nothing(store):
     add(store, "main", effect_id="e1")
-    before = list(store.rollout_read("main"))
+    before = list(store.history.read("main"))
     with pytest.raises(NotFound, match="no effect 'nope'.*nothing was written"):
-        store.effect_add("main", "done", effect_id="nope")
+        store.effects.add("main", "done", effect_id="nope")
     with pytest.raises(NotFound):
-        store.effect_add("other", "done", effect_id="e1")  # the id lives in main's history, not other's
+        store.effects.add("other", "done", effect_id="e1")  # the id lives in main's history, not other's
     with pytest.raises(ConflictError, match="already exists"):
         add(store, "main", effect_id="e1")
     with pytest.raises(effects.BadEffect, match="needs --target, --rollback"):
-        store.effect_add("main", "pending", kind="k")
-    assert list(store.rollout_read("main")) == before
+        store.effects.add("main", "pending", kind="k")
+    assert list(store.history.read("main")) == before
 
 
 def _racing(store_dir, *cli_args):
@@ -104,12 +104,12 @@ def test_two_racing_state_updates_one_wins_the_other_conflicts(store_dir, store)
     race, codes = _racing(store_dir, "main", "--id", "pay-1", "--state", "failed")
     with testing_hooks.on("effect.after_lookup", race):
         with pytest.raises(ConflictError, match="pay-1.*got state 'failed'.*nothing was written"):
-            store.effect_add("main", "done", effect_id="pay-1")
+            store.effects.add("main", "done", effect_id="pay-1")
     assert codes == [0]                       # the other update won
-    assert store.thread("main").history.seq == 2   # and only its record landed
-    latest, = store.effects("main")["effects"]
+    assert store.threads.get("main").history.seq == 2   # and only its record landed
+    latest, = store.effects.list("main").to_json()["effects"]
     assert latest["state"] == "failed"
-    assert store.effect_add("main", "done", effect_id="pay-1")["state"] == "done"   # a re-read then succeeds
+    assert store.effects.add("main", "done", effect_id="pay-1").to_json()["state"] == "done"   # a re-read then succeeds
 
 
 def test_a_new_effect_with_an_id_racing_the_same_id_conflicts(store_dir, store):
@@ -119,7 +119,7 @@ def test_a_new_effect_with_an_id_racing_the_same_id_conflicts(store_dir, store):
     with testing_hooks.on("effect.after_lookup", race):
         with pytest.raises(ConflictError, match="job-9"):
             add(store, "main", effect_id="job-9")
-    assert codes == [0] and store.thread("main").history.seq == 2
+    assert codes == [0] and store.threads.get("main").history.seq == 2
 
 
 def test_records_of_other_effects_landing_meanwhile_do_not_conflict(store_dir, store):
@@ -127,15 +127,15 @@ def test_records_of_other_effects_landing_meanwhile_do_not_conflict(store_dir, s
     add(store, "main", effect_id="b")
     race, codes = _racing(store_dir, "main", "--id", "b", "--state", "done")
     with testing_hooks.on("effect.after_lookup", race):
-        assert store.effect_add("main", "failed", effect_id="a")["seq"] == 3   # after the other's record
+        assert store.effects.add("main", "failed", effect_id="a").to_json()["seq"] == 3   # after the other's record
     assert codes == [0]
-    assert {e["id"]: e["state"] for e in store.effects("main")["effects"]} == {"a": "failed", "b": "done"}
+    assert {e["id"]: e["state"] for e in store.effects.list("main").to_json()["effects"]} == {"a": "failed", "b": "done"}
 
 
 def test_a_revert_landing_between_lookup_and_append_conflicts(store_dir, store, workspace):
-    base = store.commit(str(workspace), "base")["checkpoint"]
+    base = store.checkpoints.commit(str(workspace), "base").to_json()["checkpoint"]
     add(store, "main", effect_id="pay-2")
-    store.commit(str(workspace), "after")
+    store.checkpoints.commit(str(workspace), "after")
     codes = []
 
     def race():
@@ -143,8 +143,8 @@ def test_a_revert_landing_between_lookup_and_append_conflicts(store_dir, store, 
             codes.append(run_cli("revert", "main", base, store=store_dir).code)
     with testing_hooks.on("effect.after_lookup", race):
         with pytest.raises(ConflictError, match="another history"):
-            store.effect_add("main", "done", effect_id="pay-2")
-    assert codes == [0] and store.thread("main").history.seq == 0
+            store.effects.add("main", "done", effect_id="pay-2")
+    assert codes == [0] and store.threads.get("main").history.seq == 0
 
 
 def test_paging_resumes_and_the_last_page_ends(store):
@@ -152,47 +152,47 @@ def test_paging_resumes_and_the_last_page_ends(store):
         add(store, "main", effect_id=f"e{i}", state=("done", "pending")[i % 2])
     seen, cursor = [], None
     while True:
-        page = store.effects("main", limit=5, before=cursor)
+        page = store.effects.list("main", limit=5, before=cursor).to_json()
         seen += [e["id"] for e in page["effects"]]
         if not page["has_more"]:
             break
         cursor = page["next_cursor"]
     assert seen == [f"e{i}" for i in reversed(range(23))]
-    pending = store.effects("main", states=["pending"], limit=4)
+    pending = store.effects.list("main", states=["pending"], limit=4).to_json()
     assert [e["id"] for e in pending["effects"]] == ["e21", "e19", "e17", "e15"] and pending["has_more"]
 
 
 def test_effects_survive_fork_and_revert_as_evidence(store, workspace):
-    store.commit(str(workspace), "before")
+    store.checkpoints.commit(str(workspace), "before")
     add(store, "main", effect_id="charge", state="pending", rollback="compensatable")
-    store.commit(str(workspace), "after")
-    store.fork("main", "explore")
-    assert [e["id"] for e in store.effects("explore")["effects"]] == ["charge"]
-    result = store.revert("main", "main~1")
+    store.checkpoints.commit(str(workspace), "after")
+    store.threads.fork("main", "explore")
+    assert [e["id"] for e in store.effects.list("explore").to_json()["effects"]] == ["charge"]
+    result = store.threads.revert("main", "main~1").to_json()
     assert result["effects"]["count"] == 1 and result["effects"]["effects"][0]["id"] == "charge"
     assert "undid none" in result["effects"]["note"]
-    assert store.effects("main")["effects"] == []                 # not in the reverted history ...
-    assert [e["id"] for e in store.effects("main@{1}")["effects"]] == ["charge"]  # ... still evidence
-    assert [e["id"] for e in store.effects("explore")["effects"]] == ["charge"]
+    assert store.effects.list("main").to_json()["effects"] == []                 # not in the reverted history ...
+    assert [e["id"] for e in store.effects.list("main@{1}").to_json()["effects"]] == ["charge"]  # ... still evidence
+    assert [e["id"] for e in store.effects.list("explore").to_json()["effects"]] == ["charge"]
 
 
 def test_since_counts_older_effects_changed_later(store, workspace):
     add(store, "main", effect_id="old")
     add(store, "main", effect_id="quiet", state="done")
-    mark = store.commit(str(workspace), "mark")["checkpoint"]
-    store.effect_add("main", "failed", effect_id="old")
+    mark = store.checkpoints.commit(str(workspace), "mark").to_json()["checkpoint"]
+    store.effects.add("main", "failed", effect_id="old")
     add(store, "main", effect_id="new")
-    doc = store.effects("main", since=mark)
+    doc = store.effects.list("main", since=mark).to_json()
     assert doc["since_seq"] == 2 and {e["id"] for e in doc["effects"]} == {"old", "new"}
     assert doc["totals"]["by_state"] == {"failed": 1, "pending": 1}
 
 
 def test_records_from_any_append_path_are_indexed(store):
-    store.rollout_append("main", b'{"type":"message","text":"hi"}\n'
+    store.history.append("main", b'{"type":"message","text":"hi"}\n'
                          + effects.new_effect("hand", "k", "t", "pending", "irreversible", None, None,
                                               "2026-01-01T00:00:00.000000Z").to_line()
                          + b'{"type":"agentcas.effect","id":"ghost","state":"done"}\n')
-    doc = store.effects("main")
+    doc = store.effects.list("main").to_json()
     assert [e["id"] for e in doc["effects"]] == ["hand"] and doc["effects"][0]["first_seq"] == 1
 
 
@@ -200,18 +200,18 @@ def test_the_index_is_a_cache_and_rebuilds(store_dir):
     store = Store.open(str(store_dir))
     for i in range(5):
         add(store, "main", effect_id=f"e{i}")
-    first = store.effects("main")
+    first = store.effects.list("main").to_json()
     (store_dir / INDEX_FILE).unlink()
     for extra in ("-wal", "-shm"):
         (store_dir / (INDEX_FILE + extra)).unlink(missing_ok=True)
-    again = Store.open(str(store_dir)).effects("main")
+    again = Store.open(str(store_dir)).effects.list("main").to_json()
     assert again["effects"] == first["effects"] and again["totals"] == first["totals"]
 
 
 def naive(store, rev):
     """Effects and latest states recomputed from the raw history, the index's specification."""
     latest, order = {}, []
-    for seq, line in enumerate(b"".join(store.rollout_read(rev)).splitlines(keepends=True)):
+    for seq, line in enumerate(b"".join(store.history.read(rev)).splitlines(keepends=True)):
         rec = effects.parse_record(line)
         if rec is None or (rec.id not in latest and not rec.is_new):
             continue
@@ -222,11 +222,11 @@ def naive(store, rev):
 
 
 def has_thread(store):
-    return any(t["thread"] == "main" for t in store.threads())
+    return any(t["thread"] == "main" for t in [item.to_json() for item in store.threads.list()])
 
 
 def has_checkpoint(store):
-    return has_thread(store) and store.thread("main").checkpoint is not None
+    return has_thread(store) and store.threads.get("main").checkpoint is not None
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -240,25 +240,25 @@ def test_index_agrees_with_the_history_through_reverts_and_forks(tmp_path_factor
     ids, forks = [], 0
     for op, n, state in ops:
         if op == "add":
-            ids.append(add(store, "main", state=state)["id"])
+            ids.append(add(store, "main", state=state).id)
         elif op == "state" and ids:
             try:
-                store.effect_add("main", state, effect_id=ids[n % len(ids)])
+                store.effects.add("main", state, effect_id=ids[n % len(ids)])
             except NotFound:
                 pass  # the id was reverted away
         elif op == "commit":
-            store.commit(str(ws), f"c{n}")
+            store.checkpoints.commit(str(ws), f"c{n}")
         elif op == "revert" and has_checkpoint(store):
-            back = min(n % 4, len(store.log("main")) - 1)
-            store.revert("main", f"main~{back}")
+            back = min(n % 4, len(store.threads.log("main")) - 1)
+            store.threads.revert("main", f"main~{back}")
         elif op == "fork" and has_thread(store):
             forks += 1
-            store.fork("main", f"f{forks}", at=n % (store.thread("main").history.seq + 1))
+            store.threads.fork("main", f"f{forks}", at=n % (store.threads.get("main").history.seq + 1))
         revs = (["main"] if has_thread(store) else []) + [f"f{i}" for i in range(1, forks + 1)]
         if has_checkpoint(store):  # checkpoint prefixes and reflog states: queries below a line's end
-            revs += [e["checkpoint"] for e in store.log("main", 3)] + ["main@{1}"] * (len(store.reflog("main")) > 1)
+            revs += [e["checkpoint"] for e in [item.to_json() for item in store.threads.log("main", 3)]] + ["main@{1}"] * (len(store.threads.reflog("main")) > 1)
         for rev in revs:
-            got = [(e["id"], e["state"]) for e in store.effects(rev)["effects"]]
+            got = [(e["id"], e["state"]) for e in store.effects.list(rev).to_json()["effects"]]
             assert got == naive(store, rev), rev
 
 
@@ -337,7 +337,7 @@ def test_cli_revert_and_checkout_print_open_effects_and_undo_none(run, store_dir
 
 def test_usage_errors_of_the_api(store):
     with pytest.raises(UsageError):
-        store.effects("main", limit=0)
+        store.effects.list("main", limit=0)
 
 
 def test_window_totals_match_a_full_count_for_every_since(store, workspace):
@@ -347,15 +347,15 @@ def test_window_totals_match_a_full_count_for_every_since(store, workspace):
     marks, ids = [], []
     for step in range(40):
         if ids and rng.random() < 0.4:
-            store.effect_add("main", rng.choice(effects.STATES), effect_id=rng.choice(ids))
+            store.effects.add("main", rng.choice(effects.STATES), effect_id=rng.choice(ids))
         else:
             ids.append(add(store, "main", state=rng.choice(effects.STATES),
-                           rollback=rng.choice(effects.ROLLBACK_CLASSES), provider=rng.choice([None, "a", "b"]))["id"])
+                           rollback=rng.choice(effects.ROLLBACK_CLASSES), provider=rng.choice([None, "a", "b"])).id)
         if step % 5 == 4:
-            marks.append(store.commit(str(workspace), f"m{step}")["checkpoint"])
-    everything = store.effects("main")["effects"]
+            marks.append(store.checkpoints.commit(str(workspace), f"m{step}").to_json()["checkpoint"])
+    everything = store.effects.list("main").to_json()["effects"]
     for mark in marks:
-        doc = store.effects("main", since=mark)
+        doc = store.effects.list("main", since=mark).to_json()
         window = [e for e in everything if e["state_seq"] >= doc["since_seq"]]
         assert [e["id"] for e in doc["effects"]] == [e["id"] for e in window]
         expect = {"effects": len(window), "by_state": {}, "by_rollback": {}, "by_provider": {}}
@@ -373,15 +373,15 @@ def test_an_index_that_cannot_be_opened_falls_back_to_memory(tmp_path):
     add(store, "main", effect_id="e1")
     again = Store.open(str(tmp_path / "s"))
     (tmp_path / "s" / INDEX_FILE).mkdir()
-    assert [e["id"] for e in again.effects("main")["effects"]] == ["e1"]
+    assert [e["id"] for e in again.effects.list("main").to_json()["effects"]] == ["e1"]
 
 
 def test_effects_travel_in_a_bundle_with_their_thread(store, workspace, tmp_path):
     add(store, "main", effect_id="charge", state="pending", provider="bank")
-    store.effect_add("main", "unknown", effect_id="charge")
-    store.commit(str(workspace), "with effects")
-    store.export_bundle("main", str(tmp_path / "main.bundle"))
+    store.effects.add("main", "unknown", effect_id="charge")
+    store.checkpoints.commit(str(workspace), "with effects")
+    store.remotes.export_bundle("main", str(tmp_path / "main.bundle"))
     other, _ = Store.init(str(tmp_path / "other"))
-    other.import_bundle(str(tmp_path / "main.bundle"), as_thread="theirs", allow_unsigned=True)
-    doc = other.effects("theirs")
+    other.remotes.import_bundle(str(tmp_path / "main.bundle"), as_thread="theirs", allow_unsigned=True)
+    doc = other.effects.list("theirs").to_json()
     assert [(e["id"], e["state"], e["provider"]) for e in doc["effects"]] == [("charge", "unknown", "bank")]

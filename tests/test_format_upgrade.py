@@ -48,47 +48,47 @@ def b3(pieces) -> str:
 def test_v1_store_reads_as_it_did(v1_store):
     store = Store.open(v1_store)
     assert meta_format(store)["format"] == 2 and meta_format(store)["upgraded_from"] == 1
-    assert {t["thread"]: t["checkpoint"] for t in store.threads()} == {"main": MAIN, "old": MAIN, "explore": None}
+    assert {t["thread"]: t["checkpoint"] for t in [item.to_json() for item in store.threads.list()]} == {"main": MAIN, "old": MAIN, "explore": None}
     for rev, digest in ROLLOUTS.items():
-        assert b3(store.rollout_read(rev)) == digest, rev
+        assert b3(store.history.read(rev)) == digest, rev
     assert store.resolve("main@{2}").hex() == SECOND
-    assert [(f["path"], f["id"]) for f in store.files("main@{2}")] == FILES
-    assert [e["action"] for e in store.reflog("main")] == ["revert", "append", "commit", "commit"]
-    assert store.log("main")[0]["checkpoint"] == MAIN and store.show(SECOND)["format"] == 1
-    assert store.fsck()["ok"]
+    assert [(f["path"], f["id"]) for f in [item.to_json() for item in store.checkpoints.files("main@{2}")]] == FILES
+    assert [e["action"] for e in [item.to_json() for item in store.threads.reflog("main")]] == ["revert", "append", "commit", "commit"]
+    assert [item.to_json() for item in store.threads.log("main")][0]["checkpoint"] == MAIN and store.checkpoints.show(SECOND).to_json()["format"] == 1
+    assert store.gc.fsck().to_json()["ok"]
 
 
 def test_v1_store_grows_in_format_2_and_keeps_every_guarantee(v1_store, tmp_path):
     store = Store.open(v1_store)
     out = tmp_path / "out"
-    store.checkout("main@{2}", str(out))
+    store.checkpoints.checkout("main@{2}", str(out))
     for path, digest in FILES:
         assert blake3.blake3((out / path).read_bytes()).hexdigest() == digest
     (out / "task.json").write_text('{"step": 3}\n')
     rollout = tmp_path / "r.jsonl"
-    rollout.write_bytes(b"".join(store.rollout_read("main")) + b'{"role":"user","i":9}\n')
-    new = store.commit(str(out), "third", rollout_file=str(rollout))
-    assert store.show("main")["format"] == 2 and store.show("main")["parents"] == [MAIN]
+    rollout.write_bytes(b"".join(store.history.read("main")) + b'{"role":"user","i":9}\n')
+    new = store.checkpoints.commit(str(out), "third", rollout_file=str(rollout)).to_json()
+    assert store.checkpoints.show("main").to_json()["format"] == 2 and store.checkpoints.show("main").to_json()["parents"] == [MAIN]
     with store.objects.reader() as txn:
         cp = framing.unframe(txn.get("objects", bytes.fromhex(new["checkpoint"])))[1]
         row = next(txn.scan("reflog", b"threads/main\0", reverse=True))
     assert cp[:1] != b"{" and unseal("reflog", bytes(row[0]), row[1])[:1] == b"\x02"
     # Old and new reflog rows side by side; old revisions still resolve.
-    assert [e["action"] for e in store.reflog("main")][:2] == ["commit", "revert"]
+    assert [e["action"] for e in [item.to_json() for item in store.threads.reflog("main")]][:2] == ["commit", "revert"]
     assert store.resolve("main@{3}").hex() == SECOND
-    store.fork("main@{3}", "again")
-    assert b3(store.rollout_read("again")) == ROLLOUTS["main@{2}"]
-    assert store.fsck()["ok"]
-    plan = store.gc(grace=0, expire_reflog=10**9)
-    assert plan["result"]["deleted"]["objects"] == 0 and store.fsck()["ok"]
+    store.threads.fork("main@{3}", "again")
+    assert b3(store.history.read("again")) == ROLLOUTS["main@{2}"]
+    assert store.gc.fsck().to_json()["ok"]
+    plan = store.gc.run(grace=0, expire_reflog=10**9).to_json()
+    assert plan["result"]["deleted"]["objects"] == 0 and store.gc.fsck().to_json()["ok"]
     # A bundle of the mixed history (format 1 ancestors, a format 2 head) imports elsewhere.
     bundle = tmp_path / "b.bundle"
-    store.export_bundle("main", str(bundle))
+    store.remotes.export_bundle("main", str(bundle))
     other, _ = Store.init(str(tmp_path / "other"))
-    other.import_bundle(str(bundle), allow_unsigned=True)
-    assert b3(other.rollout_read("main")) == b3(store.rollout_read("main"))
-    assert other.files("main~1") == store.files(MAIN) and other.fsck()["ok"]
-    assert other.resolve("main~1").hex() == MAIN and other.show(MAIN)["format"] == 1  # unchanged
+    other.remotes.import_bundle(str(bundle), allow_unsigned=True)
+    assert b3(other.history.read("main")) == b3(store.history.read("main"))
+    assert [item.to_json() for item in other.checkpoints.files("main~1")] == [item.to_json() for item in store.checkpoints.files(MAIN)] and other.gc.fsck().to_json()["ok"]
+    assert other.resolve("main~1").hex() == MAIN and other.checkpoints.show(MAIN).to_json()["format"] == 1  # unchanged
 
 
 def test_a_read_only_v1_store_opens_without_being_marked(v1_store):
@@ -97,7 +97,7 @@ def test_a_read_only_v1_store_opens_without_being_marked(v1_store):
     try:
         store = Store.open(v1_store)
         assert meta_format(store)["format"] == 1
-        assert b3(store.rollout_read("main")) == ROLLOUTS["main"]
+        assert b3(store.history.read("main")) == ROLLOUTS["main"]
     finally:
         os.chmod(v1_store, 0o755)
         os.chmod(os.path.join(v1_store, "data.mdb"), 0o644)

@@ -26,12 +26,12 @@ def build(tmp_path, rollout: bool = True) -> tuple:
     (ws / "small.txt").write_bytes(os.urandom(6000))          # one chunk: its id is the file id
     (ws / "sub" / "big.bin").write_bytes(os.urandom(1_200_000))  # a chunk list (max chunk 512 KiB)
     if rollout:
-        store.rollout_append("main", b"".join(b'{"n": %d, "pad": "%s"}\n' % (i, b"y" * 200) for i in range(3000)))
-    store.commit(str(ws), "first")
-    store.fork("main", "side", at=1234 if rollout else None)
-    facts = {"tree": store.show("main")["tree"],
-             "small": next(f["id"] for f in store.files("main") if f["path"] == "small.txt"),
-             "history": store.thread("main").history}
+        store.history.append("main", b"".join(b'{"n": %d, "pad": "%s"}\n' % (i, b"y" * 200) for i in range(3000)))
+    store.checkpoints.commit(str(ws), "first")
+    store.threads.fork("main", "side", at=1234 if rollout else None)
+    facts = {"tree": store.checkpoints.show("main").to_json()["tree"],
+             "small": next(f["id"] for f in [item.to_json() for item in store.checkpoints.files("main")] if f["path"] == "small.txt"),
+             "history": store.threads.get("main").history}
     with views(store) as txn:
         from agentcas.lineage.rollout import History
         facts["segment"] = History(txn).segment(facts["history"].segment) if rollout else None
@@ -155,7 +155,7 @@ def test_segment_that_lies_about_its_records(tmp_path):
         save_object(txn, chunk, framing.frame(framing.KIND_CHUNK, data))
         save_object(txn, wrong.digest_id(), framing.frame(framing.KIND_SEGMENT, wrong.encode()))
     store.objects.write(put)
-    doc = store.fsck()
+    doc = store.gc.fsck().to_json()
     assert not doc["ok"]
     assert doc["problems"][0]["id"] == wrong.digest_id().hex()
     assert "does not match its bytes" in doc["problems"][0]["message"]
@@ -163,17 +163,17 @@ def test_segment_that_lies_about_its_records(tmp_path):
 
 def test_position_cut_inside_a_segment_is_recomputed(tmp_path):
     store = Store.memory()
-    store.rollout_append("main", b"".join(b'{"n": %d}\n' % i for i in range(100)))
-    store.fork("main", "good", at=40)
-    assert store.fsck()["ok"]
-    head = store.thread("good").history
+    store.history.append("main", b"".join(b'{"n": %d}\n' % i for i in range(100)))
+    store.threads.fork("main", "good", at=40)
+    assert store.gc.fsck().to_json()["ok"]
+    head = store.threads.get("good").history
     bogus = HistoryPosition(head.segment, head.seq, head.offset + 1, head.digest)
 
     def land(txn):
         state = threads.read_thread(txn, "good")
         assert threads.set_if_equals(txn, "good", state, threads.ThreadState(None, bogus), "test")
     store.objects.write(land)
-    doc = store.fsck()
+    doc = store.gc.fsck().to_json()
     assert not doc["ok"]
     assert any(p["what"] == "position" and "good" in p["message"] for p in doc["problems"])
 
@@ -200,7 +200,7 @@ def test_orphans_of_an_interrupted_import_are_not_corruption(tmp_path):
     other = tmp_path / "other"
     Store.init(str(other))[0].close()
     opened = Store.open(str(store_dir))
-    checkpoint = bytes.fromhex(opened.show("main")["checkpoint"])
+    checkpoint = bytes.fromhex(opened.checkpoints.show("main").to_json()["checkpoint"])
     opened.close()
     source = lmdb.open(str(store_dir), readonly=True, lock=False, max_dbs=len(TABLES) + 2)
     target = lmdb.open(str(other), max_dbs=len(TABLES) + 2)
@@ -307,12 +307,12 @@ def test_fsck_and_pull_refuse_lying_skip_pointers_and_generations(tmp_path):
     from agentcas.refs.threads import ThreadState
     store, _ = Store.init(str(tmp_path / "src"))
     for i in range(2):
-        store.rollout_append("main", b'{"n": %d}\n' % i)
+        store.history.append("main", b'{"n": %d}\n' % i)
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "a").write_text("a\n")
-    store.commit(str(ws), "one")
-    head = store.thread("main").history
+    store.checkpoints.commit(str(ws), "one")
+    head = store.threads.get("main").history
     record = b'{"n": 2}\n'
     chunk = hash_blob(record)
     seg1 = History(store.source).segment(head.segment)
@@ -321,7 +321,7 @@ def test_fsck_and_pull_refuse_lying_skip_pointers_and_generations(tmp_path):
                     (ChunkRef(chunk, len(record)),))
     assert seg1.index == 1
     seg_id = lying.digest_id()
-    cp = store.checkpoint("main")[1]
+    cp = store.checkpoints.get("main")[1]
     bad_generation = Checkpoint(cp.tree, (store.resolve("main"),), "main", "two", "t", cp.created_at, {},
                                 cp.history, generation=5)
 

@@ -97,35 +97,35 @@ def test_parse_duration():
 def test_gc_frees_a_deleted_thread_and_keeps_the_rest(any_store, tmp_path):
     store = any_store
     ws = write_files(tmp_path / "ws", {"keep.bin": os.urandom(200_000), "notes.md": b"hello\n"})
-    kept = store.commit(ws, "kept")["checkpoint"]
+    kept = store.checkpoints.commit(ws, "kept").to_json()["checkpoint"]
     ws2 = write_files(tmp_path / "ws2", {"big.bin": os.urandom(400_000), "notes.md": b"hello\n"})
-    store.commit(ws2, "doomed", thread="side")
-    store.rollout_append("side", records(50, "side"))
+    store.checkpoints.commit(ws2, "doomed", thread="side")
+    store.history.append("side", records(50, "side"))
     live_before = closure_of_threads(store)
-    store.delete_thread("side")
+    store.threads.delete("side")
     live = closure_of_threads(store)
     assert live < live_before
 
-    doc = store.gc(grace=0, expire_reflog=0, now=later())
+    doc = store.gc.run(grace=0, expire_reflog=0, now=later()).to_json()
     assert doc["result"]["complete"]
     assert doc["plan"]["reclaimable"]["objects"] == len(live_before - live)
     assert doc["result"]["deleted"]["objects"] == len(live_before - live)
     assert doc["result"]["deleted"]["bytes"] >= 400_000
     assert all_keys(store) == live
-    assert store.fsck()["ok"]
+    assert store.gc.fsck().to_json()["ok"]
     out = tmp_path / "out"
-    store.checkout(kept, str(out))
+    store.checkpoints.checkout(kept, str(out))
     assert (out / "notes.md").read_bytes() == b"hello\n"
-    again = store.gc(grace=0, expire_reflog=0, now=later())
+    again = store.gc.run(grace=0, expire_reflog=0, now=later()).to_json()
     assert again["plan"]["reclaimable"]["objects"] == 0
 
 
 def test_dry_run_deletes_nothing(any_store, tmp_path):
     store = any_store
-    store.commit(write_files(tmp_path / "ws", {"a": os.urandom(100_000)}), "x", thread="t")
-    store.delete_thread("t")
+    store.checkpoints.commit(write_files(tmp_path / "ws", {"a": os.urandom(100_000)}), "x", thread="t")
+    store.threads.delete("t")
     before = all_keys(store)
-    doc = store.gc(grace=0, expire_reflog=0, dry_run=True, now=later())
+    doc = store.gc.run(grace=0, expire_reflog=0, dry_run=True, now=later()).to_json()
     assert doc["result"] is None
     assert doc["plan"]["reclaimable"]["objects"] == len(before) > 0
     assert all_keys(store) == before
@@ -133,10 +133,10 @@ def test_dry_run_deletes_nothing(any_store, tmp_path):
 
 def test_grace_holds_recent_objects(any_store, tmp_path):
     store = any_store
-    store.commit(write_files(tmp_path / "ws", {"a": os.urandom(100_000)}), "x", thread="t")
-    store.delete_thread("t")
+    store.checkpoints.commit(write_files(tmp_path / "ws", {"a": os.urandom(100_000)}), "x", thread="t")
+    store.threads.delete("t")
     before = all_keys(store)
-    doc = store.gc(grace=3600, expire_reflog=0)
+    doc = store.gc.run(grace=3600, expire_reflog=0).to_json()
     held = doc["plan"]["held_by_grace"]
     assert held["objects"] == len(before) and held["bytes"] > 100_000
     assert 3590 <= doc["plan"]["held_by_grace"]["releases_by_seconds"] <= 3602
@@ -158,7 +158,7 @@ def test_recent_object_keeps_what_it_refers_to(any_store):
         save_object(txn, hash_blob(orphan), framing.frame(framing.KIND_CHUNK, orphan, written_at=old))
         save_object(txn, tree.digest(), framing.frame(framing.KIND_TREE, tree.encode()))
     store.objects.write(put)
-    doc = store.gc(grace=600, expire_reflog=0)
+    doc = store.gc.run(grace=600, expire_reflog=0).to_json()
     assert doc["plan"]["roots"]["recent"] == 1
     assert doc["result"]["deleted"]["objects"] == 1
     assert all_keys(store) == {chunk_id.raw, tree.digest().raw}
@@ -167,26 +167,26 @@ def test_recent_object_keeps_what_it_refers_to(any_store):
 def test_reflog_keeps_reverted_head_until_it_expires(any_store, tmp_path):
     store = any_store
     ws = tmp_path / "ws"
-    first = store.commit(write_files(ws, {"a": os.urandom(50_000)}), "one")["checkpoint"]
-    second = store.commit(write_files(ws, {"a": os.urandom(60_000)}), "two")["checkpoint"]
-    store.revert("main", first)
-    store.gc(grace=0, expire_reflog=3600, now=later())
+    first = store.checkpoints.commit(write_files(ws, {"a": os.urandom(50_000)}), "one").to_json()["checkpoint"]
+    second = store.checkpoints.commit(write_files(ws, {"a": os.urandom(60_000)}), "two").to_json()["checkpoint"]
+    store.threads.revert("main", first)
+    store.gc.run(grace=0, expire_reflog=3600, now=later())
     assert store.resolve("main@{1}") == Digest.parse(second)
     out = tmp_path / "out"
-    store.checkout("main@{1}", str(out))  # still whole
+    store.checkpoints.checkout("main@{1}", str(out))  # still whole
 
-    doc = store.gc(grace=0, expire_reflog=0, now=later())
+    doc = store.gc.run(grace=0, expire_reflog=0, now=later()).to_json()
     assert doc["result"]["reflog_expired"] == 2
-    assert len(store.reflog("main")) == 1  # the newest entry is never expired ...
+    assert len(store.threads.reflog("main")) == 1  # the newest entry is never expired ...
     assert Digest.parse(second).raw in all_keys(store)  # ... and keeps the checkpoint it left
-    explained = store.gc_explain(second, grace=0, expire_reflog=0)
+    explained = store.gc.explain(second, grace=0, expire_reflog=0).to_json()
     assert explained["root"]["kind"] == "reflog" and explained["root"]["name"] == "main@{2}"
 
-    third = store.commit(write_files(ws, {"a": os.urandom(70_000)}), "three")["checkpoint"]
-    store.gc(grace=0, expire_reflog=0, now=later())
+    third = store.checkpoints.commit(write_files(ws, {"a": os.urandom(70_000)}), "three").to_json()["checkpoint"]
+    store.gc.run(grace=0, expire_reflog=0, now=later())
     assert Digest.parse(second).raw not in all_keys(store)
     assert Digest.parse(first).raw in all_keys(store)
-    assert store.fsck()["ok"]
+    assert store.gc.fsck().to_json()["ok"]
     assert store.resolve("main") == Digest.parse(third)
 
 
@@ -203,28 +203,28 @@ def _segments(store: Store, head) -> list[Digest]:
 def test_deleted_parent_keeps_exactly_the_prefix_its_forks_share(any_store, tmp_path):
     store = any_store
     for batch in range(3):  # ~1.5 MB each: two segments per append
-        store.rollout_append("parent", records(4500, f"b{batch}"))
-    parent = store.thread("parent")
+        store.history.append("parent", records(4500, f"b{batch}"))
+    parent = store.threads.get("parent")
     parent_segments = _segments(store, parent.history)
     assert len(parent_segments) >= 5
-    store.commit(write_files(tmp_path / "ws", {"early": os.urandom(80_000)}), "early", thread="parent")
+    store.checkpoints.commit(write_files(tmp_path / "ws", {"early": os.urandom(80_000)}), "early", thread="parent")
     at = parent.history.seq // 2
-    store.fork("parent", "fork1", at=at)
-    store.fork("fork1", "fork2", at=at // 3)
-    store.rollout_append("fork1", records(10, "own"))
-    store.commit(write_files(tmp_path / "ws2", {"late": os.urandom(90_000)}), "late", thread="parent")
+    store.threads.fork("parent", "fork1", at=at)
+    store.threads.fork("fork1", "fork2", at=at // 3)
+    store.history.append("fork1", records(10, "own"))
+    store.checkpoints.commit(write_files(tmp_path / "ws2", {"late": os.urandom(90_000)}), "late", thread="parent")
 
-    fork1_chain = _segments(store, store.thread("fork1").history)
-    fork2_chain = _segments(store, store.thread("fork2").history)
+    fork1_chain = _segments(store, store.threads.get("fork1").history)
+    fork2_chain = _segments(store, store.threads.get("fork2").history)
     shared = [s for s in parent_segments if s in fork1_chain]
     freed_segments = [s for s in parent_segments if s not in fork1_chain]
     assert shared and freed_segments  # the cut is strictly inside the parent's history
-    late_file = store.files("parent")
-    store.delete_thread("parent")
+    late_file = [item.to_json() for item in store.checkpoints.files("parent")]
+    store.threads.delete("parent")
     before = stored_bytes(store)
     expected_live = closure_of_threads(store)
 
-    doc = store.gc(grace=0, expire_reflog=0, now=later())
+    doc = store.gc.run(grace=0, expire_reflog=0, now=later()).to_json()
     keys = all_keys(store)
     assert keys == expected_live
     assert all(s.raw in keys for s in shared)                # the prefix chain, cut segment whole
@@ -232,31 +232,31 @@ def test_deleted_parent_keeps_exactly_the_prefix_its_forks_share(any_store, tmp_
     assert not any(bytes.fromhex(f["id"]) in keys for f in late_file if f["path"] == "late")
     assert doc["result"]["deleted"]["bytes"] == before - stored_bytes(store)
     assert doc["result"]["deleted"]["bytes"] > 700_000       # later segments' records + files
-    assert store.fsck()["ok"]
-    data = b"".join(store.rollout_read("fork1"))
+    assert store.gc.fsck().to_json()["ok"]
+    data = b"".join(store.history.read("fork1"))
     assert data.count(b"\n") == at + 10
 
     # fork of a fork: deleting fork1 leaves exactly fork2's shorter prefix
-    store.delete_thread("fork1")
-    store.gc(grace=0, expire_reflog=0, now=later())
+    store.threads.delete("fork1")
+    store.gc.run(grace=0, expire_reflog=0, now=later())
     keys = all_keys(store)
     assert keys == closure_of_threads(store)
     assert all(s.raw in keys for s in fork2_chain)
     assert not any(s.raw in keys for s in set(fork1_chain) - set(fork2_chain))
-    assert b"".join(store.rollout_read("fork2")).count(b"\n") == at // 3
-    assert store.fsck()["ok"]
+    assert b"".join(store.history.read("fork2")).count(b"\n") == at // 3
+    assert store.gc.fsck().to_json()["ok"]
 
 
 def test_missing_referenced_object_aborts_and_deletes_nothing(any_store, tmp_path):
     store = any_store
-    store.commit(write_files(tmp_path / "ws", {"a": os.urandom(10_000)}), "x")  # one chunk
-    store.commit(write_files(tmp_path / "ws2", {"b": os.urandom(50_000)}), "garbage", thread="g")
-    store.delete_thread("g")
-    chunk = bytes.fromhex(store.files("main")[0]["id"])
+    store.checkpoints.commit(write_files(tmp_path / "ws", {"a": os.urandom(10_000)}), "x")  # one chunk
+    store.checkpoints.commit(write_files(tmp_path / "ws2", {"b": os.urandom(50_000)}), "garbage", thread="g")
+    store.threads.delete("g")
+    chunk = bytes.fromhex([item.to_json() for item in store.checkpoints.files("main")][0]["id"])
     assert store.objects.write(lambda txn: txn.delete("objects", chunk))
     before = all_keys(store)
     with pytest.raises(GcAborted) as info:
-        store.gc(grace=0, expire_reflog=0, now=later())
+        store.gc.run(grace=0, expire_reflog=0, now=later())
     assert info.value.exit_code == 4
     assert chunk.hex() in str(info.value) and "thread main" in str(info.value)
     assert all_keys(store) == before
@@ -264,11 +264,11 @@ def test_missing_referenced_object_aborts_and_deletes_nothing(any_store, tmp_pat
 
 def test_live_pin_stops_the_sweep_and_dead_pin_is_dropped(any_store, tmp_path):
     store = any_store
-    store.commit(write_files(tmp_path / "ws", {"a": os.urandom(50_000)}), "x", thread="t")
-    store.delete_thread("t")
+    store.checkpoints.commit(write_files(tmp_path / "ws", {"a": os.urandom(50_000)}), "x", thread="t")
+    store.threads.delete("t")
     before = all_keys(store)
     with Lease(store.meta, "test write"):
-        result = store.gc(grace=0, expire_reflog=0, wait=0.2, now=later())["result"]
+        result = store.gc.run(grace=0, expire_reflog=0, wait=0.2, now=later()).to_json()["result"]
     assert not result["complete"] and result["blocked_by"][0]["what"] == "test write"
     assert all_keys(store) == before
 
@@ -277,7 +277,7 @@ def test_live_pin_stops_the_sweep_and_dead_pin_is_dropped(any_store, tmp_path):
     key = b"0123456789abcdef"
     row = LeaseRow(key, "crashed commit", this_host(), int(dead), time.time(), time.time() + 600)
     store.meta.write(lambda txn: txn.put("leases", key, row.encode()))
-    result = store.gc(grace=0, expire_reflog=0, wait=0.2, now=later())["result"]
+    result = store.gc.run(grace=0, expire_reflog=0, wait=0.2, now=later()).to_json()["result"]
     assert result["complete"] and result["pins_dropped"] == 1
     assert all_keys(store) == set()
     with views(store) as txn:
@@ -287,20 +287,20 @@ def test_live_pin_stops_the_sweep_and_dead_pin_is_dropped(any_store, tmp_path):
 def test_ref_moved_during_gc_is_marked_before_sweeping(any_store, tmp_path):
     """A branch created between plan and sweep onto an unreachable checkpoint keeps it whole."""
     store = any_store
-    orphan = store.commit(write_files(tmp_path / "ws", {"a": os.urandom(120_000)}), "x", thread="t")
-    store.delete_thread("t")
-    plan = store.gc_plan(grace=0, expire_reflog=0, now=later())
+    orphan = store.checkpoints.commit(write_files(tmp_path / "ws", {"a": os.urandom(120_000)}), "x", thread="t").to_json()
+    store.threads.delete("t")
+    plan = store.gc.plan(grace=0, expire_reflog=0, now=later())
     assert plan.reclaimable["objects"] > 0
-    store.create_thread("rescued", orphan["checkpoint"][:12])
+    store.threads.create("rescued", orphan["checkpoint"][:12])
     result = execute(store.stores, plan)
     assert result["deleted"]["objects"] == 0 and result["remarked"] > 0
-    assert store.fsck()["ok"]
-    store.checkout("rescued", str(tmp_path / "out"))
+    assert store.gc.fsck().to_json()["ok"]
+    store.checkpoints.checkout("rescued", str(tmp_path / "out"))
 
 
 def test_signatures_live_with_their_checkpoint(any_store, tmp_path):
     store = any_store
-    cp = Digest.parse(store.commit(write_files(tmp_path / "ws", {"a": b"x" * 100}), "x", thread="t")["checkpoint"])
+    cp = Digest.parse(store.checkpoints.commit(write_files(tmp_path / "ws", {"a": b"x" * 100}), "x", thread="t").to_json()["checkpoint"])
     body = b'{"fake": "envelope"}'
     sig = hash_object("signature", body)
     key = cp.raw + sig.raw
@@ -309,10 +309,10 @@ def test_signatures_live_with_their_checkpoint(any_store, tmp_path):
         save_object(txn, sig, framing.frame(framing.KIND_SIGNATURE, body))
         txn.put("signatures", key, seal("signatures", key, encoding.encode({"key_id": "k"})))
     store.objects.write(put)
-    doc = store.gc(grace=0, expire_reflog=0, now=later())
+    doc = store.gc.run(grace=0, expire_reflog=0, now=later()).to_json()
     assert doc["plan"]["roots"]["signature"] == 1 and sig.raw in all_keys(store)
-    store.delete_thread("t")
-    store.gc(grace=0, expire_reflog=0, now=later())
+    store.threads.delete("t")
+    store.gc.run(grace=0, expire_reflog=0, now=later())
     assert all_keys(store) == set()
     with views(store) as txn:
         assert txn.count("signatures") == 0
@@ -320,21 +320,21 @@ def test_signatures_live_with_their_checkpoint(any_store, tmp_path):
 
 def test_report_names_shared_bytes_and_pinned_prefixes(any_store, tmp_path):
     store = any_store
-    store.rollout_append("main", records(4000, "m"))
-    store.commit(write_files(tmp_path / "ws", {"a": os.urandom(100_000)}), "m")
-    store.fork("main", "child", at=1000)
-    store.delete_thread("main")
-    doc = store.gc(grace=0, expire_reflog=0, report=True, now=later())
+    store.history.append("main", records(4000, "m"))
+    store.checkpoints.commit(write_files(tmp_path / "ws", {"a": os.urandom(100_000)}), "m")
+    store.threads.fork("main", "child", at=1000)
+    store.threads.delete("main")
+    doc = store.gc.run(grace=0, expire_reflog=0, report=True, now=later()).to_json()
     rows = {r["thread"]: r for r in doc["report"]["threads"]}
     prefix = rows["child"]["pins_prefix"]
     assert prefix["parent"] == "main" and not prefix["parent_exists"] and prefix["seq"] == 1000
-    assert prefix["segment"] == store.thread("child").history.segment.hex()
+    assert prefix["segment"] == store.threads.get("child").history.segment.hex()
     assert rows["child"]["live_bytes"] == stored_bytes(store)
     assert doc["report"]["reclaimable"]["objects"] == doc["result"]["deleted"]["objects"] > 0
     assert doc["report"]["roots"]["thread"][0]["name"] == "child"
 
-    store.fork("child", "sibling")
-    report = store.gc(grace=0, expire_reflog=0, report=True, now=later())["report"]
+    store.threads.fork("child", "sibling")
+    report = store.gc.run(grace=0, expire_reflog=0, report=True, now=later()).to_json()["report"]
     rows = {r["thread"]: r for r in report["threads"]}
     assert rows["child"]["shared_bytes"] == rows["sibling"]["shared_bytes"] == rows["child"]["live_bytes"]
     assert rows["child"]["unique_bytes"] == 0
@@ -342,22 +342,22 @@ def test_report_names_shared_bytes_and_pinned_prefixes(any_store, tmp_path):
 
 def test_explain_gives_a_path_from_a_root(any_store, tmp_path):
     store = any_store
-    store.commit(write_files(tmp_path / "ws", {"d/f.bin": os.urandom(12_000)}), "x")
-    chunk = store.files("main")[0]["id"]
-    doc = store.gc_explain(chunk[:10], grace=0)
+    store.checkpoints.commit(write_files(tmp_path / "ws", {"d/f.bin": os.urandom(12_000)}), "x")
+    chunk = [item.to_json() for item in store.checkpoints.files("main")][0]["id"]
+    doc = store.gc.explain(chunk[:10], grace=0).to_json()
     assert doc["alive"] and doc["root"]["kind"] == "thread" and doc["root"]["name"] == "main"
     kinds = [step["kind"] for step in doc["path"]]
     assert kinds[0] == "checkpoint" and kinds[-1] == "chunk"
     assert doc["path"][-1]["id"] == chunk and "tree" in kinds
-    store.commit(write_files(tmp_path / "ws2", {"g": os.urandom(10_000)}), "g", thread="g")
-    gone = store.files("g")[0]["id"]
-    store.delete_thread("g")
-    assert not store.gc_explain(gone, grace=0)["alive"]
-    assert store.gc_explain(gone, grace=3600)["root"]["kind"] == "recent"
+    store.checkpoints.commit(write_files(tmp_path / "ws2", {"g": os.urandom(10_000)}), "g", thread="g")
+    gone = [item.to_json() for item in store.checkpoints.files("g")][0]["id"]
+    store.threads.delete("g")
+    assert not store.gc.explain(gone, grace=0).to_json()["alive"]
+    assert store.gc.explain(gone, grace=3600).to_json()["root"]["kind"] == "recent"
     with pytest.raises(UsageError):
-        store.gc_explain("abc")
+        store.gc.explain("abc")
     with pytest.raises(Exception) as info:
-        store.gc_explain("00000000" if not chunk.startswith("00000000") else "ffffffff")
+        store.gc.explain("00000000" if not chunk.startswith("00000000") else "ffffffff")
     assert info.value.exit_code == 1
 
 
@@ -367,20 +367,20 @@ def test_churn_keeps_the_store_bounded(tmp_path):
     sizes = []
     for round_ in range(10):
         write_files(ws, {f"f{i}.bin": os.urandom(250_000) for i in range(8)})
-        store.commit(str(ws), f"round {round_}", thread="churn")
-        store.delete_thread("churn")
-        result = store.gc(grace=0, expire_reflog=0, now=later())["result"]
+        store.checkpoints.commit(str(ws), f"round {round_}", thread="churn")
+        store.threads.delete("churn")
+        result = store.gc.run(grace=0, expire_reflog=0, now=later()).to_json()["result"]
         assert result["deleted"]["bytes"] >= 2_000_000
         sizes.append(store.objects.used_bytes())
     assert sizes[-1] < 1.5 * sizes[0], sizes  # without the settle writes it doubles
-    assert store.fsck()["ok"]
+    assert store.gc.fsck().to_json()["ok"]
 
 
 def test_plan_is_json_and_counts_add_up(any_store, tmp_path):
     store = any_store
-    store.commit(write_files(tmp_path / "ws", {"a": os.urandom(70_000)}), "x")
-    store.commit(write_files(tmp_path / "ws2", {"b": os.urandom(70_000)}), "y", thread="t")
-    store.delete_thread("t")
+    store.checkpoints.commit(write_files(tmp_path / "ws", {"a": os.urandom(70_000)}), "x")
+    store.checkpoints.commit(write_files(tmp_path / "ws2", {"b": os.urandom(70_000)}), "y", thread="t")
+    store.threads.delete("t")
     plan = plan_gc(store.stores, later(), 0, 0)
     doc = plan.to_json()
     encoding.encode(doc)  # plain JSON types only (no floats)
@@ -424,11 +424,11 @@ def test_scan_does_not_keep_the_store_mapped(tmp_path):
 
 def test_report_splits_unique_and_shared_bytes_per_thread(any_store, tmp_path):
     store = any_store
-    store.commit(write_files(tmp_path / "a", {"a.bin": os.urandom(50_000)}), "a", thread="a")
-    store.commit(write_files(tmp_path / "b", {"b.bin": os.urandom(70_000)}), "b", thread="b")
-    store.fork("a", "c")
-    store.commit(write_files(tmp_path / "c", {"c.bin": os.urandom(30_000)}), "c", thread="c")
-    rows = {r["thread"]: r for r in store.gc(grace=0, expire_reflog=0, report=True, now=later())["report"]["threads"]}
+    store.checkpoints.commit(write_files(tmp_path / "a", {"a.bin": os.urandom(50_000)}), "a", thread="a")
+    store.checkpoints.commit(write_files(tmp_path / "b", {"b.bin": os.urandom(70_000)}), "b", thread="b")
+    store.threads.fork("a", "c")
+    store.checkpoints.commit(write_files(tmp_path / "c", {"c.bin": os.urandom(30_000)}), "c", thread="c")
+    rows = {r["thread"]: r for r in store.gc.run(grace=0, expire_reflog=0, report=True, now=later()).to_json()["report"]["threads"]}
     assert rows["b"]["unique_bytes"] == rows["b"]["live_bytes"] and rows["b"]["shared_bytes"] == 0
     assert rows["a"]["unique_bytes"] == 0 and rows["a"]["shared_bytes"] == rows["a"]["live_bytes"]
     assert rows["c"]["shared_bytes"] == rows["a"]["live_bytes"]
@@ -444,7 +444,7 @@ def test_report_memory_does_not_grow_with_the_objects_it_counts(tmp_path, monkey
     from agentcas.gc import markset, report
     store, _ = Store.init(str(tmp_path / "store"))
     files = {f"d{i % 40}/f{i}": b"%d" % i * 3 for i in range(12_000)}
-    store.commit(write_files(tmp_path / "ws", files), "many", thread="t")
+    store.checkpoints.commit(write_files(tmp_path / "ws", files), "many", thread="t")
     plan = plan_gc(store.stores, now=later(), grace=0, expire_reflog=0)
     monkeypatch.setattr(markset, "MEMORY_BUDGET", 64 << 10)
     tracemalloc.start()

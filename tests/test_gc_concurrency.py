@@ -36,15 +36,15 @@ while time.time() < end:
             f.write("constant\n" * 100)
         with open(os.path.join(ws, "step.bin"), "wb") as f:
             f.write(os.urandom(20000 + i))
-        store.commit(ws, f"step {i}", thread=thread)
-        store.rollout_append(thread, b'{"step": %d, "pad": "%s"}\n' % (i, os.urandom(64).hex().encode()))
+        store.checkpoints.commit(ws, f"step {i}", thread=thread)
+        store.history.append(thread, b'{"step": %d, "pad": "%s"}\n' % (i, os.urandom(64).hex().encode()))
         if i % 3 == 0:  # garbage: a thread that is created, written and deleted
             tmp = f"{thread}-tmp"
-            store.fork(thread, tmp)
-            store.rollout_append(tmp, b'{"junk": "%s"}\n' % os.urandom(2000).hex().encode())
-            store.delete_thread(tmp)
+            store.threads.fork(thread, tmp)
+            store.history.append(tmp, b'{"junk": "%s"}\n' % os.urandom(2000).hex().encode())
+            store.threads.delete(tmp)
         if i % 4 == 0:  # a revert leaves the old head to the reflog only
-            store.revert(thread, f"{thread}~1")
+            store.threads.revert(thread, f"{thread}~1")
         done += 1
     except IntegrityError as exc:
         if "vanished" not in str(exc):  # the documented clean failure; anything else is a bug
@@ -109,9 +109,9 @@ def _garbage_store(tmp_path, count: int):
     ws.mkdir()
     (ws / "a.bin").write_bytes(os.urandom(150_000))
     (ws / "b.txt").write_text("hello\n")
-    store.commit(str(ws), "live")
-    store.rollout_append("main", b"".join(b'{"n": %d}\n' % i for i in range(500)))
-    store.fork("main", "fork", at=100)
+    store.checkpoints.commit(str(ws), "live")
+    store.history.append("main", b"".join(b'{"n": %d}\n' % i for i in range(500)))
+    store.threads.fork("main", "fork", at=100)
     old = int(time.time()) - 7200
     writer = BatchWriter(store.source)
     for i in range(count):

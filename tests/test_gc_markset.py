@@ -110,21 +110,21 @@ def _many_objects(store: Store, root) -> None:
     for t in range(6):
         files = {f"d{i % 7}/f{t}-{i}.txt": os.urandom(50 + i) for i in range(60)}
         files["shared.txt"] = b"shared by all threads"
-        store.commit(write_files(root / f"ws{t}", files), f"t{t}", thread=f"t{t}")
-        store.rollout_append(f"t{t}", records(40, f"t{t}"))
-    store.fork("t1", "fork-of-t1", at=20)
-    store.rollout_append("fork-of-t1", records(5, "own"))
+        store.checkpoints.commit(write_files(root / f"ws{t}", files), f"t{t}", thread=f"t{t}")
+        store.history.append(f"t{t}", records(40, f"t{t}"))
+    store.threads.fork("t1", "fork-of-t1", at=20)
+    store.history.append("fork-of-t1", records(5, "own"))
     for name in ("t1", "t3", "t4"):
-        store.delete_thread(name)
+        store.threads.delete(name)
 
 
 def _gc_with_budget(store: Store, monkeypatch) -> tuple[dict, int]:
     monkeypatch.setattr(markset, "MEMORY_BUDGET", TINY)
-    plan = store.gc_plan(grace=0, expire_reflog=0, now=later())
+    plan = store.gc.plan(grace=0, expire_reflog=0, now=later())
     try:
         spills = plan.marked.spills
         assert all(len(spool) < 200 or spool._file is not None for spool in plan.candidates)
-        result = store.gc_execute(plan)
+        result = store.gc.execute(plan).to_json()
     finally:
         plan.close()
     return result, spills
@@ -140,8 +140,8 @@ def test_gc_with_a_tiny_memory_budget_deletes_exactly_the_garbage_on_lmdb(tmp_pa
     assert spills > 0  # the marks did go to disk
     assert all_keys(store) == live
     assert result["deleted"]["objects"] == len(before - live) and result["complete"]
-    assert store.fsck()["ok"]
-    assert b"".join(store.rollout_read("fork-of-t1")).count(b"\n") == 25
+    assert store.gc.fsck().to_json()["ok"]
+    assert b"".join(store.history.read("fork-of-t1")).count(b"\n") == 25
 
 
 def _shared_keys(store: Store) -> set[bytes]:
@@ -160,7 +160,7 @@ def test_gc_with_a_tiny_memory_budget_deletes_exactly_the_garbage_on_the_shared_
     assert spills > 0
     assert _shared_keys(store) == live
     assert result["deleted"]["objects"] == len(before - live) and result["complete"]
-    assert store.fsck()["ok"]
+    assert store.gc.fsck().to_json()["ok"]
 
 
 def test_the_cli_reads_its_gc_memory_budget_from_the_environment(tmp_path):

@@ -266,8 +266,8 @@ def test_non_utf8_lines_huge_lines_and_unknown_types_are_kept(store, tmp_path):
     path = codex_file(tmp_path, s)
     report = Ingest(store, "codex", [str(path)]).run()[0]
     assert report.status == "ingested" and report.skipped_lines == [2]
-    assert b"".join(store.rollout_read(THREAD)) == path.read_bytes()
-    assert store.fsck()["ok"]
+    assert b"".join(store.history.read(THREAD)) == path.read_bytes()
+    assert store.gc.fsck().to_json()["ok"]
 
 
 def test_fork_lineage_and_what_the_copy_costs(run, store_dir, tmp_path):
@@ -448,7 +448,7 @@ def test_ingest_never_sends_a_file_names_or_a_logs_controls_to_the_terminal(run,
     assert not _terminal_controls(r.out) and not _terminal_controls(r.err), (r.out, r.err)
     assert "rollout-c\\x1b[5m.jsonl" in r.out and "rollout-b\\x9b2J\\u202e.jsonl" in r.out
     assert "refused: " in r.err and "rollout-d\\x1b]0;X\\x07.jsonl" in r.err
-    assert sorted(t["thread"] for t in Store.open(str(store_dir)).threads()) == [f"codex/name-{n:04d}" for n in range(3)]
+    assert sorted(t.thread for t in Store.open(str(store_dir)).threads.list()) == [f"codex/name-{n:04d}" for n in range(3)]
     claude = tmp_path / "claude"
     for n, session_id in enumerate(["ab\u202ecd", "ab\u009b2Jcd", "ab\u2028cd", "plain-0001"]):
         c = ClaudeSession(session_id)
@@ -460,7 +460,7 @@ def test_ingest_never_sends_a_file_names_or_a_logs_controls_to_the_terminal(run,
     assert not _terminal_controls(r.out) and not _terminal_controls(r.err)
     assert "claude/plain-0001" in run("branch", store=store_dir).out
     assert not _terminal_controls(run("lineage", store=store_dir).out)
-    assert Store.open(str(store_dir)).fsck()["ok"]
+    assert Store.open(str(store_dir)).gc.fsck().ok
 
 
 def test_sigkill_during_ingest_leaves_whole_lines_and_a_rerun_finishes(store_dir, tmp_path):
@@ -476,16 +476,16 @@ def test_sigkill_during_ingest_leaves_whole_lines_and_a_rerun_finishes(store_dir
         proc.wait()
         store = Store.open(str(store_dir))
         try:
-            data = b"".join(store.rollout_read(THREAD))
+            data = b"".join(store.history.read(THREAD))
         except Exception:  # noqa: BLE001 - the thread may not exist yet
             data = b""
         assert path.read_bytes().startswith(data) and (not data or data.endswith(b"\n"))
-        assert store.fsck()["ok"]
+        assert store.gc.fsck().to_json()["ok"]
     r = subprocess.run([AGENTCAS, "--store", str(store_dir), "ingest", "codex", str(path)], capture_output=True)
     assert r.returncode == 0, r.stderr
     store = Store.open(str(store_dir))
-    assert b"".join(store.rollout_read(THREAD)) == path.read_bytes()
-    assert store.fsck()["ok"]
+    assert b"".join(store.history.read(THREAD)) == path.read_bytes()
+    assert store.gc.fsck().to_json()["ok"]
 
 
 def test_ingest_racing_a_writer_that_writes_partial_lines(store, tmp_path):
@@ -516,7 +516,7 @@ def test_ingest_racing_a_writer_that_writes_partial_lines(store, tmp_path):
             assert report.status != "refused", report.error
     thread.join()
     Ingest(store, "codex", [str(path)]).run()
-    assert b"".join(store.rollout_read(THREAD)) == path.read_bytes()
+    assert b"".join(store.history.read(THREAD)) == path.read_bytes()
 
 
 def test_a_turn_end_codex_cannot_read_is_no_checkpoint(run, store_dir, tmp_path):
@@ -575,7 +575,7 @@ def wait_until_stored(store_dir, thread: str, data: bytes, timeout: float = 30) 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if b"".join(Store.open(str(store_dir)).rollout_read(thread)) == data:
+            if b"".join(Store.open(str(store_dir)).history.read(thread)) == data:
                 return
         except Exception:  # noqa: BLE001 - not ingested yet
             pass
@@ -627,7 +627,7 @@ def test_watch_follows_new_lines_and_sigterm_exits_zero_with_everything_committe
     try:
         def stored_bytes():
             try:
-                return b"".join(Store.open(str(store_dir)).rollout_read(THREAD))
+                return b"".join(Store.open(str(store_dir)).history.read(THREAD))
             except Exception:  # noqa: BLE001 - not ingested yet
                 return b""
 
@@ -653,8 +653,8 @@ def test_watch_follows_new_lines_and_sigterm_exits_zero_with_everything_committe
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     store = Store.open(str(store_dir))
-    assert b"".join(store.rollout_read(THREAD)) == s.data()
-    assert b"".join(store.rollout_read("codex/other-1")) == other.data()
+    assert b"".join(store.history.read(THREAD)) == s.data()
+    assert b"".join(store.history.read("codex/other-1")) == other.data()
 
 
 if __name__ == "__main__":  # pragma: no cover
@@ -791,8 +791,8 @@ def test_an_ingest_that_another_ingest_overtook_plans_again_instead_of_refusing(
     assert {r.status for r in overtaken[0]} == {"ingested"}
     assert [r.status for r in reports] == ["unchanged"] * 3, [(r.status, r.error) for r in reports]
     for s in sessions:
-        assert b"".join(store.rollout_read(f"codex/{s.thread_id}")) == s.data()
-    assert store.fsck()["ok"]
+        assert b"".join(store.history.read(f"codex/{s.thread_id}")) == s.data()
+    assert store.gc.fsck().to_json()["ok"]
 
 
 def test_a_turn_left_open_keeps_its_prompt_when_this_machine_has_no_row_for_the_file(run, store_dir, tmp_path):

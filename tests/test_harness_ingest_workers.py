@@ -48,9 +48,9 @@ def everything(store: Store, reports) -> dict:
         doc = report.to_json()
         doc.pop("checkpoints")
         thread = report.thread
-        log = store.log(thread) if thread else []
-        out[report.path] = (doc, b"".join(store.rollout_read(thread)) if thread else None,
-                            [(c["reason"], c["history"]["seq"], c["history"]["digest"]) for c in log])
+        log = store.threads.log(thread) if thread else []
+        out[report.path] = (doc, b"".join(store.history.read(thread)) if thread else None,
+                            [(c.reason, c.history.seq, c.history.digest) for c in log])
     return out
 
 
@@ -79,7 +79,7 @@ def test_workers_ingest_exactly_what_the_parent_would(tmp_path, monkeypatch):
     assert started == [ingest.WORKERS]   # only the second run used workers
     assert everything(inline, a) == everything(workers, b)
     assert all(r.status == "ingested" and r.skipped_lines for r in b)
-    assert workers.fsck()["ok"]
+    assert workers.gc.fsck().to_json()["ok"]
 
 
 def test_workers_ingest_claude_sessions_and_forks_like_the_parent(tmp_path, monkeypatch):
@@ -107,8 +107,8 @@ def test_workers_ingest_claude_sessions_and_forks_like_the_parent(tmp_path, monk
     (tmp_path / "f").mkdir()
     (inline, a), (workers, b) = run_both(tmp_path / "f", monkeypatch, lambda: ("codex", [str(root)]))
     assert everything(inline, a) == everything(workers, b)
-    assert inline.thread("codex/fork-child").forked_from == workers.thread("codex/fork-child").forked_from
-    assert workers.thread("codex/fork-child").forked_from.thread == "codex/fork-parent"
+    assert inline.threads.get("codex/fork-child").forked_from == workers.threads.get("codex/fork-child").forked_from
+    assert workers.threads.get("codex/fork-child").forked_from.thread == "codex/fork-parent"
 
 
 def test_second_run_in_workers_appends_only_new_lines_like_the_parent(tmp_path, monkeypatch):
@@ -127,10 +127,10 @@ def test_second_run_in_workers_appends_only_new_lines_like_the_parent(tmp_path, 
     assert sorted(r.path for r in reports) == sorted(map(str, paths))
     for report in reports:
         data = open(report.path, "rb").read()
-        assert b"".join(store.rollout_read(report.thread)) == data[:data.rfind(b"\n") + 1]
+        assert b"".join(store.history.read(report.thread)) == data[:data.rfind(b"\n") + 1]
         assert report.partial_bytes == len(b'{"type":"event_msg"')
-        assert store.log(report.thread)[0]["reason"].startswith("codex turn")
-    assert store.fsck()["ok"]
+        assert store.threads.log(report.thread)[0].reason.startswith("codex turn")
+    assert store.gc.fsck().to_json()["ok"]
 
 
 def test_a_worker_that_dies_costs_only_speed(tmp_path, monkeypatch):
@@ -180,7 +180,7 @@ def test_a_worker_result_damaged_on_its_way_is_not_trusted(tmp_path, monkeypatch
     monkeypatch.setattr(packing_workers, "worker_command", lambda: [sys.executable, "-c", FLIPPING_WORKER])
     (inline, a), (workers, b) = run_both(tmp_path, monkeypatch, lambda: ("codex", [str(tmp_path / "sessions")]))
     assert everything(inline, a) == everything(workers, b)
-    assert workers.fsck()["ok"]
+    assert workers.gc.fsck().to_json()["ok"]
 
 
 def test_every_byte_of_a_message_is_checked():
@@ -290,11 +290,11 @@ def test_sigkill_of_a_large_ingest_leaves_whole_lines_and_no_worker(tmp_path):
         for path in paths:
             thread = "codex/" + path.name[len("rollout-2026-11-30T10-00-00-"):-len(".jsonl")]
             try:
-                data = b"".join(store.rollout_read(thread))
+                data = b"".join(store.history.read(thread))
             except Exception:  # noqa: BLE001 - not landed yet
                 data = b""
             assert path.read_bytes().startswith(data) and (not data or data.endswith(b"\n"))
-        assert store.fsck()["ok"]
+        assert store.gc.fsck().to_json()["ok"]
     assert seen_workers
     r = subprocess.run([AGENTCAS, "--store", str(store_dir), "ingest", "codex", str(tmp_path / "sessions")],
                        capture_output=True)
@@ -302,5 +302,5 @@ def test_sigkill_of_a_large_ingest_leaves_whole_lines_and_no_worker(tmp_path):
     store = Store.open(str(store_dir))
     for path in paths:
         thread = "codex/" + path.name[len("rollout-2026-11-30T10-00-00-"):-len(".jsonl")]
-        assert b"".join(store.rollout_read(thread)) == path.read_bytes()
-    assert store.fsck()["ok"]
+        assert b"".join(store.history.read(thread)) == path.read_bytes()
+    assert store.gc.fsck().to_json()["ok"]

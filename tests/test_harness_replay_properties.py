@@ -12,7 +12,7 @@ from agentcas.harnesses import replay as stored_replay
 from agentcas.harnesses.claude_replay import replay_claude
 from agentcas.harnesses.codex_replay import replay_codex
 from agentcas.harnesses.records import parse_records
-from agentcas.repository import SessionAppend
+from agentcas.api.history import SessionAppend
 
 CODEX_OPS = st.lists(st.sampled_from(["turn", "compact", "legacy", "rollback", "rollback2", "unfinished",
                                       "abort", "damaged", "unknown"]), min_size=1, max_size=12)
@@ -69,7 +69,7 @@ def build_claude(ops, draw_parent) -> ClaudeSession:
 
 def stored(data: bytes, thread: str) -> Store:
     store = Store.memory()
-    store.ingest_append([SessionAppend(thread, data, ((data.count(b"\n"), "ingest"),))])
+    store.history.ingest([SessionAppend(thread, data, ((data.count(b"\n"), "ingest"),))])
     return store
 
 
@@ -104,8 +104,8 @@ def test_replay_at_a_checkpoint_defaults_to_its_position():
     s.turn("two")
     data = s.data()
     store = Store.memory()
-    result = store.ingest_append([SessionAppend("codex/t", data, ((first, "turn one"), (len(s.lines), "end")))])
-    checkpoint = result[0]["checkpoints"][0]
+    result = store.history.ingest([SessionAppend("codex/t", data, ((first, "turn one"), (len(s.lines), "end")))])
+    checkpoint = result[0].checkpoints[0]
     assert stored_replay.replay(store, checkpoint) == replay_codex(parse_records(cut(data, first)))
 
 

@@ -103,12 +103,12 @@ def test_each_checkpoint_is_an_agentcas_checkpoint_and_messages_are_rollout_item
     state = graph.get_state(config())
     assert [m.content for m in state.values["messages"]] == [
         "hello 0", "reply 1", "hello 1", "reply 3", "hello 2", "reply 5"]
-    log = saver.store.log("langgraph/t")
+    log = [item.to_json() for item in saver.store.threads.log("langgraph/t")]
     listed = list(saver.list(config()))
     assert len(log) == len(listed) == 9  # input, after __start__, after agent: per invoke
     assert all(entry["reason"].startswith("langgraph step ") for entry in log)
     assert [e["reason"].split()[2] for e in log[:3]] == ["7", "6", "5"]  # the steps (from -1), newest first
-    records = [json.loads(line) for line in b"".join(saver.store.rollout_read("langgraph/t")).splitlines()]
+    records = [json.loads(line) for line in b"".join(saver.store.history.read("langgraph/t")).splitlines()]
     items = [r for r in records if r["k"] == "item"]
     assert len(items) == 6 and {r["ch"] for r in items} == {"messages"}  # each message stored once
     # An older checkpoint's message list is a prefix of the history, read back exactly.
@@ -123,11 +123,11 @@ def test_an_unchanged_channel_is_never_stored_twice(saver):
     first = put(saver, "u", values={"a": "v1", "b": big, "c": small}, versions={"a": 1, "b": 1, "c": 1}, step=0)
     second = put(saver, "u", parent=first, values={"a": "v2", "b": big, "c": small}, versions={"a": 2, "b": 1, "c": 1},
                  new_versions={"a": 2}, step=1)
-    trees = [saver.store.checkpoint(e["checkpoint"])[1].tree for e in saver.store.log("langgraph/u")]
-    entries = [saver.store.tree_files(tree, content=False) for tree in trees]
+    trees = [saver.store.checkpoints.get(e["checkpoint"])[1].tree for e in [item.to_json() for item in saver.store.threads.log("langgraph/u")]]
+    entries = [saver.store.checkpoints.tree_files(tree, content=False) for tree in trees]
     assert entries[0]["values/b"].id == entries[1]["values/b"].id
     assert not {"values/a", "values/c"} & (entries[0].keys() | entries[1].keys())
-    records = [json.loads(line) for line in b"".join(saver.store.rollout_read("langgraph/u")).splitlines()]
+    records = [json.loads(line) for line in b"".join(saver.store.history.read("langgraph/u")).splitlines()]
     assert [r["ch"] for r in records if r["k"] == "val"] == ["a", "c", "a"]  # c once, a per version
     for reader in (saver, AgentcasSaver(saver.store)):
         assert reader.get_tuple(config("u", second)).checkpoint["channel_values"] == {"a": "v2", "b": big, "c": small}
@@ -149,7 +149,7 @@ def test_a_message_is_stored_once_its_write_and_item_name_those_bytes(saver):
     for i in range(3):
         graph.invoke({"messages": [HumanMessage(content=f"question {i} " + "words " * 60, id=f"q{i}")]},
                      {"configurable": {"thread_id": "once", "run_id": f"run-{i}"}})
-    raw = b"".join(saver.store.rollout_read("langgraph/once"))
+    raw = b"".join(saver.store.history.read("langgraph/once"))
     records = [json.loads(line) for line in raw.splitlines()]
     for i in range(3):
         holding = [r for r in records if f"question {i} " in r.get("x", "")]  # latin-1 text of the bytes
@@ -164,8 +164,8 @@ def test_a_message_is_stored_once_its_write_and_item_name_those_bytes(saver):
     # The first run's checkpoints go and gc runs: the later ones still read their messages,
     # whose bytes the deleted input checkpoint's record held (records stay in the history).
     saver.delete_for_runs(["run-0"])
-    saver.store.gc(grace=0, expire_reflog=0, wait=0)
-    assert saver.store.fsck()["ok"]
+    saver.store.gc.run(grace=0, expire_reflog=0, wait=0)
+    assert saver.store.gc.fsck().to_json()["ok"]
     kept = _saved(AgentcasSaver(saver.store).list(config("once")))
     assert len(kept) == 6 and [m for _, m, _ in kept] == [m for _, m, _ in expected[:6]]
     assert kept[0][1][0] == ("q0", "question 0 " + "words " * 60)
@@ -189,18 +189,18 @@ def test_writes_sent_before_their_put_land_in_its_move(saver):
     a = put(saver, "early", step=0)
     b_id = str(uuid6(clock_seq=1))
     saver.put_writes(config("early", b_id), [("ch", "sent early"), ("other", "too")], "task-e")
-    moves = len(saver.store.reflog("langgraph/early"))
+    moves = len(saver.store.threads.reflog("langgraph/early"))
     cp = empty_checkpoint()
     cp["id"] = b_id
     saver.put(config("early", a), cp, {"source": "loop", "step": 1}, {})
-    assert len(saver.store.reflog("langgraph/early")) == moves + 1
-    state = saver.store.thread("langgraph/early")
-    own = saver.store.checkpoint("langgraph/early")[1].history
+    assert len(saver.store.threads.reflog("langgraph/early")) == moves + 1
+    state = saver.store.threads.get("langgraph/early")
+    own = saver.store.checkpoints.get("langgraph/early")[1].history
     assert state.history.seq == own.seq + 2  # the writes follow the checkpoint's position
     for reader in (saver, AgentcasSaver(saver.store)):
         assert [(t, c, v) for t, c, v in reader.get_tuple(config("early", b_id)).pending_writes] == \
             [("task-e", "ch", "sent early"), ("task-e", "other", "too")]
-    assert saver.store.fsck()["ok"]
+    assert saver.store.gc.fsck().to_json()["ok"]
 
 
 def test_a_list_that_does_not_extend_its_parent_is_stored_whole(saver):
@@ -238,7 +238,7 @@ def test_encrypted_serializer_round_trips(tmp_path):
         state = chat_graph(saver).get_state(config())
         assert [m.content for m in state.values["messages"]] == ["secret plan", "reply 1"]
         assert saver.get_tuple(config()).pending_writes == [("task-1", "messages", ["pending secret"])]
-        records = [json.loads(x) for x in b"".join(saver.store.rollout_read("langgraph/t")).splitlines()]
+        records = [json.loads(x) for x in b"".join(saver.store.history.read("langgraph/t")).splitlines()]
         kinds = [k for r in records for k in ((r["ct"], r["mt"]) if r["k"] == "cp" else (r["t"],))]
         assert len(kinds) > len(records) and all(k.endswith("+aesgcm") for k in kinds)
     with AgentcasSaver.from_path(path, serde=EncryptedSerializer(AesGcm(os.urandom(32)))) as saver:
@@ -253,7 +253,7 @@ def test_a_fork_moves_the_thread_and_keeps_the_old_branch(saver):
     for i in range(3):
         graph.invoke({"messages": [HumanMessage(content=f"m{i}", id=f"h{i}")]}, config())
     before = [t.config["configurable"]["checkpoint_id"] for t in saver.list(config())]
-    old_head = saver.store.thread("langgraph/t").checkpoint
+    old_head = saver.store.threads.get("langgraph/t").checkpoint
     past = [s for s in graph.get_state_history(config()) if len(s.values.get("messages", [])) == 2][0]
     forked = graph.update_state(past.config, {"messages": [AIMessage(content="fork", id="f1")]})
     graph.invoke({"messages": [HumanMessage(content="after fork", id="h9")]}, config())
@@ -263,19 +263,19 @@ def test_a_fork_moves_the_thread_and_keeps_the_old_branch(saver):
     after = [t.config["configurable"]["checkpoint_id"] for t in saver.list(config())]
     assert set(before) < set(after) and len(after) == len(before) + 4
     assert forked["configurable"]["checkpoint_id"] in after
-    branches = {n: s for n, s in saver.store.thread_states("langgraph/t").items() if "/branches/" in n}
+    branches = {n: s for n, s in saver.store.threads.under("langgraph/t").items() if "/branches/" in n}
     assert list(branches) == ["langgraph/t/branches/1"]
     assert branches["langgraph/t/branches/1"].checkpoint == old_head
-    tree = saver.store.lineage("langgraph/t")["threads"][0]
+    tree = saver.store.threads.lineage("langgraph/t").to_json()["threads"][0]
     assert [c["thread"] for c in tree["children"]] == ["langgraph/t/branches/1"]
-    split = saver.store.show(tree["children"][0]["forked_from"]["checkpoint"])
+    split = saver.store.checkpoints.show(tree["children"][0]["forked_from"]["checkpoint"]).to_json()
     assert split["reason"].endswith(past.config["configurable"]["checkpoint_id"])  # where the branches part
-    assert saver.store.gc(grace=0)["result"] is not None
+    assert saver.store.gc.run(grace=0).to_json()["result"] is not None
     # every checkpoint of the old branch is still there after a gc
     fresh = AgentcasSaver(saver.store)
     assert [t.config["configurable"]["checkpoint_id"] for t in fresh.list(config())] == after
     saver.delete_thread("t")
-    assert saver.store.thread_states("langgraph/t") == {}
+    assert saver.store.threads.under("langgraph/t") == {}
 
 
 def test_writes_of_an_abandoned_branch_are_never_replayed_into_a_fork(saver):
@@ -300,7 +300,7 @@ def test_writes_of_an_abandoned_branch_are_never_replayed_into_a_fork(saver):
 def test_a_put_racing_another_savers_write_keeps_the_write(saver):
     a = put(saver, "r", step=0)
     other = AgentcasSaver(saver.store)
-    real, raced = saver.store.lineage_writer, []
+    real, raced = saver.store.threads.group_writer, []
 
     def racing(what):
         if what.startswith("langgraph put") and not raced:  # between reading the thread and landing
@@ -308,7 +308,7 @@ def test_a_put_racing_another_savers_write_keeps_the_write(saver):
             other.put_writes(config("r", a), [("ch", "raced")], "task-r")
         return real(what)
 
-    saver.store.lineage_writer = racing
+    saver.store.threads.group_writer = racing
     b = put(saver, "r", parent=a, step=1)
     assert raced
     fresh = AgentcasSaver(saver.store)
@@ -333,8 +333,8 @@ def test_a_ref_moved_between_planning_and_landing_makes_the_put_plan_again(saver
     fresh = AgentcasSaver(saver.store)
     assert [w[2] for w in fresh.get_tuple(config("q", a)).pending_writes] == ["raced"]
     assert fresh.get_tuple(config("q")).config["configurable"]["checkpoint_id"] == b
-    assert [e["action"] for e in saver.store.reflog("langgraph/q")][:2] == ["langgraph", "langgraph-writes"]
-    assert saver.store.fsck()["ok"]
+    assert [e["action"] for e in [item.to_json() for item in saver.store.threads.reflog("langgraph/q")]][:2] == ["langgraph", "langgraph-writes"]
+    assert saver.store.gc.fsck().to_json()["ok"]
 
 
 def test_gc_at_grace_zero_during_a_put_deletes_nothing_and_the_put_lands(saver, monkeypatch):
@@ -351,7 +351,7 @@ def test_gc_at_grace_zero_during_a_put_deletes_nothing_and_the_put_lands(saver, 
 
     def gc_meanwhile():
         if not seen:
-            seen.update(saver.store.gc(grace=0, expire_reflog=0, wait=0)["result"])
+            seen.update(saver.store.gc.run(grace=0, expire_reflog=0, wait=0).to_json()["result"])
 
     with testing_hooks.on("group.before_land", gc_meanwhile):
         b = put(saver, "g", parent=a, values={"v": "new " * 300}, versions={"v": 2}, step=1)
@@ -359,9 +359,9 @@ def test_gc_at_grace_zero_during_a_put_deletes_nothing_and_the_put_lands(saver, 
     assert [row["what"] for row in seen["blocked_by"]] == ["langgraph put langgraph/g"]
     fresh = AgentcasSaver(saver.store)
     assert fresh.get_tuple(config("g", b)).checkpoint["channel_values"] == {"v": "new " * 300}
-    assert saver.store.gc(grace=0, expire_reflog=0, wait=0)["result"]["deleted"]["objects"] > 0  # the garbage
+    assert saver.store.gc.run(grace=0, expire_reflog=0, wait=0).to_json()["result"]["deleted"]["objects"] > 0  # the garbage
     assert fresh.get_tuple(config("g", a)).checkpoint["channel_values"] == {"v": "kept " * 200}
-    assert saver.store.fsck()["ok"]
+    assert saver.store.gc.fsck().to_json()["ok"]
 
 
 def test_gc_at_grace_zero_during_a_leaseless_put_sweeps_garbage_and_the_put_plans_again(saver):
@@ -376,7 +376,7 @@ def test_gc_at_grace_zero_during_a_leaseless_put_sweeps_garbage_and_the_put_plan
 
     def gc_meanwhile():
         if not seen:
-            seen.update(saver.store.gc(grace=0, expire_reflog=0, wait=0)["result"])
+            seen.update(saver.store.gc.run(grace=0, expire_reflog=0, wait=0).to_json()["result"])
 
     with testing_hooks.on("group.before_land", gc_meanwhile), \
             testing_hooks.on("sweepwatch.swept", lambda: swept.append(True)):
@@ -385,8 +385,8 @@ def test_gc_at_grace_zero_during_a_leaseless_put_sweeps_garbage_and_the_put_plan
     fresh = AgentcasSaver(saver.store)
     assert fresh.get_tuple(config("g", b)).checkpoint["channel_values"] == {"v": "new " * 300}
     assert fresh.get_tuple(config("g", a)).checkpoint["channel_values"] == {"v": "kept " * 200}
-    assert saver.store.gc(grace=0, expire_reflog=0, wait=0)["result"]["deleted"]["objects"] == 0
-    assert saver.store.fsck()["ok"]
+    assert saver.store.gc.run(grace=0, expire_reflog=0, wait=0).to_json()["result"]["deleted"]["objects"] == 0
+    assert saver.store.gc.fsck().to_json()["ok"]
 
 
 def test_resuming_an_old_branch_keeps_the_writes_on_its_line(saver):
@@ -395,7 +395,7 @@ def test_resuming_an_old_branch_keeps_the_writes_on_its_line(saver):
     saver.put_writes(config("o", b), [("ch", "on b")], "task-b")
     put(saver, "o", parent=a, step=2)  # fork: b's line becomes branches/1
     c = put(saver, "o", parent=b, step=3)  # back onto b's line: it folds into the thread
-    refs = saver.store.thread_states("langgraph/o")
+    refs = saver.store.threads.under("langgraph/o")
     assert refs["langgraph/o"].checkpoint is not None and "langgraph/o/branches/1" not in refs
     for reader in (saver, AgentcasSaver(saver.store)):
         assert [w[2] for w in reader.get_tuple(config("o", b)).pending_writes] == ["on b"]
@@ -423,22 +423,22 @@ def test_prune_and_delete_thread_let_gc_reclaim_what_no_thread_shares(saver):
     for i in range(3):
         graph.invoke({"messages": [HumanMessage(content=f"m{i}", id=f"h{i}")]}, config())
     saver.copy_thread("t", "kept-copy")
-    old = [e["checkpoint"] for e in saver.store.log("langgraph/t")]
+    old = [e["checkpoint"] for e in [item.to_json() for item in saver.store.threads.log("langgraph/t")]]
     saver.prune(["t"], strategy="keep_latest")
-    saver.store.gc(grace=0)
-    assert len(saver.store.log("langgraph/t")) == 1
+    saver.store.gc.run(grace=0)
+    assert len(saver.store.threads.log("langgraph/t")) == 1
     assert [m.content for m in graph.get_state(config()).values["messages"]][-1] == "reply 5"
-    assert all(saver.store.checkpoint(d) for d in old)  # the copy still needs every one of them
+    assert all(saver.store.checkpoints.get(d) for d in old)  # the copy still needs every one of them
     saver.delete_thread("kept-copy")
-    saver.store.gc(grace=0)
+    saver.store.gc.run(grace=0)
     for digest in old:
         with pytest.raises(NotFound):
-            saver.store.checkpoint(digest)
+            saver.store.checkpoints.get(digest)
     assert len(list(saver.list(config()))) == 1
     assert len(graph.get_state(config()).values["messages"]) == 6
     saver.delete_thread("t")
-    saver.store.gc(grace=0)
-    assert saver.store.thread_states("langgraph") == {} and saver.store.fsck()["ok"]
+    saver.store.gc.run(grace=0)
+    assert saver.store.threads.under("langgraph") == {} and saver.store.gc.fsck().to_json()["ok"]
 
 
 # -- the same scenario as LangGraph's own InMemorySaver ---------------------------------------------
@@ -525,9 +525,9 @@ def test_one_thread_from_two_processes_loses_no_checkpoint(saver, tmp_path):
     fresh = AgentcasSaver(Store.open(str(tmp_path / "store")))
     listed = {t.config["configurable"]["checkpoint_id"] for t in fresh.list(config("shared"))}
     assert listed == {root, *outs[0], *outs[1]}
-    heads = {s.checkpoint for s in fresh.store.thread_states("langgraph/shared").values()}
+    heads = {s.checkpoint for s in fresh.store.threads.under("langgraph/shared").values()}
     assert len(heads) >= 2  # two children of one parent: two lines, both kept
-    assert fresh.store.fsck()["ok"]
+    assert fresh.store.gc.fsck().to_json()["ok"]
 
 
 def test_processes_writing_different_threads(saver, tmp_path):
@@ -535,7 +535,7 @@ def test_processes_writing_different_threads(saver, tmp_path):
     fresh = AgentcasSaver(Store.open(str(tmp_path / "store")))
     for thread, out in zip(("p1", "p2"), outs):
         assert [t.config["configurable"]["checkpoint_id"] for t in fresh.list(config(thread))] == out[::-1]
-    assert fresh.store.fsck()["ok"]
+    assert fresh.store.gc.fsck().to_json()["ok"]
 
 
 # -- crashes, corruption, unknown ids -------------------------------------------------------------
@@ -570,7 +570,7 @@ def test_sigkill_during_put_leaves_the_old_or_new_checkpoint(tmp_path, delay):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     store = Store.open(path)
-    assert store.fsck()["ok"]
+    assert store.gc.fsck().to_json()["ok"]
     with AgentcasSaver.from_path(path) as saver:
         latest = saver.get_tuple(config("k"))
         count = len(latest.checkpoint["channel_values"]["messages"])
@@ -619,12 +619,12 @@ def test_sigkill_inside_the_final_transaction_keeps_the_old_checkpoint(tmp_path)
         line = proc.stdout.readline()
         assert line, lines
         lines.append(line)
-    before = Store.open(path).thread("langgraph/k")
+    before = Store.open(path).threads.get("langgraph/k")
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     store = Store.open(path)
-    assert store.fsck()["ok"]
-    assert store.thread("langgraph/k") == before  # the move in flight never happened
+    assert store.gc.fsck().to_json()["ok"]
+    assert store.threads.get("langgraph/k") == before  # the move in flight never happened
     last_done = [line.split()[2] for line in lines if line.startswith("done")][-1]
     with AgentcasSaver.from_path(path) as saver:
         listed = [t.config["configurable"]["checkpoint_id"] for t in saver.list(config("k"))]
@@ -696,26 +696,26 @@ def _walk(tmp_path, make_call, landed):
     labels = count.read_text().split()
     assert labels, "no durable step counted"
     with AgentcasSaver.from_path(str(work)) as s:
-        assert landed(s) and s.store.fsck()["ok"]
-    old_refs = Store.open(str(base)).thread_states("langgraph/t")
+        assert landed(s) and s.store.gc.fsck().to_json()["ok"]
+    old_refs = Store.open(str(base)).threads.under("langgraph/t")
     outcomes = []
     for number in range(1, len(labels) + 1):
         shutil.rmtree(work)
         shutil.copytree(base, work)
         assert _in_child(make_call(str(work), old_tuple, past), {"AGENTCAS_CRASH_AT": str(number)}) == -9, number
         store = Store.open(str(work))
-        assert store.fsck()["ok"], (number, labels[number - 1], store.fsck()["problems"])
+        assert store.gc.fsck().to_json()["ok"], (number, labels[number - 1], store.gc.fsck().to_json()["problems"])
         with AgentcasSaver(store) as s:
             if landed(s):
                 outcomes.append("new")
             else:
-                assert store.thread_states("langgraph/t") == old_refs, (number, labels[number - 1])
+                assert store.threads.under("langgraph/t") == old_refs, (number, labels[number - 1])
                 assert s.get_tuple(config()).config == old_tuple.config
                 outcomes.append("old")
         store.close()
         assert _in_child(make_call(str(work), old_tuple, past), {}) == 0  # the call then succeeds
         with AgentcasSaver.from_path(str(work)) as s:
-            assert landed(s) and s.store.fsck()["ok"], number
+            assert landed(s) and s.store.gc.fsck().to_json()["ok"], number
     assert outcomes[0] == "old" and outcomes[-1] == "new"
     return labels, outcomes
 
@@ -754,7 +754,7 @@ def test_every_crash_point_of_a_put_leaves_the_old_or_the_new_checkpoint(tmp_pat
             if latest.config["configurable"]["checkpoint_id"] != CRASH_STEP:
                 return False
             if kind == "fork":
-                assert any("/branches/" in name for name in s.store.thread_states("langgraph/t"))
+                assert any("/branches/" in name for name in s.store.threads.under("langgraph/t"))
             assert latest.checkpoint["channel_values"]["messages"][-1].id in ("n1", "f1")
             return True
 
@@ -775,8 +775,8 @@ def _corrupt(store: Store, raw: bytes) -> None:
 
 def test_a_corrupt_value_raises_a_clear_error_naming_the_object(saver):
     first = put(saver, "c", values={"a": "a value that is long enough to be stored as a file " * 100}, step=0)
-    tree = saver.store.checkpoint("langgraph/c")[1].tree
-    blob = saver.store.tree_files(tree, content=False)["values/a"].id
+    tree = saver.store.checkpoints.get("langgraph/c")[1].tree
+    blob = saver.store.checkpoints.tree_files(tree, content=False)["values/a"].id
     _corrupt(saver.store, blob.raw)
     for reader in (saver, AgentcasSaver(saver.store)):
         with pytest.raises(CorruptCheckpoint, match=blob.hex()) as err:
@@ -784,13 +784,13 @@ def test_a_corrupt_value_raises_a_clear_error_naming_the_object(saver):
         assert first in str(err.value)
         with pytest.raises(CorruptCheckpoint):
             list(reader.list(config("c")))
-    assert not saver.store.fsck()["ok"]
+    assert not saver.store.gc.fsck().to_json()["ok"]
 
 
 def test_a_corrupt_message_in_the_history_raises_not_a_shorter_list(saver):
     graph = chat_graph(saver)
     graph.invoke({"messages": [HumanMessage(content="one", id="1")]}, config("h"))
-    head = saver.store.thread("langgraph/h").history
+    head = saver.store.threads.get("langgraph/h").history
     from agentcas.cas import framing  # the test reaches into the layer to find a chunk
     from agentcas.cas.objects import Segment
     segment = Segment.decode(saver.store.source.load(head.segment, framing.KIND_SEGMENT))
@@ -816,7 +816,7 @@ def test_odd_thread_ids_and_namespaces_map_to_valid_threads(saver):
     put(saver, "n", step=0)
     put(saver, "n", step=0) and None
     child = saver.put(config("n", ns="sub:1|inner:2"), empty_checkpoint(), {"step": 0}, {})
-    assert thread_name("n", "sub:1|inner:2") in saver.store.thread_states("langgraph/n")
+    assert thread_name("n", "sub:1|inner:2") in saver.store.threads.under("langgraph/n")
     assert saver.get_tuple(child).config["configurable"]["checkpoint_ns"] == "sub:1|inner:2"
 
 
@@ -841,8 +841,8 @@ def test_a_shared_store_carries_a_thread_between_two_machines(tmp_path, s3_url, 
         graph.invoke({"messages": [HumanMessage(content="on b", id="b1")]}, config())
         assert [m.content for m in graph.get_state(config()).values["messages"]][-2:] == ["on b", "reply 4"]
         assert len(list(saver.list(config("copy")))) == 10  # 3 invokes of 3, the update_state
-        assert "langgraph/t/branches/1" in second.thread_states("langgraph/t")
-    assert second.fsck()["ok"]
+        assert "langgraph/t/branches/1" in second.threads.under("langgraph/t")
+    assert second.gc.fsck().to_json()["ok"]
     second.close()
     with AgentcasSaver.from_path(s3_url, refs=postgres_url) as saver:  # by URL, as from_path opens a directory
         assert [m.content for m in chat_graph(saver).get_state(config()).values["messages"]][-1] == "reply 4"
@@ -942,7 +942,7 @@ def test_checkpoints_of_the_first_layout_still_read_and_resume(tmp_path, run):
     assert run("import", LAYOUT1_BUNDLE, "--allow-unsigned", store=store).code == 0
     with AgentcasSaver.from_path(str(store)) as saver:
         head = saver.get_tuple(config("old"))
-        tree = saver.store.tree_files(saver.store.checkpoint("langgraph/old")[1].tree, content=False)
+        tree = saver.store.checkpoints.tree_files(saver.store.checkpoints.get("langgraph/old")[1].tree, content=False)
         assert "langgraph" in tree and any(p.startswith("values/") for p in tree)  # the first layout, indeed
         assert [m.content for m in head.checkpoint["channel_values"]["messages"]] == [
             "question 0", "reply 1", "question 1", "reply 3", "question 2", "reply 5"]
@@ -957,7 +957,7 @@ def test_checkpoints_of_the_first_layout_still_read_and_resume(tmp_path, run):
         builder.add_edge("agent", END)
         graph = builder.compile(checkpointer=saver)
         graph.invoke({"messages": [HumanMessage(content="question 3", id="q3")]}, config("old"))
-        new_tree = saver.store.tree_files(saver.store.checkpoint("langgraph/old")[1].tree, content=False)
+        new_tree = saver.store.checkpoints.tree_files(saver.store.checkpoints.get("langgraph/old")[1].tree, content=False)
         assert "langgraph" not in new_tree
     with AgentcasSaver.from_path(str(store)) as saver:
         values = saver.get_tuple(config("old")).checkpoint["channel_values"]
@@ -975,12 +975,12 @@ def test_a_checkpoint_without_its_record_raises_a_clear_error(saver, tmp_path):
     work.mkdir()
     rollout.write_bytes(b'{"k":"cp","id":"someone-else"}\n')
     reason = "langgraph step 1 loop 1f000000-0000-6000-8000-000000000000"
-    saver.store.commit(str(work), reason, thread="langgraph/forged", rollout_file=str(rollout))
-    before = saver.store.thread("langgraph/forged")
+    saver.store.checkpoints.commit(str(work), reason, thread="langgraph/forged", rollout_file=str(rollout))
+    before = saver.store.threads.get("langgraph/forged")
     with pytest.raises(CorruptCheckpoint, match=r"1f000000-0000-6000-8000-000000000000 .*record 0 of its history "
                                                 r"is not its checkpoint record"):
         saver.get_tuple(config("forged"))
-    assert saver.store.thread("langgraph/forged") == before
+    assert saver.store.threads.get("langgraph/forged") == before
 
 
 def test_a_checkpoint_and_metadata_over_4_kib_are_files_of_its_tree_without_a_record_limit(saver):
@@ -989,13 +989,13 @@ def test_a_checkpoint_and_metadata_over_4_kib_are_files_of_its_tree_without_a_re
     named by the record, so a 24 MiB metadata value stores and reads back whole."""
     small = put(saver, "big", values={"v": "x"}, step=0, note="n" * 5000)
     huge = put(saver, "big", parent=small, values={"v": "y"}, step=1, blob=bytes(24 << 20))
-    records = [json.loads(x) for x in b"".join(saver.store.rollout_read("langgraph/big")).splitlines()]
+    records = [json.loads(x) for x in b"".join(saver.store.history.read("langgraph/big")).splitlines()]
     cps = [r for r in records if r["k"] == "cp"]
     assert [("mf" in r, "m" in r, "c" in r) for r in cps] == [(True, False, True), (True, False, True)]
     fresh = AgentcasSaver(saver.store)
     assert fresh.get_tuple(config("big", small)).metadata["note"] == "n" * 5000
     assert fresh.get_tuple(config("big", huge)).metadata["blob"] == bytes(24 << 20)
-    assert saver.store.fsck()["ok"]
+    assert saver.store.gc.fsck().to_json()["ok"]
 
 
 def test_a_put_naming_its_own_id_as_parent_is_a_new_checkpoint_for_every_reader(saver):

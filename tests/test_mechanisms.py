@@ -77,17 +77,17 @@ def test_commit_pin_is_live_after_its_first_batch_and_holds_gc_off(store, tmp_pa
     seen = {}
 
     def gc_mid_commit():
-        plan = store.gc_plan(grace=0, expire_reflog=0).to_json()
+        plan = store.gc.plan(grace=0, expire_reflog=0).to_json()
         seen["pins"] = [p for p in plan["pins"] if p["live"]]
-        seen["result"] = store.gc(grace=0, expire_reflog=0, wait=0)["result"]
+        seen["result"] = store.gc.run(grace=0, expire_reflog=0, wait=0).to_json()["result"]
 
     with testing_hooks.on("writer.after_batch", once(gc_mid_commit)):
-        done = store.commit(str(ws), "under gc")
+        done = store.checkpoints.commit(str(ws), "under gc").to_json()
     assert [p["what"] for p in seen["pins"]] == ["commit main"]
     assert seen["result"]["deleted"]["objects"] == 0 and not seen["result"]["complete"]
-    assert store.gc_plan(grace=0).to_json()["pins"] == []  # released when the commit landed
-    assert store.fsck()["ok"]
-    store.checkout(done["checkpoint"], str(tmp_path / "out"))
+    assert store.gc.plan(grace=0).to_json()["pins"] == []  # released when the commit landed
+    assert store.gc.fsck().to_json()["ok"]
+    store.checkpoints.checkout(done["checkpoint"], str(tmp_path / "out"))
     assert tree_bytes(tmp_path / "out") == tree_bytes(ws)
 
 
@@ -98,7 +98,7 @@ def test_checkout_refuses_a_chunk_list_of_other_bytes_with_the_same_sizes(store,
     not the file the tree names; checkout exits 4 and creates nothing."""
     ws = tmp_path / "ws"
     write_files(ws, {"a.txt": b"A" * 100, "b.txt": b"B" * 100})
-    store.commit(str(ws), "two one-chunk files")
+    store.checkpoints.commit(str(ws), "two one-chunk files")
     chunk_list = ChunkList((ChunkRef(hash_blob(b"A" * 100), 100), ChunkRef(hash_blob(b"B" * 100), 100)))
     list_id = plant(store, framing.KIND_CHUNKLIST, chunk_list.encode())
     claimed = hash_blob(b"B" * 100 + b"A" * 100)  # other bytes, same sizes
@@ -106,7 +106,7 @@ def test_checkout_refuses_a_chunk_list_of_other_bytes_with_the_same_sizes(store,
     tree_id = plant(store, framing.KIND_TREE, tree.encode())
     cp = Checkpoint(tree_id, (), "lying", "crafted", "test", CREATED, {})
     plant(store, framing.KIND_CHECKPOINT, cp.encode())
-    store.create_thread("lying", cp.digest().hex())
+    store.threads.create("lying", cp.digest().hex())
     dest = tmp_path / "out" / "dest"
     result = run("checkout", "lying", dest, store=store_dir)
     assert result.code == 4, result
@@ -131,7 +131,7 @@ def test_bundle_with_its_last_chunk_flipped_is_refused_before_anything_is_writte
     writes = []
     with testing_hooks.on("import.before_write", lambda: writes.append(True)):
         with pytest.raises(IntegrityError) as info:
-            receiver.import_bundle(str(path))
+            receiver.remotes.import_bundle(str(path))
     assert "hash mismatch" in str(info.value) and info.value.exit_code == 4
     assert writes == [], "the bundle reached the write phase before its last chunk was checked"
     assert snapshot(receiver) == before
@@ -147,8 +147,8 @@ def _lying_history_bundle(tmp_path, change: dict) -> bytes:
     write_files(ws, {"task.json": b'{"step": 1}\n'})
     rollout_file = tmp_path / "r.jsonl"
     rollout_file.write_bytes(records(5, "real"))
-    src.commit(str(ws), "one", rollout_file=str(rollout_file))
-    src.export_bundle("main", str(tmp_path / "real.bundle"))
+    src.checkpoints.commit(str(ws), "one", rollout_file=str(rollout_file))
+    src.remotes.export_bundle("main", str(tmp_path / "real.bundle"))
     craft = Craft.explode(str(tmp_path / "real.bundle"))
     (seg_record,) = craft.find(framing.KIND_SEGMENT)
     (cp_record,) = craft.find(framing.KIND_CHECKPOINT)
@@ -178,7 +178,7 @@ def test_import_reverifies_a_rehashed_segment_whose_digest_or_count_lies(lie, st
     path.write_bytes(_lying_history_bundle(tmp_path, change))
     before = snapshot(store)
     with pytest.raises(IntegrityError) as info:
-        store.import_bundle(str(path), allow_unsigned=True)
+        store.remotes.import_bundle(str(path), allow_unsigned=True)
     message = str(info.value)
     assert info.value.exit_code == 4 and ("history" in message or "does not match its bytes" in message), message
     assert snapshot(store) == before
@@ -215,65 +215,65 @@ def test_commit_reusing_only_old_garbage_fails_cleanly_when_gc_runs_before_it_la
     the commit cleanly (without it, the lease check would raise a conflict instead)."""
     ws = tmp_path / "ws"
     write_files(ws, {"x.txt": b"reused from a deleted thread\n"})
-    store.commit(str(ws), "soon garbage", thread="tmp")
-    store.delete_thread("tmp")  # its chunk and tree are now unreferenced
+    store.checkpoints.commit(str(ws), "soon garbage", thread="tmp")
+    store.threads.delete("tmp")  # its chunk and tree are now unreferenced
     gc_results = []
 
     def lose_lease_then_gc():
         store.meta.write(lambda txn: [txn.delete("leases", key) for key, _ in list(txn.scan("leases"))])
-        gc_results.append(store.gc(grace=0, expire_reflog=0)["result"])
+        gc_results.append(store.gc.run(grace=0, expire_reflog=0).to_json()["result"])
 
     with testing_hooks.on("commit.before_land", once(lose_lease_then_gc)):
         with pytest.raises(IntegrityError) as info:
-            store.commit(str(ws), "reuses garbage")
+            store.checkpoints.commit(str(ws), "reuses garbage")
     assert "vanished" in str(info.value) and "nothing was committed" in str(info.value)
     assert gc_results[0]["deleted"]["objects"] >= 2  # the reused chunk and tree really went
-    assert store.threads() == []  # the ref never moved
-    assert store.fsck()["ok"]
-    store.commit(str(ws), "retry")
-    store.checkout("main", str(tmp_path / "out"))
+    assert [item.to_json() for item in store.threads.list()] == []  # the ref never moved
+    assert store.gc.fsck().to_json()["ok"]
+    store.checkpoints.commit(str(ws), "retry")
+    store.checkpoints.checkout("main", str(tmp_path / "out"))
     assert tree_bytes(tmp_path / "out") == tree_bytes(ws)
 
 
 # --- 7. commit --expect is re-checked when landing ------------------------------------------------
 
 def test_commit_expect_is_rechecked_when_the_thread_moves_during_the_snapshot(store, tmp_path):
-    """Issue 15 item 7 (repository.py): `commit --expect` compares again in the final
+    """Issue 15 item 7 (api/checkpoints.py): `commit --expect` compares again in the final
     transaction; a thread moved during the snapshot is a conflict (exit 3)."""
     ws, other = tmp_path / "ws", tmp_path / "other"
     write_files(ws, {"a.txt": b"one\n"})
-    first = store.commit(str(ws), "one")["checkpoint"]
+    first = store.checkpoints.commit(str(ws), "one").to_json()["checkpoint"]
     write_files(other, {"a.txt": b"someone else\n"})
     moved = {}
     write_files(ws, {"a.txt": b"two\n"})
-    meanwhile = once(lambda: moved.update(store.commit(str(other), "meanwhile")))
+    meanwhile = once(lambda: moved.update(store.checkpoints.commit(str(other), "meanwhile").to_json()))
     with testing_hooks.on("commit.before_land", meanwhile):
         with pytest.raises(ConflictError) as info:
-            store.commit(str(ws), "two", expect=first)
+            store.checkpoints.commit(str(ws), "two", expect=first)
     assert info.value.exit_code == 3 and "nothing was committed" in str(info.value)
-    assert store.thread("main").checkpoint.hex() == moved["checkpoint"]
-    assert [e["reason"] for e in store.log("main")] == ["meanwhile", "one"]
+    assert store.threads.get("main").checkpoint.hex() == moved["checkpoint"]
+    assert [e["reason"] for e in [item.to_json() for item in store.threads.log("main")]] == ["meanwhile", "one"]
 
 
 # --- 8. commit --rollout is re-checked when landing -----------------------------------------------
 
 def test_commit_rollout_is_rechecked_when_the_history_moves_during_the_commit(store, tmp_path):
-    """Issue 15 item 8 (repository.py): the rollout tail was read against one history; if the
+    """Issue 15 item 8 (api/checkpoints.py): the rollout tail was read against one history; if the
     thread's history moved meanwhile, the commit is a conflict and nothing lands."""
     ws = tmp_path / "ws"
     write_files(ws, {"a.txt": b"one\n"})
     rollout_file = tmp_path / "r.jsonl"
     rollout_file.write_bytes(records(2, "file"))
-    store.commit(str(ws), "one", rollout_file=str(rollout_file))
+    store.checkpoints.commit(str(ws), "one", rollout_file=str(rollout_file))
     with open(rollout_file, "ab") as out:
         out.write(b'{"tag": "file", "i": 2}\n')
-    meanwhile = once(lambda: store.rollout_append("main", b'{"tag": "elsewhere"}\n'))
+    meanwhile = once(lambda: store.history.append("main", b'{"tag": "elsewhere"}\n'))
     with testing_hooks.on("commit.before_land", meanwhile):
         with pytest.raises(ConflictError) as info:
-            store.commit(str(ws), "two", rollout_file=str(rollout_file))
+            store.checkpoints.commit(str(ws), "two", rollout_file=str(rollout_file))
     assert info.value.exit_code == 3 and "history moved" in str(info.value)
-    assert b"".join(store.rollout_read("main")) == records(2, "file") + b'{"tag": "elsewhere"}\n'
-    assert [e["reason"] for e in store.log("main")] == ["one"]
+    assert b"".join(store.history.read("main")) == records(2, "file") + b'{"tag": "elsewhere"}\n'
+    assert [e["reason"] for e in [item.to_json() for item in store.threads.log("main")]] == ["one"]
 
 
 # --- 9. import re-checks the thread when landing ----------------------------------------------------
@@ -283,17 +283,17 @@ def test_import_is_a_conflict_when_the_thread_moves_while_it_writes(store, tmp_p
     what import planned from; a commit landing meanwhile is never overwritten."""
     src, _ = Store.init(str(tmp_path / "src"))
     write_files(tmp_path / "src-ws", {"a.txt": b"from the bundle\n"})
-    src.commit(str(tmp_path / "src-ws"), "exported")
-    src.export_bundle("main", str(tmp_path / "b.bundle"))
+    src.checkpoints.commit(str(tmp_path / "src-ws"), "exported")
+    src.remotes.export_bundle("main", str(tmp_path / "b.bundle"))
     write_files(tmp_path / "ws", {"a.txt": b"local work\n"})
     local = {}
-    meanwhile = once(lambda: local.update(store.commit(str(tmp_path / "ws"), "local")))
+    meanwhile = once(lambda: local.update(store.checkpoints.commit(str(tmp_path / "ws"), "local").to_json()))
     with testing_hooks.on("import.before_land", meanwhile):
         with pytest.raises(ConflictError) as info:
-            store.import_bundle(str(tmp_path / "b.bundle"), allow_unsigned=True)
+            store.remotes.import_bundle(str(tmp_path / "b.bundle"), allow_unsigned=True)
     assert info.value.exit_code == 3 and "moved" in str(info.value)
-    assert store.thread("main").checkpoint.hex() == local["checkpoint"]
-    assert [e["reason"] for e in store.log("main")] == ["local"]
+    assert store.threads.get("main").checkpoint.hex() == local["checkpoint"]
+    assert [e["reason"] for e in [item.to_json() for item in store.threads.log("main")]] == ["local"]
 
 
 # --- 10. checkout re-checks DEST before the final rename ----------------------------------------
@@ -303,13 +303,13 @@ def test_checkout_never_replaces_a_dest_created_while_it_ran(store, tmp_path):
     temporary directory is renamed; an (empty) DEST made meanwhile is a conflict, kept as it is."""
     ws = tmp_path / "ws"
     write_files(ws, {"a.txt": b"checkout me\n"})
-    store.commit(str(ws), "one")
+    store.checkpoints.commit(str(ws), "one")
     parent = tmp_path / "out"
     parent.mkdir()
     dest = parent / "dest"
     with testing_hooks.on("checkout.before_rename", once(lambda: dest.mkdir())):
         with pytest.raises(ConflictError) as info:
-            store.checkout("main", str(dest))
+            store.checkpoints.checkout("main", str(dest))
     assert info.value.exit_code == 3
     assert dest.is_dir() and os.listdir(dest) == []  # untouched, not replaced by the checkout
     assert os.listdir(parent) == ["dest"]  # and the temporary directory is gone
@@ -322,22 +322,22 @@ def test_sweep_keeps_an_object_stored_again_after_planning(store, tmp_path):
     time; one deleted and stored again after the plan was made is young, so it is kept."""
     ws = tmp_path / "ws"
     write_files(ws, {"x.txt": b"stored, deleted, stored again\n"})
-    store.commit(str(ws), "garbage soon", thread="tmp")
+    store.checkpoints.commit(str(ws), "garbage soon", thread="tmp")
     written = int(time.time())  # every object of that commit was written at or before this second
-    store.delete_thread("tmp")
+    store.threads.delete("tmp")
 
     def restore_meanwhile():
-        store.gc(grace=0, expire_reflog=0)  # another gc deletes them
+        store.gc.run(grace=0, expire_reflog=0)  # another gc deletes them
         while int(time.time()) <= written:  # so the objects stored again are stamped later
             time.sleep(0.02)
-        store.commit(str(ws), "again", thread="tmp2")  # the same chunk and tree, stored again
-        store.delete_thread("tmp2")
+        store.checkpoints.commit(str(ws), "again", thread="tmp2")  # the same chunk and tree, stored again
+        store.threads.delete("tmp2")
 
     with testing_hooks.on("gc.sweep.before_batch", once(restore_meanwhile)):
         # Planned with the clock half a second after the first write: old then, young after.
-        result = store.gc(grace=0, expire_reflog=0, now=written + 0.5)["result"]
+        result = store.gc.run(grace=0, expire_reflog=0, now=written + 0.5).to_json()["result"]
     assert result["deleted"]["objects"] == 0, result
-    assert store.commit(str(ws), "still there")["new_objects"] == 0  # chunk and tree were kept
+    assert store.checkpoints.commit(str(ws), "still there").to_json()["new_objects"] == 0  # chunk and tree were kept
 
 
 # --- 12. the rollout record size limit --------------------------------------------------------------
@@ -349,9 +349,9 @@ def test_a_record_longer_than_the_limit_is_refused_by_its_line_number():
     limit = 64 * 1024 * 1024  # MAX_RECORD_BYTES, as README/FORMAT state it
     huge = b'{"blob": "' + b"x" * limit + b'"}\n'
     with pytest.raises(AgentcasError) as info:
-        store.rollout_append("main", records(2, "ok") + huge)
+        store.history.append("main", records(2, "ok") + huge)
     assert "line 3" in str(info.value) and "longer than" in str(info.value)
-    assert store.threads() == []
+    assert [item.to_json() for item in store.threads.list()] == []
 
 
 # --- the lease protocol's own mechanisms (cas/leases.py, lineage/moves.py, gc/sweep.py) ----------
@@ -360,9 +360,9 @@ def garbage(store: Store, tmp_path, tag: str = "garbage") -> int:
     """Commit a thread of new objects and delete it; how many objects gc at grace 0 may now delete."""
     ws = tmp_path / f"ws-{tag}"
     write_files(ws, {"g.bin": os.urandom(5000), "g.txt": f"{tag}\n".encode()})
-    store.commit(str(ws), tag, thread=f"{tag}-tmp")
-    store.delete_thread(f"{tag}-tmp")
-    reclaimable = store.gc_plan(grace=0, expire_reflog=0).reclaimable["objects"]
+    store.checkpoints.commit(str(ws), tag, thread=f"{tag}-tmp")
+    store.threads.delete(f"{tag}-tmp")
+    reclaimable = store.gc.plan(grace=0, expire_reflog=0).reclaimable["objects"]
     assert reclaimable >= 3  # chunks, tree, checkpoint
     return reclaimable
 
@@ -379,8 +379,8 @@ def test_a_writer_whose_lease_is_lost_fails_with_lease_expired_and_moves_nothing
     paused fails the commit with LeaseExpired (exit 3), the thread and reflog unchanged."""
     ws = tmp_path / "ws"
     write_files(ws, {"a.txt": b"one\n"})
-    store.commit(str(ws), "one")
-    before = (store.threads(), store.reflog("main"))
+    store.checkpoints.commit(str(ws), "one")
+    before = (store.threads.list(), store.threads.reflog("main"))
     write_files(ws, {"a.txt": b"two\n"})
 
     def lose_lease():
@@ -394,12 +394,12 @@ def test_a_writer_whose_lease_is_lost_fails_with_lease_expired_and_moves_nothing
 
     with testing_hooks.on("commit.before_land", once(lose_lease)):
         with pytest.raises(LeaseExpired) as info:
-            store.commit(str(ws), "two")
+            store.checkpoints.commit(str(ws), "two")
     assert info.value.exit_code == 3 and "nothing was changed" in str(info.value)
-    assert (store.threads(), store.reflog("main")) == before
-    assert [e["reason"] for e in store.log("main")] == ["one"]
+    assert (store.threads.list(), store.threads.reflog("main")) == before
+    assert [e["reason"] for e in [item.to_json() for item in store.threads.log("main")]] == ["one"]
     assert lease_rows(store) == []  # the failed writer removed what was left of its lease
-    assert store.fsck()["ok"]
+    assert store.gc.fsck().to_json()["ok"]
 
 
 def test_gc_at_grace_zero_deletes_nothing_while_a_lease_is_live(store, tmp_path):
@@ -412,16 +412,16 @@ def test_gc_at_grace_zero_deletes_nothing_while_a_lease_is_live(store, tmp_path)
     seen = {}
 
     def gc_meanwhile():
-        seen.update(store.gc(grace=0, expire_reflog=0, wait=0)["result"])
+        seen.update(store.gc.run(grace=0, expire_reflog=0, wait=0).to_json()["result"])
 
     with testing_hooks.on("commit.before_land", once(gc_meanwhile)):
-        store.commit(str(ws), "writing while gc runs")
+        store.checkpoints.commit(str(ws), "writing while gc runs")
     assert seen["deleted"]["objects"] == 0 and seen["batches"] == 0 and not seen["complete"]
     assert [row["what"] for row in seen["blocked_by"]] == ["commit main"]
     # With the writer gone, the same gc deletes the garbage: it really was deletable.
-    result = store.gc(grace=0, expire_reflog=0, wait=0)["result"]
+    result = store.gc.run(grace=0, expire_reflog=0, wait=0).to_json()["result"]
     assert result["complete"] and result["deleted"]["objects"] == reclaimable
-    assert store.fsck()["ok"]
+    assert store.gc.fsck().to_json()["ok"]
 
 
 def test_a_writer_waiting_for_a_sweep_batch_already_holds_off_the_next_batch(store, tmp_path):
@@ -435,15 +435,15 @@ def test_a_writer_waiting_for_a_sweep_batch_already_holds_off_the_next_batch(sto
 
     def batch_ends_then_gc_tries_the_next():
         store.meta.write(end_sweep)  # the active batch finishes
-        seen.update(store.gc(grace=0, expire_reflog=0, wait=0)["result"])
+        seen.update(store.gc.run(grace=0, expire_reflog=0, wait=0).to_json()["result"])
 
     with testing_hooks.on("lease.waiting", once(batch_ends_then_gc_tries_the_next)):
-        appended = store.rollout_append("main", records(3, "waited"))
+        appended = store.history.append("main", records(3, "waited")).to_json()
     assert seen["deleted"]["objects"] == 0 and seen["batches"] == 0 and not seen["complete"]
     assert [row["what"] for row in seen["blocked_by"]] == ["append main"]
     assert appended["appended"] == 3  # the writer then took its lease and landed
-    assert b"".join(store.rollout_read("main")) == records(3, "waited")
-    assert store.gc(grace=0, expire_reflog=0, wait=0)["result"]["deleted"]["objects"] == reclaimable
+    assert b"".join(store.history.read("main")) == records(3, "waited")
+    assert store.gc.run(grace=0, expire_reflog=0, wait=0).to_json()["result"]["deleted"]["objects"] == reclaimable
 
 
 KILLED_WRITER = r"""
@@ -452,7 +452,7 @@ from agentcas import Store, testing_hooks
 store = Store.open(sys.argv[1])
 # Killed between storing its objects and landing: its lease row stays behind.
 with testing_hooks.on("commit.before_land", lambda: os.kill(os.getpid(), signal.SIGKILL)):
-    store.commit(sys.argv[2], "never lands")
+    store.checkpoints.commit(sys.argv[2], "never lands")
 """
 
 
@@ -468,11 +468,11 @@ def test_the_lease_of_a_killed_local_writer_is_dead_at_once(store, store_dir, tm
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     (row,) = lease_rows(store)
     assert row.what == "commit main" and row.expires_at > time.time() + 10  # unexpired, long
-    result = store.gc(grace=0, expire_reflog=0, wait=0)["result"]
+    result = store.gc.run(grace=0, expire_reflog=0, wait=0).to_json()["result"]
     assert result["complete"] and result["pins_dropped"] == 1 and result["blocked_by"] == []
     assert result["deleted"]["objects"] > reclaimable  # the garbage and what the killed commit stored
-    assert lease_rows(store) == [] and store.threads() == []
-    assert store.fsck()["ok"]
+    assert lease_rows(store) == [] and [item.to_json() for item in store.threads.list()] == []
+    assert store.gc.fsck().to_json()["ok"]
 
 
 def test_a_sweep_batch_past_its_window_deletes_nothing(store, tmp_path, monkeypatch):
@@ -486,8 +486,8 @@ def test_a_sweep_batch_past_its_window_deletes_nothing(store, tmp_path, monkeypa
         time.sleep(0.3)
 
     with testing_hooks.on("gc.sweep.in_batch", once(outlast_the_window)):
-        result = store.gc(grace=0, expire_reflog=0, wait=0)["result"]
+        result = store.gc.run(grace=0, expire_reflog=0, wait=0).to_json()["result"]
     assert result["deleted"]["objects"] == 0 and result["batches"] == 0 and not result["complete"]
-    assert store.gc_plan(grace=0, expire_reflog=0).reclaimable["objects"] == reclaimable  # all still there
-    result = store.gc(grace=0, expire_reflog=0, wait=0)["result"]  # a batch within its window
+    assert store.gc.plan(grace=0, expire_reflog=0).reclaimable["objects"] == reclaimable  # all still there
+    result = store.gc.run(grace=0, expire_reflog=0, wait=0).to_json()["result"]  # a batch within its window
     assert result["complete"] and result["deleted"]["objects"] == reclaimable

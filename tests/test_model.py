@@ -68,7 +68,7 @@ class StoreModel(RuleBasedStateMachine):
                 if thread.checkpoint is None:
                     continue
                 dest = os.path.join(self.dir, f"co-{self.fresh()}")
-                self.store.checkout(thread.checkpoint, dest)
+                self.store.checkpoints.checkout(thread.checkpoint, dest)
                 got = {}
                 for base, _, names in os.walk(dest):
                     for file_name in names:
@@ -76,7 +76,7 @@ class StoreModel(RuleBasedStateMachine):
                         with open(full, "rb") as handle:
                             got[os.path.relpath(full, dest)] = handle.read()
                 assert got == dict(self.checkpoints[thread.checkpoint].files), name
-            assert self.store.fsck()["ok"]
+            assert self.store.gc.fsck().to_json()["ok"]
         finally:
             self.store.close()
             shutil.rmtree(self.dir, ignore_errors=True)
@@ -108,7 +108,7 @@ class StoreModel(RuleBasedStateMachine):
             with open(os.path.join(ws, path), "wb") as out:
                 out.write(data)
         os.makedirs(ws, exist_ok=True)
-        result = self.store.commit(ws, f"commit {self.counter}", thread=name)
+        result = self.store.checkpoints.commit(ws, f"commit {self.counter}", thread=name).to_json()
         shutil.rmtree(ws)
         thread = self.threads.get(name) or ModelThread(None, ())
         digest = result["checkpoint"]
@@ -118,7 +118,7 @@ class StoreModel(RuleBasedStateMachine):
 
     @rule(name=st.sampled_from(NAMES), records=record_lists)
     def append(self, name, records):
-        self.store.rollout_append(name, b"".join(records))
+        self.store.history.append(name, b"".join(records))
         thread = self.threads.get(name) or ModelThread(None, ())
         self.threads[name] = ModelThread(thread.checkpoint, thread.history + tuple(records))
         self.moved(name, thread.checkpoint)
@@ -131,13 +131,13 @@ class StoreModel(RuleBasedStateMachine):
         at = data.draw(st.integers(0, len(thread.history) + 1))
         if at > len(thread.history):
             with pytest.raises(UsageError):
-                self.store.fork(source, name, at=at)
+                self.store.threads.fork(source, name, at=at)
             return
         if name in self.threads:
             with pytest.raises(ConflictError):
-                self.store.fork(source, name, at=at)
+                self.store.threads.fork(source, name, at=at)
             return
-        result = self.store.fork(source, name, at=at)
+        result = self.store.threads.fork(source, name, at=at).to_json()
         checkpoint = thread.checkpoint  # the newest on the chain whose history fits in `at`
         while checkpoint is not None and len(self.checkpoints[checkpoint].history) > at:
             checkpoint = self.checkpoints[checkpoint].parent
@@ -150,7 +150,7 @@ class StoreModel(RuleBasedStateMachine):
     def revert(self, data):
         name = data.draw(st.sampled_from(sorted(self.threads)))
         target = data.draw(st.sampled_from(self.alive()))
-        self.store.revert(name, target)
+        self.store.threads.revert(name, target)
         self.threads[name] = ModelThread(target, self.checkpoints[target].history)
         self.moved(name, target)
 
@@ -158,26 +158,26 @@ class StoreModel(RuleBasedStateMachine):
     @rule(data=st.data())
     def delete(self, data):
         name = data.draw(st.sampled_from(sorted(self.threads)))
-        self.store.delete_thread(name)
+        self.store.threads.delete(name)
         del self.threads[name]
         self.moves.pop(name, None)
         with pytest.raises(NotFound):
-            self.store.thread(name)
+            self.store.threads.get(name)
 
     @rule()
     def gc(self):
-        self.store.gc(grace=0)
+        self.store.gc.run(grace=0)
         for digest in self.alive():  # everything a reflog reaches is still whole
-            self.store.files(digest)
+            self.store.checkpoints.files(digest)
 
     @precondition(lambda self: any(t.checkpoint for t in self.threads.values()))
     @rule(data=st.data())
     def export_import(self, data):
         name = data.draw(st.sampled_from(sorted(n for n, t in self.threads.items() if t.checkpoint)))
         bundle = os.path.join(self.dir, f"b-{self.fresh()}.bundle")
-        self.store.export_bundle(name, bundle)
+        self.store.remotes.export_bundle(name, bundle)
         new = f"imported-{self.counter}"
-        result = self.store.import_bundle(bundle, as_thread=new, allow_unsigned=True)
+        result = self.store.remotes.import_bundle(bundle, as_thread=new, allow_unsigned=True).to_json()
         os.unlink(bundle)
         checkpoint = self.threads[name].checkpoint
         assert result["imported_as"] == new and result["moved"]
@@ -187,21 +187,21 @@ class StoreModel(RuleBasedStateMachine):
     # -- what must hold after every step ------------------------------------------------------
     @invariant()
     def store_agrees_with_the_model(self):
-        rows = {row["thread"]: row for row in self.store.threads()}
+        rows = {row["thread"]: row for row in [item.to_json() for item in self.store.threads.list()]}
         assert sorted(rows) == sorted(self.threads)
         for name, thread in self.threads.items():
             assert rows[name]["checkpoint"] == thread.checkpoint, name
             assert rows[name]["history"]["seq"] == len(thread.history), name
-            assert b"".join(self.store.rollout_read(name)) == b"".join(thread.history), name
+            assert b"".join(self.store.history.read(name)) == b"".join(thread.history), name
             if thread.checkpoint is not None:
                 want = {path: blake3.blake3(data).hexdigest()
                         for path, data in self.checkpoints[thread.checkpoint].files}
-                got = {f["path"]: f["id"] for f in self.store.files(thread.checkpoint)}
+                got = {f["path"]: f["id"] for f in [item.to_json() for item in self.store.checkpoints.files(thread.checkpoint)]}
                 assert got == want, name
 
     @invariant()
     def fsck_is_clean(self):
-        doc = self.store.fsck()
+        doc = self.store.gc.fsck().to_json()
         assert doc["ok"], doc["problems"][:3]
 
 

@@ -316,13 +316,13 @@ def test_bad_forks_are_refused_and_change_nothing(tmp_path):
         session = AgentcasSession("s", store)
         await session.add_items([{"a": 1}, {"b": 2}])
         taken = session.fork("taken", at=1)
-        names = store.thread_names()
+        names = store.threads.names()
         for at in (-1, 3, "1", 1.5, True):
             with pytest.raises(ValueError):
                 session.fork("new", at=at)
         with pytest.raises(ConflictError):
             session.fork("taken")
-        assert store.thread_names() == names
+        assert store.threads.names() == names
         assert await taken.get_items() == [{"a": 1}]
         assert await session.get_items() == [{"a": 1}, {"b": 2}]
     asyncio.run(go())
@@ -482,10 +482,10 @@ def test_a_bad_checkpoint_is_refused_and_changes_nothing(tmp_path):
         with pytest.raises(ValueError):
             await session.checkpoint()  # nothing stored yet
         await session.add_items([{"a": 1}])
-        before = store.reflog(session.thread)
+        before = store.threads.reflog(session.thread)
         for reason in ("", " ", "x" * 513):
             with pytest.raises(UsageError):
                 await session.checkpoint(reason)
-        assert store.reflog(session.thread) == before and store.thread(session.thread).checkpoint is None
+        assert store.threads.reflog(session.thread) == before and store.threads.get(session.thread).checkpoint is None
     asyncio.run(go())
     store.close()

@@ -53,15 +53,15 @@ def pair(tmp_path, workspace):
     """(local store, remote store) with remote 'other' -> remote; local main has a checkpoint."""
     local, _ = Store.init(str(tmp_path / "local"))
     remote, _ = Store.init(str(tmp_path / "remote"))
-    local.remote_add("other", str(tmp_path / "remote"))
-    local.rollout_append("main", records(20))
-    local.commit(str(workspace), "first")
+    local.remotes.add("other", str(tmp_path / "remote"))
+    local.history.append("main", records(20))
+    local.checkpoints.commit(str(workspace), "first")
     return local, remote
 
 
 def assert_complete(store: Store, thread: str) -> None:
     """The thread's whole closure is present and every object verifies."""
-    state = store.thread(thread)
+    state = store.threads.get(thread)
     with views(store) as txn:
         walker = Walker(txn, verify=True)
         if state.checkpoint is not None:
@@ -91,33 +91,33 @@ def test_normalise_url_rejects_other_urls(url):
 def test_remote_add_list_remove(tmp_path, store, monkeypatch):
     other, _ = Store.init(str(tmp_path / "o"))
     monkeypatch.chdir(tmp_path)
-    added = store.remote_add("o", "o")  # relative: resolved now, against the current directory
-    assert added == {"name": "o", "url": "file://" + str(tmp_path / "o")}
-    store.remote_add("p", "file://" + str(tmp_path / "o"))
-    assert [r["name"] for r in store.remotes()] == ["o", "p"]
-    assert store.remote_remove("o")["removed"] is True
-    assert store.remotes() == [{"name": "p", "url": "file://" + str(tmp_path / "o")}]
+    added = store.remotes.add("o", "o")  # relative: resolved now, against the current directory
+    assert added.to_json() == {"name": "o", "url": "file://" + str(tmp_path / "o")}
+    store.remotes.add("p", "file://" + str(tmp_path / "o"))
+    assert [r["name"] for r in [item.to_json() for item in store.remotes.list()]] == ["o", "p"]
+    assert store.remotes.remove("o").to_json()["removed"] is True
+    assert [item.to_json() for item in store.remotes.list()] == [{"name": "p", "url": "file://" + str(tmp_path / "o")}]
 
 
 def test_remote_add_refusals_change_nothing(tmp_path, store):
     Store.init(str(tmp_path / "o"))
     (tmp_path / "plain").mkdir()
     (tmp_path / "file").write_text("x")
-    store.remote_add("o", str(tmp_path / "o"))
+    store.remotes.add("o", str(tmp_path / "o"))
     before = rows(store)
     with pytest.raises(ConflictError, match="already exists"):
-        store.remote_add("o", str(tmp_path / "o"))
+        store.remotes.add("o", str(tmp_path / "o"))
     for bad_name in ["", "-x", "a/b", "a b", "x" * 65, "é"]:
         with pytest.raises(UsageError, match="invalid remote name"):
-            store.remote_add(bad_name, str(tmp_path / "o"))
+            store.remotes.add(bad_name, str(tmp_path / "o"))
     for not_store in ["missing", "plain", "file"]:
         with pytest.raises(Exception) as info:
-            store.remote_add("n", str(tmp_path / not_store))
+            store.remotes.add("n", str(tmp_path / not_store))
         assert info.value.exit_code == 1 and "remote 'n'" in str(info.value)
     with pytest.raises(UsageError, match="this store itself"):
-        store.remote_add("me", store.path)
+        store.remotes.add("me", store.path)
     with pytest.raises(NotFound, match="no remote named"):
-        store.remote_remove("nope")
+        store.remotes.remove("nope")
     assert rows(store) == before
 
 
@@ -125,16 +125,16 @@ def test_remote_add_refusals_change_nothing(tmp_path, store):
 
 def test_push_creates_the_remote_thread(pair, tmp_path):
     local, remote = pair
-    result = local.push("other", "main")
+    result = local.remotes.push("other", "main").to_json()
     assert result["old_checkpoint"] is None and result["old_seq"] is None
-    assert result["new_checkpoint"] == local.thread("main").checkpoint.hex()
+    assert result["new_checkpoint"] == local.threads.get("main").checkpoint.hex()
     assert result["objects_sent"] == result["objects_total"] > 0 and result["bytes_sent"] > 0
-    assert remote.thread("main") == local.thread("main")
+    assert remote.threads.get("main") == local.threads.get("main")
     assert_complete(remote, "main")
-    assert b"".join(remote.rollout_read("main")) == b"".join(local.rollout_read("main"))
-    remote.checkout("main", str(tmp_path / "out"))
+    assert b"".join(remote.history.read("main")) == b"".join(local.history.read("main"))
+    remote.checkpoints.checkout("main", str(tmp_path / "out"))
     assert tree_bytes(tmp_path / "out") == tree_bytes(tmp_path / "ws")
-    entry = remote.reflog("main")[0]
+    entry = [item.to_json() for item in remote.threads.reflog("main")][0]
     assert entry["action"] == "push" and local.path in entry["message"]
     with views(remote) as txn:  # no write pin left behind
         assert txn.count("leases") == 0
@@ -142,97 +142,97 @@ def test_push_creates_the_remote_thread(pair, tmp_path):
 
 def test_second_push_sends_nothing(pair):
     local, remote = pair
-    local.push("other", "main")
+    local.remotes.push("other", "main")
     before = rows(remote)
-    again = local.push("other", "main")
+    again = local.remotes.push("other", "main").to_json()
     assert (again["objects_sent"], again["bytes_sent"], again["up_to_date"]) == (0, 0, True)
     assert rows(remote) == before
 
 
 def test_push_after_one_megabyte_append_sends_under_two_megabytes(pair, capsys):
     local, remote = pair
-    local.rollout_append("main", records(3000, 2000))  # ~6 MB of history already pushed
-    local.push("other", "main")
+    local.history.append("main", records(3000, 2000))  # ~6 MB of history already pushed
+    local.remotes.push("other", "main")
     appended = records(500, 2000, tag="new")  # one ~1 MB append
     assert 0.95e6 < len(appended) < 1.05e6
-    local.rollout_append("main", appended)
-    result = local.push("other", "main")
+    local.history.append("main", appended)
+    result = local.remotes.push("other", "main").to_json()
     with capsys.disabled():
         print(f"\n[remote] push after a {len(appended)}-byte append: {result['objects_sent']} objects, "
               f"{result['bytes_sent']} bytes sent (closure {result['objects_total']} objects)")
     assert result["bytes_sent"] < 2_000_000
     assert result["bytes_sent"] > 700_000  # it did send the new records (incompressible text)
-    assert remote.thread("main") == local.thread("main")
-    assert b"".join(remote.rollout_read("main", 3020)) == appended
+    assert remote.threads.get("main") == local.threads.get("main")
+    assert b"".join(remote.history.read("main", 3020)) == appended
 
 
 def test_push_of_a_fork_sends_only_its_own_records(pair):
     local, remote = pair
-    local.push("other", "main")
-    local.fork("main", "explore", at=10)
-    local.rollout_append("explore", records(3, tag="fork"))
-    result = local.push("other", "explore")
+    local.remotes.push("other", "main")
+    local.threads.fork("main", "explore", at=10)
+    local.history.append("explore", records(3, tag="fork"))
+    result = local.remotes.push("other", "explore").to_json()
     # The new segment (its records inline, or in chunks); the shared prefix and checkpoint are
     # already there.
     assert 1 <= result["objects_sent"] <= 4
-    assert remote.thread("explore") == local.thread("explore")
-    assert b"".join(remote.rollout_read("explore")) == b"".join(local.rollout_read("explore"))
+    assert remote.threads.get("explore") == local.threads.get("explore")
+    assert b"".join(remote.history.read("explore")) == b"".join(local.history.read("explore"))
 
 
 def test_push_a_thread_with_history_only(pair):
     local, remote = pair
-    local.rollout_append("notes", records(5))
-    local.push("other", "notes")
-    assert remote.thread("notes").checkpoint is None
-    assert b"".join(remote.rollout_read("notes")) == b"".join(local.rollout_read("notes"))
+    local.history.append("notes", records(5))
+    local.remotes.push("other", "notes")
+    assert remote.threads.get("notes").checkpoint is None
+    assert b"".join(remote.history.read("notes")) == b"".join(local.history.read("notes"))
 
 
 def test_push_unknown_thread_or_remote(pair):
     local, remote = pair
     before = rows(remote)
     with pytest.raises(NotFound, match="no thread named 'nope'"):
-        local.push("other", "nope")
+        local.remotes.push("other", "nope")
     with pytest.raises(NotFound, match="no remote named"):
-        local.push("elsewhere", "main")
+        local.remotes.push("elsewhere", "main")
     with pytest.raises(UsageError):
-        local.push("other", "bad..name")
+        local.remotes.push("other", "bad..name")
     assert rows(remote) == before
 
 
 def test_non_fast_forward_push_is_refused_then_forced(pair, workspace):
     local, remote = pair
-    local.push("other", "main")
-    first = local.thread("main").checkpoint
+    local.remotes.push("other", "main")
+    first = local.threads.get("main").checkpoint
     (workspace / "task.json").write_text('{"step": 2}\n')
-    local.commit(str(workspace), "second")
-    local.push("other", "main")
-    local.revert("main", first.hex())                 # local main is now behind the remote
+    local.checkpoints.commit(str(workspace), "second")
+    local.remotes.push("other", "main")
+    local.threads.revert("main", first.hex())                 # local main is now behind the remote
     (workspace / "task.json").write_text('{"step": 3}\n')
-    local.commit(str(workspace), "diverging")          # ... and diverges from it
+    local.checkpoints.commit(str(workspace), "diverging")          # ... and diverges from it
     before = rows(remote)
     with pytest.raises(NotFastForward, match="not an ancestor"):
-        local.push("other", "main")
+        local.remotes.push("other", "main")
     assert rows(remote) == before
-    result = local.push("other", "main", force=True)
-    assert result["forced"] and result["new_checkpoint"] == local.thread("main").checkpoint.hex()
-    assert remote.thread("main") == local.thread("main")
-    assert remote.reflog("main")[1]["action"] == "push"  # the replaced head stays in the reflog
+    result = local.remotes.push("other", "main", force=True).to_json()
+    assert result["forced"] and result["new_checkpoint"] == local.threads.get("main").checkpoint.hex()
+    assert remote.threads.get("main") == local.threads.get("main")
+    assert [item.to_json() for item in remote.threads.reflog("main")][1]["action"] == "push"  # the replaced head stays in the reflog
 
 
 def test_diverged_history_is_not_a_fast_forward(pair):
     local, remote = pair
-    checkpoint = local.thread("main").checkpoint.hex()
-    local.rollout_append("main", records(10, tag="a"))
-    local.push("other", "main")                        # remote: same checkpoint, 30 records
-    local.revert("main", checkpoint)                   # back to 20 records
-    local.rollout_append("main", records(12, tag="b"))  # 32 records, diverging at 20
+    checkpoint = local.threads.get("main").checkpoint.hex()
+    local.history.append("main", records(10, tag="a"))
+    local.remotes.push("other", "main")                        # remote: same checkpoint, 30 records
+    local.threads.revert("main", checkpoint)                   # back to 20 records
+    local.history.append("main", records(12, tag="b"))  # 32 records, diverging at 20
     before = rows(remote)
     with pytest.raises(NotFastForward, match="first 30 records differ"):
-        local.push("other", "main")
+        local.remotes.push("other", "main")
     assert rows(remote) == before
-    local.revert("main", checkpoint)                   # 20 records: a prefix, but shorter
+    local.threads.revert("main", checkpoint)                   # 20 records: a prefix, but shorter
     with pytest.raises(NotFastForward, match="more than"):
-        local.push("other", "main")
+        local.remotes.push("other", "main")
     assert rows(remote) == before
 
 
@@ -240,32 +240,32 @@ def test_diverged_history_is_not_a_fast_forward(pair):
 
 def test_pull_creates_and_fast_forwards_the_local_thread(pair, tmp_path, workspace):
     local, remote = pair
-    remote.remote_add("back", local.path)
-    remote.rollout_append("theirs", records(7, tag="t"))
-    remote.commit(str(workspace), "their work", thread="theirs")
-    result = local.pull("other", "theirs")
+    remote.remotes.add("back", local.path)
+    remote.history.append("theirs", records(7, tag="t"))
+    remote.checkpoints.commit(str(workspace), "their work", thread="theirs")
+    result = local.remotes.pull("other", "theirs").to_json()
     assert result["objects_received"] > 0 and result["old_seq"] is None
-    assert local.thread("theirs") == remote.thread("theirs")
+    assert local.threads.get("theirs") == remote.threads.get("theirs")
     assert_complete(local, "theirs")
-    assert local.reflog("theirs")[0]["action"] == "pull"
-    remote.rollout_append("theirs", records(2, tag="t2"))
-    again = local.pull("other", "theirs")
+    assert [item.to_json() for item in local.threads.reflog("theirs")][0]["action"] == "pull"
+    remote.history.append("theirs", records(2, tag="t2"))
+    again = local.remotes.pull("other", "theirs").to_json()
     assert 1 <= again["objects_received"] <= 3 and again["old_seq"] == 7 and again["new_seq"] == 9
-    assert local.pull("other", "theirs")["up_to_date"]
-    assert b"".join(local.rollout_read("theirs")) == b"".join(remote.rollout_read("theirs"))
+    assert local.remotes.pull("other", "theirs").to_json()["up_to_date"]
+    assert b"".join(local.history.read("theirs")) == b"".join(remote.history.read("theirs"))
 
 
 def test_non_fast_forward_pull_is_refused_then_forced(pair):
     local, remote = pair
-    local.push("other", "main")
-    local.rollout_append("main", records(3, tag="mine"))
-    remote.rollout_append("main", records(3, tag="theirs"))
+    local.remotes.push("other", "main")
+    local.history.append("main", records(3, tag="mine"))
+    remote.history.append("main", records(3, tag="theirs"))
     before = rows(local)
     with pytest.raises(NotFastForward):
-        local.pull("other", "main")
+        local.remotes.pull("other", "main")
     assert rows(local) == before
-    local.pull("other", "main", force=True)
-    assert local.thread("main") == remote.thread("main")
+    local.remotes.pull("other", "main", force=True)
+    assert local.threads.get("main") == remote.threads.get("main")
 
 
 # --- the transfer's own checks ------------------------------------------------------------------
@@ -309,24 +309,24 @@ def test_lost_race_moves_nothing(pair, workspace):
     class RacedTarget(LocalStoreEndpoint):
         def put_objects(self, stream):
             result = super().put_objects(stream)
-            remote.commit(str(workspace), "racing commit")  # someone moves the ref meanwhile
+            remote.checkpoints.commit(str(workspace), "racing commit")  # someone moves the ref meanwhile
             return result
 
     source = LocalStoreEndpoint(local.stores, "local")
     with pytest.raises(ConflictError, match="moved during the transfer"):
         transfer(source, RacedTarget(remote.stores, "remote"), "main", action="push")
-    assert remote.log("main")[0]["reason"] == "racing commit"
-    assert len(remote.log("main")) == 1
+    assert [item.to_json() for item in remote.threads.log("main")][0]["reason"] == "racing commit"
+    assert len(remote.threads.log("main")) == 1
 
 
 def test_received_objects_carry_the_receivers_time(pair, workspace, monkeypatch):
     local, remote = pair
     monkeypatch.setattr(framing.time, "time", lambda: 1000.0)
     (workspace / "new.txt").write_text("written long ago\n")
-    local.commit(str(workspace), "old objects")
+    local.checkpoints.commit(str(workspace), "old objects")
     monkeypatch.undo()
     started = int(time.time())
-    local.push("other", "main")
+    local.remotes.push("other", "main")
     with views(remote) as txn:
         stamps = {framing.read_header(value)[3] for _, value in txn.scan("objects")}
     assert min(stamps) >= started - 1
@@ -357,21 +357,21 @@ def test_missing_object_in_target_after_transfer_is_caught(pair):
 def test_target_rechecks_fast_forward_in_its_final_transaction(pair, workspace):
     """Even if the source's check were skipped, the target refuses a non-fast-forward."""
     local, remote = pair
-    local.push("other", "main")
+    local.remotes.push("other", "main")
     (workspace / "task.json").write_text('{"step": "theirs"}\n')
-    remote.commit(str(workspace), "theirs")
+    remote.checkpoints.commit(str(workspace), "theirs")
     (workspace / "task.json").write_text('{"step": "mine"}\n')
-    local.commit(str(workspace), "mine")
+    local.checkpoints.commit(str(workspace), "mine")
 
     class CarelessSource(LocalStoreEndpoint):
         def fast_forward_problem(self, old, new):
             return None
 
-    state = remote.thread("main")
-    reflog = remote.reflog("main")
+    state = remote.threads.get("main")
+    reflog = [item.to_json() for item in remote.threads.reflog("main")]
     with pytest.raises(NotFastForward, match="not an ancestor"):
         transfer(CarelessSource(local.stores, "local"), LocalStoreEndpoint(remote.stores, "remote"),
                  "main", action="push")
-    assert remote.thread("main") == state and remote.reflog("main") == reflog
+    assert remote.threads.get("main") == state and [item.to_json() for item in remote.threads.reflog("main")] == reflog
     with views(remote) as txn:
         assert txn.count("leases") == 0

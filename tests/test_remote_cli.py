@@ -36,8 +36,8 @@ def stores(tmp_path, workspace):
     script = ("import sys; from agentcas import Store\n"
               "local, other, ws, records = sys.argv[1:]\n"
               "store, _ = Store.init(local); Store.init(other)\n"
-              "store.rollout_append('main', records.encode()); store.commit(ws, 'first')\n"
-              "store.remote_add('other', other)\n")
+              "store.history.append('main', records.encode()); store.checkpoints.commit(ws, 'first')\n"
+              "store.remotes.add('other', other)\n")
     subprocess.run([sys.executable, "-c", script, str(local), str(other), str(workspace),
                     jsonl(50, 100, "a")], check=True)
     return local, other
@@ -205,7 +205,7 @@ def test_concurrent_pushes_to_one_thread_exactly_one_wins(tmp_path, workspace):
               "for i, path in enumerate(locals_):\n"
               "    store, _ = Store.init(path)\n"
               "    pathlib.Path(ws, 'task.json').write_text(str(i))\n"
-              "    store.commit(ws, f'store {i}'); store.remote_add('other', other)\n")
+              "    store.checkpoints.commit(ws, f'store {i}'); store.remotes.add('other', other)\n")
     subprocess.run([sys.executable, "-c", script, str(workspace), str(other)] + [str(p) for p in locals_],
                    check=True)
     procs = [subprocess.Popen([AGENTCAS, "--store", str(path), "--json", "push", "other", "main"],

@@ -71,11 +71,11 @@ def any_store(request, tmp_path):
     (b'{"a": "\xed\xa0\x80"}', "not a JSON object"),  # an encoded surrogate is not UTF-8
 ])
 def test_bad_line_is_named_by_its_1_based_number(any_store, line, why):
-    any_store.rollout_append("t", b'{"ok": 0}\n')
+    any_store.history.append("t", b'{"ok": 0}\n')
     before = state_of(any_store, "t")
     batch = b'{"ok": 1}\n{"ok": 2}\n' + line + b'\n{"ok": 4}\n'
     with pytest.raises(rollout.BadRecord) as caught:
-        any_store.rollout_append("t", batch)
+        any_store.history.append("t", batch)
     assert str(caught.value).startswith("line 3: ")
     assert why in str(caught.value)
     assert caught.value.exit_code == 1
@@ -84,7 +84,7 @@ def test_bad_line_is_named_by_its_1_based_number(any_store, line, why):
 
 def test_bad_first_line_of_a_new_thread_creates_nothing(any_store):
     with pytest.raises(rollout.BadRecord, match="^line 1: "):
-        any_store.rollout_append("new", b"[]\n")
+        any_store.history.append("new", b"[]\n")
     with views(any_store) as txn:
         assert threads.read_thread(txn, "new") is None
         assert txn.count("objects") == 0
@@ -92,49 +92,49 @@ def test_bad_first_line_of_a_new_thread_creates_nothing(any_store):
 
 
 def test_final_line_without_newline_gets_one(any_store):
-    any_store.rollout_append("t", b'{"a": 1}\n{"b": 2}')
-    any_store.rollout_append("t", b'{"c": 3}')
-    assert b"".join(any_store.rollout_read("t")) == b'{"a": 1}\n{"b": 2}\n{"c": 3}\n'
+    any_store.history.append("t", b'{"a": 1}\n{"b": 2}')
+    any_store.history.append("t", b'{"c": 3}')
+    assert b"".join(any_store.history.read("t")) == b'{"a": 1}\n{"b": 2}\n{"c": 3}\n'
 
 
 def test_records_are_stored_byte_for_byte(any_store):
     odd = [b'{ "spaced" : [1,2 ,3] }\n', '{"ü": "naïve ✓"}\n'.encode(), b'{"a":1,"a":2}\n',
            b'{"big": 123456789012345678901234567890}\n', b'{"esc": "\\ud83d\\ude00 \\n"}\r\n',
            b'{"deep": {"x": [[[{}]]]}}\n']
-    any_store.rollout_append("t", b"".join(odd))
-    assert list(any_store.rollout_read("t", 0)) and b"".join(any_store.rollout_read("t")) == b"".join(odd)
+    any_store.history.append("t", b"".join(odd))
+    assert list(any_store.history.read("t", 0)) and b"".join(any_store.history.read("t")) == b"".join(odd)
     for i, line in enumerate(odd):
-        assert b"".join(any_store.rollout_read("t", i, i + 1)) == line
+        assert b"".join(any_store.history.read("t", i, i + 1)) == line
 
 
 def test_sequence_numbers_are_contiguous_across_batches(any_store):
     seen = 0
     for size in (1, 3, 1, 7, 2):
-        result = any_store.rollout_append("t", b"".join(records(size, seen)))
+        result = any_store.history.append("t", b"".join(records(size, seen))).to_json()
         assert (result["first_seq"], result["appended"], result["history"]["seq"]) == (seen, size, seen + size)
         seen += size
-    lines = b"".join(any_store.rollout_read("t")).splitlines()
+    lines = b"".join(any_store.history.read("t")).splitlines()
     assert [json.loads(line)["i"] for line in lines] == list(range(seen))
 
 
 def test_append_to_a_new_thread_creates_it(any_store):
-    result = any_store.rollout_append("agents/new", b'{"hello": 1}\n')
+    result = any_store.history.append("agents/new", b'{"hello": 1}\n').to_json()
     assert result["first_seq"] == 0
-    state = any_store.thread("agents/new")
+    state = any_store.threads.get("agents/new")
     assert state.checkpoint is None and state.history.seq == 1
 
 
 def test_empty_append_changes_nothing(any_store):
-    any_store.rollout_append("t", b'{"a": 1}\n')
+    any_store.history.append("t", b'{"a": 1}\n')
     before = state_of(any_store, "t")
-    result = any_store.rollout_append("t", b"")
+    result = any_store.history.append("t", b"").to_json()
     assert result["appended"] == 0 and result["first_seq"] == 1
     assert state_of(any_store, "t") == before
 
 
 def test_bad_thread_name_is_a_usage_error(any_store):
     with pytest.raises(UsageError):
-        any_store.rollout_append("main@{1}", b'{"a": 1}\n')
+        any_store.history.append("main@{1}", b'{"a": 1}\n')
 
 
 # --- reads --------------------------------------------------------------------------------
@@ -142,10 +142,10 @@ def test_bad_thread_name_is_a_usage_error(any_store):
 def test_read_ranges_are_exact(any_store):
     lines = records(40, size=100)
     for i in range(0, 40, 8):
-        any_store.rollout_append("t", b"".join(lines[i:i + 8]))
+        any_store.history.append("t", b"".join(lines[i:i + 8]))
     for start, stop in [(0, 40), (0, 1), (39, 40), (7, 9), (8, 16), (5, 5), (40, 40), (12, None), (30, 1000)]:
         want = b"".join(lines[start: 40 if stop is None else stop])
-        assert b"".join(any_store.rollout_read("t", start, stop)) == want
+        assert b"".join(any_store.history.read("t", start, stop)) == want
 
 
 @pytest.mark.parametrize("start, stop, message", [
@@ -155,22 +155,22 @@ def test_read_ranges_are_exact(any_store):
     (6, 5, "before --from"),
 ])
 def test_bad_ranges_raise_before_any_byte(any_store, start, stop, message):
-    any_store.rollout_append("t", b"".join(records(10)))
+    any_store.history.append("t", b"".join(records(10)))
     with pytest.raises(UsageError) as caught:
-        any_store.rollout_read("t", start, stop)  # raises on the call, not on iteration
+        any_store.history.read("t", start, stop)  # raises on the call, not on iteration
     assert message in str(caught.value)
 
 
 def test_reading_an_unknown_thread_is_not_found(any_store):
     with pytest.raises(Exception) as caught:
-        list(any_store.rollout_read("nobody"))
+        list(any_store.history.read("nobody"))
     assert caught.value.exit_code == 1 and "nobody" in str(caught.value)
 
 
 def test_big_batches_span_segments_and_read_back(any_store):
     lines = records(12, size=300_000)  # ~3.6 MB: several 1 MiB segments in one append
-    any_store.rollout_append("t", b"".join(lines))
-    head = any_store.thread("t").history
+    any_store.history.append("t", b"".join(lines))
+    head = any_store.threads.get("t").history
     with any_store.source.reading() as txn:
         history = rollout.History(txn)
         count, position = 0, head
@@ -181,22 +181,22 @@ def test_big_batches_span_segments_and_read_back(any_store):
             position = segment.base
         assert count >= 3
         assert history.verify(head) == 12
-    assert b"".join(any_store.rollout_read("t", 3, 9)) == b"".join(lines[3:9])
+    assert b"".join(any_store.history.read("t", 3, 9)) == b"".join(lines[3:9])
 
 
 def test_a_record_larger_than_a_segment_gets_its_own(any_store):
     big = json.dumps({"blob": os.urandom(1_500_000).hex()}).encode() + b"\n"
     batch = b'{"a": 1}\n' + big + b'{"b": 2}\n'
-    any_store.rollout_append("t", batch)
-    assert b"".join(any_store.rollout_read("t", 1, 2)) == big
-    assert b"".join(any_store.rollout_read("t")) == batch
+    any_store.history.append("t", batch)
+    assert b"".join(any_store.history.read("t", 1, 2)) == big
+    assert b"".join(any_store.history.read("t")) == batch
 
 
 def test_corrupt_chunk_is_named_on_read():
     store = Store.memory()
     lines = records(5, size=20000)  # over rollout.INLINE_BYTES: stored as chunks
-    store.rollout_append("t", b"".join(lines))
-    head = store.thread("t").history
+    store.history.append("t", b"".join(lines))
+    head = store.threads.get("t").history
     with store.source.reading() as txn:
         chunk = rollout.History(txn).segment(head.segment).chunks[0].id
     tables = store.objects._tables
@@ -204,19 +204,19 @@ def test_corrupt_chunk_is_named_on_read():
     value[-5] ^= 0x01
     tables["objects"][chunk.raw] = bytes(value)
     with pytest.raises(IntegrityError) as caught:
-        list(store.rollout_read("t"))
+        list(store.history.read("t"))
     assert chunk.hex() in str(caught.value) and caught.value.exit_code == 4
 
 
 def test_missing_chunk_is_named_on_read():
     store = Store.memory()
-    store.rollout_append("t", b"".join(records(5, size=20000)))
-    head = store.thread("t").history
+    store.history.append("t", b"".join(records(5, size=20000)))
+    head = store.threads.get("t").history
     with store.source.reading() as txn:
         chunk = rollout.History(txn).segment(head.segment).chunks[0].id
     del store.objects._tables["objects"][chunk.raw]
     with pytest.raises(rollout.MissingHistory) as caught:
-        list(store.rollout_read("t"))
+        list(store.history.read("t"))
     assert chunk.hex() in str(caught.value) and caught.value.exit_code == 4
 
 
@@ -224,40 +224,40 @@ def test_small_append_is_one_segment_with_its_records_inline():
     store = Store.memory()
     before = store.objects.used_bytes()
     data = b"".join(records(3, size=100))
-    store.rollout_append("t", data)
-    head = store.thread("t").history
+    store.history.append("t", data)
+    head = store.threads.get("t").history
     with store.source.reading() as objects:
         segment = rollout.History(objects).segment(head.segment)
     kinds = list(store.objects._tables["objects"])
     assert segment.inline == data and segment.chunks == () and len(kinds) == 1
-    assert b"".join(store.rollout_read("t")) == data
-    assert b"".join(store.rollout_read("t", 1, 2)) == data.split(b"\n", 2)[1] + b"\n"
+    assert b"".join(store.history.read("t")) == data
+    assert b"".join(store.history.read("t", 1, 2)) == data.split(b"\n", 2)[1] + b"\n"
     assert store.objects.used_bytes() > before
     big = b"".join(records(5, size=20000, start=3))
-    store.rollout_append("t", big)
+    store.history.append("t", big)
     with store.source.reading() as objects:
-        segment = rollout.History(objects).segment(store.thread("t").history.segment)
+        segment = rollout.History(objects).segment(store.threads.get("t").history.segment)
     assert segment.inline == b"" and segment.chunks
-    assert b"".join(store.rollout_read("t")) == data + big
+    assert b"".join(store.history.read("t")) == data + big
 
 
 def test_corrupt_inline_segment_is_an_integrity_error():
     store = Store.memory()
-    store.rollout_append("t", b"".join(records(3)))
-    head = store.thread("t").history
+    store.history.append("t", b"".join(records(3)))
+    head = store.threads.get("t").history
     tables = store.objects._tables
     value = bytearray(tables["objects"][head.segment.raw])
     value[-3] ^= 0x01
     tables["objects"][head.segment.raw] = bytes(value)
     with pytest.raises(IntegrityError) as caught:
-        list(store.rollout_read("t"))
+        list(store.history.read("t"))
     assert head.segment.hex() in str(caught.value) and caught.value.exit_code == 4
 
 
 def test_verify_rejects_a_position_that_lies():
     store = Store.memory()
-    store.rollout_append("t", b"".join(records(5)))
-    head = store.thread("t").history
+    store.history.append("t", b"".join(records(5)))
+    head = store.threads.get("t").history
     forged = type(head)(head.segment, head.seq, head.offset, Digest(bytes(range(32))))
     with store.source.reading() as txn:
         with pytest.raises(IntegrityError, match="does not match its position"):
@@ -275,19 +275,19 @@ def test_an_append_costs_storage_proportional_to_its_size(tmp_path):
     store, _ = Store.init(str(tmp_path / "store"))
     try:
         for _ in range(5):  # ~5 MB of history in 1 MB appends
-            store.rollout_append("t", b"".join(records(10, size=100_000)))
-        assert store.thread("t").history.offset > 4_900_000
+            store.history.append("t", b"".join(records(10, size=100_000)))
+        assert store.threads.get("t").history.offset > 4_900_000
         before = objects_table(store)
-        store.rollout_append("t", b"".join(records(1, size=1000)))  # ~1 KiB
+        store.history.append("t", b"".join(records(1, size=1000)))  # ~1 KiB
         after = objects_table(store)
         new = {k: size for k, size in after.items() if k not in before}
         assert set(before) <= set(after)
         assert len(new) <= 3  # a chunk and a segment
         assert sum(new.values()) < 16 * 1024
         # And a later 1 KiB append costs the same, whatever the length: no re-hash, no copy.
-        store.rollout_append("t", b"".join(records(20, size=100_000)))
+        store.history.append("t", b"".join(records(20, size=100_000)))
         before = objects_table(store)
-        store.rollout_append("t", b"".join(records(1, size=1000)))
+        store.history.append("t", b"".join(records(1, size=1000)))
         new_again = {k: s for k, s in objects_table(store).items() if k not in before}
         assert len(new_again) == len(new)
     finally:
@@ -364,18 +364,18 @@ def test_deep_fork_chains_read_right_with_cost_in_depth(monkeypatch):
     store = Store.memory()
     model = []
     thread = "d0"
-    store.rollout_append(thread, b"".join(records(6, tag=thread)))
+    store.history.append(thread, b"".join(records(6, tag=thread)))
     model = records(6, tag=thread)
     for depth in range(1, 41):
         cut = len(model) - 2  # inside the last segment, which holds several records
         child = f"d{depth}"
-        store.fork(thread, child, at=cut)
+        store.threads.fork(thread, child, at=cut)
         added = records(5, tag=child)
-        store.rollout_append(child, b"".join(added))
+        store.history.append(child, b"".join(added))
         model = model[:cut] + added
         thread = child
-    assert b"".join(store.rollout_read(thread)) == b"".join(model)
-    head = store.thread(thread).history
+    assert b"".join(store.history.read(thread)) == b"".join(model)
+    head = store.threads.get(thread).history
     loads = SegmentLoads(monkeypatch)
     with store.source.reading() as txn:
         for seq in (0, 3, len(model) // 2, len(model) - 1):
@@ -389,17 +389,17 @@ def test_a_store_keeps_decoded_segments_across_reads_within_a_byte_bound(tmp_pat
     segment again, and the cache empties itself rather than grow past MAX_BYTES."""
     store, _ = Store.init(str(tmp_path / "s"))
     for i in range(6):
-        store.rollout_append("t", b"".join(b'{"n":%d,"pad":"%s"}\n' % (i * 10 + j, b"x" * 300) for j in range(10)))
-    expected = b"".join(store.rollout_read("t"))
+        store.history.append("t", b"".join(b'{"n":%d,"pad":"%s"}\n' % (i * 10 + j, b"x" * 300) for j in range(10)))
+    expected = b"".join(store.history.read("t"))
     decoded = []
     real = rollout.Segment.decode
     monkeypatch.setattr(rollout.Segment, "decode", classmethod(lambda cls, data: decoded.append(1) or real(data)))
-    assert b"".join(store.rollout_read("t")) == expected
+    assert b"".join(store.history.read("t")) == expected
     assert decoded == []  # every segment came from the cache
     monkeypatch.setattr(rollout.SegmentCache, "MAX_BYTES", 8_000)  # about two of these segments
-    store._segments = rollout.SegmentCache()
-    assert b"".join(store.rollout_read("t")) == expected
-    assert len(decoded) == 6 and store._segments.bytes <= 8_000 and 0 < len(store._segments.segments) < 6
+    store.history.segments = rollout.SegmentCache()
+    assert b"".join(store.history.read("t")) == expected
+    assert len(decoded) == 6 and store.history.segments.bytes <= 8_000 and 0 < len(store.history.segments.segments) < 6
 
 
 # --- prefix chain computed ahead (harness ingest's workers) ---------------------------------
@@ -409,8 +409,8 @@ def test_segments_chained_ahead_link_exactly_like_segments_chained_when_linked(t
     store, _ = Store.init(str(tmp_path / "store"))
     base = EMPTY_POSITION
     if existing:
-        store.rollout_append("t", b'{"n": 0}\n{"n": 1}\n')
-        base = store.thread("t").history
+        store.history.append("t", b'{"n": 0}\n{"n": 1}\n')
+        base = store.threads.get("t").history
     lines = [b'{"n": %d, "pad": "%s"}\n' % (n, b"x" * (n * 37 % 9000)) for n in range(700)]
     data = b"".join(lines)
     plain = rollout.prepare(data, lambda digest, framed: None, raw_lines=True, level=3)

@@ -135,7 +135,7 @@ class RolloutMachine(RuleBasedStateMachine):
         if drop_final_newline:
             payload = payload[:-1]  # the store adds the final newline back
         before = len(self.model.get(thread, []))
-        result = self.store.rollout_append(thread, payload)
+        result = self.store.history.append(thread, payload).to_json()
         assert result["first_seq"] == before
         assert result["appended"] == len(batch)
         self.model.setdefault(thread, []).extend(batch)
@@ -149,7 +149,7 @@ class RolloutMachine(RuleBasedStateMachine):
         records = self.model[source]
         at = None if whole else data.draw(st.integers(0, len(records)), label="at")
         name = self._new_name()
-        result = self.store.fork(source, name, at)
+        result = self.store.threads.fork(source, name, at).to_json()
         self.model[name] = records[: len(records) if at is None else at]
         assert result["seq"] == len(self.model[name])
         self.reflog[name] = [list(self.model[name])]
@@ -158,7 +158,7 @@ class RolloutMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def commit(self, data):
         thread = data.draw(st.sampled_from(sorted(self.model)), label="thread")
-        result = self.store.commit(self.workspace, "step", thread)
+        result = self.store.checkpoints.commit(self.workspace, "step", thread).to_json()
         assert result["history"]["seq"] == len(self.model[thread])
         self.checkpoints[result["checkpoint"]] = list(self.model[thread])
         self.reflog[thread].append(list(self.model[thread]))
@@ -168,7 +168,7 @@ class RolloutMachine(RuleBasedStateMachine):
     def revert(self, data):
         thread = data.draw(st.sampled_from(sorted(self.model)), label="thread")
         target = data.draw(st.sampled_from(sorted(self.checkpoints)), label="checkpoint")
-        result = self.store.revert(thread, target)
+        result = self.store.threads.revert(thread, target).to_json()
         self.model[thread] = list(self.checkpoints[target])
         assert result["history"]["seq"] == len(self.model[thread])
         self.reflog[thread].append(list(self.model[thread]))
@@ -181,10 +181,10 @@ class RolloutMachine(RuleBasedStateMachine):
         number = data.draw(st.integers(0, len(self.reflog[source]) - 1), label="N")
         records = self.reflog[source][-1 - number]
         rev = f"{source}@{{{number}}}"
-        assert b"".join(self.store.rollout_read(rev)) == b"".join(records)
+        assert b"".join(self.store.history.read(rev)) == b"".join(records)
         at = data.draw(st.integers(0, len(records)), label="at")
         name = self._new_name()
-        self.store.fork(rev, name, at)
+        self.store.threads.fork(rev, name, at)
         self.model[name] = records[:at]
         self.reflog[name] = [list(self.model[name])]
 
@@ -196,7 +196,7 @@ class RolloutMachine(RuleBasedStateMachine):
         records = self.model[thread]
         start = data.draw(st.integers(0, len(records)), label="from")
         stop = data.draw(st.integers(start, len(records)), label="to")
-        got = b"".join(self.store.rollout_read(thread, start, stop))
+        got = b"".join(self.store.history.read(thread, start, stop))
         assert got == b"".join(records[start:stop])
 
     @precondition(lambda self: self.model)
@@ -205,7 +205,7 @@ class RolloutMachine(RuleBasedStateMachine):
         thread = data.draw(st.sampled_from(sorted(self.model)), label="thread")
         records = self.model[thread]
         seq = data.draw(st.integers(0, len(records)), label="seq")
-        head = self.store.thread(thread).history
+        head = self.store.threads.get(thread).history
         with views(self.store) as txn:
             position = rollout.History(txn).position(head, seq)
         assert position.seq == seq
@@ -215,7 +215,7 @@ class RolloutMachine(RuleBasedStateMachine):
     @invariant()
     def heads_match_model(self):
         for name, records in self.model.items():
-            head = self.store.thread(name).history
+            head = self.store.threads.get(name).history
             assert head.seq == len(records)
             assert head.offset == sum(map(len, records))
             assert head.digest.raw == model_chain(records)

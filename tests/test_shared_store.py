@@ -102,7 +102,7 @@ def test_unchanged_recommit_uploads_nothing_but_its_checkpoint(shared, workspace
     s3_url, refs = shared.urls
     monkeypatch.setenv("AGENTCAS_CACHE_DIR", shared.env["AGENTCAS_CACHE_DIR"])
     store = Store.open(s3_url, refs=refs)  # counted from here: opening is part of the command
-    result = store.commit(str(workspace), "unchanged")
+    result = store.checkpoints.commit(str(workspace), "unchanged").to_json()
     assert result["new_objects"] == 0 and result["cached_files"] == result["files"]
     s3_requests = store.blobs.remote.request_count()
     pg_requests = store.meta.round_trips
@@ -111,7 +111,7 @@ def test_unchanged_recommit_uploads_nothing_but_its_checkpoint(shared, workspace
     # Issue 11: at most 3 requests to each service (open the store, take the lease with the
     # thread's state, land the move), and the only upload is the new checkpoint.
     assert s3_requests <= 3 and pg_requests <= 3
-    assert store.log("main", limit=1)[0]["reason"] == "unchanged"
+    assert [item.to_json() for item in store.threads.log("main", limit=1)][0]["reason"] == "unchanged"
 
 
 def test_gc_report_on_a_shared_store_counts_listed_sizes(shared, tmp_path, monkeypatch):
@@ -124,7 +124,7 @@ def test_gc_report_on_a_shared_store_counts_listed_sizes(shared, tmp_path, monke
     monkeypatch.setenv("AGENTCAS_CACHE_DIR", str(tmp_path / "cache-gc"))  # a machine that has read nothing
     store = Store.open(s3_url, refs=refs)
     try:
-        report = store.gc(grace=0, expire_reflog=0, report=True)["report"]
+        report = store.gc.run(grace=0, expire_reflog=0, report=True).to_json()["report"]
         stored = sum(info.size for info in store.blobs.list())
     finally:
         store.close()
@@ -153,11 +153,11 @@ while time.time() < end:
             f.write("constant\n" * 50)
         with open(os.path.join(ws, "step.bin"), "wb") as f:
             f.write(os.urandom(3000 + i))
-        store.commit(ws, f"step {i}", thread=thread)
+        store.checkpoints.commit(ws, f"step {i}", thread=thread)
         if i % 3 == 0:
-            store.fork(thread, f"{thread}-fork-{i}")
+            store.threads.fork(thread, f"{thread}-fork-{i}")
         if i % 4 == 0:
-            store.revert(thread, f"{thread}~1")
+            store.threads.revert(thread, f"{thread}~1")
         done += 1
     except (IntegrityError, ConflictError) as exc:
         if "vanished" not in str(exc) and "lease" not in str(exc):
@@ -209,7 +209,7 @@ import os, time
 while not os.path.exists(go):
     time.sleep(0.001)
 try:
-    store.commit(ws, "racer", expect=expect)
+    store.checkpoints.commit(ws, "racer", expect=expect)
     print("won")
 except ConflictError:
     print("lost")

@@ -304,12 +304,12 @@ def test_tampered_stored_signature_is_detected(signed_store, run):
 def test_planted_small_order_trust_row_is_refused_at_use(store, workspace):
     from agentcas.cas import encoding
     from agentcas.cas.sealed import seal
-    store.commit(str(workspace), "one")
+    store.checkpoints.commit(str(workspace), "one")
     doc = {"name": "evil", "public_key": IDENTITY.hex(), "key_id": keys.key_id(IDENTITY),
            "namespaces": [envelope.NAMESPACE_CHECKPOINT], "added_at": "2026-11-29T00:00:00.000000Z"}
     store.objects.write(lambda txn: txn.put("trust", b"evil", seal("trust", b"evil", encoding.encode(doc))))
     with pytest.raises(Exception) as info:
-        store.verify("main")
+        store.trust.verify("main")
     assert getattr(info.value, "exit_code", None) == 4
     assert "small-order" in str(info.value)
 

@@ -36,13 +36,13 @@ def ws(tmp_path):
 
 
 def files(store, rev="main"):
-    return {f["path"]: f for f in store.files(rev)}
+    return {f["path"]: f for f in [item.to_json() for item in store.checkpoints.files(rev)]}
 
 
 def refused(store, ws, exc_type, *needles, **kw):
     before = rows(store)
     with pytest.raises(exc_type) as info:
-        store.commit(str(ws), "try", **kw)
+        store.checkpoints.commit(str(ws), "try", **kw)
     for needle in needles:
         assert needle in str(info.value)
     assert rows(store) == before, "a refused commit stored something"
@@ -101,7 +101,7 @@ def test_names_colliding_by_case_or_normalisation_refused(mem, ws, first, second
 
 def test_missing_workspace_is_a_usage_error(mem, tmp_path):
     with pytest.raises(Exception) as info:
-        mem.commit(str(tmp_path / "nope"), "x")
+        mem.checkpoints.commit(str(tmp_path / "nope"), "x")
     assert info.value.exit_code == 2
 
 
@@ -117,13 +117,13 @@ def test_agentcasignore(mem, ws):
     (ws / "sub" / "deep.log").write_text("noise")
     (ws / "top-only.txt").write_text("ignored")
     (ws / "sub" / "top-only.txt").write_text("kept: pattern anchored at the root")
-    mem.commit(str(ws), "with ignores")
+    mem.checkpoints.commit(str(ws), "with ignores")
     assert sorted(files(mem)) == [".agentcasignore", "a.txt", "keep.log", "sub/b.txt", "sub/top-only.txt"]
 
 
 def test_store_directory_inside_the_workspace_is_skipped(tmp_path, ws):
     store, _ = Store.init(str(ws / ".agentcas"))
-    store.commit(str(ws), "x")
+    store.checkpoints.commit(str(ws), "x")
     assert sorted(files(store)) == ["a.txt", "sub/b.txt"]
 
 
@@ -211,7 +211,7 @@ def test_allow_secret_glob(mem, ws):
     (ws / "other.env").write_text(SECRETS["Google API key"] + "\n")
     refused(mem, ws, SecretFound, "other.env", allow_secrets=["conf/*.env"])
     refused(mem, ws, SecretFound, "conf/prod.env", allow_secrets=["prod.env", "other.env"])  # globs match from the root
-    mem.commit(str(ws), "allowed", allow_secrets=["conf/*.env", "other.env"])
+    mem.checkpoints.commit(str(ws), "allowed", allow_secrets=["conf/*.env", "other.env"])
     assert {"conf/prod.env", "other.env"} <= set(files(mem))
 
 
@@ -240,10 +240,10 @@ def test_exec_bit_recorded_and_restored(mem, ws, tmp_path):
     os.chmod(ws / "user-x", 0o700)
     (ws / "group-x").write_text("x")
     os.chmod(ws / "group-x", 0o654)  # executable for group only: not an executable
-    mem.commit(str(ws), "modes")
+    mem.checkpoints.commit(str(ws), "modes")
     modes = {p: f["mode"] for p, f in files(mem).items()}
     assert modes == {"a.txt": 0o755, "sub/b.txt": 0o644, "user-x": 0o755, "group-x": 0o644}
-    mem.checkout("main", str(tmp_path / "out"))
+    mem.checkpoints.checkout("main", str(tmp_path / "out"))
     got = tree_bytes(tmp_path / "out")
     assert {p: m for p, (_, m) in got.items()} == {"a.txt": 0o755, "sub/b.txt": 0o644, "user-x": 0o755,
                                                   "group-x": 0o644}
@@ -308,9 +308,9 @@ def _patch_open(monkeypatch, target, rewrites):
 def test_file_changed_while_read_is_read_again(mem, ws, monkeypatch, tmp_path):
     target = ws / "sub" / "b.txt"
     state = _patch_open(monkeypatch, target, [b"second version, longer\n"])
-    mem.commit(str(ws), "reread")
+    mem.checkpoints.commit(str(ws), "reread")
     assert state["reads"] >= 2
-    mem.checkout("main", str(tmp_path / "out"))
+    mem.checkpoints.checkout("main", str(tmp_path / "out"))
     # The checkpoint holds one whole version (the one read consistently), never a mix.
     assert (tmp_path / "out" / "sub" / "b.txt").read_bytes() == b"second version, longer\n"
     assert files(mem)["sub/b.txt"]["size"] == len(b"second version, longer\n")
@@ -320,14 +320,14 @@ def test_file_that_keeps_changing_fails_clearly_and_commits_nothing(mem, ws, mon
     _patch_open(monkeypatch, ws / "sub" / "b.txt", [b"v%d" % i * (i + 1) for i in range(1, 10)])
     before = {k: v for k, v in rows(mem).items() if k[0] in ("refs", "reflog")}
     with pytest.raises(FileChanged, match="sub/b.txt kept changing"):
-        mem.commit(str(ws), "never")
+        mem.checkpoints.commit(str(ws), "never")
     assert {k: v for k, v in rows(mem).items() if k[0] in ("refs", "reflog")} == before
 
 
 def test_file_that_gains_a_secret_while_read_is_refused(mem, ws, monkeypatch):
     _patch_open(monkeypatch, ws / "sub" / "b.txt", [("token\n" + SECRETS["GitHub token (classic)"]).encode()])
     with pytest.raises(SecretFound, match="sub/b.txt line 2"):
-        mem.commit(str(ws), "late secret")
+        mem.checkpoints.commit(str(ws), "late secret")
     with views(mem) as txn:
         assert list(txn.scan("refs")) == []
 
@@ -335,41 +335,41 @@ def test_file_that_gains_a_secret_while_read_is_refused(mem, ws, monkeypatch):
 # --- stat cache ---------------------------------------------------------------------------------
 
 def test_recent_files_are_not_cached(mem, ws):
-    mem.commit(str(ws), "first")
-    assert mem.commit(str(ws), "second")["cached_files"] == 0  # written within RACY_NS
+    mem.checkpoints.commit(str(ws), "first")
+    assert mem.checkpoints.commit(str(ws), "second").to_json()["cached_files"] == 0  # written within RACY_NS
 
 
 def test_stat_cache_used_on_recommit_and_invalidated_on_change(mem, ws, monkeypatch, tmp_path):
     monkeypatch.setattr(snapshot, "RACY_NS", 0)  # treat files as old enough to cache
     (ws / "big.bin").write_bytes(os.urandom(600_000))  # a chunk list (max chunk 512 KiB)
-    first = mem.commit(str(ws), "first")
+    first = mem.checkpoints.commit(str(ws), "first").to_json()
     assert first["cached_files"] == 0 and first["files"] == 3
-    second = mem.commit(str(ws), "unchanged")
+    second = mem.checkpoints.commit(str(ws), "unchanged").to_json()
     assert second["cached_files"] == 3 and second["tree"] == first["tree"] and second["new_objects"] == 0
     # Same size, mtime put back: the inode change time still betrays the rewrite.
     st = os.stat(ws / "a.txt")
     (ws / "a.txt").write_text("ALPHA\n")
     os.utime(ws / "a.txt", ns=(st.st_atime_ns, st.st_mtime_ns))
-    third = mem.commit(str(ws), "changed")
+    third = mem.checkpoints.commit(str(ws), "changed").to_json()
     assert third["cached_files"] == 2 and third["tree"] != first["tree"]
     os.chmod(ws / "sub" / "b.txt", 0o755)  # a mode change is a change
-    fourth = mem.commit(str(ws), "chmod")
+    fourth = mem.checkpoints.commit(str(ws), "chmod").to_json()
     assert fourth["cached_files"] <= 2
-    mem.checkout("main", str(tmp_path / "out"))
+    mem.checkpoints.checkout("main", str(tmp_path / "out"))
     assert tree_bytes(tmp_path / "out") == tree_bytes(ws)
 
 
 def test_stat_cache_is_not_trusted_when_objects_are_gone(mem, ws, monkeypatch, tmp_path):
     monkeypatch.setattr(snapshot, "RACY_NS", 0)
-    mem.commit(str(ws), "first")
+    mem.checkpoints.commit(str(ws), "first")
     other = Store.memory()  # same workspace, fresh store: its cache is empty
-    assert other.commit(str(ws), "x")["cached_files"] == 0
+    assert other.checkpoints.commit(str(ws), "x").to_json()["cached_files"] == 0
     # Drop the stored chunk of a.txt from the first store: the cache entry must not be used.
     a_id = bytes.fromhex(files(mem)["a.txt"]["id"])
     mem.objects.write(lambda txn: txn.delete("objects", a_id))
-    again = mem.commit(str(ws), "again")
+    again = mem.checkpoints.commit(str(ws), "again").to_json()
     assert again["cached_files"] == 1
-    mem.checkout("main", str(tmp_path / "out"))
+    mem.checkpoints.checkout("main", str(tmp_path / "out"))
     assert tree_bytes(tmp_path / "out") == tree_bytes(ws)
 
 
@@ -381,10 +381,10 @@ def test_remembered_stat_cache_rows_skip_decoding_but_never_outlive_their_bytes(
     calls = []
     real = snapshot.unseal
     monkeypatch.setattr(snapshot, "unseal", lambda *a: calls.append(a[0]) or real(*a))
-    first = mem.commit(str(ws), "first")
-    assert mem.commit(str(ws), "second")["cached_files"] == 2  # rows read and remembered
+    first = mem.checkpoints.commit(str(ws), "first").to_json()
+    assert mem.checkpoints.commit(str(ws), "second").to_json()["cached_files"] == 2  # rows read and remembered
     calls.clear()
-    third = mem.commit(str(ws), "third")
+    third = mem.checkpoints.commit(str(ws), "third").to_json()
     assert third["cached_files"] == 2 and third["tree"] == first["tree"]
     assert calls.count("statcache") == 0  # taken from memory: same bytes as last time
     # Damage a.txt's row in the store: its bytes differ from the remembered ones, so the
@@ -393,7 +393,7 @@ def test_remembered_stat_cache_rows_skip_decoding_but_never_outlive_their_bytes(
     value = bytearray(mem.objects._tables["statcache"][key])
     value[3] ^= 1
     mem.objects._tables["statcache"][key] = bytes(value)
-    fourth = mem.commit(str(ws), "fourth")
+    fourth = mem.checkpoints.commit(str(ws), "fourth").to_json()
     assert calls.count("statcache") == 1 and fourth["cached_files"] == 1
     assert fourth["tree"] == first["tree"]
 
@@ -409,7 +409,7 @@ def test_agentcasignore_in_subdirectories_follows_git(mem, ws, tmp_path):
                 "out/o.bin", "sub/out/o.bin", "other/data/d.bin"):
         (ws / rel).parent.mkdir(parents=True, exist_ok=True)
         (ws / rel).write_text(rel)
-    mem.commit(str(ws), "nested ignores")
+    mem.checkpoints.commit(str(ws), "nested ignores")
     ours = sorted(files(mem))
     # git, on the same tree with the same files named .gitignore, keeps the same paths.
     twin = tmp_path / "twin"
@@ -428,7 +428,7 @@ def test_ignored_files_with_unstorable_names_are_skipped(mem, ws):
     (ws / ".agentcasignore").write_text("*.tmp\nIcon?\n")
     (ws / "bad\\name.tmp").write_text("x")
     (ws / "Icon\r").write_text("finder junk")
-    mem.commit(str(ws), "ignored bad names")
+    mem.checkpoints.commit(str(ws), "ignored bad names")
     assert sorted(files(mem)) == [".agentcasignore", "a.txt", "sub/b.txt"]
 
 
@@ -445,9 +445,9 @@ def test_file_deleted_after_the_walk_fails_clearly(mem, ws, monkeypatch):
 
 
 def test_reasons_at_the_limits_are_accepted(mem, ws):
-    assert mem.show(mem.commit(str(ws), "x" * 512)["checkpoint"])["reason"] == "x" * 512
+    assert mem.checkpoints.show(mem.checkpoints.commit(str(ws), "x" * 512).to_json()["checkpoint"]).to_json()["reason"] == "x" * 512
     reason = "\u20ac" * 341 + "x"  # 342 characters, 1,024 UTF-8 bytes
-    assert mem.show(mem.commit(str(ws), reason)["checkpoint"])["reason"] == reason
+    assert mem.checkpoints.show(mem.checkpoints.commit(str(ws), reason).to_json()["checkpoint"]).to_json()["reason"] == reason
 
 
 def test_allowed_secret_is_rescanned_by_a_later_commit_without_the_flag(tmp_path):
@@ -464,9 +464,9 @@ def test_allowed_secret_is_rescanned_by_a_later_commit_without_the_flag(tmp_path
     snapshot_module.RACY_NS = 0
     try:
         _time.sleep(0.01)
-        store.commit(str(ws), "allowed once", allow_secrets=["env.sh"])
+        store.checkpoints.commit(str(ws), "allowed once", allow_secrets=["env.sh"])
         with pytest.raises(SecretFound):
-            store.commit(str(ws), "not allowed this time")
+            store.checkpoints.commit(str(ws), "not allowed this time")
     finally:
         snapshot_module.RACY_NS = old
 
@@ -492,14 +492,14 @@ def test_streamed_file_gives_the_tree_of_a_whole_read(tmp_path, ws, monkeypatch)
     data = random.Random(7).randbytes(3 << 20)
     (ws / "big.bin").write_bytes(data)
     (ws / "big.txt").write_bytes(b"".join(_text_lines(60_000)))
-    whole = Store.memory().commit(str(ws), "whole")
+    whole = Store.memory().checkpoints.commit(str(ws), "whole").to_json()
     monkeypatch.setattr(snapshot, "STREAM_BYTES", 1 << 20)
     streamed_store = Store.memory()
-    streamed = streamed_store.commit(str(ws), "streamed")
+    streamed = streamed_store.checkpoints.commit(str(ws), "streamed").to_json()
     # FastCDC over the stream cuts where it cuts the whole buffer: same chunks, same ids.
     assert streamed["tree"] == whole["tree"]
     assert files(streamed_store)["big.bin"]["id"] == blake3.blake3(data).hexdigest()
-    streamed_store.checkout("main", str(tmp_path / "out"))
+    streamed_store.checkpoints.checkout("main", str(tmp_path / "out"))
     assert (tmp_path / "out" / "big.bin").read_bytes() == data
 
 
@@ -569,7 +569,7 @@ def test_window_line_numbers_count_from_the_start_of_the_file(monkeypatch):
 
 def test_binary_streamed_file_is_not_scanned(mem, ws, small_stream):
     (ws / "blob.bin").write_bytes(b"\0" + os.urandom(1_500_000) + SECRETS["GitHub token (classic)"].encode())
-    mem.commit(str(ws), "binary")
+    mem.checkpoints.commit(str(ws), "binary")
     assert files(mem)["blob.bin"]["size"] == 1_500_001 + len(SECRETS["GitHub token (classic)"])
 
 
@@ -587,7 +587,7 @@ def test_streamed_file_that_keeps_changing_fails_and_moves_nothing(mem, ws, smal
     monkeypatch.setattr(chunking, "cut_stream", rewriting)
     refs_before = {k: v for k, v in rows(mem).items() if k[0] in ("refs", "reflog")}
     with pytest.raises(FileChanged, match="big.bin kept changing"):
-        mem.commit(str(ws), "never")
+        mem.checkpoints.commit(str(ws), "never")
     assert {k: v for k, v in rows(mem).items() if k[0] in ("refs", "reflog")} == refs_before
 
 
@@ -607,9 +607,9 @@ def test_streamed_file_changed_once_is_read_again(tmp_path, ws, small_stream, mo
             yield piece
     monkeypatch.setattr(chunking, "cut_stream", rewriting_once)
     store = Store.memory()
-    store.commit(str(ws), "reread")
+    store.checkpoints.commit(str(ws), "reread")
     assert len(calls) == 2
-    store.checkout("main", str(tmp_path / "out"))
+    store.checkpoints.checkout("main", str(tmp_path / "out"))
     assert (tmp_path / "out" / "big.bin").read_bytes() == final
 
 
@@ -654,7 +654,7 @@ def test_secret_written_while_a_large_file_is_stored_never_lands(mem, ws, small_
     monkeypatch.setattr(chunking, "cut_stream", gains_a_secret)
     refs_before = {k: v for k, v in rows(mem).items() if k[0] in ("refs", "reflog")}
     with pytest.raises(SecretFound, match="notes.txt line"):
-        mem.commit(str(ws), "late secret")
+        mem.checkpoints.commit(str(ws), "late secret")
     after = rows(mem)
     assert {k: v for k, v in after.items() if k[0] in ("refs", "reflog")} == refs_before
     for (table, _key), value in after.items():  # chunks stored before the secret was seen are clean
@@ -665,7 +665,7 @@ def test_secret_written_while_a_large_file_is_stored_never_lands(mem, ws, small_
 def test_progress_moves_while_a_large_file_streams(mem, ws, small_stream):
     (ws / "big.bin").write_bytes(os.urandom(4 << 20))
     seen = []
-    mem.commit(str(ws), "progress", progress=lambda done, total: seen.append((done, total)))
+    mem.checkpoints.commit(str(ws), "progress", progress=lambda done, total: seen.append((done, total)))
     total = seen[-1][1]
     assert seen[-1][0] == total and len([d for d, _ in seen if 0 < d < total]) >= 5
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
@@ -677,7 +677,7 @@ def test_stat_cache_rows_are_binary_and_version_1_rows_still_count(mem, ws, monk
     from agentcas.cas import encoding
     from agentcas.cas.sealed import seal, unseal
     monkeypatch.setattr(snapshot, "RACY_NS", 0)
-    first = mem.commit(str(ws), "first")
+    first = mem.checkpoints.commit(str(ws), "first").to_json()
     table = mem.objects._tables["statcache"]
     payloads = {k: unseal("statcache", k, v) for k, v in table.items()}
     assert {p[:1] for p in payloads.values()} == {b"\x02"} and len(payloads) == 2
@@ -686,9 +686,9 @@ def test_stat_cache_rows_are_binary_and_version_1_rows_still_count(mem, ws, monk
     old_row = encoding.encode({"sig": list(sig), "entry": entry.to_doc()})  # as format 1 wrote it
     snapshot._DECODED_ROWS.clear()
     table[key] = seal("statcache", key, old_row)
-    assert mem.commit(str(ws), "old row")["cached_files"] == 2
+    assert mem.checkpoints.commit(str(ws), "old row").to_json()["cached_files"] == 2
     snapshot._DECODED_ROWS.clear()
     table = mem.objects._tables["statcache"]  # each write replaces the memory store's tables
     table[key] = seal("statcache", key, b"\x07" + payloads[key][1:])  # unknown version
-    again = mem.commit(str(ws), "unknown row")
+    again = mem.checkpoints.commit(str(ws), "unknown row").to_json()
     assert again["cached_files"] == 1 and again["tree"] == first["tree"]

@@ -85,8 +85,49 @@ def memory_stores() -> Stores:
     return embedded_stores(MemoryObjectStore(), None)
 
 
+SHARED_SCHEME = "s3://"
+MEMORY_SCHEME = "memory://"
+LMDB_SCHEME = "lmdb://"
+
+
+@dataclass(frozen=True)
+class StoreAddress:
+    """Which backend a store location names: `parse_store_url`'s answer.
+
+    `kind` is "memory", "lmdb" (a directory: `path`, absolute) or "s3" (a shared store
+    at `url`, whose bucket and prefix the S3 blob store checks when it opens).
+    """
+
+    kind: str
+    url: str
+    path: str | None = None
+
+    @property
+    def shared(self) -> bool:
+        return self.kind == "s3"
+
+    @property
+    def memory(self) -> bool:
+        return self.kind == "memory"
+
+
+def parse_store_url(location: str) -> StoreAddress:
+    """The one parser from a store location to its backend (as tvix's `from_addr`):
+    memory://, s3://BUCKET/PREFIX, lmdb://DIR, or a plain directory path."""
+    location = str(location)
+    if location.startswith(MEMORY_SCHEME):
+        return StoreAddress("memory", MEMORY_SCHEME)
+    if location.startswith(SHARED_SCHEME):
+        return StoreAddress("s3", location)
+    if location.startswith(LMDB_SCHEME):
+        location = location[len(LMDB_SCHEME):]
+    path = os.path.abspath(location)
+    return StoreAddress("lmdb", path, path)
+
+
 def is_shared_url(url: str | None) -> bool:
-    return bool(url) and url.startswith("s3://")
+    """Whether `url` names a shared store (objects in S3, refs in PostgreSQL)."""
+    return bool(url) and str(url).startswith(SHARED_SCHEME)
 
 
 def shared_stores(store_url: str, refs_url: str | None, create: bool = False) -> Stores:

@@ -41,6 +41,14 @@ class StoreUnavailable(AgentcasError):
     """The store directory cannot be opened (missing, not a store, read-only...)."""
 
 
+class StoreUnreadable(StoreUnavailable):
+    """LMDB itself cannot open the store's database file (damaged, or not an LMDB file).
+
+    An error like any other store that will not open (exit 1), except for the commands
+    whose job is the store's integrity (gc, fsck): to them it is corruption (exit 4).
+    """
+
+
 def lmdb_errno(exc: BaseException) -> int | None:
     """The errno behind an LMDB exception (its own classes, or the OS text it carries)."""
     if isinstance(exc, OSError):
@@ -288,7 +296,7 @@ class LmdbObjectStore(ObjectStore):
                 raise store_failure(exc, self.path, "creating", "nothing was created") from None
             if code not in (errno.EACCES, errno.EROFS, errno.EPERM) \
                     and "ermission" not in str(exc) and "ead-only" not in str(exc):
-                raise StoreUnavailable(f"cannot open store {self.path}: {exc}") from None
+                raise StoreUnreadable(f"cannot open store {self.path}: {exc}") from None
         if create:
             raise from_errno(_read_only_errno(self.path), f"creating a store in {self.path}",
                              "nothing was created")
@@ -297,7 +305,7 @@ class LmdbObjectStore(ObjectStore):
             return self._open_fitting(dict({k: v for k, v in options.items() if k != "create"},
                                            readonly=True, lock=False))
         except lmdb.Error as exc:
-            raise StoreUnavailable(f"cannot open store {self.path}: {exc}") from None
+            raise StoreUnreadable(f"cannot open store {self.path}: {exc}") from None
 
     def _open_fitting(self, options: dict) -> lmdb.Environment:
         """lmdb.open, halving the map while the address space cannot hold it."""
@@ -394,6 +402,6 @@ def open_lmdb(path: str, create: bool = False, map_size: int | None = None) -> L
             try:
                 store = LmdbObjectStore(key, create=create, map_size=map_size)
             except lmdb.Error as exc:
-                raise StoreUnavailable(f"cannot open store {key}: {exc}") from None
+                raise StoreUnreadable(f"cannot open store {key}: {exc}") from None
             _OPEN[key] = store
         return store

@@ -15,6 +15,7 @@ import urllib.parse
 from dataclasses import dataclass
 
 from agentcas.cas import encoding
+from agentcas.cas.backends import is_shared_url
 from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.metastore.base import MetaTxn as Txn
 from agentcas.errors import ConflictError, IntegrityError, NotFound, UsageError
@@ -45,7 +46,11 @@ class Remote:
 
     @property
     def shared(self) -> bool:
-        return self.url.startswith("s3://")
+        return is_shared_url(self.url)
+
+    def to_json(self) -> dict:
+        """The JSON the CLI prints for it (the same as its stored document)."""
+        return self.to_doc()
 
     def to_doc(self) -> dict:
         doc = {"name": self.name, "url": self.url}
@@ -104,7 +109,7 @@ def normalise_s3_url(url: str) -> str:
 def check_refs_dsn(dsn: str | None, url: str) -> str | None:
     """A shared remote's refs database URL, without a password (libpq's PGPASSWORD or
     ~/.pgpass supply it), so no credential is ever written into the store."""
-    if not url.startswith("s3://"):
+    if not is_shared_url(url):
         if dsn:
             raise BadRemote("--refs is only for an s3:// remote")
         return None

@@ -35,13 +35,12 @@ from agentcas.cas.backends import Stores
 from agentcas.errors import IntegrityError, UsageError
 from agentcas.lineage.closure import MissingObject
 from agentcas.refs import threads
+from agentcas.gc_defaults import DEFAULT_EXPIRE_REFLOG, DEFAULT_GRACE  # re-exported for callers of this module
 from agentcas.gc.markset import KeySpool, MarkSet
 from agentcas.gc.pages import PageReleaser
 from agentcas.gc.roots import (GcAborted, MarkWalker, all_roots, mark_root, mark_signatures,
                                read_pins, young_closure)
 
-DEFAULT_GRACE = 3600
-DEFAULT_EXPIRE_REFLOG = 90 * 86400
 KEY_SIZE = 32
 
 # Referrers before referents: a level is deleted completely before the next starts.

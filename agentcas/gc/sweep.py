@@ -39,14 +39,13 @@ from agentcas.cas.leases import SWEEP_WINDOW, begin_sweep, end_sweep
 from agentcas.cas.metastore.base import MetaTxn as Txn
 from agentcas.cas.source import ObjectSource
 from agentcas.errors import IntegrityError
+from agentcas.gc_defaults import BATCH_DELETES, DEFAULT_WAIT  # re-exported for callers of this module
 from agentcas.gc.pages import PageReleaser
 from agentcas.gc.plan import HEADER_WINDOW, KEY_SIZE, SWEEP_LEVELS, GcPlan
 from agentcas.gc.roots import (GcAborted, MarkWalker, entry_roots, mark_root, mark_signatures,
                                read_pins, state_roots)
 from agentcas.refs import threads
 
-BATCH_DELETES = 10_000
-DEFAULT_WAIT = 60.0
 BUSY_SLEEP = 0.05
 LAST_GC_KEY = b"gc/last"
 

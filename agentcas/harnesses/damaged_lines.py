@@ -75,7 +75,7 @@ def scan(store, rev: str, start: int, stop: int) -> list[int]:
     damaged = []
     for block in range(start, stop, SCAN_RECORDS):
         end = min(stop, block + SCAN_RECORDS)
-        data = b"".join(store.rollout_read(rev, block, end))
+        data = b"".join(store.history.read(rev, block, end))
         for line, raw in iter_lines(data, block + 1):
             if parse_line(raw, fast=True) is None:
                 damaged.append(line - 1)

@@ -246,7 +246,7 @@ class Ingest:
             inodes.add((st.st_dev, st.st_ino))
             if self.state.unchanged(key, st, self.thread):
                 if names is None:   # one listing a run: a stat-unchanged file's thread must still exist
-                    names = self.store.thread_names()
+                    names = self.store.threads.names()
                 entry = self.state.entries[key]
                 if entry["thread"] in names:
                     report.thread, report.seq, report.first_seq = entry["thread"], entry["seq"], entry["seq"]
@@ -273,7 +273,7 @@ class Ingest:
             from agentcas.harnesses.packing_workers import PackingWorkers
             self._workers = PackingWorkers(WORKERS)
             self._workers.start()   # their interpreters start while the threads are listed and files planned
-        threads = {row["thread"]: row for row in self.store.threads()}
+        threads = {row.thread: row for row in self.store.threads.list()}
         pending: list[_Pending] = []
         forks: list[_Pending] = []
         reading: deque = deque()   # (planned, future) in file order
@@ -386,9 +386,9 @@ class Ingest:
     # -- per file ----------------------------------------------------------------------------
     def _plan(self, session, st, key, report: FileReport, threads: dict) -> _Planned | None:
         """The file's thread, its stored prefix checked against the file, and the job that reads the rest."""
-        from agentcas.cas.objects import EMPTY_POSITION, HistoryPosition
+        from agentcas.api.history import INGEST_ZSTD_LEVEL
+        from agentcas.cas.objects import EMPTY_POSITION
         from agentcas.harnesses.new_lines import NewLinesJob
-        from agentcas.repository import INGEST_ZSTD_LEVEL
         with open(session.path, "rb") as handle:
             identity = self._identity(session)
             if identity is None:
@@ -402,7 +402,7 @@ class Ingest:
             check_thread_name(thread)
             report.thread = thread
             row = threads.get(thread)
-            based_on = None if row is None else HistoryPosition.from_doc(row["history"])
+            based_on = None if row is None else row.history
             stored = 0 if based_on is None else based_on.offset
             seq = 0 if based_on is None else based_on.seq
             if st.st_size < stored:
@@ -430,20 +430,19 @@ class Ingest:
 
     def _finish(self, planned: _Planned, lines, threads: dict) -> _Pending | None:
         """The append of a file's new lines (None if there is nothing to land), with its end mark."""
-        from agentcas.cas.objects import HistoryPosition
-        from agentcas.repository import SessionAppend
+        from agentcas.api.history import SessionAppend
         report, row, thread, seq = planned.report, planned.row, planned.thread, planned.job.seq
         report.partial_bytes, report.skipped_lines = lines.partial_bytes, lines.skipped
         marks, count, name = list(lines.marks), lines.count, preview(os.path.basename(report.path), 160)
         if count and (not marks or marks[-1][0] != count):
             marks.append((count, f"{END_OF_READ}{name}: {seq + count} lines read"))
-        elif not count and row is not None and seq and (row["checkpoint"] is None
+        elif not count and row is not None and seq and (row.checkpoint is None
                                                         or self._checkpoint_seq(row) != seq):
             marks.append((0, f"{END_OF_READ}{name}: {seq} lines read"))
         if not count and not marks:
             report.status = "waiting" if report.partial_bytes else "unchanged"
             if row is not None:
-                self.state.record(planned.key, planned.st, thread, row["history"], lines.turn_seq,
+                self.state.record(planned.key, planned.st, thread, row.history.to_doc(), lines.turn_seq,
                                   lines.prefix_digest)
             return None
         origin = None
@@ -451,7 +450,7 @@ class Ingest:
             copied = self._copied(planned.parent, lines.data) \
                 if self.harness == CODEX and planned.parent in threads else 0
             origin = ForkOrigin(planned.parent, None, copied)
-        based_on = None if row is None else HistoryPosition.from_doc(row["history"])
+        based_on = None if row is None else row.history
         append = SessionAppend(thread, lines.data, tuple(marks), based_on, origin, lines.packed)
         return _Pending(report, planned.key, planned.st, append, lines.turn_seq, lines.size, lines.prefix_digest,
                         planned.session)
@@ -497,7 +496,7 @@ class Ingest:
 
     def _checkpoint_seq(self, row) -> int | None:
         try:
-            return self.store.show(row["checkpoint"])["history"]["seq"]
+            return self.store.checkpoints.show(row.checkpoint).history.seq
         except AgentcasError:
             return None
 
@@ -509,25 +508,25 @@ class Ingest:
             if checkpoint is None:
                 return 0
             try:
-                doc = self.store.show(checkpoint)
+                doc = self.store.checkpoints.show(checkpoint)
             except AgentcasError:
                 return 0
-            if not doc["reason"].startswith(END_OF_READ):
-                return doc["history"]["seq"]
-            checkpoint = doc["parents"][0] if doc["parents"] else None
+            if not doc.reason.startswith(END_OF_READ):
+                return doc.history.seq
+            checkpoint = doc.parents[0] if doc.parents else None
         return 0
 
     def _context(self, thread: str, row, turn_seq):
         """A turn tracker primed with the stored records of the open turn (for its prompt)."""
         tracker = turn_tracker(self.harness)
-        if row is None or not row["history"]["seq"]:
+        if row is None or not row.history.seq:
             return tracker, 0
-        head_seq = row["history"]["seq"]
+        head_seq = row.history.seq
         if turn_seq is None:   # no row of this machine says: the newest turn boundary does
-            turn_seq = max(0, self._boundary_seq(row["checkpoint"]) - 1)
+            turn_seq = max(0, self._boundary_seq(row.checkpoint) - 1)
         start = max(0, min(turn_seq, head_seq))
         data, size = [], 0
-        for piece in self.store.rollout_read(thread, start, head_seq):
+        for piece in self.store.history.read(thread, start, head_seq):
             data.append(piece)
             size += len(piece)
             if size >= CONTEXT_BYTES:
@@ -544,13 +543,13 @@ class Ingest:
     def _copied(self, parent: str, new: bytes) -> int:
         """How many of the parent's records a Codex fork copied (same record, new timestamp)."""
         try:
-            parent_records = self.store.thread(parent).history.seq
+            parent_records = self.store.threads.get(parent).history.seq
         except AgentcasError:
             return 0
         lines = list(iter_lines(new))[1:]  # after the fork's own session_meta
         if not lines or not parent_records:
             return 0
-        pieces = b"".join(self.store.rollout_read(parent, 0, min(parent_records, len(lines))))
+        pieces = b"".join(self.store.history.read(parent, 0, min(parent_records, len(lines))))
         count = 0
         for (_, mine), (_, theirs) in zip(lines, iter_lines(pieces)):
             a, b = parse_line(mine), parse_line(theirs)
@@ -585,7 +584,7 @@ class Ingest:
 
     def _land_batch(self, batch: list[_Pending]) -> None:
         try:
-            results = self.store.ingest_append([item.append for item in batch])
+            results = self.store.history.ingest([item.append for item in batch])
         except ConflictError:
             if len(batch) == 1:
                 item = batch[0]
@@ -598,13 +597,12 @@ class Ingest:
             for item in batch:   # land the others; name the one that lost its race
                 self._land_batch([item])
             return
-        from agentcas.cas.objects import HistoryPosition
         from agentcas.harnesses import damaged_lines
         rows = []
         for item, result in zip(batch, results):
             # The damaged lines of what landed, for replay's skipped_lines (damaged_lines.py).
             row = damaged_lines.advance(self.store.stores.local, item.append.thread, item.append.based_on,
-                                        HistoryPosition.from_doc(result["history"]),
+                                        result.history,
                                         [line - 1 for line in item.report.skipped_lines])
             if row is not None:
                 rows.append(row)
@@ -612,11 +610,12 @@ class Ingest:
         for item, result in zip(batch, results):
             report = item.report
             report.status = "ingested"
-            report.appended = result["appended"]
-            report.first_seq = result["first_seq"]
-            report.seq = result["history"]["seq"]
-            report.checkpoints = result["checkpoints"]
-            self.state.record(item.key, item.st, item.append.thread, result["history"], item.turn_seq, item.prefix)
+            report.appended = result.appended
+            report.first_seq = result.first_seq
+            report.seq = result.history.seq
+            report.checkpoints = result.checkpoints
+            self.state.record(item.key, item.st, item.append.thread, result.history.to_doc(), item.turn_seq,
+                              item.prefix)
 
 
 def summary(reports: list[FileReport]) -> dict:

@@ -48,7 +48,7 @@ class StoredRecords:
         if block is None:
             start = base
             stop = min(self.at, HEAD_RECORDS if number < 0 else start + BLOCK_RECORDS)
-            data = b"".join(self.store.rollout_read(self.rev, start, stop))
+            data = b"".join(self.store.history.read(self.rev, start, stop))
             block = [(line, parse_line(raw)) for line, raw in iter_lines(data, start + 1)]
             self.loaded_records += len(block)
             if len(self._blocks) > 4096:
@@ -63,10 +63,10 @@ def rev_history(store, rev: str):
     from agentcas.refs.names import check_thread_name
     try:
         check_thread_name(rev)
-        return store.thread(rev).history, rev, True
+        return store.threads.get(rev).history, rev, True
     except AgentcasError:
         pass
-    _, checkpoint = store.checkpoint(rev)
+    _, checkpoint = store.checkpoints.get(rev)
     return checkpoint.history, checkpoint.thread, False
 
 

@@ -371,7 +371,8 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         """`store`: a Store, or a store path or s3:// URL (created if absent; a shared store
         needs `refs`, its postgresql:// URL)."""
         super().__init__(serde=serde)
-        from agentcas.repository import Store, default_author
+        from agentcas.api.checkpoints import default_author
+        from agentcas.repository import Store
         self._owned = None
         if isinstance(store, str) or hasattr(store, "__fspath__"):
             store, _ = Store.init(str(store), refs=refs)
@@ -413,7 +414,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
     def _refresh(self, name: str, states: dict | None = None) -> _Line:
         """The index of agentcas thread `name`, brought up to date with its refs."""
         if states is None:
-            states = self.store.thread_states(name)
+            states = self.store.threads.under(name)
         refs = {ref: state for ref, state in states.items()
                 if ref == name or (ref.startswith(name + "/branches/") and "/" not in ref[len(name) + 10:])}
         line = self._lines.get(name)
@@ -425,7 +426,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         heads = [s.checkpoint for s in refs.values() if s.checkpoint is not None]
         added, boundary = [], set()
         try:
-            walked = self.store.checkpoints_from(heads, line.parents.keys())
+            walked = self.store.checkpoints.reachable(heads, line.parents.keys())
         except IntegrityError as exc:
             raise CorruptCheckpoint(f"LangGraph checkpoints of agentcas thread {name}: {exc}") from None
         for digest, cp in walked:
@@ -476,7 +477,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
 
     def _lines_of(self, thread_id: str) -> dict[str, _Line]:
         """Every agentcas thread (root and namespaces) of a LangGraph thread, refreshed."""
-        states = self.store.thread_states(thread_root(thread_id))
+        states = self.store.threads.under(thread_root(thread_id))
         names = [n for n in states if "/branches/" not in n[len(thread_root(thread_id)):]]
         return {n: self._refresh(n, {k: v for k, v in states.items() if k == n or k.startswith(n + "/branches/")})
                 for n in names}
@@ -494,8 +495,8 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
             if node.tree == _EMPTY_TREE:
                 files, found = {}, {}
             else:
-                files = self.store.tree_files(node.tree)
-                found = {path[len(VALUES) + 1:]: entry for path, entry in self.store.tree_files(
+                files = self.store.checkpoints.tree_files(node.tree)
+                found = {path[len(VALUES) + 1:]: entry for path, entry in self.store.checkpoints.tree_files(
                     node.tree, content=False).items() if path.startswith(VALUES + "/")} if entries else {}
             if RECORD in files:
                 doc = _decode_record(files[RECORD])
@@ -536,7 +537,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         if start >= stop:
             return []
         try:
-            data = self.store.read_history(position, start, stop)
+            data = self.store.history.read_at(position, start, stop)
         except IntegrityError as exc:
             raise CorruptCheckpoint(f"LangGraph checkpoint {node.lg_id} (agentcas checkpoint "
                                     f"{node.digest.hex()}): history: {exc}") from None
@@ -726,7 +727,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
 
     def _all_threads(self) -> list[tuple[str, str, str]]:
         out = []
-        for name in sorted(self.store.thread_states(ROOT)):
+        for name in sorted(self.store.threads.under(ROOT)):
             if "/branches/" in name:
                 continue
             line = self._refresh(name)
@@ -910,7 +911,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         items = len(records)
         records += self._write_records(checkpoint["id"], early, earlier=earlier)
 
-        with self.store.lineage_writer(f"langgraph put {name}") as writer:
+        with self.store.threads.group_writer(f"langgraph put {name}") as writer:
             prepared = writer.prepare_records(b"".join(records)) if records else []
             tree = writer.store_tree(files)
 
@@ -930,7 +931,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
             landed: list = []
             digest = writer.land(final)
             self._remember_tail(base, landed[0], records)
-        entries = {k[len(VALUES) + 1:]: v for k, v in self.store.tree_files(tree, content=False).items()
+        entries = {k[len(VALUES) + 1:]: v for k, v in self.store.checkpoints.tree_files(tree, content=False).items()
                    if k.startswith(VALUES + "/")} if files else {}
         self._values[digest.raw] = (channels, lists, entries)
         self._docs[digest.raw] = doc
@@ -1000,7 +1001,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         on_head = expected.checkpoint == node.digest
         seal = on_head and (any(c in (ERROR, INTERRUPT) for c, _ in writes)
                             or node is not line.first_version(node))
-        with self.store.lineage_writer(f"langgraph writes {name}") as writer:
+        with self.store.threads.group_writer(f"langgraph writes {name}") as writer:
             prepared = writer.prepare_records(b"".join(records))
 
             def final(view):
@@ -1097,7 +1098,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                 view.set_thread(ref, state, None, "delete", "langgraph delete_thread")
 
         with self._lock:
-            with self.store.lineage_writer(f"langgraph delete {root}") as writer:
+            with self.store.threads.group_writer(f"langgraph delete {root}") as writer:
                 writer.land(final)
             for name in [n for n in self._lines if n == root or n.startswith(root + "/")]:
                 del self._lines[name]
@@ -1115,7 +1116,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
                                 "fork", f"langgraph copy_thread from {ref}")
 
         with self._lock:
-            with self.store.lineage_writer(f"langgraph copy {source}") as writer:
+            with self.store.threads.group_writer(f"langgraph copy {source}") as writer:
                 writer.land(final)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
@@ -1168,7 +1169,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         if not wanted:
             return
         with self._lock:
-            names = [n for n in self.store.thread_states(ROOT) if "/branches/" not in n]
+            names = [n for n in self.store.threads.under(ROOT) if "/branches/" not in n]
             for name in names:
                 line = self._refresh(name)
                 victims = set()
@@ -1250,7 +1251,7 @@ class AgentcasSaver(BaseCheckpointSaver[int]):
         self._lines.pop(name, None)
 
     def _rewrite_once(self, name, final):
-        with self.store.lineage_writer(f"langgraph rewrite {name}") as writer:
+        with self.store.threads.group_writer(f"langgraph rewrite {name}") as writer:
             writer.land(final)
 
     def get_next_version(self, current: int | None, channel: None = None) -> int:

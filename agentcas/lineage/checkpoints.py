@@ -12,8 +12,9 @@ Checkpoints without an index (generation 0) are walked parent by parent.
 
 from __future__ import annotations
 
+from agentcas.cas import framing
 from agentcas.cas.digest import Digest
-from agentcas.cas.objects import Checkpoint
+from agentcas.cas.objects import Checkpoint, HistoryPosition
 from agentcas.cas.source import ObjectSource
 from agentcas.errors import IntegrityError, NotFound
 from agentcas.lineage.rollout import SkipLinks, search_skip_list, skip_index
@@ -48,6 +49,23 @@ def index_for_child(objects: ObjectSource, parent: Digest | None, load=None,
     if generation < 2:
         return generation, None
     return generation, search_skip_list(links, parent, skip_index(generation))
+
+
+def build_checkpoint(objects: ObjectSource, tree: Digest, parents: tuple, thread: str, reason: str,
+                     author: str, created_at: str, runtime: dict, history: HistoryPosition,
+                     load=None) -> tuple[Digest, Checkpoint, bytes]:
+    """A new checkpoint on `parents` with its skip index: (id, checkpoint, framed object).
+
+    The one place a checkpoint object is made for a ref move (a commit, a group write);
+    its links are remembered in CHECKPOINT_LINKS for the next commit on top of it.
+    `load` as in `index_for_child` (a writer's view that also sees objects not yet stored).
+    """
+    generation, skip = index_for_child(objects, parents[0] if parents else None, load, memo=True)
+    cp = Checkpoint(tree, tuple(parents), thread, reason, author, created_at, runtime, history,
+                    generation=generation, skip=skip)
+    body, digest = cp.encode_with_id()
+    CHECKPOINT_LINKS.put(digest.raw, links_of(cp))
+    return digest, cp, framing.frame(framing.KIND_CHECKPOINT, body)
 
 
 def ancestor_at(objects: ObjectSource, digest: Digest, checkpoint: Checkpoint, generation: int,

@@ -37,6 +37,7 @@ from typing import Callable, Iterable
 from agentcas.cas.objects import EMPTY_POSITION, HistoryPosition
 from agentcas.errors import IntegrityError
 from agentcas.lineage.effects import parse_record
+from agentcas.result import Result
 
 INDEX_FILE = "effects-index.sqlite"
 SCHEMA_VERSION = 1
@@ -65,6 +66,23 @@ class HistorySource:
     position: Callable[[HistoryPosition, int], HistoryPosition]
     read: Callable[[HistoryPosition, int], Iterable[bytes]]  # (head, start) -> pieces of whole records
     common: Callable[[HistoryPosition, HistoryPosition], int]
+
+
+@dataclass(frozen=True)
+class EffectState(Result):
+    """An effect with its latest state as of a history prefix (an item of `effects`)."""
+
+    id: str
+    state: str
+    state_seq: int          # the seq of the record that set `state`
+    updated_at: str | None
+    first_seq: int          # the seq of the record that declared the effect
+    kind: str | None
+    target: str | None
+    rollback: str | None
+    provider: str | None
+    operation: str | None
+    created_at: str | None
 
 
 def empty_totals() -> dict:
@@ -250,7 +268,7 @@ class EffectsIndex:
 
     @_locked
     def page(self, line: int, upto: int, since: int = 0, states: tuple[str, ...] | None = None,
-             before: int | None = None, limit: int = 50) -> tuple[list[dict], bool]:
+             before: int | None = None, limit: int = 50) -> tuple[list[EffectState], bool]:
         """Effects newest activity first, latest record seq < before; (items, more)."""
         stop = upto if before is None else min(before, upto)
         at_head = self._position_seq(line) <= upto  # every row is below upto: latest = next_seq NULL
@@ -268,9 +286,8 @@ class EffectsIndex:
             rows = rows[:limit + 1]
         else:
             rows = self.db.execute(sql.format(state=""), args).fetchall()
-        items = [{"id": r[1], "state": r[2], "state_seq": r[0], "updated_at": r[3], "first_seq": r[4],
-                  "kind": r[5], "target": r[6], "rollback": r[7], "provider": r[8], "operation": r[9],
-                  "created_at": r[10]} for r in rows[:limit]]
+        items = [EffectState(r[1], r[2], r[0], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10])
+                 for r in rows[:limit]]
         return items, len(rows) > limit
 
     def _position_seq(self, line: int) -> int:
@@ -278,7 +295,7 @@ class EffectsIndex:
         return json.loads(row[0])["seq"]
 
     @_locked
-    def lookup(self, line: int, upto: int, effect_id: str) -> dict | None:
+    def lookup(self, line: int, upto: int, effect_id: str) -> EffectState | None:
         """One effect with its latest state as of upto, or None if the prefix never declared it."""
         row = self.db.execute("SELECT first_seq, kind, target, rollback, provider, operation, created_at "
                               "FROM effects WHERE line=? AND id=? AND first_seq<?",
@@ -287,6 +304,5 @@ class EffectsIndex:
             return None
         state = self.db.execute("SELECT seq, state, at FROM states WHERE line=? AND id=? AND seq<? "
                                 "ORDER BY seq DESC LIMIT 1", (line, effect_id, upto)).fetchone()
-        return {"id": effect_id, "state": state[1], "state_seq": state[0], "updated_at": state[2],
-                "first_seq": row[0], "kind": row[1], "target": row[2], "rollback": row[3],
-                "provider": row[4], "operation": row[5], "created_at": row[6]}
+        return EffectState(effect_id, state[1], state[0], state[2], row[0], row[1], row[2], row[3], row[4],
+                           row[5], row[6])

@@ -42,15 +42,11 @@ from agentcas.cas.store import has_object, save_object
 from agentcas.cas.writer import BATCH_BYTES
 from agentcas.errors import ConflictError
 from agentcas.lineage import checkpoints, rollout
-from agentcas.lineage.moves import MAX_ATTEMPTS, VanishedObject
+from agentcas.lineage.moves import MAX_ATTEMPTS, LostRace, VanishedObject, land_moves, store_objects
 from agentcas.refs import threads
 from agentcas.refs.names import check_thread_name
 from agentcas.refs.revisions import load_checkpoint
 from agentcas.refs.threads import ThreadState
-
-
-class LostRace(Exception):
-    """A ref the plan read or moves changed before it landed: plan again."""
 
 
 class _Overlay(ObjectSource):
@@ -140,14 +136,11 @@ class GroupView:
                author: str, created_at: str | None = None) -> Digest:
         """Build a checkpoint object (stored before the refs move); its id."""
         now, runtime = self._now_runtime()
-        generation, skip = checkpoints.index_for_child(self.objects, parents[0] if parents else None,
-                                                       self.checkpoint, memo=True)
-        cp = Checkpoint(tree, tuple(parents), thread, reason, author, created_at or now, runtime, history,
-                        generation=generation, skip=skip)
-        body, digest = cp.encode_with_id()
-        checkpoints.CHECKPOINT_LINKS.put(digest.raw, checkpoints.links_of(cp))
+        digest, cp, framed = checkpoints.build_checkpoint(self.objects, tree, tuple(parents), thread, reason,
+                                                          author, created_at or now, runtime, history,
+                                                          load=self.checkpoint)
         self._checkpoints[digest.raw] = cp
-        self.objects.waiting[digest.raw] = framing.frame(framing.KIND_CHECKPOINT, body)
+        self.objects.waiting[digest.raw] = framed
         self.needed.add(tree.raw)
         self.needed.update(p.raw for p in parents)
         if history.segment is not None:
@@ -296,12 +289,7 @@ class GroupWriter:
                     continue
                 return result
             self.lease.refresh()
-            self.stores.objects.put_many(waiting)
-            needed = (self.needed | view.needed) - waiting.keys()
-            missing = self.stores.objects.missing(needed)
-            if missing:
-                raise VanishedObject(f"object {sorted(missing)[0].hex()} vanished before the write landed "
-                                     "(concurrent gc?); nothing was changed, retry")
+            store_objects(self.stores, waiting, (self.needed | view.needed) - waiting.keys(), "write")
             if not view.moves:
                 return result
             testing_hooks.reached("group.before_land")
@@ -339,7 +327,5 @@ def _move_refs(txn, view: GroupView) -> None:
     move by compare-and-swap with its reflog row (LostRace, aborting it all, if not)."""
     for name, state in view.read.items():
         if threads.read_thread(txn, name) != state:
-            raise LostRace()
-    for name, old, new, action, message, implied in view.moves:
-        if not threads.set_if_equals(txn, name, old, new, action, message, implied):
-            raise LostRace()
+            raise LostRace(name)
+    land_moves(txn, view.moves)

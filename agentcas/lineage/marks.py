@@ -27,6 +27,7 @@ from agentcas.lineage import checkpoints, rollout
 from agentcas.lineage.moves import Move, move_thread, move_threads
 from agentcas.refs.revisions import load_checkpoint
 from agentcas.refs.threads import ForkOrigin, ThreadState
+from agentcas.result import Result
 
 EMPTY_TREE = Tree.of([])
 # A turn's checkpoint (~470 bytes, 42,000 in the 1 GB ingest of bench_harnesses.py) is stored
@@ -34,6 +35,17 @@ EMPTY_TREE = Tree.of([])
 # ~4 µs, but each compress releases the GIL, and with the reader threads wanting it that was a
 # thread switch per checkpoint: raw, the ingest's context switches fell from 34-45k to 24-25k,
 # its parent's CPU by 0.3-0.5 s and its wall by 0.15-0.5 s in each of 4 alternating pairs.
+
+
+@dataclass(frozen=True)
+class IngestedThread(Result):
+    """One thread's part of an ingest landing: the records appended and the checkpoints made."""
+
+    thread: str
+    appended: int
+    first_seq: int
+    checkpoints: list[str]   # ids of the checkpoints made at the marks, oldest first
+    history: HistoryPosition
 
 
 def prepare_raw(datas: list, writer: BatchWriter, level: int | framing.SmallTables) -> list[list]:
@@ -69,7 +81,7 @@ def prepare_raw(datas: list, writer: BatchWriter, level: int | framing.SmallTabl
 
 def append_with_marks(stores: Stores, lease: Lease, thread: str, segments: list, marks,
                       based_on: HistoryPosition | None, forked_from: ForkOrigin | None,
-                      who: str, created_at: str, runtime: dict) -> dict:
+                      who: str, created_at: str, runtime: dict) -> IngestedThread:
     """Land `segments` on `thread` with a checkpoint at each (records, reason) mark."""
     plan = _marks_plan(stores, thread, segments, marks, based_on, forked_from, who, created_at, runtime)
     state, move = move_thread(stores, lease, thread, plan, keep_lease=True)
@@ -77,7 +89,7 @@ def append_with_marks(stores: Stores, lease: Lease, thread: str, segments: list,
 
 
 def append_many_with_marks(stores: Stores, lease: Lease, items: list, who: str, created_at: str,
-                           runtime: dict) -> list[dict]:
+                           runtime: dict) -> list[IngestedThread]:
     """`append_with_marks` of several threads, landing in one move (lineage/moves.move_threads).
 
     `items`: (thread, segments, marks, based_on, forked_from). All land or none; a thread
@@ -90,11 +102,10 @@ def append_many_with_marks(stores: Stores, lease: Lease, items: list, who: str, 
     return [_landed(thread, state, move) for (thread, _), (state, move) in zip(plans, landed)]
 
 
-def _landed(thread: str, state, move) -> dict:
+def _landed(thread: str, state, move) -> IngestedThread:
     if move is None:
         base = EMPTY_POSITION if state is None else state.history
-        return {"thread": thread, "appended": 0, "first_seq": base.seq, "checkpoints": [],
-                "history": base.to_doc()}
+        return IngestedThread(thread, 0, base.seq, [], base)
     return move.result
 
 
@@ -140,8 +151,7 @@ def _marks_plan(stores: Stores, thread: str, segments: list, marks, based_on: Hi
             by_generation[generation] = current
             new_objects[current.raw] = framing.frame(framing.KIND_CHECKPOINT, body, compress=False)
             made.append(current.hex())
-        result = {"thread": thread, "appended": head.seq - base.seq, "first_seq": base.seq,
-                  "checkpoints": made, "history": head.to_doc()}
+        result = IngestedThread(thread, head.seq - base.seq, base.seq, made, head)
         if state is not None and head == base and not made:
             return None  # nothing new: no ref move
         origin = forked_from if state is None else state.forked_from

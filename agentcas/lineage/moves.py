@@ -38,6 +38,14 @@ class VanishedObject(IntegrityError):
     """An object a move relied on was deleted before it landed (a concurrent gc)."""
 
 
+class LostRace(Exception):
+    """A ref a move read or moves changed before it landed: abandon the transaction, plan again.
+
+    The one retry signal of both move engines (this module's and lineage/group_moves.py's);
+    never seen by a caller: after MAX_ATTEMPTS lost races the move raises ConflictError.
+    """
+
+
 @dataclass
 class Move:
     """What a move will do to one thread, planned against its state."""
@@ -91,7 +99,7 @@ def move_thread(stores: Stores, lease: Lease, thread: str,
         early = False
         if move is None:
             return base.state, None
-        _store_objects(stores, move.objects, move.needed, move.action)
+        store_objects(stores, move.objects, move.needed, move.action)
         landed, base = _land(stores, lease, base, move, keep_lease)
         if landed:
             return base.state, move
@@ -99,8 +107,9 @@ def move_thread(stores: Stores, lease: Lease, thread: str,
                         "nothing was changed, retry")
 
 
-def _store_objects(stores: Stores, objects: dict, needed: set, action: str) -> None:
-    """Step 2 of a move: store its new objects, then check that what it relies on is stored."""
+def store_objects(stores: Stores, objects: dict, needed: set, action: str) -> None:
+    """Step 2 of a move (of either engine): store its new objects, then check that what it
+    relies on is stored; VanishedObject (nothing moved) if a concurrent gc took any."""
     stores.objects.put_many(objects)
     missing = stores.objects.missing(needed)
     if missing:
@@ -139,10 +148,6 @@ def _land(stores: Stores, lease: Lease, base: threads.MoveBase, move: Move,
     return False, threads.decode_base(base.name, values[1:])
 
 
-class _LostRace(Exception):
-    """A thread of a move is no longer where its plan read it: abandon the transaction."""
-
-
 def move_threads(stores: Stores, lease: Lease, plans: list, keep_lease: bool = False) -> list:
     """`move_thread` for several threads at once: [(thread, plan)] -> [(state read, move or None)].
 
@@ -165,22 +170,29 @@ def move_threads(stores: Stores, lease: Lease, plans: list, keep_lease: bool = F
         for move in landing:
             objects.update(move.objects)
             needed |= move.needed
-        _store_objects(stores, objects, needed, landing[0].action if len(landing) == 1 else "moves")
+        store_objects(stores, objects, needed, landing[0].action if len(landing) == 1 else "moves")
 
         def final(txn, states=states, moves=moves):
             lease.check(txn)
-            for name, state, move in zip(names, states, moves):
-                if move is not None and not threads.set_if_equals(txn, name, state, move.new, move.action,
-                                                                  move.message, move.history_implied):
-                    raise _LostRace(name)
+            land_moves(txn, [(name, state, move.new, move.action, move.message, move.history_implied)
+                             for name, state, move in zip(names, states, moves) if move is not None])
             if not keep_lease:
                 lease.release(txn)
 
         try:
             stores.meta.write(final)
-        except _LostRace:
+        except LostRace:
             continue
         return list(zip(states, moves))
     shown = ", ".join(repr(n) for n in names[:3]) + (" ..." if len(names) > 3 else "")
     raise ConflictError(f"thread{'s' if len(names) > 1 else ''} {shown} kept moving under {MAX_ATTEMPTS} "
                         "attempts; nothing was changed, retry")
+
+
+def land_moves(txn, moves) -> None:
+    """Inside a landing transaction (of either engine): each (name, old, new, action, message,
+    history_implied) by compare-and-swap with its reflog row; LostRace, aborting the whole
+    transaction, at the first ref no longer at `old`."""
+    for name, old, new, action, message, implied in moves:
+        if not threads.set_if_equals(txn, name, old, new, action, message, implied):
+            raise LostRace(name)

@@ -798,3 +798,20 @@ def _ancestor_at_index(segment_of, digest: Digest, index: int) -> Digest:
 
 class RolloutMismatch(AgentcasError):
     """The rollout file no longer starts with the history already stored."""
+
+
+def common_prefix(history: History, a: HistoryPosition, b: HistoryPosition) -> int:
+    """The number of leading records two histories share (binary search on prefix digests)."""
+    short, long_ = (a, b) if a.seq <= b.seq else (b, a)
+    if short.seq == 0:
+        return 0
+    if history.position(long_, short.seq).digest == short.digest:
+        return short.seq
+    lo, hi = 0, short.seq  # lo shared, hi not shared
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if history.position(a, mid).digest == history.position(b, mid).digest:
+            lo = mid
+        else:
+            hi = mid
+    return lo

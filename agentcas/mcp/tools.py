@@ -254,7 +254,7 @@ class ToolHost:
         """(full id, Checkpoint) of an in-scope checkpoint named by hex id or prefix."""
         if not isinstance(checkpoint_id, str) or not _HEX_ID.match(checkpoint_id):
             raise ToolError("checkpoint_id must be 8..64 lowercase hex characters")
-        digest, cp = self.store.checkpoint(checkpoint_id)
+        digest, cp = self.store.checkpoints.get(checkpoint_id)
         if not any(fnmatch.fnmatchcase(cp.thread, g) for g in self.globs):
             raise ToolError(f"checkpoint {digest.hex()[:12]} was made on a thread outside this server's scope")
         return digest.hex(), cp
@@ -298,11 +298,11 @@ class ToolHost:
         path = self._inside_workspace(workspace if workspace is not None else self.workspace_root, "workspace")
         if not isinstance(reason, str):
             raise ToolError("reason must be a string")
-        result = self.store.commit(path, reason, thread)
+        result = self.store.checkpoints.commit(path, reason, thread)
         text, cut = preview(reason, REASON_PREVIEW_CHARS)
-        return {"checkpoint_id": result["checkpoint"], "thread": thread, "history_seq": result["history"]["seq"],
-                "reason_preview": text, "reason_truncated": cut, "parents": result["parents"],
-                "file_count": result["files"], "file_bytes": result["bytes"]}
+        return {"checkpoint_id": result.checkpoint, "thread": thread, "history_seq": result.history.seq,
+                "reason_preview": text, "reason_truncated": cut, "parents": result.parents,
+                "file_count": result.files, "file_bytes": result.bytes}
 
     def _default_thread(self) -> str:
         literal = [g for g in self.globs if not any(c in g for c in "*?[")]
@@ -321,18 +321,18 @@ class ToolHost:
         n = self._limit(limit)
         after = self.unseal("list_checkpoints", thread, cursor)
         if after is None:
-            state = self.store.thread(thread)
+            state = self.store.threads.get(thread)
             start = None if state.checkpoint is None else state.checkpoint.hex()
-            entries = [] if start is None else self.store.log(start, n + 1)
+            entries = [] if start is None else self.store.threads.log(start, n + 1)
         else:
-            entries = self.store.log(after, n + 2)[1:]  # the walk resumes after the cursor's checkpoint
+            entries = self.store.threads.log(after, n + 2)[1:]  # the walk resumes after the cursor's checkpoint
         items, used = [], 0
         for entry in entries[:n]:
-            text, _ = preview(entry["reason"], REASON_PREVIEW_CHARS)
-            item = {"checkpoint_id": entry["checkpoint"], "thread": preview(entry["thread"], TEXT_PREVIEW_CHARS)[0],
-                    "reason_preview": text, "created_at": entry["created_at"],
-                    "author": preview(entry["author"], TEXT_PREVIEW_CHARS)[0],
-                    "history_seq": entry["history"]["seq"]}
+            text, _ = preview(entry.reason, REASON_PREVIEW_CHARS)
+            item = {"checkpoint_id": entry.checkpoint, "thread": preview(entry.thread, TEXT_PREVIEW_CHARS)[0],
+                    "reason_preview": text, "created_at": entry.created_at,
+                    "author": preview(entry.author, TEXT_PREVIEW_CHARS)[0],
+                    "history_seq": entry.history.seq}
             fits, used = self._fits(items, item, used)
             if not fits:
                 break
@@ -342,11 +342,11 @@ class ToolHost:
                 "next_cursor": self.seal("list_checkpoints", thread, items[-1]["checkpoint_id"])
                 if more and items else None, "limit_applied": n}
 
-    def _tree_files(self, checkpoint_id: str, tree: str) -> list[dict]:
-        """The files of a tree (immutable, so cached per tree id: pages are slices)."""
+    def _tree_files(self, checkpoint_id: str, tree: str) -> list:
+        """The files of a tree (FileInfo; immutable, so cached per tree id: pages are slices)."""
         files = self._trees.get(tree)
         if files is None:
-            files = self.store.files(checkpoint_id)
+            files = self.store.checkpoints.files(checkpoint_id)
             self._trees[tree] = files
             while len(self._trees) > 16:
                 self._trees.popitem(last=False)
@@ -361,9 +361,9 @@ class ToolHost:
         files = self._tree_files(full, cp.tree.hex())
         items, used = [], 0
         for entry in files[start:start + n]:
-            path, cut = preview(entry["path"], PATH_PREVIEW_CHARS)
-            item = {"path_preview": path, "path_truncated": cut, "size": entry["size"],
-                    "mode": entry["mode"], "id": entry["id"]}
+            path, cut = preview(entry.path, PATH_PREVIEW_CHARS)
+            item = {"path_preview": path, "path_truncated": cut, "size": entry.size,
+                    "mode": entry.mode, "id": entry.id}
             fits, used = self._fits(items, item, used)
             if not fits:
                 break
@@ -374,21 +374,22 @@ class ToolHost:
                 "parents": [p.hex() for p in cp.parents], "tree": cp.tree.hex(),
                 "reason_preview": reason, "reason_truncated": reason_cut, "created_at": cp.created_at,
                 "author": preview(cp.author, TEXT_PREVIEW_CHARS)[0], "history": cp.history.to_doc(),
-                "file_count": len(files), "file_bytes": sum(f["size"] for f in files),
+                "file_count": len(files), "file_bytes": sum(f.size for f in files),
                 "files_page": {"count": len(files), "returned_count": len(items), "truncated": end < len(files),
                                "next_cursor": self.seal("inspect_checkpoint", full, end) if end < len(files)
                                else None, "items": items}}
 
-    def _effect_item(self, e: dict) -> dict:
-        target, cut = preview(e["target"], TEXT_PREVIEW_CHARS)
-        return {"id": preview(e["id"], TEXT_PREVIEW_CHARS)[0], "state": e["state"],
-                "rollback": e["rollback"], "kind": preview(e["kind"], TEXT_PREVIEW_CHARS)[0] or "",
+    def _effect_item(self, e) -> dict:
+        """An EffectState as a bounded answer item."""
+        target, cut = preview(e.target, TEXT_PREVIEW_CHARS)
+        return {"id": preview(e.id, TEXT_PREVIEW_CHARS)[0], "state": e.state,
+                "rollback": e.rollback, "kind": preview(e.kind, TEXT_PREVIEW_CHARS)[0] or "",
                 "target_preview": target or "", "target_truncated": cut,
-                "provider": preview(e["provider"], TEXT_PREVIEW_CHARS)[0],
-                "operation": preview(e["operation"], TEXT_PREVIEW_CHARS)[0],
-                "first_seq": e["first_seq"], "state_seq": e["state_seq"]}
+                "provider": preview(e.provider, TEXT_PREVIEW_CHARS)[0],
+                "operation": preview(e.operation, TEXT_PREVIEW_CHARS)[0],
+                "first_seq": e.first_seq, "state_seq": e.state_seq}
 
-    def _bounded_items(self, raw: list[dict], budget: int) -> list[dict]:
+    def _bounded_items(self, raw: list, budget: int) -> list[dict]:
         items, used = [], 0
         for e in raw:
             item = self._effect_item(e)
@@ -415,7 +416,7 @@ class ToolHost:
         # Two checkpoints never change: their diff is computed once, kept for the later pages.
         d = self._diffs.get((old, new))
         if d is None:
-            d = self._diffs[(old, new)] = self.store.diff(old, new)
+            d = self._diffs[(old, new)] = self.store.checkpoints.diff(old, new)
             while len(self._diffs) > 8:
                 self._diffs.popitem(last=False)
         # The byte budget: file previews 16 KiB (a third each), effect items 24 KiB, the three
@@ -425,8 +426,9 @@ class ToolHost:
         def file_preview(rows):
             out, used = [], 0
             for row in rows[:n]:
-                path, cut = preview(row["path"], PATH_PREVIEW_CHARS)
-                item = dict({k: v for k, v in row.items() if k != "path"}, path_preview=path, path_truncated=cut)
+                path, cut = preview(row.path, PATH_PREVIEW_CHARS)
+                item = dict({k: v for k, v in row.to_json().items() if k != "path"}, path_preview=path,
+                            path_truncated=cut)
                 used += json_size(item) + 1
                 if used > files_budget:
                     break
@@ -434,24 +436,24 @@ class ToolHost:
             return out
 
         files = {}
-        for key in ("added", "removed", "changed"):
-            shown = file_preview(d[key])
-            files[key] = {"count": len(d[key]), "preview": shown, "truncated": len(shown) < len(d[key])}
+        for key, rows in (("added", d.added), ("removed", d.removed), ("changed", d.changed)):
+            shown = file_preview(rows)
+            files[key] = {"count": len(rows), "preview": shown, "truncated": len(shown) < len(rows)}
         # Window totals cost O(window): computed once per (from, to), kept for the later pages.
         totals = self._summaries.get((old, new))
-        page = self.store.effects(new, since=old, limit=n, before=before, totals=totals is None)
+        page = self.store.effects.list(new, since=old, limit=n, before=before, totals=totals is None)
         if totals is None:
-            totals = self._summaries[(old, new)] = page["totals"]
+            totals = self._summaries[(old, new)] = page.totals
             while len(self._summaries) > 64:
                 self._summaries.popitem(last=False)
-        items = self._bounded_items(page["effects"], effects_budget)
-        more = page["has_more"] or len(items) < len(page["effects"])
-        return {"from": old, "to": new, "files": files, "records": d["records"],
+        items = self._bounded_items(page.effects, effects_budget)
+        more = page.has_more or len(items) < len(page.effects)
+        return {"from": old, "to": new, "files": files, "records": d.records.to_json(),
                 "effects_page": {"count": totals["effects"], "items": items, "returned_count": len(items),
                                  "has_more": more, "next_cursor": self.seal("diff_checkpoint", f"{old}..{new}",
                                                                             items[-1]["state_seq"])
                                  if more and items else None},
-                "effect_summary": {"total": totals["effects"], "since_seq": page["since_seq"],
+                "effect_summary": {"total": totals["effects"], "since_seq": page.since_seq,
                                    "open": sum(totals["by_state"].get(s, 0) for s in OPEN_STATES),
                                    "by_state": self._bounded_map(totals["by_state"], SUMMARY_KEYS_CAP),
                                    "by_rollback": self._bounded_map(totals["by_rollback"], SUMMARY_KEYS_CAP),
@@ -462,16 +464,17 @@ class ToolHost:
     def tool_fork_checkpoint(self, checkpoint_id, name) -> dict:
         full, _ = self._checkpoint(checkpoint_id)
         name = self.check_thread(name)
-        result = self.store.fork(full, name)
-        return {"thread": name, "source_checkpoint": full, "checkpoint_id": result["checkpoint"],
-                "history_seq": result["seq"]}
+        result = self.store.threads.fork(full, name)
+        return {"thread": name, "source_checkpoint": full, "checkpoint_id": result.checkpoint,
+                "history_seq": result.seq}
 
-    def _open_effects(self, doc: dict | None) -> dict:
+    def _open_effects(self, doc) -> dict:
+        """An OpenEffects (or None) as a bounded answer."""
         if doc is None:
             return {"count": 0, "since_seq": 0, "items": [], "has_more": False, "note": NOT_UNDONE_NOTE}
-        items = self._bounded_items(doc["effects"][: self.limit], (MAX_ANSWER_BYTES - _ENVELOPE_RESERVE) // 2)
-        return {"count": doc["count"], "since_seq": doc["since_seq"], "items": items,
-                "has_more": doc["has_more"] or len(items) < len(doc["effects"]), "note": NOT_UNDONE_NOTE}
+        items = self._bounded_items(doc.effects[: self.limit], (MAX_ANSWER_BYTES - _ENVELOPE_RESERVE) // 2)
+        return {"count": doc.count, "since_seq": doc.since_seq, "items": items,
+                "has_more": doc.has_more or len(items) < len(doc.effects), "note": NOT_UNDONE_NOTE}
 
     def _host_command(self, *args: str) -> list[str]:
         store = ["--store", self.store.path] if self.store.path else []
@@ -480,35 +483,35 @@ class ToolHost:
     def tool_restore_checkpoint(self, checkpoint_id, dest) -> dict:
         full, _ = self._checkpoint(checkpoint_id)
         target = self._inside_workspace(dest, "dest")
-        open_effects = self._open_effects(self.store.checkout_effects(full))
+        open_effects = self._open_effects(self.store.effects.after_checkpoint(full))
         command = self._host_command("checkout", full, target)
         if not self.allow_restore:
             return {"performed": False, "status": "host_decision", "message": HOST_DECISION,
                     "host_command": command, "open_effects": open_effects, "result": None, "note": RESTORE_NOTE}
         if os.path.lexists(target):
             raise ToolError("dest exists: restore writes only into a new directory")
-        result = self.store.checkout(full, target)
+        result = self.store.checkpoints.checkout(full, target)
         return {"performed": True, "status": "restored", "message": "files written; effects not undone",
                 "host_command": command, "open_effects": open_effects,
-                "result": {"checkpoint_id": full, "files": result["files"]}, "note": RESTORE_NOTE}
+                "result": {"checkpoint_id": full, "files": result.files}, "note": RESTORE_NOTE}
 
     def tool_revert_thread(self, thread, checkpoint_id, expect=None) -> dict:
         thread = self.check_thread(thread)
         full, cp = self._checkpoint(checkpoint_id)
         if expect is not None:
             expect, _ = self._checkpoint(expect)
-        state = self.store.thread(thread)
-        open_effects = self._open_effects(self.store.open_effects_after(state.history, thread, True, cp.history,
+        state = self.store.threads.get(thread)
+        open_effects = self._open_effects(self.store.effects.open_after(state.history, thread, True, cp.history,
                                                                         limit=self.limit))
         command = self._host_command("revert", thread, full, *(["--expect", expect] if expect else []))
         if not self.allow_restore:
             return {"performed": False, "status": "host_decision", "message": HOST_DECISION,
                     "host_command": command, "open_effects": open_effects, "result": None, "note": RESTORE_NOTE}
-        result = self.store.revert(thread, full, expect)
+        result = self.store.threads.revert(thread, full, expect)
         return {"performed": True, "status": "reverted", "message": "thread moved; effects not undone",
                 "host_command": command, "open_effects": open_effects,
-                "result": {"thread": thread, "checkpoint_id": result["checkpoint"],
-                           "previous": result["previous"], "history_seq": result["history"]["seq"]},
+                "result": {"thread": thread, "checkpoint_id": result.checkpoint,
+                           "previous": result.previous, "history_seq": result.history.seq},
                 "note": RESTORE_NOTE}
 
 

@@ -73,3 +73,12 @@ def id_of_component(component: str) -> str:
     """The id `id_component` encoded."""
     from urllib.parse import unquote  # lazy: every command checks names, few decode ids
     return "" if component == "%" else unquote(component, errors="strict")
+
+
+def is_thread_name(text: str) -> bool:
+    """Whether `text` is a valid thread name (check_thread_name would accept it)."""
+    try:
+        check_thread_name(text)
+        return True
+    except UsageError:
+        return False

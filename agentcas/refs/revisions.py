@@ -18,7 +18,9 @@ from agentcas.cas.objects import Checkpoint
 from agentcas.cas.metastore.base import MetaTxn as Txn
 from agentcas.cas.source import ObjectSource, load_object
 from agentcas.errors import IntegrityError, NotFound, UsageError
-from agentcas.refs.threads import read_reflog, read_thread
+from agentcas.cas.objects import HistoryPosition
+from agentcas.refs.names import is_thread_name
+from agentcas.refs.threads import ThreadState, read_reflog, read_thread
 
 _SUFFIX = re.compile(r"(~\d*|\^)$", re.ASCII)
 _REFLOG = re.compile(r"^(.+)@\{(\d+)\}$", re.ASCII)
@@ -135,3 +137,45 @@ def is_ancestor(objects: ObjectSource, ancestor: Digest, tip: Digest | None, str
             continue
         stack.extend(Checkpoint.decode(data).parents)
     return False
+
+
+def reflog_state(txn: Txn, objects: ObjectSource, rev: str | None) -> ThreadState | None:
+    """The state reflog entry THREAD@{N} recorded, if `rev` is exactly that form (no suffix)."""
+    match = _REFLOG.match(rev or "")
+    if not match or not is_thread_name(match.group(1)):
+        return None
+    number = int(match.group(2))
+    entries = read_reflog(txn, match.group(1), limit=number + 1, objects=objects)
+    return entries[number].new if len(entries) > number else None
+
+
+def source_state(txn: Txn, objects: ObjectSource, source: str) -> tuple[HistoryPosition, Digest | None, str]:
+    """(history, checkpoint, thread) that `source` names: a thread's head, a reflog
+    entry's state (with records appended after its checkpoint), or a checkpoint and its
+    own prefix; `thread` is the thread that history belongs to, for the lineage."""
+    if is_thread_name(source):
+        state = read_thread(txn, source)
+        if state is not None:
+            return state.history, state.checkpoint, source
+    entry = reflog_state(txn, objects, source)
+    if entry is not None:
+        return entry.history, entry.checkpoint, _REFLOG.match(source).group(1)
+    digest = resolve(txn, objects, source)
+    cp = load_checkpoint(objects, digest)
+    return cp.history, digest, cp.thread
+
+
+def named_thread(txn: Txn, rev: str) -> str | None:
+    """`rev` itself if it names an existing thread, else None."""
+    return rev if is_thread_name(rev) and read_thread(txn, rev) is not None else None
+
+
+def fork_ancestry(txn: Txn, name: str) -> set[str]:
+    """`name` and the threads it was forked from, transitively (those that still exist)."""
+    names: set[str] = set()
+    current: str | None = name
+    while current is not None and current not in names and is_thread_name(current):
+        names.add(current)
+        state = read_thread(txn, current)
+        current = state.forked_from.thread if state is not None and state.forked_from else None
+    return names

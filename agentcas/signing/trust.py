@@ -28,6 +28,10 @@ class TrustEntry:
     namespaces: tuple[str, ...]
     added_at: str
 
+    def to_json(self) -> dict:
+        """The JSON the CLI prints for it (the same as its stored document)."""
+        return self.to_doc()
+
     def to_doc(self):
         return {"name": self.name, "public_key": self.public_key.raw.hex(), "key_id": self.public_key.id,
                 "namespaces": list(self.namespaces), "added_at": self.added_at}

@@ -16,14 +16,14 @@ rollout = os.path.join(ws, "rollout.jsonl")
 with open(rollout, "w") as f:
     for i in range(3):
         f.write(json.dumps({"role": "user", "i": i}) + "\n")
-store.commit(ws, "first", rollout_file=rollout)
+store.checkpoints.commit(ws, "first", rollout_file=rollout)
 write("task.json", '{"step": 2}\n')
 with open(rollout, "a") as f:
     f.write(json.dumps({"role": "assistant", "text": "x" * 200000}) + "\n")  # a chunked segment
-store.commit(ws, "second", rollout_file=rollout)
-store.rollout_append("main", b'{"role":"tool","i":5}\n')
-store.fork("main", "explore", at=2)
-store.rollout_append("explore", b'{"role":"user","alt":1}\n')
-store.create_thread("old", "main~1")
-store.revert("main", "main~1")
-print(json.dumps({t["thread"]: t["checkpoint"] for t in store.threads()}))
+store.checkpoints.commit(ws, "second", rollout_file=rollout)
+store.history.append("main", b'{"role":"tool","i":5}\n')
+store.threads.fork("main", "explore", at=2)
+store.history.append("explore", b'{"role":"user","alt":1}\n')
+store.threads.create("old", "main~1")
+store.threads.revert("main", "main~1")
+print(json.dumps({t["thread"]: t["checkpoint"] for t in [item.to_json() for item in store.threads.list()]}))

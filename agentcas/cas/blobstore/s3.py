@@ -44,10 +44,8 @@ import array
 import collections
 import os
 import queue
-import random
 import re
 import threading
-import time
 from collections import Counter
 from datetime import datetime
 from concurrent.futures import ThreadPoolExecutor
@@ -55,6 +53,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 
 from agentcas.cas import chunking, crashpoints, framing, settings
 from agentcas.cas.blobstore.base import KEY_SIZE, BlobInfo, BlobStore, BlobUnavailable
+from agentcas.cas.retry import Retry
 from agentcas.errors import UsageError
 
 # Requests in parallel (threads and connections). 1 GiB first commit to localhost SeaweedFS
@@ -79,11 +78,6 @@ _RETRY_CODES = {"SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeo
                 "ThrottlingException", "RequestTimeTooSkewed", "OperationAborted", "ConditionalRequestConflict"}
 _MISSING_CODES = {"404", "NoSuchKey", "NotFound"}
 MARKER = "agentcas-store.json"
-
-
-def retry_seconds() -> float:
-    """How long a failing request is retried before the service is called unavailable."""
-    return settings.number("AGENTCAS_RETRY_SECONDS", 20.0)
 
 
 def _parse_timestamp(text):
@@ -259,27 +253,22 @@ class S3BlobStore(BlobStore):
                                 getattr(self._exceptions, "ResponseStreamingError", OSError), OSError))
 
     def _call(self, attempt):
-        """attempt() retried with backoff while it fails for a retryable reason."""
-        began = time.monotonic()
-        deadline = began + retry_seconds()
-        tries = 0
-        while True:
-            tries += 1
-            try:
-                return attempt()
-            except Exception as exc:  # noqa: BLE001 - classified below
-                if not self._retryable(exc):
-                    if isinstance(exc, self._exceptions.NoCredentialsError):
-                        raise BlobUnavailable(f"{self.name}: no AWS credentials found (set AWS_ACCESS_KEY_ID and "
-                                              "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)") from None
-                    if isinstance(exc, self._exceptions.BotoCoreError):   # botocore's own, not the server's
-                        raise BlobUnavailable(f"{self.name}: {self._reason(exc)}") from None
-                    raise
-                if time.monotonic() >= deadline:
-                    raise BlobUnavailable(f"{self.name} unavailable after {tries} tries in "
-                                          f"{time.monotonic() - began:.0f}s: {self._reason(exc)}") from None
-                delay = min(2.0, 0.05 * 2 ** (tries - 1)) * (0.5 + random.random())
-                time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
+        """attempt() retried with backoff while it fails for a retryable reason (cas/retry.py)."""
+        try:
+            return Retry().call(attempt, self._retryable, self._unavailable)
+        except BlobUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - not retryable: botocore's own errors get one clear line
+            if isinstance(exc, self._exceptions.NoCredentialsError):
+                raise BlobUnavailable(f"{self.name}: no AWS credentials found (set AWS_ACCESS_KEY_ID and "
+                                      "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)") from None
+            if isinstance(exc, self._exceptions.BotoCoreError):   # botocore's own, not the server's
+                raise BlobUnavailable(f"{self.name}: {self._reason(exc)}") from None
+            raise
+
+    def _unavailable(self, exc: BaseException, retry: Retry) -> BlobUnavailable:
+        return BlobUnavailable(f"{self.name} unavailable after {retry.tries} tries in "
+                               f"{retry.elapsed:.0f}s: {self._reason(exc)}")
 
     def _refused(self, exc: BaseException, what: str) -> BlobUnavailable:
         status, code = self._status(exc)

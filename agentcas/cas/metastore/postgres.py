@@ -52,10 +52,8 @@ that writes is sent), `pg.commit` after it.
 from __future__ import annotations
 
 import os
-import random
 import re
 import threading
-import time
 from contextlib import contextmanager
 from urllib.parse import quote
 
@@ -66,6 +64,7 @@ from psycopg.conninfo import conninfo_to_dict, timeout_from_conninfo
 from agentcas.cas import crashpoints, settings
 from agentcas.cas.metastore.base import (TABLES, MetadataStore, MetadataUnavailable, MetaTxn, Read,
                                          prefix_end)
+from agentcas.cas.retry import Retry
 from agentcas.errors import UsageError
 
 SCHEMA_VERSION = 2
@@ -133,11 +132,6 @@ POOL_SIZE = 8
 CONNECT_SECONDS = 5
 TIMEOUT_SECONDS = 15.0  # $AGENTCAS_PG_TIMEOUT: statement_timeout, and the client's wait (+ ANSWER_GRACE)
 ANSWER_GRACE = 2.0      # a live server's own cancel (statement_timeout) arrives before the client gives up
-
-
-def retry_seconds() -> float:
-    """How long a failing operation is retried before the service is called unavailable."""
-    return settings.number("AGENTCAS_RETRY_SECONDS", 20.0)
 
 
 def timeout_seconds() -> float:
@@ -444,11 +438,32 @@ class PostgresMetadataStore(MetadataStore):
         text = str(exc).lower()
         return any(marker in text for marker in _FINAL_MARKERS)
 
-    def _unavailable(self, exc: BaseException, tries: int, began: float) -> MetadataUnavailable:
+    def _unavailable(self, exc: BaseException, retry: Retry) -> MetadataUnavailable:
         if self._final(exc):
             return MetadataUnavailable(f"{self.name}: {self._reason(exc)}")
-        return MetadataUnavailable(f"{self.name} unavailable after {tries} tries in "
-                                   f"{time.monotonic() - began:.0f}s: {self._reason(exc)}")
+        return MetadataUnavailable(f"{self.name} unavailable after {retry.tries} tries in "
+                                   f"{retry.elapsed:.0f}s: {self._reason(exc)}")
+
+    def _retrying(self, attempt, retry: Retry | None = None):
+        """attempt(conn) on a pooled connection, retried on the retryable errors on a fresh
+        connection with backoff (cas/retry.py), then MetadataUnavailable."""
+        def once():
+            conn = None
+            try:
+                conn = self._acquire()
+                result = attempt(conn)
+            except _RETRYABLE:
+                if conn is not None:
+                    self._release(conn, broken=True)
+                raise
+            except BaseException:
+                if conn is not None:
+                    self._release(conn)  # closed unless it is idle (rolled back, or autocommit)
+                raise
+            return result
+
+        return (retry or Retry()).call(once, lambda exc: isinstance(exc, _RETRYABLE), self._unavailable,
+                                       self._final)
 
     def _run_retrying(self, attempt, isolation: str):
         """attempt(txn) in one transaction at `isolation`, retried on the retryable errors."""
@@ -468,34 +483,12 @@ class PostgresMetadataStore(MetadataStore):
         return result
 
     def _with_connection(self, attempt):
-        """attempt(conn) on a pooled connection, retried on the retryable errors (on a fresh
-        connection, with backoff) for retry_seconds(), then MetadataUnavailable."""
-        began = time.monotonic()
-        deadline = began + retry_seconds()
-        tries = 0
-        while True:
-            tries += 1
-            conn = None
-            try:
-                conn = self._acquire()
-                result = attempt(conn)
-                self._release(conn)
-                return result
-            except _RETRYABLE as exc:
-                if conn is not None:
-                    self._release(conn, broken=True)
-                if self._final(exc) or time.monotonic() >= deadline:
-                    raise self._unavailable(exc, tries, began) from None
-                self._backoff(tries, deadline)
-            except BaseException:
-                if conn is not None:
-                    self._release(conn)  # closed unless it is idle (rolled back, or autocommit)
-                raise
-
-    @staticmethod
-    def _backoff(tries: int, deadline: float) -> None:
-        delay = min(2.0, 0.05 * 2 ** (tries - 1)) * (0.5 + random.random())
-        time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
+        """attempt(conn) on a pooled connection, released after it, retried (`_retrying`)."""
+        def run(conn):
+            result = attempt(conn)
+            self._release(conn)
+            return result
+        return self._retrying(run)
 
     def _rollback(self, conn: psycopg.Connection) -> None:
         try:
@@ -618,31 +611,22 @@ class PostgresMetadataStore(MetadataStore):
     @contextmanager
     def reader(self):
         self._ensure_schema()
-        began = time.monotonic()
-        deadline = began + retry_seconds()
-        tries = 0
-        while True:
-            tries += 1
-            conn = None
-            try:
-                conn = self._acquire()
-                self.statements += 1
-                self.round_trips += 1
-                # The snapshot is taken by a transaction's first query, not by BEGIN: take it now.
-                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1")
-                break
-            except _RETRYABLE as exc:
-                if conn is not None:
-                    self._release(conn, broken=True)
-                if self._final(exc) or time.monotonic() >= deadline:
-                    raise self._unavailable(exc, tries, began) from None
-                self._backoff(tries, deadline)
+
+        def begin(conn):
+            self.statements += 1
+            self.round_trips += 1
+            # The snapshot is taken by a transaction's first query, not by BEGIN: take it now.
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1")
+            return conn
+
+        retry = Retry()
+        conn = self._retrying(begin, retry)
         broken = False
         try:
             yield _PgTxn(self, conn, writable=False)
         except _RETRYABLE as exc:
             broken = True
-            raise self._unavailable(exc, tries, began) from None
+            raise self._unavailable(exc, retry) from None
         finally:
             self._rollback(conn)
             self._release(conn, broken=broken)

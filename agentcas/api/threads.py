@@ -1,0 +1,207 @@
+"""`store.threads`: list, create, delete, fork and revert threads; their log, reflog and fork tree.
+
+Each move is a plan run by lineage/moves.py (compare-and-swap on the thread's ref, with
+its reflog row); the revision grammar is refs/revisions.py's, the fork tree
+lineage/fork_tree.py's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from agentcas.api.results import (BranchResult, DeleteResult, ForkResult, LogEntry, ReflogItem, RevertResult,
+                                  ThreadInfo)
+from agentcas.cas.objects import HistoryPosition
+from agentcas.errors import ConflictError, NotFound, UsageError
+from agentcas.lineage import checkpoints
+from agentcas.lineage.fork_tree import Lineage, fork_tree
+from agentcas.lineage.group_moves import GroupWriter, refs_under
+from agentcas.lineage.moves import Move, lease_for, move_thread
+from agentcas.refs import revisions, threads
+from agentcas.refs.names import check_thread_name
+from agentcas.refs.threads import ForkOrigin, ThreadState
+
+if TYPE_CHECKING:
+    from agentcas.repository import Store
+
+UNRELATED_NOTE = "the target checkpoint is not in this thread's ancestry (a checkpoint of an unrelated thread)"
+WORLD_NOTE = ("revert moves the thread's pointer only: files written, requests sent and money spent "
+              "by the agent are not undone")
+
+
+def _state_objects(checkpoint, history: HistoryPosition) -> set[bytes]:
+    """The objects a thread state points at directly (its checkpoint and head segment)."""
+    return {d.raw for d in (checkpoint, history.segment) if d is not None}
+
+
+def _hex(digest) -> str | None:
+    return None if digest is None else digest.hex()
+
+
+class Threads:
+    """The threads of a store (`store.threads`)."""
+
+    def __init__(self, store: "Store"):
+        self._store = store
+        self._stores = store.stores
+
+    # -- reading ---------------------------------------------------------------------------------
+    def get(self, name: str) -> ThreadState:
+        """A thread's state; NotFound if there is none of that name."""
+        check_thread_name(name)
+        with self._stores.meta.reader() as txn:
+            state = threads.read_thread(txn, name)
+        if state is None:
+            raise NotFound(f"no thread named {name!r}")
+        return state
+
+    def names(self) -> set[str]:
+        """Every thread's name (cheaper than `list`: no ref row is decoded)."""
+        with self._stores.meta.reader() as txn:
+            return threads.thread_names(txn)
+
+    def list(self) -> list[ThreadInfo]:
+        """Every thread, by name."""
+        with self._stores.meta.reader() as txn:
+            return [ThreadInfo(name, _hex(s.checkpoint), s.history, s.forked_from)
+                    for name, s in threads.list_threads(txn)]
+
+    def under(self, prefix: str) -> dict[str, ThreadState]:
+        """Every thread named `prefix` or starting with `prefix/`, with its state."""
+        with self._stores.meta.reader() as txn:
+            return dict(refs_under(txn, prefix))
+
+    def log(self, thread: str | None = None, limit: int | None = None) -> list[LogEntry]:
+        """Checkpoints newest first along first parents from a thread (or revision)."""
+        out: list[LogEntry] = []
+        with self._stores.meta.reader() as txn:
+            digest = revisions.resolve(txn, self._stores.objects, thread or "main")
+        with self._stores.objects.reading() as objects:
+            while digest is not None and (limit is None or len(out) < limit):
+                cp = revisions.load_checkpoint(objects, digest)
+                out.append(LogEntry(digest.hex(), cp.reason, cp.thread, cp.created_at, cp.author,
+                                    [p.hex() for p in cp.parents], cp.history))
+                digest = cp.parents[0] if cp.parents else None
+        return out
+
+    def reflog(self, thread: str, limit: int | None = None) -> list[ReflogItem]:
+        """Every move of a thread's ref, newest first, each named as a revision (THREAD@{N})."""
+        check_thread_name(thread)
+        with self._stores.meta.reader() as txn:
+            if threads.read_thread(txn, thread) is None:
+                raise NotFound(f"no thread named {thread!r}")
+            return [ReflogItem(f"{thread}@{{{index}}}", entry)
+                    for index, entry in enumerate(threads.read_reflog(txn, thread, limit, self._stores.objects))]
+
+    def lineage(self, thread: str | None = None) -> Lineage:
+        """The fork tree of every thread (or of `thread` and the threads forked from it)."""
+        with self._stores.meta.reader() as txn:
+            states = threads.list_threads(txn)
+        return fork_tree(states, thread)
+
+    # -- moves -----------------------------------------------------------------------------------
+    def _move(self, thread: str, what: str, plan):
+        with lease_for(self._stores, what, thread) as lease:
+            return move_thread(self._stores, lease, thread, plan)
+
+    def create(self, name: str, rev: str | None = None) -> BranchResult:
+        """A new thread at a checkpoint (default: main's head), with that checkpoint's history."""
+        check_thread_name(name)
+        source = self._stores.objects
+
+        def plan(state):
+            if state is not None:
+                raise ConflictError(f"thread {name!r} already exists")
+            with self._stores.meta.reader() as txn:
+                digest = revisions.resolve(txn, source, rev or "main")
+                entry = revisions.reflog_state(txn, source, rev)  # THREAD@{N}: with records appended after its checkpoint
+            cp = revisions.load_checkpoint(source, digest)
+            history = entry.history if entry is not None and entry.checkpoint == digest else cp.history
+            return Move(ThreadState(digest, history), "branch", f"branch from {rev or 'main'}",
+                        needed=_state_objects(digest, history), result=digest)
+
+        _, move = self._move(name, f"branch {name}", plan)
+        return BranchResult(name, move.result.hex())
+
+    def delete(self, name: str) -> DeleteResult:
+        """Delete a thread and its reflog (the objects stay until gc finds them unreachable)."""
+        check_thread_name(name)
+
+        def plan(state):
+            if state is None:
+                raise NotFound(f"no thread named {name!r}")
+            return Move(None, "delete")
+
+        state, _ = self._move(name, f"delete {name}", plan)
+        return DeleteResult(name, True, _hex(state.checkpoint))
+
+    def fork(self, source: str, name: str, at: int | None = None) -> ForkResult:
+        """A new thread sharing the first `at` records (default: all) of `source`'s history."""
+        check_thread_name(name)
+        if at is not None and at < 0:
+            raise UsageError(f"--at must not be negative: {at}")
+        objects = self._stores.objects
+
+        def plan(state):
+            with self._stores.meta.reader() as txn:
+                head, tip, origin = revisions.source_state(txn, objects, source)
+            if at is not None and at > head.seq:
+                raise UsageError(f"--at {at} is beyond the end of the history of {source!r} "
+                                 f"({head.seq} records)")
+            if state is not None:
+                raise ConflictError(f"thread {name!r} already exists")
+            position = self._store.history.history().position(head, head.seq if at is None else at)
+            checkpoint = checkpoints.newest_at_or_before(objects, tip, position.seq)
+            new = ThreadState(checkpoint, position, ForkOrigin(origin, checkpoint, position.seq))
+            return Move(new, "fork", f"fork of {source} at {position.seq}",
+                        needed=_state_objects(checkpoint, position), result=new)
+
+        _, move = self._move(name, f"fork {name}", plan)
+        new = move.result
+        return ForkResult(name, source, new.history.seq, _hex(new.checkpoint), new.history)
+
+    def revert(self, thread: str, rev: str, expect: str | None = None) -> RevertResult:
+        """Move `thread` to checkpoint `rev` by compare-and-swap; the old head stays in the reflog.
+
+        The result lists the pending and unknown effects recorded after the target, which
+        a revert does not undo."""
+        check_thread_name(thread)
+        objects = self._stores.objects
+
+        def plan(state):
+            if state is None:
+                raise NotFound(f"no thread named {thread!r}")
+            with self._stores.meta.reader() as txn:
+                if expect is not None:
+                    expected = revisions.resolve(txn, objects, expect)
+                    if state.checkpoint != expected:
+                        raise ConflictError(f"thread {thread!r} is not at {expect!r}; nothing was changed")
+                target = revisions.resolve(txn, objects, rev)
+                cp = revisions.load_checkpoint(objects, target)
+                related = (cp.thread == thread or revisions.is_ancestor(objects, target, state.checkpoint)
+                           or bool(revisions.fork_ancestry(txn, thread) & revisions.fork_ancestry(txn, cp.thread)))
+                entry = revisions.reflog_state(txn, objects, rev)
+            history = entry.history if entry is not None and entry.checkpoint == target else cp.history
+            new = ThreadState(target, history, state.forked_from)
+            return Move(new, "revert", f"revert to {rev}", needed=_state_objects(target, history),
+                        result=(target, new, related))
+
+        old, move = self._move(thread, f"revert {thread}", plan)
+        target, new, related = move.result
+        notes = [WORLD_NOTE] + ([] if related else [UNRELATED_NOTE])
+        # The revert has landed: a failure to list the effects it did not undo must not
+        # turn it into an error.
+        try:
+            open_effects = self._store.effects.open_after(old.history, thread, True, new.history)
+        except Exception as exc:  # noqa: BLE001 - reported in the result instead
+            open_effects = None
+            notes.append(f"could not list the effects after the target ({exc}); "
+                         f"see: agentcas effects {thread}@{{1}} --since {thread} --state pending,unknown")
+        return RevertResult(thread, target.hex(), _hex(old.checkpoint), new.history, related, notes, open_effects)
+
+    def group_writer(self, what: str) -> GroupWriter:
+        """A lease-holding writer: in-memory content first, then several ref moves in one
+        compare-and-swap transaction (lineage/group_moves.py)."""
+        from agentcas.api.checkpoints import runtime_description
+        from agentcas.cas.store_format import utc_now
+        return GroupWriter(self._stores, what, lambda: (utc_now(), runtime_description()))
