@@ -84,6 +84,7 @@ calls = st.lists(st.one_of(
     st.tuples(st.just("append"), users, sids, states, st.booleans()),
     st.tuples(st.just("again"),),
     st.tuples(st.just("user_state"), users),
+    st.tuples(st.just("rewind"), users, sids, st.integers(0, 20)),
 ), max_size=20)
 
 
@@ -114,6 +115,16 @@ async def play(service: BaseSessionService, calls, clock) -> list:
             last = (session, event(step, call[3], partial=call[4] or None))
             answers.append(await outcome(service.append_event(*last)))
             answers.append(shape(session))
+        elif kind == "rewind":  # what Runner.rewind_async does, without artifacts
+            from google.adk.sessions import _rewind_utils
+            session = await service.get_session(app_name="app", user_id=call[1], session_id=call[2].strip())
+            if session is None:
+                answers.append(None)
+                continue
+            answers.append(await outcome(_rewind_utils.rewind_session(
+                session_service=service, session=session, rewind_before_invocation_id=f"inv{call[3]}")))
+            answers.append(shape(await service.get_session(app_name="app", user_id=call[1],
+                                                           session_id=call[2].strip())))
         elif last is not None:  # an equal re-delivery of the last event
             answers.append(await outcome(service.append_event(*last)))
             answers.append(shape(last[0]))
@@ -129,6 +140,9 @@ async def play(service: BaseSessionService, calls, clock) -> list:
                 ("create", "u1", " s1 ", None), ("get", "u1", "s1", 1, None), ("get", "u1", "s1", None, 1.0),
                 ("list", None), ("user_state", "u1"), ("delete", "u1", "s1"), ("append", "u1", "s1", {}, False),
                 ("list", "u1")])
+@example(calls=[("create", "u1", "s1", {"a": 1, "user:y": 1}), ("append", "u1", "s1", {"a": 2, "b": 1}, False),
+                ("append", "u1", "s1", {"a": 3, "user:y": 2}, False), ("rewind", "u1", "s1", 2),
+                ("rewind", "u1", "s1", 9), ("get", "u1", "s1", None, None)])
 def test_every_sequence_of_calls_answers_as_in_memory_session_service(calls, clock):
     async def both():
         ours = AgentcasSessionService(Store.memory())
