@@ -207,9 +207,8 @@ class RecordStore:
 
     @staticmethod
     def _commit(view, old: ThreadState, edit: Checkpoint, tree) -> None:
-        from agentcas.api.checkpoints import default_author
         parents = () if old.checkpoint is None else (old.checkpoint,)
-        digest = view.commit(edit.thread, tree, parents, edit.reason, old.history, default_author())
+        digest = view.commit(edit.thread, tree, parents, edit.reason, old.history, checkpoints.default_author())
         edit.made[:] = [digest]  # (a re-plan replaces it)
         view.set_thread(edit.thread, old, ThreadState(digest, old.history, old.forked_from), "commit",
                         edit.reason, history_implied=True)

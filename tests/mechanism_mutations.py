@@ -55,9 +55,9 @@ MUTATIONS = {
     "6": ("agentcas/lineage/moves.py", ["    missing = stores.objects.missing(needed)\n    if missing:\n"],
           ["    missing = stores.objects.missing(needed)\n    if False:\n"],
           [M + "test_commit_reusing_only_old_garbage_fails_cleanly_when_gc_runs_before_it_lands"]),
-    "7": ("agentcas/api/checkpoints.py", ["                if expect is not None and current != expected:"], ["                if False:"],
+    "7": ("agentcas/workspace/commit.py", ["            if expect is not None and current != expected:"], ["            if False:"],
           [M + "test_commit_expect_is_rechecked_when_the_thread_moves_during_the_snapshot"]),
-    "8": ("agentcas/api/checkpoints.py", ["                    if history != based_on:"], ["                    if False:"],
+    "8": ("agentcas/workspace/commit.py", ["                if history != based_on:"], ["                if False:"],
           [M + "test_commit_rollout_is_rechecked_when_the_history_moves_during_the_commit"]),
     "9": ("agentcas/exchange/bundle.py", ["                if state != before:"], ["                if False:"],
           [M + "test_import_is_a_conflict_when_the_thread_moves_while_it_writes"]),
@@ -146,8 +146,8 @@ MUTATIONS = {
            ["        return False\n"],
            ["tests/test_acceptance_11b.py::"
             "test_fsck_names_an_object_the_bucket_lost_even_where_the_cache_holds_it"]),
-    "Vc": ("agentcas/api/checkpoints.py", ["                if known is None:\n                    raise\n"],
-           ["                raise\n"],
+    "Vc": ("agentcas/workspace/commit.py", ["            if known is None:\n                raise\n"],
+           ["            raise\n"],
            ["tests/test_acceptance_11b.py::"
             "test_a_commit_after_gc_on_another_machine_deleted_what_this_cache_remembers"]),
     # gc's mark set moves its ids to disk past its memory budget (gc/markset.py): drop them instead.

@@ -238,7 +238,7 @@ def test_commit_reusing_only_old_garbage_fails_cleanly_when_gc_runs_before_it_la
 # --- 7. commit --expect is re-checked when landing ------------------------------------------------
 
 def test_commit_expect_is_rechecked_when_the_thread_moves_during_the_snapshot(store, tmp_path):
-    """Issue 15 item 7 (api/checkpoints.py): `commit --expect` compares again in the final
+    """Issue 15 item 7 (workspace/commit.py): `commit --expect` compares again in the final
     transaction; a thread moved during the snapshot is a conflict (exit 3)."""
     ws, other = tmp_path / "ws", tmp_path / "other"
     write_files(ws, {"a.txt": b"one\n"})
@@ -258,7 +258,7 @@ def test_commit_expect_is_rechecked_when_the_thread_moves_during_the_snapshot(st
 # --- 8. commit --rollout is re-checked when landing -----------------------------------------------
 
 def test_commit_rollout_is_rechecked_when_the_history_moves_during_the_commit(store, tmp_path):
-    """Issue 15 item 8 (api/checkpoints.py): the rollout tail was read against one history; if the
+    """Issue 15 item 8 (workspace/commit.py): the rollout tail was read against one history; if the
     thread's history moved meanwhile, the commit is a conflict and nothing lands."""
     ws = tmp_path / "ws"
     write_files(ws, {"a.txt": b"one\n"})

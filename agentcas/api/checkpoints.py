@@ -1,9 +1,7 @@
 """`store.checkpoints`: commit a workspace, show, list files, diff, check out, scan.
 
-A commit snapshots the workspace (workspace/snapshot.py), links the new tail of a
-rollout file (lineage/tail.py), builds the checkpoint (lineage/checkpoints.py) and moves
-the thread by compare-and-swap (lineage/moves.py); a checkout restores a tree into a new
-directory (workspace/restore.py).
+A commit is workspace/commit.py's; a checkout restores a tree into a new directory
+(workspace/restore.py); the rest reads checkpoints (refs/revisions.py) and their trees.
 """
 
 from __future__ import annotations
@@ -11,44 +9,17 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from agentcas import __version__, testing_hooks
 from agentcas.api.results import (CheckoutResult, CheckpointInfo, CommitResult, DiffResult, FileInfo, FileResize,
                                   FileSize, RecordsDiff, ScanReport)
 from agentcas.cas.digest import Digest
-from agentcas.cas.objects import EMPTY_POSITION, Checkpoint, check_reason
-from agentcas.cas.store_format import utc_now
-from agentcas.cas.writer import BatchWriter
-from agentcas.errors import ConflictError, NotFound, UsageError
-from agentcas.lineage import checkpoints, rollout
-from agentcas.lineage.moves import Move, VanishedObject, lease_for, move_thread, read_state
-from agentcas.refs import revisions, threads
-from agentcas.refs.names import check_thread_name
-from agentcas.refs.threads import ThreadState
+from agentcas.cas.objects import Checkpoint
+from agentcas.errors import NotFound
+from agentcas.lineage import rollout
+from agentcas.lineage.checkpoints import default_author, runtime_description  # noqa: F401 - part of the API
+from agentcas.refs import revisions
 
 if TYPE_CHECKING:
     from agentcas.repository import Store
-
-
-def runtime_description() -> dict:
-    import platform  # lazy: only commits describe their runtime
-    return {"agentcas": __version__, "python": platform.python_version(),
-            "os": f"{platform.system()} {platform.release()} {platform.machine()}"}
-
-
-def default_author() -> str:
-    name = os.environ.get("AGENTCAS_AUTHOR")
-    if name:
-        return name
-    import getpass  # lazy (it imports termios): only a commit without $AGENTCAS_AUTHOR needs it
-    try:
-        return f"{getpass.getuser()}@{os.uname().nodename}"  # socket.gethostname(), without socket
-    except Exception:  # noqa: BLE001 - no user database in some containers
-        return "unknown"
-
-
-def _within(path: str, directory: str) -> bool:
-    """Whether `path` is `directory` or below it (both real paths)."""
-    return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
 class Checkpoints:
@@ -57,6 +28,14 @@ class Checkpoints:
     def __init__(self, store: "Store"):
         self._store = store
         self._stores = store.stores
+
+    def commit(self, workspace: str, reason: str, thread: str = "main", rollout_file: str | None = None,
+               expect: str | None = None, allow_secrets=(), author: str | None = None,
+               progress=None) -> CommitResult:
+        """Snapshot `workspace` (and the new tail of `rollout_file`) as a checkpoint on `thread`."""
+        from agentcas.workspace.commit import commit_workspace
+        return commit_workspace(self._stores, self._store.path, workspace, reason, thread, rollout_file, expect,
+                                allow_secrets, author, progress)
 
     def get(self, rev: str) -> tuple[Digest, Checkpoint]:
         """The checkpoint `rev` names: (id, verified Checkpoint)."""
@@ -145,84 +124,3 @@ class Checkpoints:
                           not files and not records,
                           [{"path": f.path, "line": f.line, "rule": f.rule} for f in files],
                           [r.to_json() for r in records])
-
-    # -- committing ------------------------------------------------------------------------------
-    def commit(self, workspace: str, reason: str, thread: str = "main", rollout_file: str | None = None,
-               expect: str | None = None, allow_secrets=(), author: str | None = None,
-               progress=None) -> CommitResult:
-        """Snapshot `workspace` (and the new tail of `rollout_file`) as a checkpoint on `thread`."""
-        check_reason(reason)
-        check_thread_name(thread)
-        stores, source, path = self._stores, self._stores.objects, self._store.path
-        expected = self._store.resolve(expect) if expect else None
-        if not os.path.isdir(workspace):
-            raise UsageError(f"workspace is not a directory: {workspace}")
-        if path and _within(os.path.realpath(workspace), os.path.realpath(path)):
-            raise UsageError(f"workspace {workspace} is the store itself, or inside it; nothing was committed")
-        if expect is not None:
-            # Refuse a stale --expect before storing anything; the plan checks again, for a
-            # thread that moves while we snapshot.
-            self._check_expected(thread, expected, expect)
-        from agentcas.workspace.snapshot import snapshot  # lazy: only commit reads a workspace
-        with lease_for(stores, f"commit {thread}", thread) as lease:
-            skip = [path] if path else []
-            # A rollout file inside the workspace is stored once, as history, not as a file too.
-            skip_files = [rollout_file] if rollout_file else []
-            known = stores.known
-            tree, stats, needed = snapshot(source, stores.local, workspace, allow_secrets,
-                                           progress, skip, skip_files, lease, known)
-            tail = None
-            if rollout_file is not None:
-                from agentcas.lineage.tail import prepare_tail
-                writer = BatchWriter(source, lease=lease)
-                tail = prepare_tail(source, writer, thread, read_state(stores, thread), rollout_file)
-            created_at, who, runtime = utc_now(), author or default_author(), runtime_description()
-
-            def plan(state: ThreadState | None) -> Move:
-                current = None if state is None else state.checkpoint
-                if expect is not None and current != expected:
-                    raise ConflictError(f"thread {thread!r} is at "
-                                        f"{current.hex() if current else 'nothing'}, not at {expect!r}; "
-                                        "nothing was committed")
-                history = EMPTY_POSITION if state is None else state.history
-                appended, new_objects = 0, {}
-                if tail is not None:
-                    prepared, based_on = tail
-                    if history != based_on:
-                        raise ConflictError(f"thread {thread!r} history moved while the rollout was read; "
-                                            "nothing was committed, retry")
-                    history, new_objects = rollout.link_segments(source, history, prepared)
-                    appended = history.seq - based_on.seq
-                digest, cp, framed = checkpoints.build_checkpoint(
-                    source, tree, (current,) if current else (), thread, reason, who, created_at, runtime, history)
-                new_objects[digest.raw] = framed
-                # The parent's own tree is held by the ref we compare against; anything
-                # else the snapshot reused must still be stored.
-                same_tree = current is not None and revisions.load_checkpoint(source, current).tree == tree
-                return Move(ThreadState(digest, history, None if state is None else state.forked_from),
-                            "commit", reason, new_objects, set() if same_tree else set(needed),
-                            (digest, cp, appended), history_implied=True)  # cp.history is `history`
-
-            testing_hooks.reached("commit.before_land")
-            try:
-                _, move = move_thread(stores, lease, thread, plan)
-            except VanishedObject:
-                if known is None:
-                    raise
-                # This machine's cache (a shared store's) knew objects that gc on another
-                # machine has deleted since: every rerun would trust it again and fail. So
-                # snapshot once more asking the bucket, which stores again what is gone.
-                known = None
-                tree, stats, needed = snapshot(source, stores.local, workspace, allow_secrets,
-                                               progress, skip, skip_files, lease, known)
-                _, move = move_thread(stores, lease, thread, plan)
-        digest, cp, appended = move.result
-        return CommitResult(digest.hex(), tree.hex(), thread, [p.hex() for p in cp.parents], cp.history,
-                            stats.files, stats.bytes, stats.cached_files, stats.new_objects, stats.new_bytes,
-                            appended)
-
-    def _check_expected(self, thread: str, expected: Digest | None, expect: str) -> None:
-        with self._stores.meta.reader() as txn:
-            state = threads.read_thread(txn, thread)
-        if (None if state is None else state.checkpoint) != expected:
-            raise ConflictError(f"thread {thread!r} is not at {expect!r}; nothing was committed")

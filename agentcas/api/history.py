@@ -98,8 +98,8 @@ class Histories:
         together or not at all, in one metadata transaction (lineage/marks.py); a thread
         no longer at `based_on` (None: must not exist) raises ConflictError and nothing lands.
         """
-        from agentcas.api.checkpoints import default_author, runtime_description
         from agentcas.cas.store_format import utc_now
+        from agentcas.lineage.checkpoints import default_author, runtime_description
         from agentcas.lineage.marks import append_many_with_marks, prepare_raw
         for item in appends:   # reasons are checked by Checkpoint itself, in the plan
             check_thread_name(item.thread)

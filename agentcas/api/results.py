@@ -14,6 +14,7 @@ from typing import Any
 
 from agentcas.cas.objects import HistoryPosition
 from agentcas.lineage.appends import AppendResult
+from agentcas.lineage.checkpoints import CommitResult
 from agentcas.lineage.effects_index import EffectState
 from agentcas.lineage.effects_ledger import EffectAdded, EffectsPage, OpenEffects
 from agentcas.lineage.fork_tree import Lineage, LineageNode
@@ -23,23 +24,6 @@ from agentcas.result import Result, json_value
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class CommitResult(Result):
-    """A commit that landed: the checkpoint, its tree and history, and what it stored."""
-
-    checkpoint: str
-    tree: str
-    thread: str
-    parents: list[str]
-    history: HistoryPosition
-    files: int
-    bytes: int
-    cached_files: int
-    new_objects: int
-    new_bytes: int
-    appended_records: int
-
-
 @dataclass(frozen=True)
 class FileInfo(Result):
     """A file of a checkpoint's tree."""

@@ -1,7 +1,7 @@
 """`store.threads`: list, create, delete, fork and revert threads; their log, reflog and fork tree.
 
-Each move is a plan run by lineage/moves.py (compare-and-swap on the thread's ref, with
-its reflog row); the revision grammar is refs/revisions.py's, the fork tree
+The moves are lineage/thread_moves.py's (each a compare-and-swap on the thread's ref,
+with its reflog row); the revision grammar is refs/revisions.py's, the fork tree
 lineage/fork_tree.py's.
 """
 
@@ -11,15 +11,13 @@ from typing import TYPE_CHECKING
 
 from agentcas.api.results import (BranchResult, DeleteResult, ForkResult, LogEntry, ReflogItem, RevertResult,
                                   ThreadInfo)
-from agentcas.cas.objects import HistoryPosition
-from agentcas.errors import ConflictError, NotFound, UsageError
-from agentcas.lineage import checkpoints
+from agentcas.errors import NotFound
 from agentcas.lineage.fork_tree import Lineage, fork_tree
 from agentcas.lineage.group_moves import GroupWriter, refs_under
-from agentcas.lineage.moves import Move, lease_for, move_thread
+from agentcas.lineage.thread_moves import branch_thread, delete_thread, fork_thread, revert_thread
 from agentcas.refs import revisions, threads
 from agentcas.refs.names import check_thread_name
-from agentcas.refs.threads import ForkOrigin, ThreadState
+from agentcas.refs.threads import ThreadState
 
 if TYPE_CHECKING:
     from agentcas.repository import Store
@@ -27,11 +25,6 @@ if TYPE_CHECKING:
 UNRELATED_NOTE = "the target checkpoint is not in this thread's ancestry (a checkpoint of an unrelated thread)"
 WORLD_NOTE = ("revert moves the thread's pointer only: files written, requests sent and money spent "
               "by the agent are not undone")
-
-
-def _state_objects(checkpoint, history: HistoryPosition) -> set[bytes]:
-    """The objects a thread state points at directly (its checkpoint and head segment)."""
-    return {d.raw for d in (checkpoint, history.segment) if d is not None}
 
 
 def _hex(digest) -> str | None:
@@ -100,64 +93,17 @@ class Threads:
         return fork_tree(states, thread)
 
     # -- moves -----------------------------------------------------------------------------------
-    def _move(self, thread: str, what: str, plan):
-        with lease_for(self._stores, what, thread) as lease:
-            return move_thread(self._stores, lease, thread, plan)
-
     def create(self, name: str, rev: str | None = None) -> BranchResult:
         """A new thread at a checkpoint (default: main's head), with that checkpoint's history."""
-        check_thread_name(name)
-        source = self._stores.objects
-
-        def plan(state):
-            if state is not None:
-                raise ConflictError(f"thread {name!r} already exists")
-            with self._stores.meta.reader() as txn:
-                digest = revisions.resolve(txn, source, rev or "main")
-                entry = revisions.reflog_state(txn, source, rev)  # THREAD@{N}: with records appended after its checkpoint
-            cp = revisions.load_checkpoint(source, digest)
-            history = entry.history if entry is not None and entry.checkpoint == digest else cp.history
-            return Move(ThreadState(digest, history), "branch", f"branch from {rev or 'main'}",
-                        needed=_state_objects(digest, history), result=digest)
-
-        _, move = self._move(name, f"branch {name}", plan)
-        return BranchResult(name, move.result.hex())
+        return BranchResult(name, branch_thread(self._stores, name, rev).hex())
 
     def delete(self, name: str) -> DeleteResult:
         """Delete a thread and its reflog (the objects stay until gc finds them unreachable)."""
-        check_thread_name(name)
-
-        def plan(state):
-            if state is None:
-                raise NotFound(f"no thread named {name!r}")
-            return Move(None, "delete")
-
-        state, _ = self._move(name, f"delete {name}", plan)
-        return DeleteResult(name, True, _hex(state.checkpoint))
+        return DeleteResult(name, True, _hex(delete_thread(self._stores, name).checkpoint))
 
     def fork(self, source: str, name: str, at: int | None = None) -> ForkResult:
         """A new thread sharing the first `at` records (default: all) of `source`'s history."""
-        check_thread_name(name)
-        if at is not None and at < 0:
-            raise UsageError(f"--at must not be negative: {at}")
-        objects = self._stores.objects
-
-        def plan(state):
-            with self._stores.meta.reader() as txn:
-                head, tip, origin = revisions.source_state(txn, objects, source)
-            if at is not None and at > head.seq:
-                raise UsageError(f"--at {at} is beyond the end of the history of {source!r} "
-                                 f"({head.seq} records)")
-            if state is not None:
-                raise ConflictError(f"thread {name!r} already exists")
-            position = self._store.history.history().position(head, head.seq if at is None else at)
-            checkpoint = checkpoints.newest_at_or_before(objects, tip, position.seq)
-            new = ThreadState(checkpoint, position, ForkOrigin(origin, checkpoint, position.seq))
-            return Move(new, "fork", f"fork of {source} at {position.seq}",
-                        needed=_state_objects(checkpoint, position), result=new)
-
-        _, move = self._move(name, f"fork {name}", plan)
-        new = move.result
+        new = fork_thread(self._stores, self._store.history.history(), source, name, at)
         return ForkResult(name, source, new.history.seq, _hex(new.checkpoint), new.history)
 
     def revert(self, thread: str, rev: str, expect: str | None = None) -> RevertResult:
@@ -165,29 +111,7 @@ class Threads:
 
         The result lists the pending and unknown effects recorded after the target, which
         a revert does not undo."""
-        check_thread_name(thread)
-        objects = self._stores.objects
-
-        def plan(state):
-            if state is None:
-                raise NotFound(f"no thread named {thread!r}")
-            with self._stores.meta.reader() as txn:
-                if expect is not None:
-                    expected = revisions.resolve(txn, objects, expect)
-                    if state.checkpoint != expected:
-                        raise ConflictError(f"thread {thread!r} is not at {expect!r}; nothing was changed")
-                target = revisions.resolve(txn, objects, rev)
-                cp = revisions.load_checkpoint(objects, target)
-                related = (cp.thread == thread or revisions.is_ancestor(objects, target, state.checkpoint)
-                           or bool(revisions.fork_ancestry(txn, thread) & revisions.fork_ancestry(txn, cp.thread)))
-                entry = revisions.reflog_state(txn, objects, rev)
-            history = entry.history if entry is not None and entry.checkpoint == target else cp.history
-            new = ThreadState(target, history, state.forked_from)
-            return Move(new, "revert", f"revert to {rev}", needed=_state_objects(target, history),
-                        result=(target, new, related))
-
-        old, move = self._move(thread, f"revert {thread}", plan)
-        target, new, related = move.result
+        old, new, related = revert_thread(self._stores, thread, rev, expect)
         notes = [WORLD_NOTE] + ([] if related else [UNRELATED_NOTE])
         # The revert has landed: a failure to list the effects it did not undo must not
         # turn it into an error.
@@ -197,11 +121,12 @@ class Threads:
             open_effects = None
             notes.append(f"could not list the effects after the target ({exc}); "
                          f"see: agentcas effects {thread}@{{1}} --since {thread} --state pending,unknown")
-        return RevertResult(thread, target.hex(), _hex(old.checkpoint), new.history, related, notes, open_effects)
+        return RevertResult(thread, new.checkpoint.hex(), _hex(old.checkpoint), new.history, related, notes,
+                            open_effects)
 
     def group_writer(self, what: str) -> GroupWriter:
         """A lease-holding writer: in-memory content first, then several ref moves in one
         compare-and-swap transaction (lineage/group_moves.py)."""
-        from agentcas.api.checkpoints import runtime_description
         from agentcas.cas.store_format import utc_now
+        from agentcas.lineage.checkpoints import runtime_description
         return GroupWriter(self._stores, what, lambda: (utc_now(), runtime_description()))

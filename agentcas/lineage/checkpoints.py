@@ -12,6 +12,10 @@ Checkpoints without an index (generation 0) are walked parent by parent.
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
+from agentcas import __version__
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import Checkpoint, HistoryPosition
@@ -19,6 +23,24 @@ from agentcas.cas.source import ObjectSource
 from agentcas.errors import IntegrityError, NotFound
 from agentcas.lineage.rollout import SkipLinks, search_skip_list, skip_index
 from agentcas.refs.revisions import load_checkpoint
+from agentcas.result import Result
+
+
+@dataclass(frozen=True)
+class CommitResult(Result):
+    """A commit that landed (workspace/commit.py): the checkpoint, its tree and history, what it stored."""
+
+    checkpoint: str
+    tree: str
+    thread: str
+    parents: list[str]
+    history: HistoryPosition
+    files: int
+    bytes: int
+    cached_files: int
+    new_objects: int
+    new_bytes: int
+    appended_records: int
 
 
 CHECKPOINT_LINKS = SkipLinks()  # checkpoints: (generation, skip, first parent)
@@ -49,6 +71,25 @@ def index_for_child(objects: ObjectSource, parent: Digest | None, load=None,
     if generation < 2:
         return generation, None
     return generation, search_skip_list(links, parent, skip_index(generation))
+
+
+def runtime_description() -> dict:
+    """The runtime a checkpoint records (agentcas, Python, OS): facts, never re-executed."""
+    import platform  # lazy: only commits describe their runtime
+    return {"agentcas": __version__, "python": platform.python_version(),
+            "os": f"{platform.system()} {platform.release()} {platform.machine()}"}
+
+
+def default_author() -> str:
+    """A checkpoint's author: $AGENTCAS_AUTHOR, else user@host."""
+    name = os.environ.get("AGENTCAS_AUTHOR")
+    if name:
+        return name
+    import getpass  # lazy (it imports termios): only a commit without $AGENTCAS_AUTHOR needs it
+    try:
+        return f"{getpass.getuser()}@{os.uname().nodename}"  # socket.gethostname(), without socket
+    except Exception:  # noqa: BLE001 - no user database in some containers
+        return "unknown"
 
 
 def build_checkpoint(objects: ObjectSource, tree: Digest, parents: tuple, thread: str, reason: str,

@@ -1,0 +1,125 @@
+"""Branch, delete, fork and revert: the plans of the thread moves a user names.
+
+Each is one ref move by lineage/moves.py (plan against the thread's state, store what
+is new, compare-and-swap with its reflog row; a lost race plans again). None of them
+writes an object: a branch, fork or revert points at objects already stored, and the
+move checks they still are before it lands (a concurrent gc may have taken them).
+
+- branch: a new thread at a checkpoint, with that checkpoint's history (or, for
+  THREAD@{N}, the whole history that reflog entry recorded).
+- fork: a new thread sharing the first `at` records of a history, at the newest
+  checkpoint at or before the cut; it records where it came from (ForkOrigin).
+- revert: the thread moves to a checkpoint (its history with it); the old head stays in
+  the reflog. `related` says whether the target is in the thread's ancestry or fork
+  family (a revert to an unrelated thread's checkpoint is allowed, and said).
+"""
+
+from __future__ import annotations
+
+from agentcas.cas.backends import Stores
+from agentcas.cas.digest import Digest
+from agentcas.cas.objects import HistoryPosition
+from agentcas.errors import ConflictError, NotFound, UsageError
+from agentcas.lineage import checkpoints, rollout
+from agentcas.lineage.moves import Move, lease_for, move_thread
+from agentcas.refs import revisions
+from agentcas.refs.names import check_thread_name
+from agentcas.refs.threads import ForkOrigin, ThreadState
+
+
+def _state_objects(checkpoint: Digest | None, history: HistoryPosition) -> set[bytes]:
+    """The objects a thread state points at directly (its checkpoint and head segment)."""
+    return {d.raw for d in (checkpoint, history.segment) if d is not None}
+
+
+def _move(stores: Stores, thread: str, what: str, plan):
+    with lease_for(stores, what, thread) as lease:
+        return move_thread(stores, lease, thread, plan)
+
+
+def branch_thread(stores: Stores, name: str, rev: str | None) -> Digest:
+    """Make thread `name` at checkpoint `rev` (default: main's head); the checkpoint's id."""
+    check_thread_name(name)
+    source = stores.objects
+
+    def plan(state):
+        if state is not None:
+            raise ConflictError(f"thread {name!r} already exists")
+        with stores.meta.reader() as txn:
+            digest = revisions.resolve(txn, source, rev or "main")
+            entry = revisions.reflog_state(txn, source, rev)  # THREAD@{N}: with records appended after its checkpoint
+        cp = revisions.load_checkpoint(source, digest)
+        history = entry.history if entry is not None and entry.checkpoint == digest else cp.history
+        return Move(ThreadState(digest, history), "branch", f"branch from {rev or 'main'}",
+                    needed=_state_objects(digest, history), result=digest)
+
+    _, move = _move(stores, name, f"branch {name}", plan)
+    return move.result
+
+
+def delete_thread(stores: Stores, name: str) -> ThreadState:
+    """Delete thread `name` and its reflog; the state it had."""
+    check_thread_name(name)
+
+    def plan(state):
+        if state is None:
+            raise NotFound(f"no thread named {name!r}")
+        return Move(None, "delete")
+
+    state, _ = _move(stores, name, f"delete {name}", plan)
+    return state
+
+
+def fork_thread(stores: Stores, history: rollout.History, source: str, name: str,
+                at: int | None) -> ThreadState:
+    """Make thread `name` sharing the first `at` records (default: all) of `source`'s history."""
+    check_thread_name(name)
+    if at is not None and at < 0:
+        raise UsageError(f"--at must not be negative: {at}")
+    objects = stores.objects
+
+    def plan(state):
+        with stores.meta.reader() as txn:
+            head, tip, origin = revisions.source_state(txn, objects, source)
+        if at is not None and at > head.seq:
+            raise UsageError(f"--at {at} is beyond the end of the history of {source!r} "
+                             f"({head.seq} records)")
+        if state is not None:
+            raise ConflictError(f"thread {name!r} already exists")
+        position = history.position(head, head.seq if at is None else at)
+        checkpoint = checkpoints.newest_at_or_before(objects, tip, position.seq)
+        new = ThreadState(checkpoint, position, ForkOrigin(origin, checkpoint, position.seq))
+        return Move(new, "fork", f"fork of {source} at {position.seq}",
+                    needed=_state_objects(checkpoint, position), result=new)
+
+    _, move = _move(stores, name, f"fork {name}", plan)
+    return move.result
+
+
+def revert_thread(stores: Stores, thread: str, rev: str,
+                  expect: str | None) -> tuple[ThreadState, ThreadState, bool]:
+    """Move `thread` to checkpoint `rev` (only if at `expect`, when given): (old state, new state, related)."""
+    check_thread_name(thread)
+    objects = stores.objects
+
+    def plan(state):
+        if state is None:
+            raise NotFound(f"no thread named {thread!r}")
+        with stores.meta.reader() as txn:
+            if expect is not None:
+                expected = revisions.resolve(txn, objects, expect)
+                if state.checkpoint != expected:
+                    raise ConflictError(f"thread {thread!r} is not at {expect!r}; nothing was changed")
+            target = revisions.resolve(txn, objects, rev)
+            cp = revisions.load_checkpoint(objects, target)
+            related = (cp.thread == thread or revisions.is_ancestor(objects, target, state.checkpoint)
+                       or bool(revisions.fork_ancestry(txn, thread) & revisions.fork_ancestry(txn, cp.thread)))
+            entry = revisions.reflog_state(txn, objects, rev)
+        history = entry.history if entry is not None and entry.checkpoint == target else cp.history
+        new = ThreadState(target, history, state.forked_from)
+        return Move(new, "revert", f"revert to {rev}", needed=_state_objects(target, history),
+                    result=(new, related))
+
+    old, move = _move(stores, thread, f"revert {thread}", plan)
+    new, related = move.result
+    return old, new, related

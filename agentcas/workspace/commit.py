@@ -1,0 +1,126 @@
+"""Commit: a workspace directory (and the new tail of a rollout file) as a checkpoint.
+
+1. Checks that need no lease: the reason, the thread name, the workspace is a directory
+   and not the store itself, and a stale `--expect` (refused before anything is stored).
+2. Under the writer's lease: snapshot the workspace (workspace/snapshot.py: new chunks
+   and trees stored, unchanged files reused through the stat cache) and prepare the
+   rollout file's new complete lines (lineage/tail.py).
+3. One ref move (lineage/moves.py): the plan builds the checkpoint on the thread's
+   current head (lineage/checkpoints.py), links the prepared records after the history
+   the tail was read against, and checks `--expect` again; the move stores the
+   checkpoint, checks that every reused object is still stored and lands by
+   compare-and-swap. A shared store's cache may believe in objects another machine's gc
+   deleted: then the snapshot runs once more asking the bucket.
+"""
+
+from __future__ import annotations
+
+import os
+
+from agentcas import testing_hooks
+from agentcas.cas.backends import Stores
+from agentcas.cas.digest import Digest
+from agentcas.cas.objects import EMPTY_POSITION, check_reason
+from agentcas.cas.store_format import utc_now
+from agentcas.cas.writer import BatchWriter
+from agentcas.errors import ConflictError, UsageError
+from agentcas.lineage import checkpoints, rollout
+from agentcas.lineage.checkpoints import CommitResult, default_author, runtime_description
+from agentcas.lineage.moves import Move, VanishedObject, lease_for, move_thread, read_state
+from agentcas.refs import revisions, threads
+from agentcas.refs.names import check_thread_name
+from agentcas.refs.threads import ThreadState
+
+
+def _within(path: str, directory: str) -> bool:
+    """Whether `path` is `directory` or below it (both real paths)."""
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def commit_workspace(stores: Stores, store_path: str | None, workspace: str, reason: str, thread: str = "main",
+                     rollout_file: str | None = None, expect: str | None = None, allow_secrets=(),
+                     author: str | None = None, progress=None) -> CommitResult:
+    """Snapshot `workspace` (and the new tail of `rollout_file`) as a checkpoint on `thread`."""
+    check_reason(reason)
+    check_thread_name(thread)
+    source = stores.objects
+    expected = _resolve(stores, expect) if expect else None
+    if not os.path.isdir(workspace):
+        raise UsageError(f"workspace is not a directory: {workspace}")
+    if store_path and _within(os.path.realpath(workspace), os.path.realpath(store_path)):
+        raise UsageError(f"workspace {workspace} is the store itself, or inside it; nothing was committed")
+    if expect is not None:
+        # Refuse a stale --expect before storing anything; the plan checks again, for a
+        # thread that moves while we snapshot.
+        _check_expected(stores, thread, expected, expect)
+    from agentcas.workspace.snapshot import snapshot  # lazy: only commit reads a workspace
+    with lease_for(stores, f"commit {thread}", thread) as lease:
+        skip = [store_path] if store_path else []
+        # A rollout file inside the workspace is stored once, as history, not as a file too.
+        skip_files = [rollout_file] if rollout_file else []
+        known = stores.known
+        tree, stats, needed = snapshot(source, stores.local, workspace, allow_secrets,
+                                       progress, skip, skip_files, lease, known)
+        tail = None
+        if rollout_file is not None:
+            from agentcas.lineage.tail import prepare_tail
+            writer = BatchWriter(source, lease=lease)
+            tail = prepare_tail(source, writer, thread, read_state(stores, thread), rollout_file)
+        created_at, who, runtime = utc_now(), author or default_author(), runtime_description()
+
+        def plan(state: ThreadState | None) -> Move:
+            current = None if state is None else state.checkpoint
+            if expect is not None and current != expected:
+                raise ConflictError(f"thread {thread!r} is at "
+                                    f"{current.hex() if current else 'nothing'}, not at {expect!r}; "
+                                    "nothing was committed")
+            history = EMPTY_POSITION if state is None else state.history
+            appended, new_objects = 0, {}
+            if tail is not None:
+                prepared, based_on = tail
+                if history != based_on:
+                    raise ConflictError(f"thread {thread!r} history moved while the rollout was read; "
+                                        "nothing was committed, retry")
+                history, new_objects = rollout.link_segments(source, history, prepared)
+                appended = history.seq - based_on.seq
+            digest, cp, framed = checkpoints.build_checkpoint(
+                source, tree, (current,) if current else (), thread, reason, who, created_at, runtime, history)
+            new_objects[digest.raw] = framed
+            # The parent's own tree is held by the ref we compare against; anything
+            # else the snapshot reused must still be stored.
+            same_tree = current is not None and revisions.load_checkpoint(source, current).tree == tree
+            return Move(ThreadState(digest, history, None if state is None else state.forked_from),
+                        "commit", reason, new_objects, set() if same_tree else set(needed),
+                        (digest, cp, appended), history_implied=True)  # cp.history is `history`
+
+        testing_hooks.reached("commit.before_land")
+        try:
+            _, move = move_thread(stores, lease, thread, plan)
+        except VanishedObject:
+            if known is None:
+                raise
+            # This machine's cache (a shared store's) knew objects that gc on another
+            # machine has deleted since: every rerun would trust it again and fail. So
+            # snapshot once more asking the bucket, which stores again what is gone.
+            known = None
+            tree, stats, needed = snapshot(source, stores.local, workspace, allow_secrets,
+                                           progress, skip, skip_files, lease, known)
+            _, move = move_thread(stores, lease, thread, plan)
+    digest, cp, appended = move.result
+    return CommitResult(digest.hex(), tree.hex(), thread, [p.hex() for p in cp.parents], cp.history,
+                        stats.files, stats.bytes, stats.cached_files, stats.new_objects, stats.new_bytes,
+                        appended)
+
+
+def _resolve(stores: Stores, rev: str) -> Digest:
+    with stores.meta.reader() as txn:
+        digest = revisions.resolve(txn, stores.objects, rev)
+    revisions.load_checkpoint(stores.objects, digest)
+    return digest
+
+
+def _check_expected(stores: Stores, thread: str, expected: Digest | None, expect: str) -> None:
+    with stores.meta.reader() as txn:
+        state = threads.read_thread(txn, thread)
+    if (None if state is None else state.checkpoint) != expected:
+        raise ConflictError(f"thread {thread!r} is not at {expect!r}; nothing was committed")
