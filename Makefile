@@ -22,7 +22,7 @@ bytecode: $(STAMP)
 $(STAMP): pyproject.toml $(PKGDIRS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	PYTHONWARNINGS=ignore $(BIN)/pip install --quiet -e '.[test,s3,postgres,mcp,langgraph,ui]' --config-settings editable_mode=strict
+	PYTHONWARNINGS=ignore $(BIN)/pip install --quiet -e '.[test,s3,postgres,mcp,langgraph,ui,openai-agents,adk]' --config-settings editable_mode=strict
 	touch $(STAMP)
 
 demo: setup

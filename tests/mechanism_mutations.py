@@ -186,7 +186,7 @@ MUTATIONS = {
     # Secrets: decoded JSON strings, reasons and names; the shipped window overlap.
     "J1": ("agentcas/exchange/secret_scan.py", ["    if any(escape in raw for escape in _HIDING_ESCAPES):"],
            ["    if False:"], ["tests/test_secret_scan.py::test_json_escapes_do_not_hide_a_secret_from_the_rollout_scan"]),
-    "N1": ("agentcas/workspace/snapshot.py", ["                self._check_name_secret(rel_dir, name, rel)\n"], [""],
+    "N1": ("agentcas/workspace/snapshot.py", ["                self._check_name_secret(rel_dir, name, prefix + name)\n"], [""],
            ["tests/test_secret_scan.py::test_a_secret_in_a_file_name_is_refused_at_commit_and_at_export"]),
     "N2": ("agentcas/workspace/commit.py", ["    check_reason_secret(reason, allow_secrets)\n"], [""],
            ["tests/test_secret_scan.py::test_a_secret_in_a_commit_reason_is_refused_at_commit_and_at_export_and_push"]),
@@ -200,8 +200,8 @@ MUTATIONS = {
     "M1": ("agentcas/mcp/server.py", ["        item = _bounded_echo(item)\n"], [""],
            ["tests/test_mcp.py::test_an_unknown_method_is_answered_without_echoing_its_whole_name"]),
     "M2": ("agentcas/workspace/snapshot.py",
-           ["                               or os.path.isfile(os.path.join(entry.path, RESTORED_MARKER))):"],
-           ["                               ):"],
+           ["                            or os.path.isfile(os.path.join(entry.path, RESTORED_MARKER))):"],
+           ["                            ):"],
            ["tests/test_mcp.py::test_a_restored_copy_inside_the_workspace_is_left_out_of_later_checkpoints"]),
     "M3": ("agentcas/mcp/tools.py", ["        if doc[0] != tool or doc[1] != key:"], ["        if doc[0] != tool:"],
            ["tests/test_mcp.py::test_a_cursor_issued_for_one_thread_or_checkpoint_is_refused_for_another"]),
@@ -234,6 +234,11 @@ MUTATIONS = {
            ["tests/test_ui.py::test_control_and_bidi_characters_are_shown_as_escapes"]),
     "Uf": ("agentcas/ui/lineage_view.py", ["MAX_ROWS = 200\n"], ["MAX_ROWS = 100_000\n"],
            ["tests/test_ui.py::test_lineage_is_folded_beyond_a_bound_with_the_way_to_unfold"]),
+    # A session change (record_threads.py) lands only on the states its build read, else is rebuilt.
+    "Sr": ("agentcas/record_threads.py", ["                    if view.thread(name) != state:\n"],
+           ["                    if False:\n"],
+           ["tests/test_openai_agents_session.py::"
+            "test_a_pop_rebuilds_when_an_add_lands_between_its_read_and_its_landing"]),
 }
 
 

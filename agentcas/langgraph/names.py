@@ -17,6 +17,8 @@ from urllib.parse import quote, unquote
 
 import blake3
 
+from agentcas.refs.names import encode_component
+
 ROOT = "langgraph"
 BRANCHES = "/branches/"
 SEALED = " + pending writes"
@@ -28,8 +30,7 @@ _LONGEST_COMPONENT = 80
 
 def percent_encode(text: str, safe: re.Pattern[str] = _SAFE) -> str:
     """Percent-encode every character outside `safe` (so '.', '/', ':' never reach a ref name)."""
-    return "".join(c if safe.fullmatch(c) else "".join(f"%{b:02X}" for b in c.encode("utf-8"))
-                   for c in text)
+    return encode_component(text, safe)
 
 
 def component(text: str) -> str:

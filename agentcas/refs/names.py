@@ -11,11 +11,14 @@ let it reorder or break the lines that show it (Trojan Source).
 
 from __future__ import annotations
 
+import re
+
 from agentcas.errors import UsageError
 from agentcas.terminal_text import holds_controls
 
 MAX_THREAD_NAME = 200
 _FORBIDDEN = set(" ~^:?*[\\")
+_COMPONENT_SAFE = re.compile(r"[A-Za-z0-9_-]")
 
 
 class BadThreadName(UsageError):
@@ -51,6 +54,25 @@ def check_thread_name(name: str) -> str:
         if part.endswith(".lock"):
             bad("has a component ending with '.lock'")
     return name
+
+
+def encode_component(text: str, safe: re.Pattern = _COMPONENT_SAFE) -> str:
+    """`text` with every character outside `safe` percent-encoded as its UTF-8 bytes, so that a
+    framework's id ('.', '/', ':', spaces, anything) becomes one valid name component."""
+    return "".join(c if safe.fullmatch(c) else "".join(f"%{b:02X}" for b in c.encode("utf-8"))
+                   for c in text)
+
+
+def id_component(text: str) -> str:
+    """One reversible name component for an id: `encode_component`, and `%` alone for the
+    empty id (a real `%` is `%25`, so `%` alone is no other id's)."""
+    return encode_component(text) or "%"
+
+
+def id_of_component(component: str) -> str:
+    """The id `id_component` encoded."""
+    from urllib.parse import unquote  # lazy: every command checks names, few decode ids
+    return "" if component == "%" else unquote(component, errors="strict")
 
 
 def is_thread_name(text: str) -> bool:
