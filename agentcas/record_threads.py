@@ -94,7 +94,7 @@ class _Moved(Exception):
 class Snapshot:
     """What a build reads: thread states (remembered, so the landing can check them) and records."""
 
-    def __init__(self, records: "RecordStore"):
+    def __init__(self, records: RecordStore):
         self._records = records
         self.read: dict[str, ThreadState | None] = {}
 

@@ -10,9 +10,6 @@ import pytest
 
 pytest.importorskip("google.adk")
 
-from hypothesis import HealthCheck, example, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
 from google.adk.agents import LlmAgent  # noqa: E402
 from google.adk.errors.already_exists_error import AlreadyExistsError  # noqa: E402
 from google.adk.errors.not_found_error import NotFoundError  # noqa: E402
@@ -24,12 +21,15 @@ from google.adk.runners import Runner  # noqa: E402
 from google.adk.sessions import InMemorySessionService, Session  # noqa: E402
 from google.adk.sessions.base_session_service import BaseSessionService, GetSessionConfig  # noqa: E402
 from google.genai import types  # noqa: E402
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from test_openai_agents_session import start_together  # noqa: E402
 
 from agentcas import Store  # noqa: E402
 from agentcas.adk import AgentcasSessionService, session_thread  # noqa: E402
 from agentcas.cas.store import TABLES  # noqa: E402
+
 from conftest import run_cli  # noqa: E402
-from test_openai_agents_session import start_together  # noqa: E402
 
 
 @pytest.fixture

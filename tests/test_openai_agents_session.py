@@ -14,16 +14,16 @@ import pytest
 
 pytest.importorskip("agents")
 
+from agents.memory import Session, SQLiteSession  # noqa: E402
+from agents.memory.session_settings import SessionSettings  # noqa: E402
 from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-
-from agents.memory import SQLiteSession, Session  # noqa: E402
-from agents.memory.session_settings import SessionSettings  # noqa: E402
 
 from agentcas import Store  # noqa: E402
 from agentcas.cas.store import TABLES  # noqa: E402
 from agentcas.errors import ConflictError  # noqa: E402
 from agentcas.openai_agents import AgentcasSession, thread_name  # noqa: E402
+
 from conftest import run_cli  # noqa: E402
 
 
@@ -202,8 +202,8 @@ def test_a_pop_rebuilds_when_an_add_lands_between_its_read_and_its_landing(tmp_p
     compare-and-swap: the pop must start again and remove the 4th, not cut the session back
     to 2 items built on what it read (which would lose the 3rd and the 4th)."""
     from agentcas import testing_hooks
-    from agentcas.record_threads import Append, RecordStore
     from agentcas.openai_agents.session import _record
+    from agentcas.record_threads import Append, RecordStore
     store, _ = Store.init(str(tmp_path / "st"))
     other = RecordStore(store)
     raced = []

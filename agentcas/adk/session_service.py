@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from google.adk.errors.already_exists_error import AlreadyExistsError
 from google.adk.errors.not_found_error import NotFoundError
@@ -119,8 +119,8 @@ class AgentcasSessionService(BaseSessionService):
         self._records.close()
 
     # -- BaseSessionService -------------------------------------------------------------------
-    async def create_session(self, *, app_name: str, user_id: str, state: Optional[dict[str, Any]] = None,
-                             session_id: Optional[str] = None) -> Session:
+    async def create_session(self, *, app_name: str, user_id: str, state: dict[str, Any] | None = None,
+                             session_id: str | None = None) -> Session:
         session_id = session_id.strip() if session_id else None
         session_id = session_id or platform_uuid.new_uuid()
         deltas = _session_util.extract_json_safe_state_delta(state or {})
@@ -139,11 +139,11 @@ class AgentcasSessionService(BaseSessionService):
         return await in_thread(self._session, app_name, user_id, session_id, None)
 
     async def get_session(self, *, app_name: str, user_id: str, session_id: str,
-                          config: Optional[GetSessionConfig] = None) -> Optional[Session]:
+                          config: GetSessionConfig | None = None) -> Session | None:
         session_id = session_id.strip() if session_id else session_id
         return await in_thread(self._session, app_name, user_id, session_id, config)
 
-    async def list_sessions(self, *, app_name: str, user_id: Optional[str] = None) -> ListSessionsResponse:
+    async def list_sessions(self, *, app_name: str, user_id: str | None = None) -> ListSessionsResponse:
         return await in_thread(self._list, app_name, user_id)
 
     async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
@@ -191,7 +191,7 @@ class AgentcasSessionService(BaseSessionService):
 
     # -- forks -------------------------------------------------------------------------------
     async def fork_session(self, app_name: str, user_id: str, session_id: str,
-                           new_session_id: Optional[str] = None, at_event_id: Optional[str] = None) -> Session:
+                           new_session_id: str | None = None, at_event_id: str | None = None) -> Session:
         """A new session holding the events of `session_id` up to and including `at_event_id`
         (all by default) and the state they produce; the source never changes.
 
@@ -238,7 +238,9 @@ class AgentcasSessionService(BaseSessionService):
             self._records.fork(source, target, at)
         except ConflictError:
             raise AlreadyExistsError(f"Session with id {new_session_id} already exists.") from None
-        return self._session(app_name, user_id, new_session_id, None)
+        forked = self._session(app_name, user_id, new_session_id, None)
+        assert forked is not None  # the fork just landed
+        return forked
 
     # -- store work (worker threads) ---------------------------------------------------------
     def _stored(self, thread: str, history: HistoryPosition) -> _Stored:
@@ -288,7 +290,7 @@ class AgentcasSessionService(BaseSessionService):
         return state
 
     def _session(self, app_name: str, user_id: str, session_id: str,
-                 config: Optional[GetSessionConfig]) -> Optional[Session]:
+                 config: GetSessionConfig | None) -> Session | None:
         thread = session_thread(app_name, user_id, session_id)
         state = self._records.state(thread)
         if state is None:
@@ -309,7 +311,7 @@ class AgentcasSessionService(BaseSessionService):
                        events=[Event.model_validate(e) for e in events],
                        last_update_time=stored.last_update_time)
 
-    def _list(self, app_name: str, user_id: Optional[str]) -> ListSessionsResponse:
+    def _list(self, app_name: str, user_id: str | None) -> ListSessionsResponse:
         prefix = app_thread(app_name) if user_id is None else user_thread(app_name, user_id)
         sessions = []
         for name, state in self._records.states(prefix).items():

@@ -107,7 +107,7 @@ class AgentcasSession(SessionABC):
         await to_completion(self._records.change, f"clear {self.thread}", self._plan_clear)
 
     # -- forks -------------------------------------------------------------------------------
-    def fork(self, new_session_id: str, at: int | None = None) -> "AgentcasSession":
+    def fork(self, new_session_id: str, at: int | None = None) -> AgentcasSession:
         """A new session sharing this one's first `at` items (all by default), at constant cost.
 
         One ref move (`agentcas fork`); no item is copied. The result may also be awaited
@@ -134,7 +134,7 @@ class AgentcasSession(SessionABC):
         """`await session.fork(...)` works as well as `session.fork(...)`."""
         return self._itself().__await__()
 
-    async def _itself(self) -> "AgentcasSession":
+    async def _itself(self) -> AgentcasSession:
         return self
 
     async def checkpoint(self, reason: str = "session checkpoint") -> str:
