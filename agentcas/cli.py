@@ -49,6 +49,8 @@ class Context:
 
     def store(self) -> Store:
         if self._store is None:
+            from agentcas.cas import fatal_signals
+            fatal_signals.arm()  # a damaged store file: one line and exit 4, not a bus error
             # Lazy: --help, --version and usage errors need no store (~50 ms of imports).
             from agentcas.cas.backends import is_shared_url
             from agentcas.repository import STORE_DIR, Store, find_store
@@ -1151,8 +1153,6 @@ def main(argv=None) -> int:
 def _run(args: list, context: Context) -> tuple[int, str | None]:
     """(exit code, the one-line error or None) of running the command `args`."""
     debug = os.environ.get("AGENTCAS_DEBUG") == "1"
-    from agentcas.cas import fatal_signals
-    fatal_signals.arm()  # a damaged store file: one line and exit 4, not a bus error
     try:
         cli.main(args=args, prog_name="agentcas", standalone_mode=False, obj=context)
         return 0, None

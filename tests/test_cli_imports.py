@@ -78,9 +78,24 @@ def test_version_is_the_installed_one():
     assert agentcas.__version__ == importlib.metadata.version("agentcas")
 
 
+COMPILED_RULES = """
+import json, sys
+from agentcas.cli import main
+code = main(sys.argv[1:])
+from agentcas.workspace import secrets
+print(json.dumps([code, [rule.name for rule in secrets.RULES if rule.compiled()]]), file=sys.stderr)
+"""
+
+
 def test_unchanged_recommit_loads_no_chunker_pool_or_secret_rules(store_dir, workspace, run):
     time.sleep(2.1)  # past the stat cache's racy window (mtime and ctime), so every file is cached
     assert run("commit", workspace, "-m", "one", store=store_dir).code == 0
     modules = modules_after("--store", store_dir, "commit", workspace, "-m", "again")
     # (agentcas.cas.chunking itself is loaded: a blob store names its chunk sizes there.)
-    assert loaded(modules, ["pyfastcdc", "concurrent.futures", "agentcas.workspace.secrets"]) == []
+    assert loaded(modules, ["pyfastcdc", "concurrent.futures"]) == []
+    # The reason is scanned (one Aho-Corasick pass over the anchors), but no rule's
+    # regex is compiled: nothing that was scanned held an anchor.
+    proc = subprocess.run([sys.executable, "-c", COMPILED_RULES, "--store", str(store_dir), "commit",
+                           str(workspace), "-m", "again"], capture_output=True, text=True, timeout=120)
+    code, compiled = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert code == 0 and compiled == [], proc

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from dataclasses import dataclass
 
 import ahocorasick_rs
 
@@ -27,47 +26,72 @@ SCAN_WINDOW = 16 * 1024 * 1024
 SCAN_OVERLAP = 64 * 1024  # a secret shorter than this that straddles two windows is seen whole
 
 
-@dataclass(frozen=True)
 class Rule:
-    name: str
-    anchors: tuple[bytes, ...]
-    pattern: re.Pattern
-    min_entropy: float = 0.0  # bits per character of the captured value, if any
+    """A named kind of credential: literal anchors that any match contains, and a regex
+    (compiled the first time an anchor occurs: clean text and short reasons never pay
+    for compiling the rules)."""
+
+    __slots__ = ("name", "anchors", "source", "min_entropy", "_pattern")
+
+    def __init__(self, name: str, anchors: tuple[bytes, ...], source: bytes, min_entropy: float = 0.0):
+        self.name = name
+        self.anchors = anchors
+        self.source = source
+        self.min_entropy = min_entropy  # bits per character of the captured value, if any
+        self._pattern: re.Pattern | None = None
+
+    @property
+    def pattern(self) -> re.Pattern:
+        if self._pattern is None:
+            self._pattern = re.compile(self.source)
+        return self._pattern
+
+    def compiled(self) -> bool:
+        return self._pattern is not None
 
 
 RULES = (
     Rule("private key block", (b"PRIVATE KEY",),
-         re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")),
+         rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"),
     Rule("AWS access key id", (b"AKIA", b"ASIA", b"ABIA", b"ACCA"),
-         re.compile(rb"\b(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}\b")),
+         rb"\b(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}\b"),
     Rule("AWS secret access key", (b"aws_secret", b"AWS_SECRET"),
-         re.compile(rb"(?i)aws_secret_access_key\s*[=:]\s*[\"']?([A-Za-z0-9/+=]{40})")),
+         rb"(?i)aws_secret_access_key\s*[=:]\s*[\"']?([A-Za-z0-9/+=]{40})"),
     Rule("GitHub token", (b"ghp_", b"gho_", b"ghu_", b"ghs_", b"ghr_", b"github_pat_"),
-         re.compile(rb"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})")),
+         rb"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})"),
     Rule("Anthropic API key", (b"sk-ant-",),
-         re.compile(rb"\bsk-ant-[a-z]{2,10}\d{2}-[A-Za-z0-9_\-]{32,}")),
+         rb"\bsk-ant-[a-z]{2,10}\d{2}-[A-Za-z0-9_\-]{32,}"),
     Rule("OpenAI API key", (b"sk-",),
-         re.compile(rb"\bsk-(?:proj-|svcacct-|admin-|None-)?[A-Za-z0-9_\-]{32,}"), 3.5),
+         rb"\bsk-(?:proj-|svcacct-|admin-|None-)?[A-Za-z0-9_\-]{32,}", 3.5),
     Rule("Slack token", (b"xox", b"xapp-", b"hooks.slack.com"),
-         re.compile(rb"\bxox[abposr]-[0-9A-Za-z\-]{10,}|\bxapp-\d-[A-Z0-9]+-\d+-[0-9a-f]{32,}"
-                    rb"|https://hooks\.slack\.com/services/T[A-Z0-9]+/B[A-Z0-9]+/[A-Za-z0-9]+")),
+         (rb"\bxox[abposr]-[0-9A-Za-z\-]{10,}|\bxapp-\d-[A-Z0-9]+-\d+-[0-9a-f]{32,}"
+          rb"|https://hooks\.slack\.com/services/T[A-Z0-9]+/B[A-Z0-9]+/[A-Za-z0-9]+")),
     Rule("Google API key", (b"AIza", b"GOCSPX-"),
-         re.compile(rb"\bAIza[0-9A-Za-z_\-]{35}|\bGOCSPX-[A-Za-z0-9_\-]{28}")),
+         rb"\bAIza[0-9A-Za-z_\-]{35}|\bGOCSPX-[A-Za-z0-9_\-]{28}"),
     Rule("JSON Web Token", (b"eyJ",),
-         re.compile(rb"\beyJ[A-Za-z0-9_\-]{10,}\.eyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}")),
+         rb"\beyJ[A-Za-z0-9_\-]{10,}\.eyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}"),
     Rule("secret assignment", (b"_TOKEN", b"_SECRET", b"_token", b"_secret", b"_Token", b"_Secret"),
          # The value: 16+ characters without quotes or separators, unless it is a call such
          # as `get_token(request)`: code, not a credential.
-         re.compile(rb"(?i)\b[A-Za-z0-9_]*_(?:TOKEN|SECRET)[\"']?\s*[=:]\s*[\"']?"
-                    rb"(?![A-Za-z_][A-Za-z0-9_.]*\([^\s]*\)(?:[\s;,]|\Z))([^\s\"',;]{16,})"), 3.0),
+         (rb"(?i)\b[A-Za-z0-9_]*_(?:TOKEN|SECRET)[\"']?\s*[=:]\s*[\"']?"
+          rb"(?![A-Za-z_][A-Za-z0-9_.]*\([^\s]*\)(?:[\s;,]|\Z))([^\s\"',;]{16,})"), 3.0),
 )
 
 
-@dataclass(frozen=True)
-class Finding:
-    path: str
-    line: int
-    rule: str
+class Finding(tuple):
+    """A likely secret: the file (or what was scanned), its line and the rule's name; never the secret."""
+
+    __slots__ = ()
+
+    def __new__(cls, path: str, line: int, rule: str):
+        return tuple.__new__(cls, (path, line, rule))
+
+    path = property(lambda self: self[0])
+    line = property(lambda self: self[1])
+    rule = property(lambda self: self[2])
+
+    def __repr__(self) -> str:
+        return f"Finding(path={self.path!r}, line={self.line}, rule={self.rule!r})"
 
 
 def _entropy(value: bytes) -> float:
