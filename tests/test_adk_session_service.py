@@ -23,13 +23,13 @@ from google.adk.sessions.base_session_service import BaseSessionService, GetSess
 from google.genai import types  # noqa: E402
 from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from test_openai_agents_session import start_together  # noqa: E402
 
 from agentcas import Store  # noqa: E402
 from agentcas.adk import AgentcasSessionService, session_thread  # noqa: E402
 from agentcas.cas.store import TABLES  # noqa: E402
 
 from conftest import run_cli  # noqa: E402
+from support.processes import start_together  # noqa: E402
 
 
 @pytest.fixture

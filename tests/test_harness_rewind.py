@@ -7,10 +7,11 @@ import json
 import os
 
 import pytest
-from test_harness_hooks import CLAUDE_ID, CODEX_ID, Machine, history_bytes, log
 
 from agentcas import Store
 
+from support import raw_objects
+from support.harness_machine import CLAUDE_ID, CODEX_ID, Machine, history_bytes, log
 from support.harness_samples import ClaudeSession, CodexSession
 
 THREAD = f"claude/{CLAUDE_ID}"
@@ -285,7 +286,7 @@ def test_rewind_verifies_every_file_before_writing_one(tmp_path):
     (ws / "b.txt").write_text("b2")
     store.sessions.checkpoint(str(ws), "claude/x", "two", lambda state: b"")
     b1 = next(f for f in store.checkpoints.files(first.checkpoint) if f.path == "b.txt").id
-    store.objects.write(lambda txn: txn.delete("objects", bytes.fromhex(b1)))
+    store.objects.write(lambda txn: raw_objects.edit(txn, bytes.fromhex(b1), lambda value: None))
     with pytest.raises(IntegrityError):
         store.sessions.rewind("claude/x", first.checkpoint, only="code", workspace=str(ws))
     assert (ws / "a.txt").read_text() == "a2" and (ws / "b.txt").read_text() == "b2"

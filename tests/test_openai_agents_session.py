@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -25,6 +23,7 @@ from agentcas.errors import ConflictError  # noqa: E402
 from agentcas.openai_agents import AgentcasSession, thread_name  # noqa: E402
 
 from conftest import run_cli  # noqa: E402
+from support.processes import start_together  # noqa: E402
 
 
 def payload_bytes(store: Store) -> int:
@@ -345,16 +344,6 @@ asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]))
 """
 
 
-def start_together(script: str, args: list[list[str]], barrier) -> list:
-    """Processes running `script` that each wait for the others to be ready before working."""
-    import time
-    barrier.mkdir()
-    procs = [subprocess.Popen([sys.executable, "-c", script, *a, str(barrier)]) for a in args]
-    while len(list(barrier.iterdir())) < len(procs):
-        assert all(p.poll() is None for p in procs)
-        time.sleep(0.01)
-    (barrier / "go").touch()
-    return procs
 
 
 def test_several_processes_adding_to_one_session_lose_nothing(tmp_path):

@@ -686,12 +686,20 @@ class Snapshotter:
         directories: dict[str, dict] = {}  # rel dir -> {name: entry} in the previous tree
 
         def entries_of(rel_dir: str) -> dict:
-            if rel_dir not in directories:
+            # Walk down from the nearest loaded ancestor (a loop: a tree can be deeper
+            # than Python's recursion limit).
+            missing = []
+            while rel_dir not in directories:
+                missing.append(rel_dir)
+                if rel_dir == "":
+                    break
+                rel_dir = rel_dir.rpartition("/")[0]
+            for rel_dir in reversed(missing):
                 if rel_dir == "":
                     tree_id = self.previous_tree
                 else:
                     parent, _, name = rel_dir.rpartition("/")
-                    entry = entries_of(parent).get(name)
+                    entry = directories[parent].get(name)
                     tree_id = entry.id if entry is not None and entry.type == "dir" else None
                 data = None if tree_id is None else load_object(self.objects, tree_id, framing.KIND_TREE)
                 directories[rel_dir] = {} if data is None else {e.name: e for e in Tree.decode(data).entries}
