@@ -250,20 +250,22 @@ def test_a_format_1_store_works_through_the_cli_and_a_newer_one_is_refused(tmp_p
     made = run_cli("--json", "commit", ws, "-m", "in format 2", store=store)
     assert made.code == 0 and run_cli("--json", "show", "main", store=store).json()["format"] == 2
     assert run_cli("checkout", "main@{3}", tmp_path / "old", store=store).code == 0
-    # The same store marked as a future format 3: refused, saying to upgrade.
+    # The same store marked as a future format: refused, saying to upgrade.
     import lmdb
 
     from agentcas.cas import encoding
     from agentcas.cas.sealed import seal, unseal
+    from agentcas.cas.store_format import STORE_FORMAT
+    future = STORE_FORMAT + 1
     env = lmdb.open(str(store), max_dbs=20)
     meta = env.open_db(b"meta")
     with env.begin(write=True) as txn:
         doc = encoding.decode(unseal("meta", b"format", txn.get(b"format", db=meta)))
-        txn.put(b"format", seal("meta", b"format", encoding.encode(dict(doc, format=3))), db=meta)
+        txn.put(b"format", seal("meta", b"format", encoding.encode(dict(doc, format=future))), db=meta)
     env.close()
     for args in (("log", "main"), ("commit", ws, "-m", "refused")):
         err = one_line_error(run_cli(*args, store=store), 4)
-        assert "format 3" in err and "upgrade agentcas" in err
+        assert f"format {future}" in err and "upgrade agentcas" in err
 
 
 # -- --refs with a directory store is a usage error ------------------------------------------------

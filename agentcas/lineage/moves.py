@@ -59,7 +59,11 @@ class Move:
     history_implied: bool = False  # new.history is new.checkpoint's own (the reflog row omits it)
 
 
-def read_state(stores: Stores, thread: str) -> ThreadState | None:
+def read_state(stores: Stores, thread: str, lease: Lease | None = None) -> ThreadState | None:
+    """`thread`'s state: as a lease from `lease_for(..., thread)` found it (no request;
+    `move_thread` checks it again when it lands), else read now."""
+    if lease is not None and lease.prefetched is not None and lease.reads == threads.base_reads(thread):
+        return threads.decode_base(thread, lease.prefetched).state
     return threads.read_base(stores.meta, thread).state
 
 

@@ -62,7 +62,7 @@ def commit_workspace(stores: Stores, store_path: str | None, workspace: str, rea
         # A rollout file inside the workspace is stored once, as history, not as a file too.
         skip_files = [rollout_file] if rollout_file else []
         known = stores.known
-        head = read_state(stores, thread)
+        head = read_state(stores, thread, lease)  # only counts unchanged files: may be stale
         previous_tree = None if head is None or head.checkpoint is None else \
             revisions.load_checkpoint(source, head.checkpoint).tree  # to count unchanged files
         tree, stats, needed = snapshot(source, stores.local, workspace, allow_secrets,
