@@ -65,7 +65,7 @@ MUTATIONS = {
            ["        if os.path.lexists(dest):\n            raise ConflictError(f\"destination appeared"],
            ["        if False:\n            raise ConflictError(f\"destination appeared"],
            [M + "test_checkout_never_replaces_a_dest_created_while_it_ran"]),
-    "11": ("agentcas/gc/sweep.py", ["        if plan.is_young(written_at):\n            continue\n"], [""],
+    "11": ("agentcas/gc/sweep.py", ["            if plan.is_young(written_at):\n                continue\n"], [""],
            [M + "test_sweep_keeps_an_object_stored_again_after_planning"]),
     "12": ("agentcas/lineage/rollout.py", ["        if len(raw) > MAX_RECORD_BYTES:"], ["        if False:"],
            [M + "test_a_record_longer_than_the_limit_is_refused_by_its_line_number"]),
@@ -81,8 +81,8 @@ MUTATIONS = {
            ["tests/test_bundle.py::test_object_defects_are_refused[kind-mismatch]"],
            # and the closure walk's own kind check, so the kind is checked only while writing:
            ("agentcas/lineage/closure.py", ["        if header[0] != kind:\n"], ["        if False:\n"])),
-    "S3": ("agentcas/lineage/rollout.py", ["if node.skip is not None and skip_index(node.index) >= index:"],
-           ["if node.skip is not None and skip_index(node.index) > index:"],
+    "S3": ("agentcas/lineage/rollout.py", ["if skip is not None and skip_index(at) >= index:"],
+           ["if skip is not None and skip_index(at) > index:"],
            ["tests/test_rollout.py::test_appends_load_log_n_segments"]),
     # The lease protocol (cas/leases.py): gc and writers without one transaction spanning both.
     "La": ("agentcas/lineage/moves.py",
@@ -219,6 +219,13 @@ MUTATIONS = {
            ["        if (seq, offset, digest) != (head.seq, head.offset, head.digest):\n"], ["        if False:\n"],
            ["tests/test_rollout.py::test_history_verify_refuses_a_head_position_that_lies_about_its_prefix[digest]",
             "tests/test_rollout.py::test_history_verify_refuses_a_head_position_that_lies_about_its_prefix[seq]"]),
+    # A server that stopped answering: the error's seconds cover the whole wait (a failed
+    # writer gives its lease back without asking again; the seconds are rounded up).
+    "Tw": ("agentcas/cas/leases.py", ["        if exc[0] is not None and issubclass(exc[0], MetadataUnavailable):\n"],
+           ["        if False:\n"],
+           ["tests/test_metastore_postgres.py::test_the_error_says_at_least_the_time_the_caller_waited"]),
+    "Tr": ("agentcas/cas/retry.py", ["in {math.ceil(self.elapsed)}s"], ["in {self.elapsed:.0f}s"],
+           ["tests/test_metastore_postgres.py::test_the_error_says_at_least_the_time_the_caller_waited"]),
     # The web view (agentcas/ui/server.py, pages.py, lineage_view.py): each check removed in turn.
     "Uh": ("agentcas/ui/server.py", ["        if not _host_allowed(self.server, self.headers.get(\"Host\")):\n"],
            ["        if False:\n"], ["tests/test_ui.py::test_a_host_header_naming_another_server_is_refused"]),
