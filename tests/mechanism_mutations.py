@@ -226,6 +226,18 @@ MUTATIONS = {
            ["tests/test_metastore_postgres.py::test_the_error_says_at_least_the_time_the_caller_waited"]),
     "Tr": ("agentcas/cas/retry.py", ["in {math.ceil(self.elapsed)}s"], ["in {self.elapsed:.0f}s"],
            ["tests/test_metastore_postgres.py::test_the_error_says_at_least_the_time_the_caller_waited"]),
+    # PostgreSQL's exchange: a value expected on an absent row does not hold (here: it does).
+    "Xa": ("agentcas/cas/metastore/postgres.py", ["        IF v IS DISTINCT FROM e_val[i] THEN\n"],
+           ["        IF v IS NOT NULL AND v IS DISTINCT FROM e_val[i] THEN\n"],
+           ["tests/test_metastore_conformance.py::test_exchange_reads_expects_and_writes_atomically[postgres]"]),
+    # A shared store's refs database is used only beside its own prefix (here: beside any
+    # initialised one, as long as some marker is there).
+    "Bp": ("agentcas/cas/backends.py", ["    if marker is None or _marker_id(marker) != bound[\"id\"]:\n"],
+           ["    if marker is None:\n"],
+           ["tests/test_shared_store_urls.py::test_refs_of_one_store_beside_the_prefix_of_another_are_refused"]),
+    # gc's roots: the newest reflog entry of every thread (here: of the last in key order only).
+    "Rr": ("agentcas/gc/roots.py", ["                if current is not None:\n                    judge(*current)\n"],
+           [""], ["tests/test_gc.py::test_every_threads_newest_reflog_entry_is_a_root_not_only_the_last_threads"]),
     # The web view (agentcas/ui/server.py, pages.py, lineage_view.py): each check removed in turn.
     "Uh": ("agentcas/ui/server.py", ["        if not _host_allowed(self.server, self.headers.get(\"Host\")):\n"],
            ["        if False:\n"], ["tests/test_ui.py::test_a_host_header_naming_another_server_is_refused"]),

@@ -153,6 +153,23 @@ def test_reflog_keeps_reverted_head_until_it_expires(any_store, tmp_path):
     assert store.resolve("main") == Digest.parse(third)
 
 
+def test_every_threads_newest_reflog_entry_is_a_root_not_only_the_last_threads(any_store, tmp_path):
+    """Roots (gc/roots.py reflog_roots): the reflog is scanned thread by thread in key order,
+    and each thread's newest entry keeps the checkpoint it left, for the first thread as
+    for the last: a revert of `alpha` is undoable after gc --expire-reflog now."""
+    store = any_store
+    ws = tmp_path / "ws"
+    first = store.checkpoints.commit(write_files(ws, {"a": os.urandom(50_000)}), "one", thread="alpha").to_json()
+    second = store.checkpoints.commit(write_files(ws, {"a": os.urandom(60_000)}), "two", thread="alpha").to_json()
+    store.checkpoints.commit(write_files(ws, {"b": b"beta's\n"}), "beta's", thread="beta")
+    store.threads.revert("alpha", first["checkpoint"])
+    store.gc.run(grace=0, expire_reflog=0, now=later())
+    out = tmp_path / "out"
+    store.checkpoints.checkout(second["checkpoint"], str(out))  # the checkpoint the revert left
+    assert (out / "a").stat().st_size == 60_000
+    assert store.gc.fsck().to_json()["ok"]
+
+
 def _segments(store: Store, head) -> list[Digest]:
     with views(store) as txn:
         history = rollout.History(txn)

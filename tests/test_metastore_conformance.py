@@ -391,6 +391,10 @@ def test_exchange_reads_expects_and_writes_atomically(meta):
     assert not meta.exchange(expect=[("refs", b"b", None)], writes=[("refs", b"c", b"!")])[0]
     with meta.reader() as txn:
         assert txn.get("refs", b"c") is None
+    # A value expected on a row that is absent does not hold (nor is the row made to hold it).
+    assert not meta.exchange(expect=[("refs", b"absent", b"1")], writes=[("refs", b"c", b"!")])[0]
+    with meta.reader() as txn:
+        assert txn.get("refs", b"c") is None and txn.get("refs", b"absent") is None
 
 
 def test_exchange_keeps_binary_keys_and_values_exact(meta):
