@@ -238,6 +238,14 @@ MUTATIONS = {
     # gc's roots: the newest reflog entry of every thread (here: of the last in key order only).
     "Rr": ("agentcas/gc/roots.py", ["                if current is not None:\n                    judge(*current)\n"],
            [""], ["tests/test_gc.py::test_every_threads_newest_reflog_entry_is_a_root_not_only_the_last_threads"]),
+    # A sweep batch marks the signatures of checkpoints brought back since the plan.
+    "Sb": ("agentcas/gc/sweep.py", ["                result.remarked += mark_signatures(txn, objects, plan.marked)\n"],
+           ["                pass\n"],
+           ["tests/test_gc.py::test_a_signed_checkpoint_brought_back_during_gc_keeps_its_signature"]),
+    # Import refuses a rollback by ancestry too, which is all an unsigned bundle offers.
+    "Ra": ("agentcas/exchange/bundle.py",
+           ["    if not older:\n        older = is_ancestor(objects, checkpoint, Digest.parse(last[\"checkpoint\"]))\n"],
+           [""], ["tests/test_bundle.py::test_an_unsigned_bundle_of_an_ancestor_is_refused_as_a_rollback"]),
     # The web view (agentcas/ui/server.py, pages.py, lineage_view.py): each check removed in turn.
     "Uh": ("agentcas/ui/server.py", ["        if not _host_allowed(self.server, self.headers.get(\"Host\")):\n"],
            ["        if False:\n"], ["tests/test_ui.py::test_a_host_header_naming_another_server_is_refused"]),

@@ -488,6 +488,26 @@ def test_fast_forward_rollback_and_conflict(exchange, run, workspace):
     assert store_rows(dst) == before
 
 
+def test_an_unsigned_bundle_of_an_ancestor_is_refused_as_a_rollback(exchange, run):
+    """Without signatures there is no signed time to compare: the checkpoint already
+    imported descends from the bundle's, and that alone refuses the rollback."""
+    src, dst, _, tmp = exchange
+    for name, rev in (("u1", "main~1"), ("u2", "main")):
+        assert run("export", rev, "-o", tmp / f"{name}.bundle", store=src).code == 0
+    imported = run("--json", "import", tmp / "u2.bundle", "--as", "main", "--allow-unsigned", store=dst)
+    assert imported.code == 0 and imported.json()["signature"] == "absent", imported
+    before = store_rows(dst)
+    rollback = run("import", tmp / "u1.bundle", "--as", "main", "--allow-unsigned", store=dst)
+    assert rollback.code == 4, rollback
+    assert rollback.err.startswith("agentcas: error: bundle checkpoint ") and rollback.err.count("\n") == 1
+    assert "already imported into thread 'main' (signed unsigned); refusing a rollback" in rollback.err, rollback.err
+    assert store_rows(dst) == before
+    # With the thread deleted, only the record of what was imported into it refuses.
+    assert run("branch", "-d", "main", store=dst).code == 0
+    assert run("import", tmp / "u1.bundle", "--as", "main", "--allow-unsigned", store=dst).code == 4
+    assert run("import", tmp / "u1.bundle", "--as", "main", "--allow-unsigned", "--allow-rollback", store=dst).code == 0
+
+
 def test_rollback_by_signed_time(receiver, tmp_path):
     newer = good_craft(sign=False)
     newer.sign(signed_at="2026-11-29T12:00:00.000000Z")

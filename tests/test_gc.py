@@ -295,6 +295,27 @@ def test_ref_moved_during_gc_is_marked_before_sweeping(any_store, tmp_path):
     store.checkpoints.checkout("rescued", str(tmp_path / "out"))
 
 
+def test_a_signed_checkpoint_brought_back_during_gc_keeps_its_signature(any_store, tmp_path):
+    """The sweep marks the signatures of checkpoints that threads reach again since the plan
+    (gc/sweep.py sweep_batch): the signature object is kept with its checkpoint, not only
+    its `signatures` row, so the rescued checkpoint still verifies and fsck stays clean."""
+    from agentcas.signing import keys
+    store = any_store
+    made = keys.write_keypair("alice", str(tmp_path / "k"))
+    store.trust.add("alice", made["public_key"])
+    orphan = store.checkpoints.commit(write_files(tmp_path / "ws", {"a": os.urandom(20_000)}), "x",
+                                      thread="t").to_json()["checkpoint"]
+    store.trust.sign(orphan, made["private_key"])
+    store.threads.delete("t")
+    plan = store.gc.plan(grace=0, expire_reflog=0, now=later())
+    assert plan.reclaimable["objects"] >= 4  # chunk, tree, checkpoint, signature
+    store.threads.create("rescued", orphan[:12])
+    result = execute(store.stores, plan)
+    assert result["deleted"]["objects"] == 0
+    assert store.gc.fsck().to_json()["ok"]
+    assert store.trust.verify(orphan).signature == "valid"
+
+
 def test_signatures_live_with_their_checkpoint(any_store, tmp_path):
     store = any_store
     cp = Digest.parse(store.checkpoints.commit(write_files(tmp_path / "ws", {"a": b"x" * 100}), "x", thread="t").to_json()["checkpoint"])
