@@ -246,6 +246,9 @@ MUTATIONS = {
     "Ra": ("agentcas/exchange/bundle.py",
            ["    if not older:\n        older = is_ancestor(objects, checkpoint, Digest.parse(last[\"checkpoint\"]))\n"],
            [""], ["tests/test_bundle.py::test_an_unsigned_bundle_of_an_ancestor_is_refused_as_a_rollback"]),
+    # Import's pass 2 re-verifies each record it writes (the file may change after pass 1).
+    "I2": ("agentcas/exchange/bundle_format.py", ["            read_record_value(framed, kind, Digest(raw))\n"],
+           ["            pass\n"], ["tests/test_bundle.py::test_a_bundle_changed_between_its_check_and_its_write_is_refused"]),
     # The web view (agentcas/ui/server.py, pages.py, lineage_view.py): each check removed in turn.
     "Uh": ("agentcas/ui/server.py", ["        if not _host_allowed(self.server, self.headers.get(\"Host\")):\n"],
            ["        if False:\n"], ["tests/test_ui.py::test_a_host_header_naming_another_server_is_refused"]),

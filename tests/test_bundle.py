@@ -44,6 +44,36 @@ def refused(store: Store, data: bytes, tmp_path, fragment: str, **options) -> st
     return str(info.value)
 
 
+def test_a_bundle_changed_between_its_check_and_its_write_is_refused(receiver, tmp_path):
+    """Pass 2 re-verifies every record it writes (exchange/bundle_format.py iter_records): a
+    byte of the last object flipped in the file after pass 1 accepted it is refused, the
+    damaged object is not stored and no thread moves."""
+    path = tmp_path / "changing.bundle"
+    path.write_bytes(good_craft().bytes())
+    with open(path, "rb") as handle:
+        parsed = bf.parse(handle)
+    last = parsed.objects_start + parsed.manifest.object_bytes - 1
+    damaged = parsed.index.order[-1]
+
+    def flip_the_last_objects_last_byte():
+        with open(path, "r+b") as handle:
+            handle.seek(last)
+            byte = handle.read(1)
+            handle.seek(last)
+            handle.write(bytes([byte[0] ^ 0x01]))
+
+    threads_before = [t.to_json() for t in receiver.threads.list()]
+    with testing_hooks.on("import.before_write", flip_the_last_objects_last_byte):
+        with pytest.raises(IntegrityError) as info:
+            receiver.remotes.import_bundle(str(path), "main")
+    assert info.value.exit_code == 4
+    assert str(info.value).startswith("bundle changed while it was being imported (bundle object hash mismatch: ") \
+        and damaged.hex() in str(info.value), str(info.value)
+    assert [t.to_json() for t in receiver.threads.list()] == threads_before
+    assert not receiver.source.has(Digest(damaged))
+    assert receiver.gc.fsck().to_json()["ok"]
+
+
 def test_good_crafted_bundle_imports(receiver, tmp_path):
     path = tmp_path / "good.bundle"
     path.write_bytes(good_craft().bytes())
