@@ -249,6 +249,11 @@ MUTATIONS = {
     # Import's pass 2 re-verifies each record it writes (the file may change after pass 1).
     "I2": ("agentcas/exchange/bundle_format.py", ["            read_record_value(framed, kind, Digest(raw))\n"],
            ["            pass\n"], ["tests/test_bundle.py::test_a_bundle_changed_between_its_check_and_its_write_is_refused"]),
+    # Ingest re-hashes the stored part of a file that only grew (a same-length edit there).
+    "Ig": ("agentcas/harnesses/new_lines.py",
+           ["            if job.prefix_digest is not None and hasher is not None and hasher.digest() != job.prefix_digest:\n"],
+           ["            if False:\n"],
+           ["tests/test_harness_ingest.py::test_a_same_length_edit_inside_the_ingested_part_of_a_grown_file_is_refused"]),
     # The web view (agentcas/ui/server.py, pages.py, lineage_view.py): each check removed in turn.
     "Uh": ("agentcas/ui/server.py", ["        if not _host_allowed(self.server, self.headers.get(\"Host\")):\n"],
            ["        if False:\n"], ["tests/test_ui.py::test_a_host_header_naming_another_server_is_refused"]),
