@@ -254,6 +254,9 @@ MUTATIONS = {
            ["            if job.prefix_digest is not None and hasher is not None and hasher.digest() != job.prefix_digest:\n"],
            ["            if False:\n"],
            ["tests/test_harness_ingest.py::test_a_same_length_edit_inside_the_ingested_part_of_a_grown_file_is_refused"]),
+    # A segment's index follows its base's (fsck and import, through the closure walk).
+    "Si": ("agentcas/lineage/rollout.py", ["            if base.index + 1 != segment.index:\n"], ["            if False:\n"],
+           ["tests/test_fsck.py::test_a_segment_whose_index_does_not_follow_its_base_is_reported_and_refused"]),
     # The web view (agentcas/ui/server.py, pages.py, lineage_view.py): each check removed in turn.
     "Uh": ("agentcas/ui/server.py", ["        if not _host_allowed(self.server, self.headers.get(\"Host\")):\n"],
            ["        if False:\n"], ["tests/test_ui.py::test_a_host_header_naming_another_server_is_refused"]),
