@@ -257,6 +257,15 @@ MUTATIONS = {
     # A segment's index follows its base's (fsck and import, through the closure walk).
     "Si": ("agentcas/lineage/rollout.py", ["            if base.index + 1 != segment.index:\n"], ["            if False:\n"],
            ["tests/test_fsck.py::test_a_segment_whose_index_does_not_follow_its_base_is_reported_and_refused"]),
+    # Leases, three more: an expired lease is dead whoever holds it; a landing checks its own
+    # lease's clock before sending; every batch of a long write refreshes the lease.
+    "Lf": ("agentcas/cas/leases.py", ["        if self.expires_at + CLOCK_MARGIN < now:\n            return False\n"], [""],
+           [M + "test_an_expired_lease_of_another_host_does_not_hold_gc_off"]),
+    "Lg": ("agentcas/lineage/moves.py", ["    lease.check_clock()\n"], [""],
+           [M + "test_a_landing_whose_own_lease_ran_out_raises_before_it_sends_anything"]),
+    "Lh": ("agentcas/cas/writer.py", ["            with self._lock:\n                self.lease.refresh()\n"],
+           ["            with self._lock:\n                pass\n"],
+           [M + "test_a_long_commit_refreshes_its_lease_and_lands_while_gc_runs"]),
     # The web view (agentcas/ui/server.py, pages.py, lineage_view.py): each check removed in turn.
     "Uh": ("agentcas/ui/server.py", ["        if not _host_allowed(self.server, self.headers.get(\"Host\")):\n"],
            ["        if False:\n"], ["tests/test_ui.py::test_a_host_header_naming_another_server_is_refused"]),
