@@ -69,6 +69,11 @@ MUTATIONS = {
            [M + "test_sweep_keeps_an_object_stored_again_after_planning"]),
     "12": ("agentcas/lineage/rollout.py", ["        if len(raw) > MAX_RECORD_BYTES:"], ["        if False:"],
            [M + "test_a_record_longer_than_the_limit_is_refused_by_its_line_number"]),
+    # ... at its exact boundary, either way off by one.
+    "12a": ("agentcas/lineage/rollout.py", ["        if len(raw) > MAX_RECORD_BYTES:"], ["        if len(raw) >= MAX_RECORD_BYTES:"],
+            [M + "test_a_record_of_exactly_the_limit_is_accepted_and_one_byte_more_refused"]),
+    "12b": ("agentcas/lineage/rollout.py", ["        if len(raw) > MAX_RECORD_BYTES:"], ["        if len(raw) > MAX_RECORD_BYTES + 1:"],
+            [M + "test_a_record_of_exactly_the_limit_is_accepted_and_one_byte_more_refused"]),
     # The three sharpened tests.
     "S1": ("agentcas/exchange/bundle_format.py",
            ["    if manifest.object_bytes > size - objects_start:\n        raise BundleCorrupt(\"bundle is truncated "

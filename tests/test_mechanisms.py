@@ -355,6 +355,21 @@ def test_a_record_longer_than_the_limit_is_refused_by_its_line_number():
     assert [item.to_json() for item in store.threads.list()] == []
 
 
+def test_a_record_of_exactly_the_limit_is_accepted_and_one_byte_more_refused():
+    """Mechanism 12 at its boundary: the limit counts a record's bytes with its newline; a
+    line of exactly 64 MiB is appended whole, one of 64 MiB + 1 byte refused."""
+    store = Store.memory()
+    limit = 64 * 1024 * 1024
+    exact = b'{"blob": "' + b"x" * (limit - 13) + b'"}\n'
+    assert len(exact) == limit
+    assert store.history.append("main", exact).to_json()["appended"] == 1
+    assert b"".join(store.history.read("main")) == exact
+    with pytest.raises(AgentcasError) as info:
+        store.history.append("main", exact[:10] + b"x" + exact[10:])
+    assert str(info.value) == f"line 1: record longer than {limit} bytes"
+    assert b"".join(store.history.read("main")) == exact
+
+
 # --- the lease protocol's own mechanisms (cas/leases.py, lineage/moves.py, gc/sweep.py) ----------
 
 def garbage(store: Store, tmp_path, tag: str = "garbage") -> int:
