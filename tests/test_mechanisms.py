@@ -1,7 +1,8 @@
 """Safety mechanisms that must stay caught: one test per mechanism.
 
-Twelve mechanisms of the write, import, restore and gc paths, then five of the lease
-protocol (cas/leases.py); their numbers are those of docs/RELIABILITY.md.
+Twelve mechanisms of the write, import, restore and gc paths (the record limit also at
+its exact boundary), then eight of the lease protocol (cas/leases.py); their numbers are
+those of docs/RELIABILITY.md.
 
 A mutation audit found that each of these could be deleted with every other test still
 passing. Each test below fails when its mechanism is removed (each was checked by
