@@ -49,6 +49,7 @@ INDEX_KEY = 8                        # id bytes an index key keeps
 ID_SIZE = 32
 BIG_PACK_BYTES = 64 * 1024           # a pack of large records closes once it holds this much
 LEAF_BYTES = 2016                    # the largest value kept inside a 4 KiB LMDB leaf page
+RECENT_PACKS = 256                   # packs a reader keeps at hand within one transaction
 _U64 = struct.Struct(">Q")
 
 
@@ -122,7 +123,11 @@ def record_fields(pack, offset: int) -> tuple[int, int, int, int, int, int]:
         size = pack[at + 1]
         at += 2
         if size >= 0x80:
-            size, at = read_varint(pack, at - 1)
+            second = pack[at]
+            if 0 < second < 0x80:
+                size, at = (size & 0x7F) | second << 7, at + 1
+            else:
+                size, at = read_varint(pack, at - 1)
         age = pack[at]
         at += 1
         if age >= 0x80:
@@ -130,7 +135,11 @@ def record_fields(pack, offset: int) -> tuple[int, int, int, int, int, int]:
         length = pack[at]
         at += 1
         if length >= 0x80:
-            length, at = read_varint(pack, at - 1)
+            second = pack[at]
+            if 0 < second < 0x80:
+                length, at = (length & 0x7F) | second << 7, at + 1
+            else:
+                length, at = read_varint(pack, at - 1)
         base = _U64.unpack_from(pack, 1)[0]
     except (NotCanonical, IndexError, struct.error) as exc:
         raise CorruptPack(f"pack record at offset {offset} is damaged: {exc or 'truncated'}") from None
@@ -166,21 +175,12 @@ def record_offsets(pack) -> Iterator[tuple[int, int]]:
 
 
 def decode_locations(value) -> list[tuple[int, int]]:
-    """The (pack, offset) locations of an index row (one-byte varints read inline: hot path)."""
+    """The (pack, offset) locations of an index row."""
     out, at, end = [], 0, len(value)
-    try:
-        while at < end:
-            pack = value[at]
-            at += 1
-            if pack >= 0x80:
-                pack, at = read_varint(value, at - 1)
-            offset = value[at]
-            at += 1
-            if offset >= 0x80:
-                offset, at = read_varint(value, at - 1)
-            out.append((pack, offset))
-    except (NotCanonical, IndexError) as exc:
-        raise CorruptPack(f"index row is damaged: {exc or 'truncated'}") from None
+    while at < end:
+        pack, at = _small_varint(value, at)
+        offset, at = _small_varint(value, at)
+        out.append((pack, offset))
     return out
 
 
@@ -202,45 +202,59 @@ def locate(txn, raw: bytes) -> tuple[int, Record] | None:
     return None if found is None else (found[0], read_record(found[1], found[2]))
 
 
-def _find(txn, raw: bytes):
-    """(pack number, pack value, record offset, record fields) of object `raw`, or None;
-    CorruptPack if its index row or record is damaged. The one lookup behind every read: an
-    index row, a pack (a view into the store when the reader has buffers) and one record's
-    fields, with nothing copied and no object made."""
+def _find(txn, raw: bytes, fields: bool = True, recent: dict | None = None):
+    """(pack number, pack value, record offset, record fields or None without `fields`) of
+    object `raw`, or None; CorruptPack if its index row or record is damaged. The one lookup
+    behind every read: an index row, a pack (a view into the store when the reader has
+    buffers) and one record's fields, with nothing copied and no object made. `recent`
+    ({pack number: pack}, kept by a reader for one transaction) spares a walk the pack
+    lookup when it reads objects written together, as walks do."""
     row = txn.get(INDEX, raw[:INDEX_KEY])
     if row is None:
         return None
     at, end = 0, len(row)
     while at < end:
-        try:  # decode_locations, inline: one location per row nearly always
-            number = row[at]
-            at += 1
-            if number >= 0x80:
-                number, at = read_varint(row, at - 1)
-            offset = row[at]
-            at += 1
-            if offset >= 0x80:
-                offset, at = read_varint(row, at - 1)
-        except (NotCanonical, IndexError) as exc:
-            raise CorruptPack(f"index row is damaged: {exc or 'truncated'}") from None
-        pack = txn.get(PACKS, _U64.pack(number))
+        number, at = _small_varint(row, at)
+        offset, at = _small_varint(row, at)
+        pack = None if recent is None else recent.get(number)
         if pack is None:
-            raise CorruptPack(f"the index names pack {number}, which is missing")
-        fields = record_fields(pack, offset)
+            pack = txn.get(PACKS, _U64.pack(number))
+            if pack is None:
+                raise CorruptPack(f"the index names pack {number}, which is missing")
+            if recent is not None:
+                if len(recent) >= RECENT_PACKS:
+                    recent.clear()
+                recent[number] = pack
         held = pack[offset:offset + ID_SIZE]
         if held == raw:
-            return number, pack, offset, fields
+            return number, pack, offset, record_fields(pack, offset) if fields else None
         if held[:INDEX_KEY] != raw[:INDEX_KEY]:
+            record_fields(pack, offset)  # a damaged record is named as such
             raise CorruptPack(f"the index row of {raw[:INDEX_KEY].hex()} names pack {number} offset {offset}, "
                               f"which holds {bytes(held).hex()}")
     return None
 
 
-def get(txn, raw: bytes):
+def _small_varint(data, at: int) -> tuple[int, int]:
+    """(value, position after it) of the varint at `at`, one and two bytes read here (pack
+    numbers and offsets, sizes); CorruptPack if damaged."""
+    try:
+        first = data[at]
+        if first < 0x80:
+            return first, at + 1
+        second = data[at + 1]
+        if 0 < second < 0x80:
+            return (first & 0x7F) | second << 7, at + 2
+        return read_varint(data, at)
+    except (NotCanonical, IndexError) as exc:
+        raise CorruptPack(f"index row is damaged: {exc or 'truncated'}") from None
+
+
+def get(txn, raw: bytes, recent: dict | None = None):
     """The stored value (section 3.1) of object `raw`, or None; IntegrityError naming it if damaged."""
     raw = bytes(raw)
     try:
-        found = _find(txn, raw)
+        found = _find(txn, raw, recent=recent)
     except CorruptPack as exc:
         raise IntegrityError(f"object {raw.hex()} is corrupt: {exc}") from None
     if found is not None:
@@ -250,18 +264,18 @@ def get(txn, raw: bytes):
     return None if value is None else bytes(value)
 
 
-def has(txn, raw: bytes) -> bool:
+def has(txn, raw: bytes, recent: dict | None = None) -> bool:
     raw = bytes(raw)
     try:
-        return _find(txn, raw) is not None or txn.get(LEGACY, raw) is not None
+        return _find(txn, raw, fields=False, recent=recent) is not None or txn.get(LEGACY, raw) is not None
     except CorruptPack:
         return True  # something is stored there: a read names the damage
 
 
-def header(txn, raw: bytes) -> bytes | None:
+def header(txn, raw: bytes, recent: dict | None = None) -> bytes | None:
     raw = bytes(raw)
     try:
-        found = _find(txn, raw)
+        found = _find(txn, raw, recent=recent)
     except CorruptPack as exc:
         raise IntegrityError(f"object {raw.hex()} is corrupt: {exc}") from None
     if found is not None:
@@ -283,17 +297,22 @@ def list_objects(txn, start: bytes | None = None) -> Iterator[BlobInfo]:
 def _list_packed(txn, start):
     first = None if start is None else bytes(start[:INDEX_KEY])
     for _, row in txn.scan(INDEX, start=first):
-        infos = []
-        for number, offset in decode_locations(row):
+        at, end, infos = 0, len(row), []
+        while at < end:
+            try:
+                number, at = _small_varint(row, at)
+                offset, at = _small_varint(row, at)
+            except CorruptPack:
+                break  # fsck names the row; a listing lists what it can read
             pack = txn.get(PACKS, _U64.pack(number))
             try:
-                kind, _, _, written_at, at, end = record_fields(pack, offset)
+                kind, _, _, written_at, body, stop = record_fields(pack, offset)
             except (CorruptPack, TypeError):
-                continue  # fsck names it; a listing lists what it can read
+                continue
             raw = bytes(pack[offset:offset + ID_SIZE])
             if start is None or raw >= start:
                 # The size of its stored value (section 3.1), as a read returns it.
-                infos.append(BlobInfo(raw, framing.HEADER_SIZE + end - at, float(written_at), kind))
+                infos.append(BlobInfo(raw, framing.HEADER_SIZE + stop - body, float(written_at), kind))
         if len(infos) > 1:
             infos.sort(key=lambda info: info.key)
         yield from infos

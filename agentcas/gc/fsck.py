@@ -6,7 +6,8 @@ transaction for an embedded store; a listing of the bucket for a shared one).
    imports, signatures, and this machine's statcache) is unsealed (its keyed checksum
    catches a flipped byte); refs, reflog entries and leases are decoded too. `signatures` rows must be 64-byte keys
    naming a stored signature.
-2. Objects: the blob store is streamed (for a shared store, the bucket itself, read in
+2. Objects: the blob store is streamed (an embedded store's pack by pack, checking the
+   packs on the way: step 5; for a shared store, the bucket itself, read in
    parallel batches: never this machine's cache, which may hold a good copy of an object
    the bucket holds damaged); each value's header CRC is checked, its body
    unframed (bounded decompression) and hashed against its id, and structured objects
