@@ -84,36 +84,43 @@ def cat(machine: Machine, thread: str) -> bytes:
         store.close()
 
 
-def hook_parent(m: Machine, parent: CodexSession, ends: list[int]) -> None:
-    """The parent captured as Codex runs it: `agentcas hook codex` after each turn."""
-    path = session_path(m.home, parent)
+def hook_session(m: Machine, session: CodexSession, ends: list[int]) -> None:
+    """A session captured as Codex runs it: `agentcas hook codex` after each turn."""
+    path = session_path(m.home, session)
     for number, end in enumerate(ends):
-        path.write_bytes(b"".join(parent.lines[:end]))
-        payload = {"type": "agent-turn-complete", "thread-id": PARENT_ID, "turn-id": f"t{number}",
+        path.write_bytes(b"".join(session.lines[:end]))
+        payload = {"type": "agent-turn-complete", "thread-id": session.thread_id, "turn-id": f"t{number}",
                    "cwd": str(m.ws), "input-messages": [], "last-assistant-message": "done"}
         r = m.run("hook", "codex", json.dumps(payload))
         assert r.code == 0, r
 
 
-@pytest.fixture(params=["whole", "hooks"])
+@pytest.fixture(params=["whole", "hooks", "fork-by-hook"])
 def forked(request, tmp_path):
     """A machine whose store holds a parent (ingested whole, or captured turn by turn by the
-    hook) and its Codex fork copying 80% of it, ingested."""
+    hook) and its Codex fork copying 80% of it (ingested, or captured by the hook at the end
+    of its first turn)."""
     m = Machine(tmp_path)
     assert m.run("init", m.store).code == 0
     parent, ends = parent_session()
-    if request.param == "hooks":
-        hook_parent(m, parent, ends)
+    if request.param != "whole":
+        hook_session(m, parent, ends)
     else:
         path = session_path(m.home, parent)
         path.write_bytes(parent.data())
         assert m.run("ingest", "codex", path).code == 0
     copied = int(len(parent.lines) * 0.8)
     child = fork_of(parent, copied)
-    path = session_path(m.home, child)
-    path.write_bytes(child.data())
-    r = m.run("--json", "ingest", "codex", path)
-    assert r.code == 0 and r.json()["files"][0]["status"] == "ingested", r
+    if request.param == "fork-by-hook":
+        hook_session(m, child, [len(child.lines)])
+    else:
+        path = session_path(m.home, child)
+        path.write_bytes(child.data())
+        r = m.run("--json", "ingest", "codex", path)
+        assert r.code == 0 and r.json()["files"][0]["status"] == "ingested", r
+    tree = m.run("--json", "lineage").json()["threads"]
+    assert tree[0]["thread"] == PARENT and tree[0]["children"][0]["thread"] == CHILD
+    assert tree[0]["children"][0]["forked_from"]["seq"] == copied
     return m, parent, child, copied
 
 

@@ -511,25 +511,7 @@ class Ingest:
         return tracker, start
 
     def _copied(self, parent: str, new: bytes) -> tuple[int, Any]:
-        """How many of the parent's records a Codex fork copied (same record, new timestamp),
-        and the claim that its lines after its own session_meta copy them (the append stores
-        those that are byte for byte copies, timestamp apart, as copies)."""
-        try:
-            parent_head = self.store.threads.get(parent).history
-        except AgentcasError:
-            return 0, None
-        lines = list(iter_lines(new))[1:]  # after the fork's own session_meta
-        if not lines or not parent_head.seq:
-            return 0, None
-        pieces = self.store.history.read_at(parent_head, 0, min(parent_head.seq, len(lines)))
-        count = 0
-        for (_, mine), (_, theirs) in zip(lines, iter_lines(pieces)):
-            a, b = parse_line(mine), parse_line(theirs)
-            if a is None or b is None or a.get("type") != b.get("type") or a.get("payload") != b.get("payload"):
-                break
-            count += 1
-        from agentcas.lineage.rollout import CopyClaim
-        return count, CopyClaim(parent_head, 1, count) if count else None
+        return codex_fork_copy(self.store, parent, new)
 
     # -- landing -----------------------------------------------------------------------------
     def _land_in_background(self, batch: list[_Pending] | None) -> None:
@@ -589,6 +571,29 @@ class Ingest:
             report.checkpoints = result.checkpoints
             self.state.record(item.key, item.st, item.append.thread, result.history.to_doc(), item.turn_seq,
                               item.prefix)
+
+
+def codex_fork_copy(store, parent: str, new: bytes) -> tuple[int, Any]:
+    """How many of the parent's records a Codex fork's new lines copied (same record, new
+    timestamp), and the rollout.CopyClaim that its lines after its own session_meta copy
+    them, as of the parent's head now (None when none did): the append stores those that are
+    byte for byte copies, timestamp apart, as copies (ingest and the hook alike)."""
+    try:
+        parent_head = store.threads.get(parent).history
+    except AgentcasError:
+        return 0, None
+    lines = list(iter_lines(new))[1:]  # after the fork's own session_meta
+    if not lines or not parent_head.seq:
+        return 0, None
+    pieces = store.history.read_at(parent_head, 0, min(parent_head.seq, len(lines)))
+    count = 0
+    for (_, mine), (_, theirs) in zip(lines, iter_lines(pieces)):
+        a, b = parse_line(mine), parse_line(theirs)
+        if a is None or b is None or a.get("type") != b.get("type") or a.get("payload") != b.get("payload"):
+            break
+        count += 1
+    from agentcas.lineage.rollout import CopyClaim
+    return count, CopyClaim(parent_head, 1, count) if count else None
 
 
 def check_stored_prefix(path, handle, thread, based_on) -> None:
