@@ -640,13 +640,19 @@ class History:
             raise CopyTooDeep(f"copied rollout records nest more than {MAX_COPY_DEPTH} copies deep")
         source = b"".join(self.read(copy.source, copy.start, copy.source.seq, depth=depth))
         parts: list[bytes] = []
-        start = 0
-        for head in copy.heads:
-            end = source.find(b"\n", start) + 1
+        start, find, stamped, append = 0, source.find, source.startswith, parts.append
+        for head in copy.heads:   # record_head, inlined: this loop is most of a copy's read
+            end = find(b"\n", start) + 1
             if not end:
                 raise IntegrityError(f"a copy segment names {len(copy.heads)} records of segment "
                                      f"{copy.source.segment.hex() if copy.source.segment else None}, which holds fewer")
-            parts += (head, source[start + record_head(source, start, end):end])
+            tail = start
+            if stamped(_STAMP, start):
+                quote = find(b'"', start + len(_STAMP), min(start + 96, end))
+                if quote >= 0:
+                    tail = quote + 1
+            append(head)
+            append(source[tail:end])
             start = end
         data = b"".join(parts)
         if len(data) != node.length:
