@@ -247,6 +247,21 @@ def _claimed_store(records: list[bytes], copies: list[bytes]) -> tuple[Store, li
 STAMP = b'{"timestamp":"2026-11-30T10:00:%02d.000Z","type":"response_item","payload":'
 
 
+def test_a_claim_whose_source_is_gone_stores_the_lines_as_bytes(tmp_path):
+    """The parent's records deleted between the claim and the append (its thread deleted, a
+    gc): the fork's lines are stored as bytes, whole."""
+    store, _ = Store.init(str(tmp_path / "store"))
+    records = [STAMP % n + json.dumps({"text": "v" * 2000, "n": n}).encode() + b"}\n" for n in range(4)]
+    store.history.ingest([SessionAppend("parent", b"".join(records))])
+    head = store.threads.get("parent").history
+    store.objects.write(lambda txn: raw_objects.edit(txn, head.segment.raw, lambda value: None))
+    copies = [r.replace(b"10:00:", b"11:00:") for r in records]
+    store.history.ingest([SessionAppend("fork", b"".join(copies), copies=CopyClaim(head, 0, 4))])
+    assert copy_segments(store, "fork") == []
+    assert b"".join(store.history.read("fork")) == b"".join(copies)
+    store.close()
+
+
 def test_a_lying_copy_is_refused_by_fsck_and_import(tmp_path):
     """A planted segment whose copy rebuilds other bytes than its digest and length state is
     reported by fsck and refused by pull, nothing written."""

@@ -337,8 +337,9 @@ def prepare_with_copies(history: History, data: bytes, claim: CopyClaim, add_obj
     record's after its head: it is stored as that head alone, in a segment copying the
     source's records (RecordCopy). A line that differs (an edited copy), a run of copies
     shorter than COPY_MIN_BYTES, every line outside the claim, and every line when the
-    source's records are copies MAX_COPY_DEPTH deep, is stored as bytes. Either way the
-    records are `data`'s lines byte for byte, and a copy segment is cut at MAX_SEGMENT_BYTES.
+    source's records are copies MAX_COPY_DEPTH deep (or are no longer stored), is stored as
+    bytes. Either way the records are `data`'s lines byte for byte, and a copy segment is
+    cut at MAX_SEGMENT_BYTES.
     """
     data = normalise(data)
     ends = line_ends(data)
@@ -356,7 +357,7 @@ def prepare_with_copies(history: History, data: bytes, claim: CopyClaim, add_obj
                 if memoryview(piece)[at + record_head(piece, at, end):end] == memoryview(data)[mine:ends[line]]:
                     heads[line - first] = data[starts[line]:mine]
                 line, at = line + 1, end
-    except CopyTooDeep:
+    except (CopyTooDeep, MissingHistory):   # too deep, or the source deleted meanwhile (its thread and a gc)
         heads = [None] * count
     # Runs of lines: (first line, stop line, copied), short runs of copies stored as bytes.
     runs: list[list] = []
