@@ -545,6 +545,8 @@ class SegmentCache:
 
     def put(self, raw: bytes, segment: Segment) -> None:
         size = 200 + len(segment.inline) + 40 * len(segment.chunks)  # roughly what it holds
+        if segment.copy is not None:
+            size += sum(map(len, segment.copy.heads)) + 40 * len(segment.copy.heads)
         if size > self.MAX_BYTES:
             return
         if self.bytes + size > self.MAX_BYTES:
