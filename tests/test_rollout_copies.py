@@ -127,6 +127,8 @@ def forked(request, tmp_path):
 def test_a_fork_stores_its_copy_as_copies_and_reads_back_byte_for_byte(forked, tmp_path):
     m, parent, child, copied = forked
     assert cat(m, CHILD) == child.data()
+    again = m.run("--json", "ingest", "codex", session_path(m.home, child))   # after hooks too: nothing to add
+    assert again.code == 0 and again.json()["appended"] == 0, again
     store = Store.open(str(m.store))
     copies = copy_segments(store, CHILD)
     assert sum(segment.count for segment in copies) == copied
