@@ -286,6 +286,16 @@ MUTATIONS = {
            ["tests/test_ui.py::test_control_and_bidi_characters_are_shown_as_escapes"]),
     "Uf": ("agentcas/ui/lineage_view.py", ["MAX_ROWS = 200\n"], ["MAX_ROWS = 100_000\n"],
            ["tests/test_ui.py::test_lineage_is_folded_beyond_a_bound_with_the_way_to_unfold"]),
+    # Copied records (lineage/rollout.py RecordCopy): gc, bundles and pulls carry what a copy
+    # reads; a claimed copy whose bytes differ is stored as bytes.
+    "Cg": ("agentcas/lineage/closure.py", ["                    stack.append((segment.copy.source.segment, current))\n"],
+           ["                    pass\n"],
+           ["tests/test_rollout_copies.py::test_gc_keeps_what_a_fork_copies_after_its_parent_is_deleted[whole]",
+            "tests/test_rollout_copies.py::test_a_bundle_of_the_fork_alone_carries_what_it_copies[hooks]"]),
+    "Cb": ("agentcas/lineage/rollout.py",
+           ["                if memoryview(piece)[at + record_head(piece, at, end):end] == memoryview(data)[mine:ends[line]]:\n"],
+           ["                if True:\n"],
+           ["tests/test_rollout_copies.py::test_an_edited_copy_is_stored_as_bytes"]),
     # A session change (record_threads.py) lands only on the states its build read, else is rebuilt.
     "Sr": ("agentcas/record_threads.py", ["                    if view.thread(name) != state:\n"],
            ["                    if False:\n"],

@@ -41,6 +41,10 @@ class SessionAppend:
     # `data` prepared ahead (rollout.pack_raw_lines at INGEST_ZSTD_LEVEL, chained from
     # `based_on`'s digest at these marks), e.g. in an ingest worker; `data` may then be empty.
     packed: rollout.PackedLines | None = None
+    # Lines of `data` that copy another history's records (a Codex fork's copy of its
+    # parent): those that are copies are stored as copies (rollout.prepare_with_copies),
+    # `packed` is then not used.
+    copies: rollout.CopyClaim | None = None
 
 
 class Histories:
@@ -111,8 +115,13 @@ class Histories:
         who, created_at, runtime = author or default_author(), utc_now(), runtime_description()
         with Lease(self._stores.meta, "ingest") as lease:
             writer = BatchWriter(self._stores.objects, lease=lease)
-            prepared = prepare_raw([item.data if item.packed is None else item.packed for item in appends],
-                                   writer, INGEST_ZSTD_LEVEL)
+            prepared = prepare_raw([b"" if item.copies is not None else item.data if item.packed is None
+                                    else item.packed for item in appends], writer, INGEST_ZSTD_LEVEL)
+            for number, item in enumerate(appends):
+                if item.copies is not None:
+                    prepared[number] = rollout.prepare_with_copies(self.history(), item.data, item.copies,
+                                                                   writer.add, INGEST_ZSTD_LEVEL)
+            writer.flush()
             return append_many_with_marks(
                 self._stores, lease, [(item.thread, segments, item.marks, item.based_on, item.forked_from)
                                       for item, segments in zip(appends, prepared)], who, created_at, runtime)

@@ -249,6 +249,9 @@ class Fsck:
                 raise _DependencyMissing(f"segment {digest.hex()}: its chunk {ref.id.hex()} is missing")
         if segment.base.segment is not None and not self.source.has(segment.base.segment):
             raise _DependencyMissing(f"segment {digest.hex()}: its base segment is missing")
+        if segment.copy is not None and segment.copy.source.segment is not None \
+                and not self.source.has(segment.copy.source.segment):
+            raise _DependencyMissing(f"segment {digest.hex()}: the segment it copies records from is missing")
         self.history.check_segment(digest, segment)
 
     def check_position(self, position: HistoryPosition, where: str, raise_: bool = False,
