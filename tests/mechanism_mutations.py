@@ -52,8 +52,8 @@ MUTATIONS = {
     "5": ("agentcas/gc/sweep.py", ["previous is not None and previous[0] == name and previous[2] < cutoff"],
           ["previous is not None and previous[2] < cutoff"],
           [M + "test_expire_reflog_now_keeps_each_threads_newest_entry"]),
-    "6": ("agentcas/lineage/moves.py", ["    missing = stores.objects.missing(needed)\n    if missing:\n"],
-          ["    missing = stores.objects.missing(needed)\n    if False:\n"],
+    "6": ("agentcas/lineage/moves.py", ["    missing = stores.source.missing(needed)\n    if missing:\n"],
+          ["    missing = stores.source.missing(needed)\n    if False:\n"],
           [M + "test_commit_reusing_only_old_garbage_fails_cleanly_when_gc_runs_before_it_lands"]),
     "7": ("agentcas/workspace/commit.py", ["            if expect is not None and current != expected:"], ["            if False:"],
           [M + "test_commit_expect_is_rechecked_when_the_thread_moves_during_the_snapshot"]),
@@ -112,7 +112,7 @@ MUTATIONS = {
             "            self.stores.meta.write(partial(self._final, landing=landing))\n"],
            ["",
             "            self.stores.meta.write(partial(self._final, landing=landing))\n"
-            "            self.stores.objects.put_many(landing.objects)\n"],
+            "            self.stores.source.put_many(landing.objects)\n"],
            ["tests/test_langgraph_saver.py::test_every_crash_point_of_a_put_leaves_the_old_or_the_new_checkpoint"]),
     # ... and the same on the embedded store, where objects and refs land in one transaction
     # (here: the objects in a transaction of their own after the refs moved).
@@ -121,7 +121,7 @@ MUTATIONS = {
              "            self.stores.meta.write(partial(self._land_at_once, landing=landing))\n"],
             ["",
              "            self.stores.meta.write(partial(self._land_at_once, landing=landing))\n"
-             "            self.stores.objects.put_many(landing.objects)\n"],
+             "            self.stores.source.put_many(landing.objects)\n"],
             ["tests/test_langgraph_saver.py::test_every_crash_point_of_a_put_leaves_the_old_or_the_new_checkpoint"]),
     # A leaseless (SweepWatch) writer's landing checks that no gc sweep began since it started
     # (here: it lands regardless, as if it had held a lease it never took).

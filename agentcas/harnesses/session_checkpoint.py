@@ -78,7 +78,7 @@ def session_checkpoint(store, workspace: str, thread: str, reason: str, new_line
         with stores.meta.reader() as txn:
             epoch = sweeps_begun(txn).to_bytes(8, "big")
         snapper: list = []
-        tree, stats, needed = snapshot(stores.objects, stores.local, workspace, (), None,
+        tree, stats, needed = snapshot(stores.source, stores.local, workspace, (), None,
                                        [store.path] if store.path else [], skip_files, lease, stores.known,
                                        git_aware=True, skip_secrets=True, snapshotter=snapper,
                                        dir_cache_epoch=epoch)
@@ -90,7 +90,7 @@ def session_checkpoint(store, workspace: str, thread: str, reason: str, new_line
                 data = b"" if refused else new_lines(state)
             except AgentcasError as exc:
                 refused, data = str(exc), b""
-            writer = BatchWriter(stores.objects, lease=lease)
+            writer = BatchWriter(stores.source, lease=lease)
             segments = prepare_raw([data], writer, INGEST_ZSTD)[0]
             testing_hooks.reached("session.before_land")
             try:

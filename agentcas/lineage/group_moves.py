@@ -200,7 +200,7 @@ class GroupWriter:
     def _flush(self) -> None:
         self.mover.hold_lease()  # objects stored before the landing are a lease's to protect
         self.lease.refresh()
-        self.stores.objects.put_many(self.waiting)
+        self.stores.source.put_many(self.waiting)
         self.needed.update(self.waiting)  # stored early: gc must not have taken them by the landing
         self.waiting, self._waiting_bytes = {}, 0
     def store_tree(self, files: dict) -> Digest:
@@ -260,7 +260,7 @@ class GroupWriter:
         def attempt(lost: LostRace | None) -> Landing:
             waiting = dict(content)
             with self.stores.meta.reader() as txn:
-                view = GroupView(txn, _Overlay(self.stores.objects, waiting), self.author_runtime)
+                view = GroupView(txn, _Overlay(self.stores.source, waiting), self.author_runtime)
                 result = plan(view)
             return Landing(view.moves, waiting, self.needed | view.needed, "write", unchanged=view.read,
                            result=result)

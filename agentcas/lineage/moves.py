@@ -215,8 +215,8 @@ def move_refs(txn, landing: Landing) -> None:
 def store_objects(stores: Stores, objects: dict, needed: set, action: str) -> None:
     """Step 2 of a move: store its new objects, then check that what it relies on is
     stored; VanishedObject (nothing moved) if a concurrent gc took any."""
-    stores.objects.put_many(objects)
-    missing = stores.objects.missing(needed)
+    stores.source.put_many(objects)
+    missing = stores.source.missing(needed)
     if missing:
         nothing = "nothing was committed" if action == "commit" else "nothing was changed"
         raise VanishedObject(f"object {sorted(missing)[0].hex()} vanished before the {action} "
