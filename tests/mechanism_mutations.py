@@ -240,6 +240,10 @@ MUTATIONS = {
            ["                    if False:\n"],
            ["tests/test_openai_agents_session.py::"
             "test_a_pop_rebuilds_when_an_add_lands_between_its_read_and_its_landing"]),
+    # A session change whose caller is cancelled finishes in the store before the cancel is raised.
+    "Sc": ("agentcas/record_threads.py", ["            await asyncio.shield(future)\n"],
+           ["            await future\n"],
+           ["tests/test_openai_agents_session.py::test_a_cancelled_add_lands_whole_before_the_cancel_is_raised"]),
 }
 
 

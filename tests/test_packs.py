@@ -174,6 +174,19 @@ def test_fsck_names_an_index_row_whose_pack_is_gone_and_a_wrong_live_row(tmp_pat
     assert any(p["what"] == "pack" and "live row" in p["message"] for p in doc["problems"])
 
 
+def test_fsck_names_an_index_row_that_names_a_location_twice(tmp_path):
+    # fsck counts index locations against the records found where their rows name them, and
+    # resolves rows only when the two differ: a location named twice must still be named.
+    store = committed_store(tmp_path)
+    with store.objects.reader() as txn:
+        row_key, row = next((bytes(k), bytes(v)) for k, v in txn.scan(packs.INDEX))
+    store.objects.write(lambda txn: txn.put(packs.INDEX, row_key, row + row))
+    doc = store.gc.fsck().to_json()
+    assert not doc["ok"]
+    assert [p for p in doc["problems"] if p["what"] == "index"] == [
+        {"what": "index", "message": f"index row {row_key.hex()}: names one location twice", "id": row_key.hex()}]
+
+
 # --- gc repacks ------------------------------------------------------------------------------------
 
 def half_dead_store(tmp_path):

@@ -152,18 +152,21 @@ def has_object(txn: TableTxn, raw: bytes) -> bool:
 class _SnapshotBlobs(BlobStore):
     """Blob reads inside one read transaction of the environment (see `snapshot`)."""
 
-    def __init__(self, txn: TableTxn, url: str):
+    def __init__(self, txn: TableTxn, url: str, read_only: bool = False):
         self._txn = txn
         self.url = url
+        # Packs read in this transaction, kept at hand (packs.RECENT_PACKS of them): only in
+        # a read-only one, where a pack cannot change under the reader.
+        self._recent: dict | None = {} if read_only else None
 
     def get(self, key):
-        return packs.get(self._txn, key)
+        return packs.get(self._txn, key, self._recent)
 
     def has_many(self, keys):
-        return {bytes(k) for k in keys if packs.has(self._txn, k)}
+        return {bytes(k) for k in keys if packs.has(self._txn, k, self._recent)}
 
     def header(self, key):
-        return packs.header(self._txn, key)
+        return packs.header(self._txn, key, self._recent)
 
     def put_many(self, items):
         raise TypeError("a read snapshot cannot store objects")
@@ -259,7 +262,7 @@ class TableBlobStore(BlobStore):
     def snapshot(self, buffers: bool = False):
         # Always through buffers: packs are sliced in place and every value returned is a copy.
         with self.env.reader(buffers=True) as txn:
-            yield _SnapshotBlobs(txn, self.url)
+            yield _SnapshotBlobs(txn, self.url, read_only=True)
 
 
 class TableMetadataStore(MetadataStore):

@@ -121,10 +121,14 @@ def _decode_state(key: bytes, value) -> ThreadState:
         if isinstance(exc, IntegrityError):
             raise
         raise IntegrityError(f"ref {key.decode('utf-8', 'replace')} is malformed: {exc}") from None
+    _remember(key, value, state)
+    return state
+
+
+def _remember(key: bytes, value: bytes, state: ThreadState) -> None:
     if len(_DECODED) >= _DECODED_MAX:
         _DECODED.clear()
     _DECODED[(bytes(key), value)] = state
-    return state
 
 
 def read_thread(txn: MetaTxn, name: str) -> ThreadState | None:
@@ -190,7 +194,9 @@ def move_rows(base: MoveBase, new: ThreadState, action: str, message: str = "",
     payload = encode_reflog_payload(old_checkpoint, new, action, message, int(time.time() * 1e6),
                                     history_implied=history_implied and new.checkpoint is not None)
     expect = [("refs", key, base.raw), ("reflog", log_key, None)]
-    writes = [("refs", key, seal("refs", key, encoding.encode(new.to_doc()))),
+    row = seal("refs", key, encoding.encode(new.to_doc(), check=False))  # a state agentcas built
+    _remember(key, row, new)  # the next move of this thread reads it back: no decode then
+    writes = [("refs", key, row),
               ("reflog", log_key, seal("reflog", log_key, payload)),
               generation_row()]
     return expect, writes
