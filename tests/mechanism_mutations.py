@@ -28,8 +28,8 @@ LATE_LEASE = (["    def __enter__(self) -> Lease:\n        return self.acquire()
                "        value = txn.get(\"leases\", self.key, for_update=True)\n"])
 
 # ... and a one-thread move's landing (lineage/moves.py) takes its lease row in its exchange.
-LATE_LEASE_MOVE = ("agentcas/lineage/moves.py", ["    lease.check_clock()\n"],
-                   ["    lease.row, lease.value = lease._row(__import__('time').time()), None\n"])
+LATE_LEASE_MOVE = ("agentcas/lineage/moves.py", ["        self.lease.check_clock()\n"],
+                   ["        self.lease.row, self.lease.value = self.lease._row(__import__('time').time()), None\n"])
 
 # name: (file, [original text], [mutated text], tests that must fail[, (file, [original], [mutated])...])
 MUTATIONS = {
@@ -52,8 +52,8 @@ MUTATIONS = {
     "5": ("agentcas/gc/sweep.py", ["previous is not None and previous[0] == name and previous[2] < cutoff"],
           ["previous is not None and previous[2] < cutoff"],
           [M + "test_expire_reflog_now_keeps_each_threads_newest_entry"]),
-    "6": ("agentcas/lineage/moves.py", ["    missing = stores.objects.missing(needed)\n    if missing:\n"],
-          ["    missing = stores.objects.missing(needed)\n    if False:\n"],
+    "6": ("agentcas/lineage/moves.py", ["    missing = stores.source.missing(needed)\n    if missing:\n"],
+          ["    missing = stores.source.missing(needed)\n    if False:\n"],
           [M + "test_commit_reusing_only_old_garbage_fails_cleanly_when_gc_runs_before_it_lands"]),
     "7": ("agentcas/workspace/commit.py", ["            if expect is not None and current != expected:"], ["            if False:"],
           [M + "test_commit_expect_is_rechecked_when_the_thread_moves_during_the_snapshot"]),
@@ -91,7 +91,7 @@ MUTATIONS = {
            ["tests/test_rollout.py::test_appends_load_log_n_segments"]),
     # The lease protocol (cas/leases.py): gc and writers without one transaction spanning both.
     "La": ("agentcas/lineage/moves.py",
-           ["    lease.check_clock()\n", "    expect.append(lease.expect())\n"], ["", ""],
+           ["        self.lease.check_clock()\n", "        expect.append(self.lease.expect())\n"], ["", ""],
            [M + "test_a_writer_whose_lease_is_lost_fails_with_lease_expired_and_moves_nothing[deleted]",
             M + "test_a_writer_whose_lease_is_lost_fails_with_lease_expired_and_moves_nothing[expired]"]),
     "Lb": ("agentcas/cas/leases.py", ["        if row.live(now):\n            live.append(row)\n"],
@@ -108,37 +108,38 @@ MUTATIONS = {
     "Ld": ("agentcas/cas/leases.py",
            ["        if self.host == (host or this_host()) and not pid_alive(self.pid):\n            return False\n"],
            [""], [M + "test_the_lease_of_a_killed_local_writer_is_dead_at_once"]),
-    # The LangGraph saver's group moves (lineage/group_moves.py): objects stored before the refs
-    # move (here: after, so a kill in between leaves a ref to missing objects), and the landing's
-    # compare-and-swap (here: a ref that moved is overwritten or its move silently dropped).
-    "G1": ("agentcas/lineage/group_moves.py",
-           ["            self.lease.refresh()\n            store_objects(self.stores, waiting, (self.needed | view.needed) - waiting.keys(), \"write\")\n",
-            "                continue\n            return result\n"],
-           ["            self.lease.refresh()\n",
-            "                continue\n            self.stores.objects.put_many(waiting)\n            return result\n"],
+    # The move engine (lineage/moves.py) as the LangGraph saver's group moves use it: objects
+    # stored before the refs move (here: after, so a kill in between leaves a ref to missing
+    # objects), and the landing's compare-and-swap (here: a ref that moved is overwritten or its
+    # move silently dropped).
+    "G1": ("agentcas/lineage/moves.py",
+           ["        store_objects(self.stores, landing.objects, landing.needed - landing.objects.keys(), landing.action)\n",
+            "            self.stores.meta.write(partial(self._final, landing=landing))\n"],
+           ["",
+            "            self.stores.meta.write(partial(self._final, landing=landing))\n"
+            "            self.stores.source.put_many(landing.objects)\n"],
            ["tests/test_langgraph_saver.py::test_every_crash_point_of_a_put_leaves_the_old_or_the_new_checkpoint"]),
     # ... and the same on the embedded store, where objects and refs land in one transaction
     # (here: the objects in a transaction of their own after the refs moved).
-    "G1w": ("agentcas/lineage/group_moves.py",
-            ["        for raw, framed in waiting.items():\n            save_object(txn, Digest(raw), framed)\n",
-             "                    self.stores.meta.write(partial(self._land_at_once, view=view, waiting=waiting))\n"],
+    "G1w": ("agentcas/lineage/moves.py",
+            ["        for raw, framed in landing.objects.items():\n            save_object(txn, Digest(raw), framed)\n",
+             "            self.stores.meta.write(partial(self._land_at_once, landing=landing))\n"],
             ["",
-             "                    self.stores.meta.write(partial(self._land_at_once, view=view, waiting=waiting))\n"
-             "                    self.stores.objects.put_many(waiting)\n"],
+             "            self.stores.meta.write(partial(self._land_at_once, landing=landing))\n"
+             "            self.stores.source.put_many(landing.objects)\n"],
             ["tests/test_langgraph_saver.py::test_every_crash_point_of_a_put_leaves_the_old_or_the_new_checkpoint"]),
     # A leaseless (SweepWatch) writer's landing checks that no gc sweep began since it started
     # (here: it lands regardless, as if it had held a lease it never took).
-    "G3": ("agentcas/lineage/group_moves.py", ["        self.watch.check(txn)\n"], [""],
+    "G3": ("agentcas/lineage/moves.py", ["        self.watch.check(txn)\n"], [""],
            ["tests/test_langgraph_saver.py::"
             "test_gc_at_grace_zero_during_a_leaseless_put_sweeps_garbage_and_the_put_plans_again"]),
-    "G2": ("agentcas/lineage/group_moves.py",
-           ["        if threads.read_thread(txn, name) != state:\n            raise LostRace(name)\n"],
-           ["        pass\n"],
-           ["tests/test_langgraph_saver.py::test_a_ref_moved_between_planning_and_landing_makes_the_put_plan_again"],
-           ("agentcas/lineage/moves.py",
-            ["        if not threads.set_if_equals(txn, name, old, new, action, message, implied):\n"
-             "            raise LostRace(name)\n"],
-            ["        threads.set_if_equals(txn, name, old, new, action, message, implied)\n"])),
+    "G2": ("agentcas/lineage/moves.py",
+           ["        if threads.read_thread(txn, name) != state:\n            raise LostRace(name)\n",
+            "        if not threads.set_if_equals(txn, name, old, new, action, message, implied):\n"
+            "            raise LostRace(name)\n"],
+           ["        pass\n",
+            "        threads.set_if_equals(txn, name, old, new, action, message, implied)\n"],
+           ["tests/test_langgraph_saver.py::test_a_ref_moved_between_planning_and_landing_makes_the_put_plan_again"]),
     "Le": ("agentcas/gc/sweep.py", ["        if time.time() > began + SWEEP_WINDOW - WINDOW_MARGIN:\n"],
            ["        if False:\n"], [M + "test_a_sweep_batch_past_its_window_deletes_nothing"]),
     # A shared store's fsck reads the bucket (here: this machine's cache, which may hold a good

@@ -155,7 +155,7 @@ def test_a_fork_costs_what_it_adds(tmp_path):
     def object_bytes(path) -> int:
         store = Store.open(str(path))
         try:
-            return sum(info.size for info in store.stores.objects.blobs.list())
+            return sum(info.size for info in store.stores.source.blobs.list())
         finally:
             store.close()
 

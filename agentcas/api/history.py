@@ -57,7 +57,7 @@ class Histories:
 
     def history(self, objects=None) -> rollout.History:
         """A reader of histories over this store's objects (or `objects`, a pinned reader)."""
-        return rollout.History(objects or self._stores.objects, self.segments)
+        return rollout.History(objects or self._stores.source, self.segments)
 
     def append(self, thread: str, data: bytes) -> AppendResult:
         """Append JSONL records to a thread's history (creating the thread if new)."""
@@ -77,7 +77,7 @@ class Histories:
             raise UsageError("--from and --to must not be negative")
         with self._stores.meta.reader() as txn:
             try:
-                head, _, _ = revisions.source_state(txn, self._stores.objects, rev)
+                head, _, _ = revisions.source_state(txn, self._stores.source, rev)
             except NotFound:
                 raise NotFound(f"no thread or checkpoint named {rev!r}") from None
         if start > head.seq:
@@ -95,7 +95,7 @@ class Histories:
     def _read(self, head: HistoryPosition, start: int, stop: int | None, whole_records: bool = True):
         # buffers=True: chunk values are views into the map (LMDB), decompressed from there by
         # the workers, instead of a copy of every compressed chunk made in this thread first.
-        with self._stores.objects.reading(buffers=True) as objects:
+        with self._stores.source.reading(buffers=True) as objects:
             yield from self.history(objects).read(head, start, stop, whole_records)
 
     def ingest(self, appends: list[SessionAppend], author: str | None = None) -> list[IngestedThread]:
@@ -114,7 +114,7 @@ class Histories:
             check_thread_name(item.thread)
         who, created_at, runtime = author or default_author(), utc_now(), runtime_description()
         with Lease(self._stores.meta, "ingest") as lease:
-            writer = BatchWriter(self._stores.objects, lease=lease)
+            writer = BatchWriter(self._stores.source, lease=lease)
             prepared = prepare_raw([b"" if item.copies is not None else item.data if item.packed is None
                                     else item.packed for item in appends], writer, INGEST_ZSTD_LEVEL)
             for number, item in enumerate(appends):

@@ -38,7 +38,7 @@ from agentcas.cas.blobstore.base import BlobStore
 from agentcas.cas.metastore.base import MetadataStore, Read
 from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.source import ObjectSource
-from agentcas.cas.store import MemoryObjectStore, ObjectStore, TableBlobStore, TableMetadataStore
+from agentcas.cas.store import MemoryEnvironment, TableBlobStore, TableEnvironment, TableMetadataStore
 from agentcas.errors import ConflictError, UsageError
 
 STORE_KEY = b"store"  # meta row of a shared store: {"id", "objects"} (the module doc)
@@ -47,17 +47,17 @@ VERIFIED_KEY = b"store/verified"  # this machine's cache: the store id it found 
 
 @dataclass
 class Stores:
-    """The handles every layer is given: objects (verified reads), blobs, meta, local."""
+    """The handles every layer is given: source (verified object reads), blobs, meta, local."""
 
     blobs: BlobStore
     meta: MetadataStore
-    local: ObjectStore
+    local: TableEnvironment
     url: str
     path: str | None = None         # the directory of an embedded store
-    embedded: ObjectStore | None = None
+    embedded: TableEnvironment | None = None
 
     def __post_init__(self):
-        self.objects = ObjectSource(self.blobs)
+        self.source = ObjectSource(self.blobs)
 
     @property
     def known(self):
@@ -76,13 +76,13 @@ class Stores:
             self.embedded.close()
 
 
-def embedded_stores(env: ObjectStore, path: str | None) -> Stores:
+def embedded_stores(env: TableEnvironment, path: str | None) -> Stores:
     """Both stores over one table environment (LMDB or memory)."""
     return Stores(TableBlobStore(env), TableMetadataStore(env), env, env.url, path, env)
 
 
 def memory_stores() -> Stores:
-    return embedded_stores(MemoryObjectStore(), None)
+    return embedded_stores(MemoryEnvironment(), None)
 
 
 SHARED_SCHEME = "s3://"

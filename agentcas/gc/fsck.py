@@ -374,7 +374,7 @@ def fsck(stores: Stores, progress=None) -> dict:
         check_pages(stores.path)
     listed = MarkSet() if stores.shared else None
     try:
-        with stores.meta.reader() as txn, stores.objects.reading() as objects:
+        with stores.meta.reader() as txn, stores.source.reading() as objects:
             return Fsck(txn, objects, stores.local, progress, PageReleaser(stores), listed).run(
                 embedded=stores.embedded is not None)
     except lmdb.Error as exc:

@@ -121,7 +121,7 @@ def sweep_batch(stores: Stores, plan: GcPlan, keys: bytes, level: int,
         return result
     unanswered = False
     try:
-        with stores.meta.reader() as txn, stores.objects.reading() as objects:
+        with stores.meta.reader() as txn, stores.source.reading() as objects:
             result.remarked = remark_moved_threads(txn, objects, plan)
             if SWEEP_LEVELS[level][0] == framing.KIND_CHECKPOINT:
                 result.remarked += mark_signatures(txn, objects, plan.marked)

@@ -92,7 +92,7 @@ def session_checkpoint(store, workspace: str, thread: str, reason: str, new_line
         with stores.meta.reader() as txn:
             epoch = sweeps_begun(txn).to_bytes(8, "big")
         snapper: list = []
-        tree, stats, needed = snapshot(stores.objects, stores.local, workspace, (), None,
+        tree, stats, needed = snapshot(stores.source, stores.local, workspace, (), None,
                                        [store.path] if store.path else [], skip_files, lease, stores.known,
                                        git_aware=True, skip_secrets=True, snapshotter=snapper,
                                        dir_cache_epoch=epoch)
@@ -109,10 +109,10 @@ def session_checkpoint(store, workspace: str, thread: str, reason: str, new_line
                 data, origin, copies = lines.data, lines.origin, lines.copies
             else:
                 data = lines
-            writer = BatchWriter(stores.objects, lease=lease)
+            writer = BatchWriter(stores.source, lease=lease)
             if copies is not None:
                 from agentcas.lineage.rollout import History, prepare_with_copies
-                segments = prepare_with_copies(History(stores.objects), data, copies, writer.add, INGEST_ZSTD)
+                segments = prepare_with_copies(History(stores.source), data, copies, writer.add, INGEST_ZSTD)
                 writer.flush()
             else:
                 segments = prepare_raw([data], writer, INGEST_ZSTD)[0]

@@ -63,7 +63,7 @@ from agentcas.cas.names import BadName, check_name, check_unique
 from agentcas.cas.objects import MODE_EXEC, MODE_FILE, ChunkList, ChunkRef, Tree, TreeEntry
 from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.source import ObjectSource, load_object
-from agentcas.cas.store import ObjectStore
+from agentcas.cas.store import TableEnvironment
 from agentcas.cas.writer import BatchWriter
 from agentcas.errors import AgentcasError, IntegrityError
 
@@ -201,7 +201,7 @@ def _decode_cache_row(payload: bytes, name: str) -> tuple | None:
 
 
 class Snapshotter:
-    def __init__(self, objects: ObjectSource, local: ObjectStore, root: str, allow_secrets=(),
+    def __init__(self, objects: ObjectSource, local: TableEnvironment, root: str, allow_secrets=(),
                  progress=None, skip_dirs=(), skip_files=(), lease=None, known=None,
                  previous_tree: Digest | None = None, git_aware: bool = False, skip_secrets: bool = False,
                  dir_cache_epoch: bytes | None = None):
@@ -1067,7 +1067,7 @@ def check_reason_secret(reason: str, allow_secrets=()) -> None:
         raise SecretFound(f"possible secret ({finding.rule}) in the commit reason", f"'{secrets.REASON}'")
 
 
-def snapshot(objects: ObjectSource, local: ObjectStore, root: str, allow_secrets=(), progress=None,
+def snapshot(objects: ObjectSource, local: TableEnvironment, root: str, allow_secrets=(), progress=None,
              skip_dirs=(), skip_files=(), lease=None, known=None, previous_tree: Digest | None = None,
              git_aware: bool = False, skip_secrets: bool = False, snapshotter: list | None = None,
              dir_cache_epoch: bytes | None = None):
