@@ -103,8 +103,8 @@ def move_thread(stores: Stores, lease: Lease, thread: str,
         early = False
         if move is None:
             return base.state, None
-        store_objects(stores, move.objects, move.needed, move.action)
-        landed, after = _land(stores, lease, base, move, keep_lease)
+        staged = store_objects(stores, move.objects, move.needed, move.action, stage=True)
+        landed, after = _land(stores, lease, base, move, keep_lease, staged)
         if landed:
             assert after is not None  # a landed move returns its base
             return after.state, move
@@ -113,19 +113,24 @@ def move_thread(stores: Stores, lease: Lease, thread: str,
                         "nothing was changed, retry")
 
 
-def store_objects(stores: Stores, objects: dict, needed: set, action: str) -> None:
+def store_objects(stores: Stores, objects: dict, needed: set, action: str, stage: bool = False) -> list[tuple]:
     """Step 2 of a move (of either engine): store its new objects, then check that what it
-    relies on is stored; VanishedObject (nothing moved) if a concurrent gc took any."""
-    stores.objects.put_many(objects)
+    relies on is stored; VanishedObject (nothing moved) if a concurrent gc took any. With
+    `stage`, a store may instead return the metadata writes that make the new objects
+    stored (a shared store's pack index), for the landing exchange to carry."""
+    staged = stores.objects.stage_many(objects) if stage else []
+    if not stage:
+        stores.objects.put_many(objects)
     missing = stores.objects.missing(needed)
     if missing:
         nothing = "nothing was committed" if action == "commit" else "nothing was changed"
         raise VanishedObject(f"object {sorted(missing)[0].hex()} vanished before the {action} "
                              f"landed (concurrent gc?); {nothing}, retry")
+    return staged
 
 
 def _land(stores: Stores, lease: Lease, base: threads.MoveBase, move: Move,
-          keep_lease: bool) -> tuple[bool, threads.MoveBase | None]:
+          keep_lease: bool, staged: list[tuple]) -> tuple[bool, threads.MoveBase | None]:
     """The move's final step: (True, base) if it landed, else (False, the thread as it is
     now, or None to read it again). The landing reads the thread too, so a move that
     lost a race plans again without another request."""
@@ -134,6 +139,8 @@ def _land(stores: Stores, lease: Lease, base: threads.MoveBase, move: Move,
             lease.check(txn)
             if not threads.set_if_equals(txn, base.name, base.state, None, move.action, move.message):
                 return False
+            for table, key, value in staged:
+                txn.put(table, key, value)
             if not keep_lease:
                 lease.release(txn)
             return True
@@ -141,6 +148,7 @@ def _land(stores: Stores, lease: Lease, base: threads.MoveBase, move: Move,
     lease.check_clock()
     expect, writes = threads.move_rows(base, move.new, move.action, move.message, move.history_implied)
     expect.append(lease.expect())
+    writes += staged  # the new objects' index rows, if the store staged them (lost race: written again)
     if not keep_lease:
         writes.append(("leases", lease.key, None))
     reads = [Read("leases", lease.key)] + threads.base_reads(base.name)
