@@ -82,10 +82,10 @@ class BatchWriter:
         `held`, the last partial batch goes there instead, for the caller to store."""
         if self.held is not None and self._pending:
             batch, self._pending, self._pending_bytes = self._pending, {}, 0
-            present = self.known(batch.keys()) if self.known is not None else set()
+            batch = self._unstored(batch)
             with self._lock:
                 for raw, framed in batch.items():
-                    if raw not in present and raw not in self.held:
+                    if raw not in self.held:
                         self.held[raw] = framed
                         self.written_objects += 1
                         self.written_bytes += len(framed)
@@ -130,14 +130,18 @@ class BatchWriter:
             self._pool.shutdown(wait=True)
             self._pool = None
 
-    def _write(self, batch: dict) -> None:
+    def _unstored(self, batch: dict) -> dict:
+        """The part of `batch` not known to be stored (asking the store while it pays)."""
         present = self.known(batch.keys()) if self.known is not None else set()
         if self.asking and len(present) < len(batch):
             asked = [raw for raw in batch if raw not in present]
             stored = self.objects.blobs.has_many(asked)
             present |= stored
             self.asking = len(stored) * PAYS_EVERY >= len(asked)
-        batch = {raw: framed for raw, framed in batch.items() if raw not in present}
+        return {raw: framed for raw, framed in batch.items() if raw not in present}
+
+    def _write(self, batch: dict) -> None:
+        batch = self._unstored(batch)
         if self.lease is not None:
             with self._lock:
                 self.lease.refresh()

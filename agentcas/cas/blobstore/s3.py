@@ -647,6 +647,10 @@ class S3BlobStore(BlobStore):
         return self._fetch(request, f"to read {key}",
                            absent=lambda exc: self._missing(exc) or self._status(exc)[0] == 416)
 
+    def pack_size(self, name: str) -> int | None:
+        """The stored size of pack `name`, or None if there is none."""
+        return self._stored_size(self._packs_prefix + name)
+
     def read_pack_ranges(self, requests: Sequence[tuple[str, int, int]]) -> Sequence[bytes | None]:
         """read_pack_range for each (name, start, length), in parallel on the pool."""
         if len(requests) <= 1:

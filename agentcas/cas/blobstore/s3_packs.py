@@ -154,6 +154,7 @@ class PackedBlobStore(BlobStore):
         self.chunk_sizes = remote.chunk_sizes
         self.pack_bytes = pack_bytes
         self.legacy = True  # objects may also be one S3 object each (format 2); see store_format
+        self.packs_deleted = 0  # by delete_many, for gc's report
 
     # -- the index -------------------------------------------------------------------------
 
@@ -248,7 +249,8 @@ class PackedBlobStore(BlobStore):
                 if value is not None and len(value) == location.length:
                     found[key] = value
                 elif strict:
-                    state = "missing" if data is None else "cut short"
+                    size = self.remote.pack_size(location.pack.hex())
+                    state = "missing" if size is None else f"cut short ({size} bytes)"
                     raise IntegrityError(f"pack {location.pack.hex()} is {state}: object {key.hex()} "
                                          f"at bytes {location.offset}-{location.offset + location.length - 1} "
                                          "cannot be read (run 'agentcas fsck')")
@@ -309,6 +311,7 @@ class PackedBlobStore(BlobStore):
             self.meta.exchange(writes=writes)
         if dead:
             self.remote.delete_packs([pack.hex() for pack in sorted(dead)])
+            self.packs_deleted += len(dead)
         if self.legacy:
             deleted += self.remote.delete_many([k for k in keys if k not in where])
         return deleted
