@@ -11,8 +11,9 @@
    appears whole, verified, or not at all. (One pass: reading everything twice would
    double the time of a checkout, and the temporary directory is never visible as DEST.)
    Where many reads at once cost far less than one each (a shared store: packs read by
-   ranged GETs), a thread fetches the files' objects into the cache a window of
-   PREFETCH_BYTES ahead of the writers, and a writer waits for its file's window.
+   ranged GETs), a thread fetches the files' objects a window of PREFETCH_BYTES at a time,
+   at most PREFETCH_AHEAD windows ahead of the writers, which wait for their file's window
+   and take its chunks from memory (not through the cache: a checkout reads them once).
 Nothing read from a checkpoint is ever executed.
 """
 
@@ -35,7 +36,7 @@ from agentcas.cas.system_errors import from_os_error
 from agentcas.errors import ConflictError, IntegrityError
 
 WORKERS = 2
-PREFETCH_BYTES = 64 * 1024 * 1024  # a window of files fetched at once (one get_many)
+PREFETCH_BYTES = 32 * 1024 * 1024  # a window of files fetched at once (one fetch_many)
 PREFETCH_AHEAD = 2                 # windows fetched ahead of the writers at most
 
 
@@ -207,12 +208,13 @@ def write_verified(txn, path: str, entry: TreeEntry, target: str, dir_fd: int | 
 
 
 class _Prefetch:
-    """Fetches the objects of `files` (in order, a window at a time) into a shared store's
-    cache ahead of the writers; `wait(index)` returns once file `index`'s window is in (or
-    its fetch failed: the writer then reads, and reports, on its own)."""
+    """Fetches the objects of `files` (in order, a window at a time) ahead of the writers;
+    `wait(index)` returns once file `index`'s window is in (or its fetch failed: the writer
+    then reads, and reports, on its own), and `take` hands over a fetched value once."""
 
     def __init__(self, objects: ObjectSource, files: list, failed: threading.Event):
         self.objects, self.files, self.failed = objects, files, failed
+        self.values: dict[bytes, bytes] = {}
         self.ends: list[int] = []  # the index after each window's last file
         size = 0
         for index, (_, entry) in enumerate(files):
@@ -236,6 +238,10 @@ class _Prefetch:
             self.changed.notify_all()
             while self.fetched <= window and not self.failed.is_set():
                 self.changed.wait(0.1)
+
+    def take(self, raw: bytes):
+        with self.changed:
+            return self.values.pop(raw, None)
 
     def _run(self) -> None:
         start = 0
@@ -262,10 +268,26 @@ class _Prefetch:
         blobs = self.objects.blobs
         lists = [entry.chunks.raw for entry in entries if entry.size and entry.chunks is not None]
         chunks = [entry.id.raw for entry in entries if entry.size and entry.chunks is None]
-        for value in blobs.get_many(lists).values():
+        for value in blobs.get_many(lists).values():  # chunk lists: small, cached as any read
             _, data = framing.unframe(value)
             chunks += [ref.id.raw for ref in ChunkList.decode(data).chunks]
-        blobs.get_many(chunks)  # into the cache; the writers verify what they read
+        fetched = blobs.fetch_many(chunks)  # the writers verify what they take
+        with self.changed:
+            self.values.update(fetched)
+
+
+class _Prefetched:
+    """A source whose raw reads take what a _Prefetch fetched, else read `source`."""
+
+    def __init__(self, source, prefetch: _Prefetch):
+        self.source, self.prefetch = source, prefetch
+
+    def raw(self, digest: Digest):
+        value = self.prefetch.take(digest.raw)
+        return self.source.raw(digest) if value is None else value
+
+    def load(self, digest: Digest, kind: int | None = None):
+        return self.source.load(digest, kind)
 
 
 def _write_extra(temp: str, relative: str, pieces) -> None:
@@ -314,7 +336,8 @@ def restore_tree(objects: ObjectSource, tree_id: Digest, dest: str, progress=Non
                         return
                     if prefetch is not None:
                         prefetch.wait(index)
-                    write_verified(txn, path, entry, path, dir_fd=temp_fd)
+                    write_verified(txn if prefetch is None else _Prefetched(txn, prefetch), path, entry, path,
+                                   dir_fd=temp_fd)
                     sizes.put(entry.size)
         except BaseException:
             failed.set()  # the other worker stops too; the caller removes the output

@@ -58,6 +58,12 @@ class BlobStore(ABC):
                 out[bytes(key)] = value
         return out
 
+    def fetch_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        """get_many for a one-pass bulk read (a restore): a cache in front of a remote store
+        passes what it fetches through without keeping it (it would only evict what this
+        machine reads again)."""
+        return self.get_many(keys)
+
     @abstractmethod
     def has_many(self, keys: Iterable[bytes]) -> set[bytes]:
         """The subset of `keys` that is stored (batched where the backend can)."""

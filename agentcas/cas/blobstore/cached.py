@@ -249,6 +249,16 @@ class CachedBlobStore(BlobStore):
             found.update(fetched)
         return found
 
+    def fetch_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        """The cached values, and the rest from the remote without caching them (a restore)."""
+        keys = list(dict.fromkeys(bytes(k) for k in keys))
+        with self.local.reader() as txn:
+            found = {key: bytes(value) for key in keys if (value := txn.get("objects", key)) is not None}
+        missing = [k for k in keys if k not in found]
+        if missing:
+            found.update(self.remote.get_many(missing))
+        return found
+
     def has_many(self, keys: Iterable[bytes]) -> set[bytes]:
         found = self.remote.has_many(keys)
         self._remember_seen(found)
