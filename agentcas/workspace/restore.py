@@ -351,7 +351,10 @@ def restore_tree(objects: ObjectSource, tree_id: Digest, dest: str, progress=Non
         for path, entry in entries:
             if entry.type == "dir":
                 os.mkdir(path.rstrip("/"), 0o755, dir_fd=temp_fd)
-        files = sorted(((p, e) for p, e in entries if e.type == "file"), key=lambda f: -f[1].size)
+        files = [(p, e) for p, e in entries if e.type == "file"]
+        if not objects.blobs.batched_reads:
+            files.sort(key=lambda f: -f[1].size)  # the two writers end together
+        # else in tree order, the order a commit stored them in: a window is a few ranges of packs
         total = sum(e.size for _, e in files)
         done = count = 0
         prefetch = _Prefetch(objects, files, failed) if objects.blobs.batched_reads and files else None

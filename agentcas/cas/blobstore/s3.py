@@ -1,7 +1,10 @@
-"""The S3 blob store (boto3): one immutable S3 object per agentcas object.
+"""The S3 blob store (boto3): one immutable S3 object per agentcas object, and pack objects.
 
 Layout: `s3://BUCKET/PREFIX` keeps object `ID` (raw 32 bytes) at `PREFIX/objects/<64 hex>`,
-its framed value as the body; lexicographic key order is id order. `PREFIX/agentcas-store.json`
+its framed value as the body; lexicographic key order is id order. That is the layout of a
+store made before packs (format 2): a shared store now writes packs, `PREFIX/packs/<64
+hex>`, through this store's pack methods (written once, read by ranges, listed, deleted);
+s3_packs.py keeps their index and is the blob store a shared store uses. `PREFIX/agentcas-store.json`
 is the store's marker, written once by `init` (create-if-absent): the id of the store whose
 refs database owns the prefix (cas/backends.py checks the two belong together). Writes are
 create-if-absent (`PUT` with `If-None-Match: *`; 412 means it was already there), so
@@ -34,8 +37,8 @@ only (any credential text in a message is masked). Unreachable, timed-out or 5xx
 requests are retried with exponential backoff for at most $AGENTCAS_RETRY_SECONDS
 (20 s), then BlobUnavailable("S3 at ENDPOINT (bucket B) ...").
 `requests` counts the HTTP requests sent, by operation (benchmarks, request budgets).
-Crash points (cas/crashpoints.py): `s3.put` after each object written, `s3.delete`
-after each DeleteObjects request.
+Crash points (cas/crashpoints.py): `s3.put` after each object written, `s3.pack` after
+each pack written, `s3.delete` after each DeleteObjects request.
 """
 
 from __future__ import annotations

@@ -105,13 +105,17 @@ def pack_row_of(pack: bytes, value: bytes) -> PackRow:
 
 
 def build_packs(items: Mapping[bytes, bytes], pack_bytes: int = PACK_BYTES):
-    """Cut `items` ({id: framed value}) into packs of at most `pack_bytes` (an object larger
-    is a pack alone): [(pack hash, pack bytes, {id: Location})], in the order given."""
+    """Cut `items` ({id: framed value}) into packs of about `pack_bytes`, in the order given:
+    [(pack hash, pack bytes, {id: Location})]. The batch is shared evenly among the nearest
+    whole number of packs (a 64.5 MiB batch: four packs, not four and a small fifth), so a
+    pack is at most ~1.5 x `pack_bytes` (or one larger object alone)."""
+    total = sum(len(value) for value in items.values())
+    target = total / max(1, round(total / pack_bytes))
     packs = []
     group: list[tuple[bytes, bytes]] = []
     size = 0
     for key, value in items.items():
-        if group and size + len(value) > pack_bytes:
+        if group and size + len(value) > target + len(value) / 2:
             packs.append(_pack(group))
             group, size = [], 0
         group.append((bytes(key), value))
