@@ -224,3 +224,23 @@ def test_a_store_made_before_packs_reads_upgrades_and_collects(shared, tmp_path,
     for thread in ("a", "c"):
         assert shared("checkout", thread, tmp_path / f"out2-{thread}", machine="e").code == 0
         assert tree_bytes(tmp_path / f"out2-{thread}") == tree_bytes(tmp_path / thread)
+
+
+def test_gc_at_grace_zero_keeps_the_pack_a_writer_has_uploaded_but_not_yet_indexed(shared, tmp_path, s3_server):
+    """A writer holds its lease from its upload to the move that lands its rows: gc at grace
+    0 meanwhile must not take its pack for an unnamed one."""
+    from agentcas.cas.leases import Lease
+    many_files(tmp_path / "ws", 10)
+    assert shared("commit", tmp_path / "ws", "-m", "kept").code == 0
+    store = shared.open()
+    try:
+        with Lease(store.meta, "a writer between its upload and its move"):
+            [(name, data, _)] = build_packs({bytes(32): b"x" * 100})
+            store.stores.packed.remote.put_pack(name.hex(), data)
+            swept = shared("--json", "gc", "--grace", "0s", machine="b").json()["result"]
+            assert swept["packs"] == {"deleted": 0, "skipped": "writers"}, swept
+            assert f"{name.hex()}" in "".join(s3_names(s3_server, shared.url, "packs"))
+    finally:
+        store.close()
+    swept = shared("--json", "gc", "--grace", "0s", machine="b").json()["result"]
+    assert swept["packs"]["unnamed"] == 1, swept  # its writer gone: now it is unnamed
