@@ -51,6 +51,7 @@ from agentcas.errors import IntegrityError
 
 PACK_BYTES = 16 * 1024 * 1024  # restic's default pack size: 1 GiB is ~64 PUTs
 GAP_BYTES = 64 * 1024          # wanted objects this close together in a pack are one ranged GET
+RUN_BYTES = 4 * 1024 * 1024    # ... up to this many bytes a GET, so a big read runs on every connection
 INDEX = "s3index"
 PACKS = "s3packs"
 _LOCATION = struct.Struct(">32sQI")
@@ -222,8 +223,8 @@ class PackedBlobStore(BlobStore):
         return self._fetch(keys, strict=False)
 
     def _fetch(self, keys: Sequence[bytes], strict: bool) -> dict[bytes, bytes]:
-        """Values by id: the indexed ones by ranged GETs (a run of wanted objects close
-        together in one pack is one GET), the rest from `objects/` if `legacy`. `strict`:
+        """Values by id: the indexed ones by ranged GETs in parallel (a run of wanted objects
+        close together in one pack, up to RUN_BYTES, is one GET), the rest from `objects/` if `legacy`. `strict`:
         a pack that is missing or cut short under an indexed object is an IntegrityError
         naming it; else what was there is returned (short, or absent)."""
         keys = list(dict.fromkeys(bytes(k) for k in keys))
@@ -237,7 +238,9 @@ class PackedBlobStore(BlobStore):
             run = [members[0]]
             for item in members[1:]:
                 last = run[-1][1]
-                if item[1].offset - (last.offset + last.length) <= GAP_BYTES:
+                end = item[1].offset + item[1].length
+                if item[1].offset - (last.offset + last.length) <= GAP_BYTES and \
+                        end - run[0][1].offset <= RUN_BYTES:
                     run.append(item)
                 else:
                     runs.append(run)
