@@ -7,6 +7,7 @@ import asyncio
 import json
 import math
 import threading
+import time
 
 import pytest
 
@@ -17,7 +18,7 @@ from agents.memory.session_settings import SessionSettings  # noqa: E402
 from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from agentcas import Store  # noqa: E402
+from agentcas import Store, testing_hooks  # noqa: E402
 from agentcas.cas.store import TABLES  # noqa: E402
 from agentcas.errors import ConflictError  # noqa: E402
 from agentcas.openai_agents import AgentcasSession, thread_name  # noqa: E402
@@ -290,6 +291,47 @@ def test_a_fork_answers_as_a_copy_of_its_source_prefix_would(before, at, after):
             reference_fork.close()
 
     asyncio.run(both())
+
+
+def test_a_cancelled_add_lands_whole_before_the_cancel_is_raised(tmp_path):
+    store, _ = Store.init(str(tmp_path / "st"))
+    session = AgentcasSession("s", store)
+    in_the_store = threading.Event()
+
+    def slow_landing():
+        in_the_store.set()
+        time.sleep(0.3)  # the caller is cancelled while its change is in the store
+
+    async def go():
+        with testing_hooks.on("group.before_land", slow_landing):
+            adding = asyncio.ensure_future(session.add_items([{"a": 1}, {"b": 2}]))
+            await asyncio.to_thread(in_the_store.wait, 10)
+            adding.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await adding
+            assert store.threads.get(session.thread).history.seq == 2  # landed before the cancel was raised
+        assert await session.get_items() == [{"a": 1}, {"b": 2}]
+    asyncio.run(go())
+    store.close()
+
+
+def test_a_fork_is_one_write_transaction(tmp_path):
+    store, _ = Store.init(str(tmp_path / "st"))
+    session = AgentcasSession("s", store)
+    asyncio.run(session.add_items([message(i) for i in range(20)]))
+    writes = []
+    original = store.objects.write
+
+    def counted(fn):
+        writes.append(fn)
+        return original(fn)
+    store.objects.write = counted
+    fork = session.fork("branch", at=12)
+    store.objects.write = original
+    assert len(writes) == 1  # no lease row written and removed around it: one durable commit
+    assert asyncio.run(fork.get_items(1)) == [message(11)]
+    assert store.threads.get(fork.thread).forked_from.thread == session.thread
+    store.close()
 
 
 def test_a_fork_of_a_long_session_stores_a_position_not_a_copy(tmp_path):

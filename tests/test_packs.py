@@ -9,14 +9,14 @@ import pytest
 
 from agentcas.cas import framing, packs
 from agentcas.cas.lmdb_store import open_lmdb
-from agentcas.cas.store import MemoryObjectStore, TableBlobStore
+from agentcas.cas.store import MemoryEnvironment, TableBlobStore
 from agentcas.errors import IntegrityError
 
 
 @pytest.fixture(params=["memory", "lmdb"])
 def env(request, tmp_path):
     if request.param == "memory":
-        yield MemoryObjectStore()
+        yield MemoryEnvironment()
         return
     store = open_lmdb(str(tmp_path / "store"), create=True)
     yield store
@@ -172,6 +172,19 @@ def test_fsck_names_an_index_row_whose_pack_is_gone_and_a_wrong_live_row(tmp_pat
     store2.objects.write(lambda txn: txn.put(packs.LIVE, packs.pack_key(0), b"\x63\x01"))
     doc = store2.gc.fsck().to_json()
     assert any(p["what"] == "pack" and "live row" in p["message"] for p in doc["problems"])
+
+
+def test_fsck_names_an_index_row_that_names_a_location_twice(tmp_path):
+    # fsck counts index locations against the records found where their rows name them, and
+    # resolves rows only when the two differ: a location named twice must still be named.
+    store = committed_store(tmp_path)
+    with store.objects.reader() as txn:
+        row_key, row = next((bytes(k), bytes(v)) for k, v in txn.scan(packs.INDEX))
+    store.objects.write(lambda txn: txn.put(packs.INDEX, row_key, row + row))
+    doc = store.gc.fsck().to_json()
+    assert not doc["ok"]
+    assert [p for p in doc["problems"] if p["what"] == "index"] == [
+        {"what": "index", "message": f"index row {row_key.hex()}: names one location twice", "id": row_key.hex()}]
 
 
 # --- gc repacks ------------------------------------------------------------------------------------

@@ -431,7 +431,7 @@ def test_segments_chained_ahead_link_exactly_like_segments_chained_when_linked(t
     marks = sorted({1, 5, ends[0], ends[0] + 1, ends[1] - 1, 400, len(lines) - 1, len(lines)})
     packed = rollout.pack_raw_lines(data, 3, base.digest.raw, marks[:-1])
     assert all(not s.record_hashes for s in packed.segments)   # only chain values travel
-    store.stores.objects.put_many({digest.raw: framed for digest, framed in packed.objects})
+    store.stores.source.put_many({digest.raw: framed for digest, framed in packed.objects})
     assert rollout.link_segments_at(store.source, base, packed.segments, marks) == \
         rollout.link_segments_at(store.source, base, plain, marks)
     other = rollout.pack_raw_lines(data, 3, bytes(32) if existing else b"\x01" * 32, marks[:-1])

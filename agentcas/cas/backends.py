@@ -40,7 +40,7 @@ from agentcas.cas.blobstore.s3_packs import PackedBlobStore
 from agentcas.cas.metastore.base import MetadataStore, Read
 from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.source import ObjectSource
-from agentcas.cas.store import MemoryObjectStore, ObjectStore, TableBlobStore, TableMetadataStore
+from agentcas.cas.store import MemoryEnvironment, TableBlobStore, TableEnvironment, TableMetadataStore
 from agentcas.errors import ConflictError, UsageError
 
 STORE_KEY = b"store"  # meta row of a shared store: {"id", "objects"} (the module doc)
@@ -49,18 +49,18 @@ VERIFIED_KEY = b"store/verified"  # this machine's cache: the store id it found 
 
 @dataclass
 class Stores:
-    """The handles every layer is given: objects (verified reads), blobs, meta, local."""
+    """The handles every layer is given: source (verified object reads), blobs, meta, local."""
 
     blobs: BlobStore
     meta: MetadataStore
-    local: ObjectStore
+    local: TableEnvironment
     url: str
     path: str | None = None         # the directory of an embedded store
-    embedded: ObjectStore | None = None
+    embedded: TableEnvironment | None = None
     packed: PackedBlobStore | None = None  # a shared store's packs on S3 and their index
 
     def __post_init__(self):
-        self.objects = ObjectSource(self.blobs)
+        self.source = ObjectSource(self.blobs)
 
     @property
     def known(self):
@@ -79,13 +79,13 @@ class Stores:
             self.embedded.close()
 
 
-def embedded_stores(env: ObjectStore, path: str | None) -> Stores:
+def embedded_stores(env: TableEnvironment, path: str | None) -> Stores:
     """Both stores over one table environment (LMDB or memory)."""
     return Stores(TableBlobStore(env), TableMetadataStore(env), env, env.url, path, env)
 
 
 def memory_stores() -> Stores:
-    return embedded_stores(MemoryObjectStore(), None)
+    return embedded_stores(MemoryEnvironment(), None)
 
 
 SHARED_SCHEME = "s3://"

@@ -24,6 +24,7 @@ from agentcas.errors import IntegrityError
 
 HEADER = struct.Struct(">BBQQI")
 HEADER_SIZE = HEADER.size
+_HEAD, _CRC = struct.Struct(">BBQQ"), struct.Struct(">I")  # a header before its CRC; the CRC
 
 KIND_CHUNK = 1
 KIND_TREE = 2
@@ -122,8 +123,8 @@ def frame(kind: int, data, compress: bool = True, written_at: int | None = None,
 
 def make_header(kind: int, codec: int, size: int, written_at: int) -> bytes:
     """The 22-byte header of a stored value (its CRC computed here)."""
-    head = HEADER.pack(kind, codec, size, written_at, 0)[:-4]
-    return head + struct.pack(">I", zlib.crc32(head))
+    head = _HEAD.pack(kind, codec, size, written_at)
+    return head + _CRC.pack(zlib.crc32(head))
 
 
 def read_header(value) -> tuple[int, int, int, int]:

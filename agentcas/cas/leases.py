@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from agentcas import testing_hooks
 from agentcas.cas import encoding
-from agentcas.cas.metastore.base import MetadataStore, MetaTxn, Read
+from agentcas.cas.metastore.base import MetadataStore, MetadataUnavailable, MetaTxn, Read
 from agentcas.cas.sealed import seal, unseal
 from agentcas.errors import AgentcasError, ConflictError, IntegrityError
 
@@ -134,11 +134,26 @@ def _sweep_row(until_ms: int, requested_ms: int = 0) -> bytes:
     return seal("meta", SWEEP_KEY, encoding.encode(doc))
 
 
+# The fence row as last decoded (its exact bytes, its value): every writer reads the row,
+# which changes only when gc begins or ends a batch, so most reads decode nothing.
+_FENCE_SEEN: tuple[bytes, dict] = (b"", dict(_IDLE))
+
+
 def _fence(txn: MetaTxn, lock: bool) -> dict:
+    """The fence row's value (not to be changed: it may be shared with other readers)."""
+    global _FENCE_SEEN
     if lock:
         txn.put_new("meta", SWEEP_KEY, _sweep_row(0))
     value = txn.get("meta", SWEEP_KEY, for_update=lock)
-    return dict(_IDLE) if value is None else encoding.decode(unseal("meta", SWEEP_KEY, value))
+    if value is None:
+        return dict(_IDLE)
+    value = bytes(value)
+    seen = _FENCE_SEEN
+    if seen[0] == value:
+        return seen[1]
+    fence = encoding.decode(unseal("meta", SWEEP_KEY, value))
+    _FENCE_SEEN = (value, fence)
+    return fence
 
 
 def sweep_active(txn: MetaTxn, now: float, lock: bool = False) -> bool:
@@ -360,6 +375,11 @@ class Lease:
 
     def __exit__(self, *exc):
         if self.row is None or (self.released and exc[0] is None):
+            return False
+        if exc[0] is not None and issubclass(exc[0], MetadataUnavailable):
+            # The metadata store just stopped answering: asking it again would only hold the
+            # error back for another round of retries. The row dies with this process
+            # (LeaseRow.live) or when it expires.
             return False
         try:
             self.meta.write(lambda txn: txn.delete("leases", self.key))

@@ -49,6 +49,7 @@ INDEX_KEY = 8                        # id bytes an index key keeps
 ID_SIZE = 32
 BIG_PACK_BYTES = 64 * 1024           # a pack of large records closes once it holds this much
 LEAF_BYTES = 2016                    # the largest value kept inside a 4 KiB LMDB leaf page
+RECENT_PACKS = 256                   # packs a reader keeps at hand within one transaction
 _U64 = struct.Struct(">Q")
 
 
@@ -106,15 +107,27 @@ def record_of_value(raw: bytes, framed, base: int) -> bytes:
 
 def read_record(pack, offset: int) -> Record:
     """The record at `offset` of a pack value; CorruptPack if it does not parse."""
-    # One-byte varints inline (most ages, many sizes): this runs once per object read.
+    kind, codec, size, written_at, at, end = record_fields(pack, offset)
+    return Record(bytes(pack[offset:offset + ID_SIZE]), kind, codec, size, written_at, pack[at:end], offset, end)
+
+
+def record_fields(pack, offset: int) -> tuple[int, int, int, int, int, int]:
+    """(kind, codec, size, written_at, body start, record end) of the record at `offset` of a
+    pack value, without copying anything; CorruptPack if it does not parse. Every read of a
+    record goes through here, so one-byte varints (most ages, many sizes) are read inline."""
+    if not pack or pack[0] != PACK_VERSION:
+        raise CorruptPack("pack header is damaged or of an unknown version")
     try:
-        base = pack_base(pack)
         at = offset + ID_SIZE
         flags = pack[at]
         size = pack[at + 1]
         at += 2
         if size >= 0x80:
-            size, at = read_varint(pack, at - 1)
+            second = pack[at]
+            if 0 < second < 0x80:
+                size, at = (size & 0x7F) | second << 7, at + 1
+            else:
+                size, at = read_varint(pack, at - 1)
         age = pack[at]
         at += 1
         if age >= 0x80:
@@ -122,15 +135,19 @@ def read_record(pack, offset: int) -> Record:
         length = pack[at]
         at += 1
         if length >= 0x80:
-            length, at = read_varint(pack, at - 1)
-    except (NotCanonical, IndexError) as exc:
+            second = pack[at]
+            if 0 < second < 0x80:
+                length, at = (length & 0x7F) | second << 7, at + 1
+            else:
+                length, at = read_varint(pack, at - 1)
+        base = _U64.unpack_from(pack, 1)[0]
+    except (NotCanonical, IndexError, struct.error) as exc:
         raise CorruptPack(f"pack record at offset {offset} is damaged: {exc or 'truncated'}") from None
     kind, codec = flags >> 4, flags & 0x0F
     end = at + length
     if end > len(pack) or kind not in framing.KIND_NAMES or codec > framing.CODEC_ZSTD:
         raise CorruptPack(f"pack record at offset {offset} is damaged: bad kind, codec or length")
-    written_at = base + (age >> 1 if not age & 1 else -((age + 1) >> 1))
-    return Record(bytes(pack[offset:offset + ID_SIZE]), kind, codec, size, written_at, pack[at:end], offset, end)
+    return kind, codec, size, base + (age >> 1 if not age & 1 else -((age + 1) >> 1)), at, end
 
 
 def pack_base(pack) -> int:
@@ -148,22 +165,22 @@ def records(pack) -> Iterator[Record]:
         at = record.end
 
 
+def record_offsets(pack) -> Iterator[tuple[int, int]]:
+    """(offset, end) of every record of a pack value, in order (nothing copied)."""
+    at, size = PACK_HEADER.size, len(pack)
+    while at < size:
+        end = record_fields(pack, at)[5]
+        yield at, end
+        at = end
+
+
 def decode_locations(value) -> list[tuple[int, int]]:
-    """The (pack, offset) locations of an index row (one-byte varints read inline: hot path)."""
+    """The (pack, offset) locations of an index row."""
     out, at, end = [], 0, len(value)
-    try:
-        while at < end:
-            pack = value[at]
-            at += 1
-            if pack >= 0x80:
-                pack, at = read_varint(value, at - 1)
-            offset = value[at]
-            at += 1
-            if offset >= 0x80:
-                offset, at = read_varint(value, at - 1)
-            out.append((pack, offset))
-    except (NotCanonical, IndexError) as exc:
-        raise CorruptPack(f"index row is damaged: {exc or 'truncated'}") from None
+    while at < end:
+        pack, at = _small_varint(value, at)
+        offset, at = _small_varint(value, at)
+        out.append((pack, offset))
     return out
 
 
@@ -181,51 +198,88 @@ def _live(value) -> tuple[int, int]:
 
 def locate(txn, raw: bytes) -> tuple[int, Record] | None:
     """(pack number, record) of the object `raw`, or None."""
+    found = _find(txn, raw)
+    return None if found is None else (found[0], read_record(found[1], found[2]))
+
+
+def _find(txn, raw: bytes, fields: bool = True, recent: dict | None = None):
+    """(pack number, pack value, record offset, record fields or None without `fields`) of
+    object `raw`, or None; CorruptPack if its index row or record is damaged. The one lookup
+    behind every read: an index row, a pack (a view into the store when the reader has
+    buffers) and one record's fields, with nothing copied and no object made. `recent`
+    ({pack number: pack}, kept by a reader for one transaction) spares a walk the pack
+    lookup when it reads objects written together, as walks do."""
     row = txn.get(INDEX, raw[:INDEX_KEY])
     if row is None:
         return None
-    for number, offset in decode_locations(row):
-        pack = txn.get(PACKS, pack_key(number))
+    at, end = 0, len(row)
+    while at < end:
+        number, at = _small_varint(row, at)
+        offset, at = _small_varint(row, at)
+        pack = None if recent is None else recent.get(number)
         if pack is None:
-            raise CorruptPack(f"the index names pack {number}, which is missing")
-        record = read_record(pack, offset)
-        if record.id == raw:
-            return number, record
-        if record.id[:INDEX_KEY] != raw[:INDEX_KEY]:
+            pack = txn.get(PACKS, _U64.pack(number))
+            if pack is None:
+                raise CorruptPack(f"the index names pack {number}, which is missing")
+            if recent is not None:
+                if len(recent) >= RECENT_PACKS:
+                    recent.clear()
+                recent[number] = pack
+        held = pack[offset:offset + ID_SIZE]
+        if held == raw:
+            return number, pack, offset, record_fields(pack, offset) if fields else None
+        if held[:INDEX_KEY] != raw[:INDEX_KEY]:
+            record_fields(pack, offset)  # a damaged record is named as such
             raise CorruptPack(f"the index row of {raw[:INDEX_KEY].hex()} names pack {number} offset {offset}, "
-                              f"which holds {record.id.hex()}")
+                              f"which holds {bytes(held).hex()}")
     return None
 
 
-def get(txn, raw: bytes):
+def _small_varint(data, at: int) -> tuple[int, int]:
+    """(value, position after it) of the varint at `at`, one and two bytes read here (pack
+    numbers and offsets, sizes); CorruptPack if damaged."""
+    try:
+        first = data[at]
+        if first < 0x80:
+            return first, at + 1
+        second = data[at + 1]
+        if 0 < second < 0x80:
+            return (first & 0x7F) | second << 7, at + 2
+        return read_varint(data, at)
+    except (NotCanonical, IndexError) as exc:
+        raise CorruptPack(f"index row is damaged: {exc or 'truncated'}") from None
+
+
+def get(txn, raw: bytes, recent: dict | None = None):
     """The stored value (section 3.1) of object `raw`, or None; IntegrityError naming it if damaged."""
     raw = bytes(raw)
     try:
-        found = locate(txn, raw)
+        found = _find(txn, raw, recent=recent)
     except CorruptPack as exc:
         raise IntegrityError(f"object {raw.hex()} is corrupt: {exc}") from None
     if found is not None:
-        return found[1].framed()
+        _, pack, _, (kind, codec, size, written_at, at, end) = found
+        return framing.make_header(kind, codec, size, written_at) + pack[at:end]
     value = txn.get(LEGACY, raw)
     return None if value is None else bytes(value)
 
 
-def has(txn, raw: bytes) -> bool:
+def has(txn, raw: bytes, recent: dict | None = None) -> bool:
     raw = bytes(raw)
     try:
-        return locate(txn, raw) is not None or txn.get(LEGACY, raw) is not None
+        return _find(txn, raw, fields=False, recent=recent) is not None or txn.get(LEGACY, raw) is not None
     except CorruptPack:
         return True  # something is stored there: a read names the damage
 
 
-def header(txn, raw: bytes) -> bytes | None:
+def header(txn, raw: bytes, recent: dict | None = None) -> bytes | None:
     raw = bytes(raw)
     try:
-        found = locate(txn, raw)
+        found = _find(txn, raw, recent=recent)
     except CorruptPack as exc:
         raise IntegrityError(f"object {raw.hex()} is corrupt: {exc}") from None
     if found is not None:
-        return found[1].header()
+        return framing.make_header(*found[3][:4])
     value = txn.get(LEGACY, raw)
     return None if value is None else bytes(value[:framing.HEADER_SIZE])
 
@@ -243,18 +297,25 @@ def list_objects(txn, start: bytes | None = None) -> Iterator[BlobInfo]:
 def _list_packed(txn, start):
     first = None if start is None else bytes(start[:INDEX_KEY])
     for _, row in txn.scan(INDEX, start=first):
-        infos = []
-        for number, offset in decode_locations(row):
-            pack = txn.get(PACKS, pack_key(number))
+        at, end, infos = 0, len(row), []
+        while at < end:
             try:
-                record = read_record(pack, offset)
+                number, at = _small_varint(row, at)
+                offset, at = _small_varint(row, at)
+            except CorruptPack:
+                break  # fsck names the row; a listing lists what it can read
+            pack = txn.get(PACKS, _U64.pack(number))
+            try:
+                kind, _, _, written_at, body, stop = record_fields(pack, offset)
             except (CorruptPack, TypeError):
-                continue  # fsck names it; a listing lists what it can read
-            if start is None or record.id >= start:
+                continue
+            raw = bytes(pack[offset:offset + ID_SIZE])
+            if start is None or raw >= start:
                 # The size of its stored value (section 3.1), as a read returns it.
-                infos.append(BlobInfo(record.id, framing.HEADER_SIZE + len(record.body), float(record.written_at),
-                                      record.kind))
-        yield from sorted(infos, key=lambda info: info.key)
+                infos.append(BlobInfo(raw, framing.HEADER_SIZE + stop - body, float(written_at), kind))
+        if len(infos) > 1:
+            infos.sort(key=lambda info: info.key)
+        yield from infos
 
 
 def _list_legacy(txn, start):
@@ -459,6 +520,7 @@ class PackCheck:
     pack_bytes: int = 0          # bytes of every pack value
     reclaimable_bytes: int = 0   # records no index row names (a repack drops them)
     problems: list = field(default_factory=list)  # [(what, message, raw id hex or None)]
+    indexed: int = 0             # records found where their index row names them
 
 
 def check_packs(txn) -> PackCheck:
@@ -466,43 +528,123 @@ def check_packs(txn) -> PackCheck:
     records that exist under its key; every live row agrees with the index. Streams the
     tables (memory does not grow with the store)."""
     found = PackCheck()
-    for key, pack in txn.scan(PACKS):
-        number = pack_number(key)
-        found.packs += 1
-        found.pack_bytes += len(pack)
-        live_count = live_bytes = 0
-        try:
-            for record in records(pack):
-                if _indexed_at(txn, record.id, number, record.offset):
-                    live_count += 1
-                    live_bytes += record.length
-                else:
-                    found.reclaimable_bytes += record.length
-        except CorruptPack as exc:
-            found.problems.append(("pack", f"pack {number}: {exc}", None))
-            continue
-        row = txn.get(LIVE, key)
-        counted = None if row is None else _live(row)
-        if counted != (live_count, live_bytes):
-            found.problems.append(("pack", f"pack {number}: its live row says {counted}, the index names "
-                                   f"{live_count} records of {live_bytes} bytes", None))
-    for key, row in txn.scan(INDEX):
-        try:
-            for number, offset in decode_locations(row):
-                pack = txn.get(PACKS, pack_key(number))
-                if pack is None:
-                    raise CorruptPack(f"names pack {number}, which is missing")
-                record = read_record(pack, offset)
-                if record.id[:INDEX_KEY] != bytes(key):
-                    raise CorruptPack(f"names pack {number} offset {offset}, which holds {record.id.hex()}")
-        except CorruptPack as exc:
-            found.problems.append(("index", f"index row {bytes(key).hex()}: {exc}", bytes(key).hex()))
+    for _ in stored_values(txn, found, values=False):
+        pass
     return found
 
 
-def _indexed_at(txn, raw: bytes, number: int, offset: int) -> bool:
-    row = txn.get(INDEX, raw[:INDEX_KEY])
-    return row is not None and (number, offset) in decode_locations(row)
+def stored_values(txn, check: PackCheck, values: bool = True) -> Iterator[tuple[BlobInfo, bytes]]:
+    """(info, stored value) of every stored object, read pack by pack (each pack once, in
+    order, where a read by id costs an index row, a pack and a record), then the objects not
+    yet upgraded; `check` gathers check_packs' findings on the way (complete once the stream
+    is). What a walk over every object reads (fsck).
+
+    Each record looks up its own index row: one found where its row names it is live and
+    accounts for that location; any other is dead (reclaimable, skipped). So when the index
+    holds exactly as many locations as were accounted for, and no row names one twice, every
+    location names a record of its key, and the index is only counted; otherwise each row
+    is resolved, to name the ones that are wrong."""
+    for key, pack in txn.scan(PACKS):
+        number = pack_number(key)
+        check.packs += 1
+        check.pack_bytes += len(pack)
+        live_count = live_bytes = 0
+        damaged = False
+        at, size = PACK_HEADER.size, len(pack)
+        while at < size:
+            try:
+                kind, codec, length, written_at, start, end = record_fields(pack, at)
+            except CorruptPack as exc:
+                check.problems.append(("pack", f"pack {number}: {exc}", None))
+                damaged = True
+                break
+            raw = bytes(pack[at:at + ID_SIZE])
+            if _indexed_at(txn, raw, number, at):
+                live_count += 1
+                live_bytes += end - at
+                if values:
+                    yield (BlobInfo(raw, framing.HEADER_SIZE + end - start, float(written_at), kind),
+                           framing.make_header(kind, codec, length, written_at) + pack[start:end])
+            else:
+                check.reclaimable_bytes += end - at
+            at = end
+        if damaged:
+            continue
+        check.indexed += live_count
+        row = txn.get(LIVE, key)
+        counted = None if row is None else _live(row)
+        if counted != (live_count, live_bytes):
+            check.problems.append(("pack", f"pack {number}: its live row says {counted}, the index names "
+                                   f"{live_count} records of {live_bytes} bytes", None))
+    locations, suspect = 0, False
+    for _, row in txn.scan(INDEX):
+        try:
+            named = _location_count(row)
+        except CorruptPack:
+            named = None
+        if named is None:
+            suspect = True
+            break
+        locations += named
+    if suspect or locations != check.indexed:
+        _check_index_rows(txn, check)
+    if values:
+        for info in _list_legacy(txn, None):
+            value = txn.get(LEGACY, info.key)
+            if value is not None:
+                yield info, bytes(value)
+
+
+def _check_index_rows(txn, found: PackCheck) -> None:
+    """Resolve every location of every index row, naming each row that is wrong."""
+    for key, row in txn.scan(INDEX):
+        try:
+            named = decode_locations(row)
+            for number, offset in named:
+                pack = txn.get(PACKS, pack_key(number))
+                if pack is None:
+                    raise CorruptPack(f"names pack {number}, which is missing")
+                record_fields(pack, offset)
+                if pack[offset:offset + INDEX_KEY] != bytes(key):
+                    raise CorruptPack(f"names pack {number} offset {offset}, which holds "
+                                      f"{bytes(pack[offset:offset + ID_SIZE]).hex()}")
+            if len(set(named)) != len(named):
+                raise CorruptPack("names one location twice")
+        except CorruptPack as exc:
+            found.problems.append(("index", f"index row {bytes(key).hex()}: {exc}", bytes(key).hex()))
+
+
+def _indexed_at(txn, raw, number: int, offset: int) -> bool:
+    """Whether the index row of `raw` names (number, offset); False for a damaged row (the
+    index pass of check_packs names it)."""
+    row = txn.get(INDEX, bytes(raw[:INDEX_KEY]))
+    if row is None:
+        return False
+    location = varint(number) + varint(offset)
+    if row == location:  # a row of one location: nearly every row
+        return True
+    try:
+        return len(row) > len(location) and (number, offset) in decode_locations(row)
+    except CorruptPack:
+        return False
+
+
+_VARINT_ENDS = bytes(range(0x80))  # the last byte of a varint is under 0x80
+
+
+def _location_count(row) -> int | None:
+    """How many locations an index row holds (two varint ends each), or None if it may be
+    damaged or name one location twice (then check_packs resolves every row)."""
+    row = bytes(row)
+    if not row or row[-1] >= 0x80:
+        return None
+    ends = len(row) - len(row.translate(None, _VARINT_ENDS))
+    if ends == 2:
+        return 1
+    if ends % 2:
+        return None
+    named = decode_locations(row)
+    return len(named) if len(set(named)) == len(named) else None
 
 
 # -- repacking (gc) ----------------------------------------------------------------------------

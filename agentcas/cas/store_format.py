@@ -21,8 +21,7 @@ from agentcas.cas import encoding, packs
 from agentcas.cas.backends import STORE_KEY, Stores, check_binding
 from agentcas.cas.leases import sweep_active
 from agentcas.cas.lmdb_store import StoreUnavailable
-from agentcas.cas.metastore.base import MetaTxn as Txn
-from agentcas.cas.metastore.base import Read
+from agentcas.cas.metastore.base import MetaTxn, Read
 from agentcas.cas.sealed import seal, unseal
 from agentcas.errors import IntegrityError
 
@@ -44,7 +43,7 @@ def write_format(stores: Stores, binding: bytes | None = None) -> bool:
     row, cas/backends.py) unless present; True if this made the store."""
     doc = encoding.encode({"format": format_of(stores), "created_at": utc_now()})
 
-    def create(txn: Txn) -> bool:
+    def create(txn: MetaTxn) -> bool:
         sweep_active(txn, 0.0, lock=True)  # writes the fence row leases lock (cas/leases.py)
         if binding is not None:
             txn.put_new("meta", STORE_KEY, binding)
@@ -92,7 +91,7 @@ def _upgrade_format(stores: Stores, doc: dict, target: int) -> None:
     upgraded = encoding.encode(dict(doc, format=target, upgraded_from=doc.get("format", 0),
                                     upgraded_at=utc_now()))
 
-    def mark(txn: Txn):
+    def mark(txn: MetaTxn):
         current = encoding.decode(unseal("meta", FORMAT_KEY, txn.get("meta", FORMAT_KEY)))
         if current.get("format", 0) < target:
             txn.put("meta", FORMAT_KEY, seal("meta", FORMAT_KEY, upgraded))

@@ -6,7 +6,8 @@ transaction for an embedded store; a listing of the bucket for a shared one).
    imports, signatures, and this machine's statcache) is unsealed (its keyed checksum
    catches a flipped byte); refs, reflog entries and leases are decoded too. `signatures` rows must be 64-byte keys
    naming a stored signature.
-2. Objects: the blob store is streamed (for a shared store, the bucket itself, read in
+2. Objects: the blob store is streamed (an embedded store's pack by pack, checking the
+   packs on the way: step 5; for a shared store, the bucket itself, read in
    parallel batches: never this machine's cache, which may hold a good copy of an object
    the bucket holds damaged); each value's header CRC is checked, its body
    unframed (bounded decompression) and hashed against its id, and structured objects
@@ -200,10 +201,13 @@ class Fsck:
                 self.problem("row", f"{table} entry {shown!r}: {exc}", table=table, key=shown)
 
     # -- 2. objects ------------------------------------------------------------------------
-    def check_objects(self) -> None:
+    def check_objects(self, pack_check: packs.PackCheck | None = None) -> None:
+        """With `pack_check` (an embedded store), the objects are read pack by pack from the
+        metadata snapshot (the same environment), gathering the packs' check on the way."""
         blobs = self.source.blobs
         total = blobs.count()
-        for info, value in _stored_values(blobs):
+        stored = _stored_values(blobs) if pack_check is None else packs.stored_values(self.txn, pack_check)
+        for info, value in stored:
             raw = bytes(info.key)
             if value is None:
                 continue  # deleted since it was listed (a concurrent gc)
@@ -245,6 +249,9 @@ class Fsck:
                 raise _DependencyMissing(f"segment {digest.hex()}: its chunk {ref.id.hex()} is missing")
         if segment.base.segment is not None and not self.source.has(segment.base.segment):
             raise _DependencyMissing(f"segment {digest.hex()}: its base segment is missing")
+        if segment.copy is not None and segment.copy.source.segment is not None \
+                and not self.source.has(segment.copy.source.segment):
+            raise _DependencyMissing(f"segment {digest.hex()}: the segment it copies records from is missing")
         self.history.check_segment(digest, segment)
 
     def check_position(self, position: HistoryPosition, where: str, raise_: bool = False,
@@ -305,8 +312,7 @@ class Fsck:
         found["message"] += f" (referenced by {by or root.describe()}, reachable from {root.describe()})"
 
     # -- 5. packs (an embedded store): every pack byte indexed or reclaimable ------------
-    def check_packs(self) -> dict:
-        found = packs.check_packs(self.txn)
+    def check_packs(self, found: packs.PackCheck) -> dict:
         for what, message, shown in found.problems:
             self.problem(what, message, **({"id": shown} if shown else {}))
         return {"count": found.packs, "bytes": found.pack_bytes, "reclaimable_bytes": found.reclaimable_bytes}
@@ -322,13 +328,14 @@ class Fsck:
         return found
 
     def run(self, embedded: bool = False, packed=None) -> dict:
+        pack_check = packs.PackCheck() if embedded else None
         self.check_rows()
-        self.check_objects()
+        self.check_objects(pack_check)
         self.check_closures()
         doc = {"ok": not self.problems, "objects": self.objects, "rows": self.rows,
                "roots": len(self.roots), "problems": self.problems}
-        if embedded:
-            doc["packs"] = self.check_packs()
+        if pack_check is not None:
+            doc["packs"] = self.check_packs(pack_check)
         elif packed is not None:
             doc["packs"] = self.check_shared_packs(packed)
         doc["ok"] = not self.problems
@@ -379,7 +386,7 @@ def fsck(stores: Stores, progress=None) -> dict:
         check_pages(stores.path)
     listed = MarkSet() if stores.shared else None
     try:
-        with stores.meta.reader() as txn, stores.objects.reading() as objects:
+        with stores.meta.reader() as txn, stores.source.reading() as objects:
             return Fsck(txn, objects, stores.local, progress, PageReleaser(stores), listed).run(
                 embedded=stores.embedded is not None, packed=stores.packed)
     except lmdb.Error as exc:

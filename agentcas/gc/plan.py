@@ -196,7 +196,7 @@ def plan_gc(stores: Stores, now: float | None = None, grace: int = DEFAULT_GRACE
     def young(written_at: int) -> bool:
         return written_at > grace_cutoff
 
-    with stores.meta.reader() as txn, stores.objects.reading() as objects:
+    with stores.meta.reader() as txn, stores.source.reading() as objects:
         tracking = {"generation": threads.ref_generation(txn),
                     "refs": {bytes(k[len(threads.PREFIX):]).decode("utf-8"): bytes(v)
                              for k, v in txn.scan("refs", threads.PREFIX)}}

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agentcas.cas import crashpoints, packs
-from agentcas.cas.store import ObjectStore
+from agentcas.cas.store import TableEnvironment
 
 
 @dataclass
@@ -36,7 +36,7 @@ class RepackResult:
                 "objects_moved": self.objects_moved}
 
 
-def repack_store(env: ObjectStore, dead_share: float = packs.REPACK_DEAD_SHARE) -> RepackResult:
+def repack_store(env: TableEnvironment, dead_share: float = packs.REPACK_DEAD_SHARE) -> RepackResult:
     """Rewrite every pack of `env` whose dead share reaches `dead_share` (see the module doc)."""
     result = RepackResult()
     start: bytes | None = b""

@@ -36,6 +36,7 @@ from agentcas import testing_hooks
 from agentcas.cas import encoding, framing
 from agentcas.cas.backends import Stores
 from agentcas.cas.leases import SWEEP_WINDOW, begin_sweep, end_sweep
+from agentcas.cas.metastore.base import MetadataUnavailable
 from agentcas.cas.metastore.base import MetaTxn as Txn
 from agentcas.cas.sealed import seal
 from agentcas.cas.source import ObjectSource
@@ -118,8 +119,9 @@ def sweep_batch(stores: Stores, plan: GcPlan, keys: bytes, level: int,
     if live:
         result.busy = tuple(live)
         return result
+    unanswered = False
     try:
-        with stores.meta.reader() as txn, stores.objects.reading() as objects:
+        with stores.meta.reader() as txn, stores.source.reading() as objects:
             result.remarked = remark_moved_threads(txn, objects, plan)
             if SWEEP_LEVELS[level][0] == framing.KIND_CHECKPOINT:
                 result.remarked += mark_signatures(txn, objects, plan.marked)
@@ -134,8 +136,14 @@ def sweep_batch(stores: Stores, plan: GcPlan, keys: bytes, level: int,
             stores.meta.write(lambda txn: _delete_signature_rows(txn, doomed))
         result.deleted = _delete(stores, doomed, pages)
         result.freed = freed
+    except MetadataUnavailable:
+        # No end_sweep: the store just stopped answering, and the fence ends by itself
+        # when its window passes; asking again would only hold the error back.
+        unanswered = True
+        raise
     finally:
-        stores.meta.write(end_sweep)
+        if not unanswered:
+            stores.meta.write(end_sweep)
     return result
 
 

@@ -40,7 +40,7 @@ def _move(stores: Stores, thread: str, what: str, plan):
 def branch_thread(stores: Stores, name: str, rev: str | None) -> Digest:
     """Make thread `name` at checkpoint `rev` (default: main's head); the checkpoint's id."""
     check_thread_name(name)
-    source = stores.objects
+    source = stores.source
 
     def plan(state):
         if state is not None:
@@ -70,13 +70,24 @@ def delete_thread(stores: Stores, name: str) -> ThreadState:
     return state
 
 
+def fork_state(objects, history: rollout.History, head: HistoryPosition, tip: Digest | None, origin: str,
+               source: str, at: int | None) -> tuple[ThreadState, str]:
+    """(state, reflog message) of a new thread sharing the first `at` records (all if None) of
+    the history at `head`, whose newest checkpoint is `tip`, of thread `origin` (`source` as
+    the user named it): at the newest checkpoint at or before the cut, its origin recorded."""
+    position = history.position(head, head.seq if at is None else at)
+    checkpoint = checkpoints.newest_at_or_before(objects, tip, position.seq)
+    return (ThreadState(checkpoint, position, ForkOrigin(origin, checkpoint, position.seq)),
+            f"fork of {source} at {position.seq}")
+
+
 def fork_thread(stores: Stores, history: rollout.History, source: str, name: str,
                 at: int | None) -> ThreadState:
     """Make thread `name` sharing the first `at` records (default: all) of `source`'s history."""
     check_thread_name(name)
     if at is not None and at < 0:
         raise UsageError(f"--at must not be negative: {at}")
-    objects = stores.objects
+    objects = stores.source
 
     def plan(state):
         with stores.meta.reader() as txn:
@@ -86,11 +97,8 @@ def fork_thread(stores: Stores, history: rollout.History, source: str, name: str
                              f"({head.seq} records)")
         if state is not None:
             raise ConflictError(f"thread {name!r} already exists")
-        position = history.position(head, head.seq if at is None else at)
-        checkpoint = checkpoints.newest_at_or_before(objects, tip, position.seq)
-        new = ThreadState(checkpoint, position, ForkOrigin(origin, checkpoint, position.seq))
-        return Move(new, "fork", f"fork of {source} at {position.seq}",
-                    needed=_state_objects(checkpoint, position), result=new)
+        new, message = fork_state(objects, history, head, tip, origin, source, at)
+        return Move(new, "fork", message, needed=_state_objects(new.checkpoint, new.history), result=new)
 
     _, move = _move(stores, name, f"fork {name}", plan)
     return move.result
@@ -100,7 +108,7 @@ def revert_thread(stores: Stores, thread: str, rev: str,
                   expect: str | None) -> tuple[ThreadState, ThreadState, bool]:
     """Move `thread` to checkpoint `rev` (only if at `expect`, when given): (old state, new state, related)."""
     check_thread_name(thread)
-    objects = stores.objects
+    objects = stores.source
 
     def plan(state):
         if state is None:

@@ -25,7 +25,23 @@ class BadThreadName(UsageError):
     pass
 
 
+# Names that passed the check lately: a writer checks the same few names on every move.
+_CHECKED: set[str] = set()
+_CHECKED_MAX = 4096
+
+
 def check_thread_name(name: str) -> str:
+    """`name` if it is a valid thread name (docs/FORMAT.md 6.1), else BadThreadName."""
+    if type(name) is str and name in _CHECKED:
+        return name
+    _check_thread_name(name)
+    if len(_CHECKED) >= _CHECKED_MAX:
+        _CHECKED.clear()
+    _CHECKED.add(name)
+    return name
+
+
+def _check_thread_name(name: str) -> None:
     def bad(why: str):
         raise BadThreadName(f"invalid thread name {name!r}: {why}")
 
@@ -53,7 +69,6 @@ def check_thread_name(name: str) -> str:
             bad("has a component starting with '.'")
         if part.endswith(".lock"):
             bad("has a component ending with '.lock'")
-    return name
 
 
 def encode_component(text: str, safe: re.Pattern = _COMPONENT_SAFE) -> str:

@@ -47,7 +47,7 @@ def commit_workspace(stores: Stores, store_path: str | None, workspace: str, rea
     from agentcas.workspace.snapshot import check_reason_secret, snapshot  # lazy: only commit reads a workspace
     check_reason_secret(reason, allow_secrets)
     check_thread_name(thread)
-    source = stores.objects
+    source = stores.source
     expected = _resolve(stores, expect) if expect else None
     if not os.path.isdir(workspace):
         raise UsageError(f"workspace is not a directory: {workspace}")
@@ -135,8 +135,8 @@ def commit_workspace(stores: Stores, store_path: str | None, workspace: str, rea
 
 def _resolve(stores: Stores, rev: str) -> Digest:
     with stores.meta.reader() as txn:
-        digest = revisions.resolve(txn, stores.objects, rev)
-    revisions.load_checkpoint(stores.objects, digest)
+        digest = revisions.resolve(txn, stores.source, rev)
+    revisions.load_checkpoint(stores.source, digest)
     return digest
 
 

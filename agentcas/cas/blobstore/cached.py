@@ -64,7 +64,7 @@ def default_cache_dir(url: str) -> str:
 class CachedBlobStore(BlobStore):
     """`remote` with a bounded local cache of what this machine read or wrote.
 
-    `local` is this machine's table environment (an ObjectStore: LMDB, or memory in
+    `local` is this machine's table environment (a TableEnvironment: LMDB, or memory in
     tests), or a directory to open one in (default: default_cache_dir(remote.url)).
     """
 

@@ -271,8 +271,7 @@ class S3BlobStore(BlobStore):
             raise
 
     def _unavailable(self, exc: BaseException, retry: Retry) -> BlobUnavailable:
-        return BlobUnavailable(f"{self.name} unavailable after {retry.tries} tries in "
-                               f"{retry.elapsed:.0f}s: {self._reason(exc)}")
+        return BlobUnavailable(f"{self.name} unavailable {retry.summary()}: {self._reason(exc)}")
 
     def _refused(self, exc: BaseException, what: str) -> BlobUnavailable:
         status, code = self._status(exc)
