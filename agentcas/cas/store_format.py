@@ -1,14 +1,16 @@
 """The store's format record (`meta/format`, docs/FORMAT.md section 7) and its upgrade.
 
 Written once when a store is made: `{"format": ..., "created_at": ...}`: STORE_FORMAT (3)
-for an embedded store, SHARED_STORE_FORMAT (2) for a shared one, whose objects are not packed
-yet. A reader refuses a store whose format is newer than it reads (StoreFormatError, exit 4);
+for an embedded store, SHARED_STORE_FORMAT (3) for a shared one (objects in packs on S3,
+cas/blobstore/s3_packs.py). A reader refuses a store whose format is newer than it reads (StoreFormatError, exit 4);
 a writable open of an older store marks it current first (`upgraded_from`, `upgraded_at`), so
 that an older agentcas stops at the record instead of misreading the new writes. Format 2
 added packed objects and compact reflog rows, which every reader here reads in both forms;
 format 3 keeps an embedded store's objects in packs, so after marking, its objects move
 there (cas/packs.upgrade_objects: resumable, each writable open finishes what a killed one
-left; reads fall back to the rows not yet moved).
+left; reads fall back to the rows not yet moved). A shared store of format 2 keeps its
+objects where they are (one S3 object each) and writes new ones into packs: its reads look
+in both, for as long as its record says it was made before format 3.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from agentcas.errors import IntegrityError
 
 FORMAT_KEY = b"format"
 STORE_FORMAT = 3
-SHARED_STORE_FORMAT = 2
+SHARED_STORE_FORMAT = 3
 
 
 class StoreFormatError(IntegrityError):
@@ -64,6 +66,8 @@ def check_format(stores: Stores, where: str, readonly: bool) -> None:
     if value is None:
         raise StoreUnavailable(f"not an agentcas store (no format record): {where}")
     doc = encoding.decode(unseal("meta", FORMAT_KEY, value))
+    if stores.packed is not None:
+        stores.packed.legacy = holds_unpacked_objects(doc)
     target = format_of(stores)
     if doc.get("format", 0) > target:
         raise StoreFormatError(
@@ -75,6 +79,11 @@ def check_format(stores: Stores, where: str, readonly: bool) -> None:
         _upgrade_format(stores, doc, target)
     if stores.embedded is not None:
         packs.upgrade_objects(stores.embedded)  # nothing to do once upgraded (one count)
+
+
+def holds_unpacked_objects(doc: dict) -> bool:
+    """Whether a shared store may hold objects stored one S3 object each (made before format 3)."""
+    return min(doc.get("format", 0), doc.get("upgraded_from", doc.get("format", 0))) < 3
 
 
 def _upgrade_format(stores: Stores, doc: dict, target: int) -> None:

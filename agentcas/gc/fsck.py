@@ -317,7 +317,17 @@ class Fsck:
             self.problem(what, message, **({"id": shown} if shown else {}))
         return {"count": found.packs, "bytes": found.pack_bytes, "reclaimable_bytes": found.reclaimable_bytes}
 
-    def run(self, embedded: bool = False) -> dict:
+    # -- 5'. packs on S3 (a shared store): each indexed pack whole, each stored one indexed --
+    def check_shared_packs(self, packed) -> dict:
+        problems, found = packed.check_packs()
+        for what, message, shown in problems:
+            self.problem(what, message, pack=shown)
+        for raw, location in packed.locations(self.corrupt).items():  # name the pack of a bad object
+            self.corrupt[raw]["pack"] = location.pack.hex()
+            self.corrupt[raw]["message"] += f" (in pack {location.pack.hex()})"
+        return found
+
+    def run(self, embedded: bool = False, packed=None) -> dict:
         pack_check = packs.PackCheck() if embedded else None
         self.check_rows()
         self.check_objects(pack_check)
@@ -326,7 +336,9 @@ class Fsck:
                "roots": len(self.roots), "problems": self.problems}
         if pack_check is not None:
             doc["packs"] = self.check_packs(pack_check)
-            doc["ok"] = not self.problems
+        elif packed is not None:
+            doc["packs"] = self.check_shared_packs(packed)
+        doc["ok"] = not self.problems
         return doc
 
 
@@ -376,7 +388,7 @@ def fsck(stores: Stores, progress=None) -> dict:
     try:
         with stores.meta.reader() as txn, stores.source.reading() as objects:
             return Fsck(txn, objects, stores.local, progress, PageReleaser(stores), listed).run(
-                embedded=stores.embedded is not None)
+                embedded=stores.embedded is not None, packed=stores.packed)
     except lmdb.Error as exc:
         raise StoreCorrupt(f"store database is corrupt: {exc}") from None
     finally:

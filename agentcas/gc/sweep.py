@@ -198,6 +198,22 @@ def _delete(stores: Stores, doomed: list[bytes], pages) -> int:
     return deleted
 
 
+def sweep_unnamed_packs(stores: Stores, plan: GcPlan) -> dict:
+    """A shared store's pack objects that no index row names (a writer killed before its
+    rows landed, a sweep killed before its delete) and older than the grace cutoff, deleted
+    in a fenced batch of their own: no writer then holds a lease, so none is between its
+    pack upload and its rows. {"unnamed", "unnamed_bytes"}, or {"skipped": "writers"}."""
+    assert stores.packed is not None
+    live, _ = stores.meta.write(lambda txn: begin_sweep(txn, time.time()))
+    if live:
+        return {"skipped": "writers"}
+    try:
+        packs, size = stores.packed.sweep_unnamed_packs(plan.grace_cutoff)
+    finally:
+        stores.meta.write(end_sweep)
+    return {"unnamed": packs, "unnamed_bytes": size}
+
+
 def _delete_signature_rows(txn: Txn, checkpoints: list[bytes]) -> None:
     for raw in checkpoints:
         for sig_key, _ in list(txn.scan("signatures", raw)):
@@ -268,5 +284,8 @@ def execute(stores: Stores, plan: GcPlan, wait: float = DEFAULT_WAIT,
               "complete": complete, "blocked_by": [p.to_doc() for p in blocked]}
     if stores.embedded is not None:
         result["repack"] = repack_store(stores.embedded).to_json()
+    if stores.packed is not None:
+        result["packs"] = dict(sweep_unnamed_packs(stores, plan) if complete else {"skipped": "incomplete"},
+                               deleted=stores.packed.packs_deleted)
     settle(stores, {"at": int(plan.now), "deleted": deleted, "bytes": freed, "complete": complete})
     return result

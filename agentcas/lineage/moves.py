@@ -5,7 +5,10 @@ A move never needs one transaction spanning objects and refs:
    snapshot and plans against them: a `Landing` (the compare-and-swaps, the new objects
    they need, the stored objects they rely on, the other refs they read).
 2. Store the new objects (idempotent, create-if-absent), then check that every object
-   relied on is still stored (a batched existence question).
+   relied on is still stored (a batched existence question). A shared store may instead
+   upload them and hand back the index rows that make them stored (`stage_many`: its
+   packs, cas/blobstore/s3_packs.py), which step 3 writes with the refs: a step is then
+   one upload and no extra request.
 3. One metadata exchange or transaction: the lease still holds, every ref is still at
    the state read in 1 (compare-and-swap), each moves with its reflog row, the lease is
    released (unless the writer keeps it for further moves).
@@ -144,20 +147,25 @@ class Mover:
             self.stores.meta.write(partial(self._land_at_once, landing=landing))
             return
         self.lease.refresh()
-        store_objects(self.stores, landing.objects, landing.needed - landing.objects.keys(), landing.action)
+        staged = store_objects(self.stores, landing.objects, landing.needed - landing.objects.keys(),
+                               landing.action)
         if not landing.moves:
+            if staged:
+                self.stores.meta.exchange(writes=staged)
             return
         if point is not None:
             testing_hooks.reached(point)
         if landing.base is not None:
-            self._exchange(landing)
+            self._exchange(landing, staged)
         else:
-            self.stores.meta.write(partial(self._final, landing=landing))
+            self.stores.meta.write(partial(self._final, landing=landing, staged=staged))
 
-    def _final(self, txn, landing: Landing) -> None:
-        """The landing transaction of a leased writer."""
+    def _final(self, txn, landing: Landing, staged: list[tuple]) -> None:
+        """The landing transaction of a leased writer (with the rows of its staged objects)."""
         self.lease.check(txn)
         move_refs(txn, landing)
+        for table, key, value in staged:
+            txn.put(table, key, value)
         if not self.keep_lease:
             self.lease.release(txn)
 
@@ -176,7 +184,7 @@ class Mover:
         if self.lease.row is not None and not self.keep_lease:
             self.lease.release(txn)
 
-    def _exchange(self, landing: Landing) -> None:
+    def _exchange(self, landing: Landing, staged: list[tuple]) -> None:
         """One move in one metadata exchange: it lands only if the lease row, the ref row
         and the next reflog entry are as read, and reads the thread back, so a move that
         lost a race plans again without another request."""
@@ -187,6 +195,7 @@ class Mover:
         self.lease.check_clock()
         expect, writes = threads.move_rows(base, new, action, message, implied)
         expect.append(self.lease.expect())
+        writes += staged  # the new objects' index rows, if staged (a lost race stages them again)
         if not self.keep_lease:
             writes.append(("leases", self.lease.key, None))
         reads = [Read("leases", self.lease.key)] + threads.base_reads(name)
@@ -212,15 +221,18 @@ def move_refs(txn, landing: Landing) -> None:
             raise LostRace(name)
 
 
-def store_objects(stores: Stores, objects: dict, needed: set, action: str) -> None:
+def store_objects(stores: Stores, objects: dict, needed: set, action: str) -> list[tuple]:
     """Step 2 of a move: store its new objects, then check that what it relies on is
-    stored; VanishedObject (nothing moved) if a concurrent gc took any."""
-    stores.source.put_many(objects)
+    stored; VanishedObject (nothing moved) if a concurrent gc took any. Returns the
+    metadata writes that make the new objects stored, for the landing to carry, where the
+    store staged them (see the module doc; usually none: stored now)."""
+    staged = stores.source.stage_many(objects)
     missing = stores.source.missing(needed)
     if missing:
         nothing = "nothing was committed" if action == "commit" else "nothing was changed"
         raise VanishedObject(f"object {sorted(missing)[0].hex()} vanished before the {action} "
                              f"landed (concurrent gc?); {nothing}, retry")
+    return staged
 
 
 def read_state(stores: Stores, thread: str, lease: Lease | None = None) -> ThreadState | None:

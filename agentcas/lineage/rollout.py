@@ -853,21 +853,22 @@ def decode_pieces(stored) -> list:
     return parts
 
 
-def link_segments(objects: ObjectSource, head: HistoryPosition,
-                  prepared: list[PreparedSegment]) -> tuple[HistoryPosition, dict[bytes, bytes]]:
+def link_segments(objects: ObjectSource, head: HistoryPosition, prepared: list[PreparedSegment],
+                  with_move=frozenset()) -> tuple[HistoryPosition, dict[bytes, bytes]]:
     """Turn prepared segments into objects continuing from `head`.
 
     Returns the new head and the framed segment objects {raw id: value} to store. The
     caller stores them, then moves the ref from the state whose head it passed here by
     compare-and-swap (and links again on the new head if it lost the race), so seq
-    numbers and prefix digests always continue the head the ref really had.
+    numbers and prefix digests always continue the head the ref really had. `with_move`:
+    ids of record chunks the caller stores with the move itself (not stored yet).
     """
-    head, new_objects, _ = link_segments_at(objects, head, prepared, ())
+    head, new_objects, _ = link_segments_at(objects, head, prepared, (), with_move)
     return head, new_objects
 
 
 def link_segments_at(objects: ObjectSource, head: HistoryPosition, prepared: list[PreparedSegment],
-                     marks) -> tuple[HistoryPosition, dict[bytes, bytes], list[HistoryPosition]]:
+                     marks, with_move=frozenset()) -> tuple[HistoryPosition, dict[bytes, bytes], list[HistoryPosition]]:
     """`link_segments`, also returning the position after each of `marks` new records.
 
     `marks` are counts of appended records, ascending, each in 0..appended (the
@@ -875,7 +876,7 @@ def link_segments_at(objects: ObjectSource, head: HistoryPosition, prepared: lis
     Returns (new head, segment objects to store, positions at the marks).
     """
     history = History(objects)
-    chunk_ids = {ref.id.raw for item in prepared for ref in item.chunks}
+    chunk_ids = {ref.id.raw for item in prepared for ref in item.chunks} - set(with_move)
     chunk_ids |= {item.copy.source.segment.raw for item in prepared
                   if item.copy is not None and item.copy.source.segment is not None}
     missing = objects.missing(chunk_ids)

@@ -610,6 +610,21 @@ class PostgresMetadataStore(MetadataStore):
                 values.append((bytes(key), bytes(value)) if read.last else bytes(value))
         return bool(applied), values
 
+    def read_many(self, table, keys):
+        """One SELECT (autocommit: its own snapshot), one round trip."""
+        _check_table(table)
+        keys = [bytes(k) for k in keys]
+        if not keys:
+            return {}
+        self._ensure_schema()
+
+        def attempt(conn):
+            self.statements += 1
+            self.round_trips += 1
+            return conn.execute("SELECT key, value FROM agentcas_kv WHERE tbl = %s AND key = ANY(%s::bytea[])",
+                                (table, keys), binary=True).fetchall()
+        return {bytes(key): bytes(value) for key, value in self._with_connection(attempt)}
+
     @contextmanager
     def reader(self):
         self._ensure_schema()
