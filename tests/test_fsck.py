@@ -292,6 +292,19 @@ def test_pull_from_a_store_whose_objects_lie_is_refused_and_writes_nothing(kind,
     assert store_rows(tmp_path / "dst") == before
 
 
+def _two_segments_and_a_checkpoint(tmp_path):
+    """A store at tmp_path/src whose thread main has two one-record segments and a
+    checkpoint; (the store, main's history head)."""
+    store, _ = Store.init(str(tmp_path / "src"))
+    for i in range(2):
+        store.history.append("main", b'{"n": %d}\n' % i)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a").write_text("a\n")
+    store.checkpoints.commit(str(ws), "one")
+    return store, store.threads.get("main").history
+
+
 def test_fsck_and_pull_refuse_lying_skip_pointers_and_generations(tmp_path):
     """A segment whose skip pointer is not its ancestor at skip_index, and a checkpoint whose
     generation does not follow its parent's: fsck names both, pull refuses them."""
@@ -301,14 +314,7 @@ def test_fsck_and_pull_refuse_lying_skip_pointers_and_generations(tmp_path):
     from agentcas.cas.objects import Checkpoint
     from agentcas.lineage.rollout import History
     from agentcas.refs.threads import ThreadState
-    store, _ = Store.init(str(tmp_path / "src"))
-    for i in range(2):
-        store.history.append("main", b'{"n": %d}\n' % i)
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "a").write_text("a\n")
-    store.checkpoints.commit(str(ws), "one")
-    head = store.threads.get("main").history
+    store, head = _two_segments_and_a_checkpoint(tmp_path)
     record = b'{"n": 2}\n'
     chunk = hash_blob(record)
     seg1 = History(store.source).segment(head.segment)
@@ -350,14 +356,7 @@ def test_a_segment_whose_index_does_not_follow_its_base_is_reported_and_refused(
     from agentcas.cas.objects import Checkpoint
     from agentcas.lineage.rollout import History, skip_index
     from agentcas.refs.threads import ThreadState
-    store, _ = Store.init(str(tmp_path / "src"))
-    for i in range(2):
-        store.history.append("main", b'{"n": %d}\n' % i)
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "a").write_text("a\n")
-    store.checkpoints.commit(str(ws), "one")
-    head = store.threads.get("main").history
+    store, head = _two_segments_and_a_checkpoint(tmp_path)
     assert History(store.source).segment(head.segment).index == 1 and skip_index(3) == 1
     record = b'{"n": 2}\n'
     chunk = hash_blob(record)
