@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from agentcas import testing_hooks
-from agentcas.cas import encoding, framing
+from agentcas.cas import encoding, framing, packs
 from agentcas.cas.backends import Stores
 from agentcas.cas.leases import SWEEP_WINDOW, begin_sweep, end_sweep
 from agentcas.cas.metastore.base import MetaTxn as Txn
@@ -178,15 +178,27 @@ EMBEDDED_DELETES = 256  # objects an embedded store deletes per write transactio
 def _delete(stores: Stores, doomed: list[bytes], pages) -> int:
     """Delete `doomed`; the number deleted. An embedded (LMDB) store's write transaction
     holds every page it dirties in memory and maps every page it reads, so it deletes in
-    transactions of EMBEDDED_DELETES with the mapping looked at in between; a shared
-    store takes the whole batch at once (its deletes are requests, batched by the server)."""
-    if stores.shared:
+    transactions of EMBEDDED_DELETES, ticking `pages` per object deleted (a look inside
+    the transaction drops only read-only mapped pages: the dirty ones are LMDB's own
+    copies); a shared store takes the whole batch at once (its deletes are requests,
+    batched by the server)."""
+    if stores.shared or stores.embedded is None:
         return stores.blobs.delete_many(doomed)
     deleted = 0
     for start in range(0, len(doomed), EMBEDDED_DELETES):
-        deleted += stores.blobs.delete_many(doomed[start:start + EMBEDDED_DELETES])
+        deleted += stores.embedded.write(partial(_delete_packed, keys=doomed[start:start + EMBEDDED_DELETES],
+                                                 pages=pages))
         if pages is not None:
             pages.tick(pages.every)  # a look now
+    return deleted
+
+
+def _delete_packed(txn, keys: list[bytes], pages) -> int:
+    deleted = 0
+    for key in keys:
+        deleted += packs.delete(txn, key)
+        if pages is not None:
+            pages.tick()
     return deleted
 
 
@@ -259,6 +271,6 @@ def execute(stores: Stores, plan: GcPlan, wait: float = DEFAULT_WAIT,
               "pins_dropped": dropped, "remarked": remarked, "batches": batches,
               "complete": complete, "blocked_by": [p.to_doc() for p in blocked]}
     if stores.embedded is not None:
-        result["repack"] = repack_store(stores.embedded).to_json()
+        result["repack"] = repack_store(stores.embedded, pages=pages).to_json()
     settle(stores, {"at": int(plan.now), "deleted": deleted, "bytes": freed, "complete": complete})
     return result
