@@ -9,7 +9,7 @@ so marking a million objects took ~100 MB. `MarkSet` holds the same ids packed:
   contiguous bytes, so a lookup is two C searches: `find` the run's end (the first
   aligned empty slot), then `find` the id inside the run (a hit must be slot-aligned).
   The table grows by half once it is 3/4 full: 43 to 64 bytes an id, no Python object.
-- Past `MEMORY_BUDGET` bytes (AGENTCAS_GC_MEMORY, default 32 MiB) the table does not
+- Past `MEMORY_BUDGET` bytes (AGENTCAS_GC_MEMORY, default 16 MiB) the table does not
   grow: its ids are moved into a table of a temporary LMDB environment (in a directory
   of its own under $TMPDIR, removed when the set is closed or collected, or by the next
   gc on this host if the process was killed) and the
@@ -42,12 +42,12 @@ from agentcas.gc import pages
 from agentcas.gc.pages import PageReleaser
 
 KEY_SIZE = 32
-MEMORY_BUDGET = int(os.environ.get("AGENTCAS_GC_MEMORY", str(32 << 20)))  # bytes of in-memory ids
+MEMORY_BUDGET = int(os.environ.get("AGENTCAS_GC_MEMORY", str(16 << 20)))  # bytes of in-memory ids
 # A spool's in-memory part: 256 KiB (~6,500 pairs), then a temporary file. It was
 # MEMORY_BUDGET/8 (4 MiB): the candidates of up to ~100,000 objects in memory, so gc's peak
 # grew ~40 B per stored object until then; the file's pages are the kernel's page cache.
 SPOOL_BUFFER = 256 << 10
-SPILL_BATCH = 512         # ids moved to the on-disk table per write transaction (each insert maps up to 64 KiB)
+SPILL_BATCH = 512         # ids moved to the on-disk table per write transaction (a page written maps ~256 KiB)
 SPILL_MAP_SIZE = 1 << 36  # the on-disk table's address space (sparse): ~10^9 ids
 _MIN_SLOTS = 64
 _OVERFLOW_SLOTS = 256     # slots past the last home slot, so a run never wraps around

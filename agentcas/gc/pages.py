@@ -27,7 +27,7 @@ import sys
 
 MADV_DONTNEED = 4
 CHECK_EVERY = 16  # objects read between two looks (a random read maps ~256 KiB: B-tree path, fault-around)
-MAPPED_BUDGET = 48 * 1024 * 1024  # file-backed resident bytes (libraries included) tolerated before a release
+MAPPED_BUDGET = 40 * 1024 * 1024  # file-backed resident bytes (libraries included) tolerated before a release
 
 _registered: set[str] = set()   # files whose mapping any release drops
 _generation = [0]               # bumped when a file is registered: cached ranges are stale
