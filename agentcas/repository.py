@@ -76,7 +76,7 @@ class Store:
         self.url = stores.url
         self.blobs = stores.blobs
         self.meta = stores.meta
-        self.source: ObjectSource = stores.objects
+        self.source: ObjectSource = stores.source
         # The embedded table environment (LMDB or memory), for tools and tests that look
         # at raw tables; None for a shared store.
         self.objects = stores.embedded

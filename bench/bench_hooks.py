@@ -7,8 +7,10 @@
    do). Steps alternate hook and git on the same change; p50 and p99 of each.
 2. `agentcas rewind --only code` of 10 changed files in the 100,000-file workspace, against
    the hook's time on the same workspace.
-3. Ingest of Codex forks copying 80%, 90% and 95% of their parent's records (Codex gives
-   every copied line a new timestamp): the store's growth over the fork file's bytes.
+3. Codex forks copying 80%, 90% and 95% of their parent's records (Codex gives every
+   copied line a new timestamp): the store's growth over the fork file's bytes, with the
+   parent ingested whole or captured turn by turn by the hook, and the fork ingested whole
+   or captured by the hook too.
 
     python bench/bench_hooks.py [--quick]       # --quick: 10,000 and 2,000 files, fewer steps
 """
@@ -170,58 +172,107 @@ def bench_rewind(w: HookedWorkspace) -> None:
              f"Target: within 2× the hook. {h.load_note()}."])
 
 
+# Capture a Codex session as the hook does, in one process (the bytes stored are the CLI's:
+# `agentcas hook codex` calls hooks.run_hook): argv store, CODEX_HOME, workspace, session
+# file, the whole session's bytes, and the byte offsets where its turns end (JSON).
+HOOK_SCRIPT = r"""
+import json, os, sys
+store_path, codex_home, workspace, path, whole, ends = sys.argv[1:]
+os.environ["CODEX_HOME"] = codex_home
+from agentcas.harnesses import hooks
+data = open(whole, "rb").read()
+thread_id = json.loads(data[:data.index(b"\n")])["payload"]["id"]
+store = hooks.open_hook_store(store_path)
+for number, end in enumerate(json.loads(ends)):
+    with open(path + ".tmp", "wb") as handle:
+        handle.write(data[:end])
+    os.replace(path + ".tmp", path)
+    payload = {"type": "agent-turn-complete", "thread-id": thread_id, "turn-id": f"t{number}",
+               "cwd": workspace, "input-messages": [], "last-assistant-message": "done"}
+    outcome = hooks.run_hook(store, hooks.codex_event(json.dumps(payload)))
+    assert outcome.checkpoint is not None and outcome.checkpoint.refused is None, outcome.checkpoint
+store.close()
+"""
+
+FORK_CAPTURES = (("ingest", "ingest"), ("hooks", "ingest"), ("hooks", "hooks"))
+
+
 def bench_forks(quick: bool) -> None:
     from bench_harnesses import TextPool
     rows = []
     size = 2 * 1024 * 1024 if quick else 8 * 1024 * 1024
-    for share in (0.80, 0.90, 0.95):
-        pool = TextPool(7)
-        with h.work_dir("forks") as work:
-            env = h.env_for(work)
-            store = os.path.join(work, "store")
-            h.run([h.AGENTCAS, "init", store], env=env)
-            parent = CodexSession("0199a0b1-aaaa-7000-8000-000000000001", cwd="/repo")
-            n = 0
-            while sum(map(len, parent.lines)) < size:
-                n += 1
-                turn = parent.start(prompt=f"step {n}: " + "make it faster " * 10)
-                for k in range(3):
-                    parent.tool_call(command=f"pytest -q -k t{n}_{k}", output=pool.take(2500))
-                parent.reply(pool.take(600))
-                parent.complete(turn)
-            child = CodexSession("0199a0b1-bbbb-7000-8000-000000000002", cwd="/repo",
-                                 forked_from="0199a0b1-aaaa-7000-8000-000000000001")
-            copied = int(len(parent.lines) * share)
-            child.copy_lines(parent, copied)
-            while sum(map(len, child.lines)) < sum(map(len, parent.lines[:copied])) / share:
-                turn = child.start(prompt="a new direction: " + pool.take(100))
-                child.tool_call(command="pytest -q", output=pool.take(2500))
-                child.reply(pool.take(600))
-                child.complete(turn)
-            paths = []
-            for name, s in (("parent", parent), ("child", child)):
-                path = os.path.join(work, f"rollout-2026-11-30T10-00-00-{name}.jsonl")
-                with open(path, "wb") as handle:
-                    handle.write(s.data())
-                paths.append(path)
-            h.run([h.AGENTCAS, "--store", store, "ingest", "codex", paths[0]], env=env)
-            before = h.store_stats(store)["object_bytes"]
-            h.run([h.AGENTCAS, "--store", store, "ingest", "codex", paths[1]], env=env)
-            after = h.store_stats(store)["object_bytes"]
-            fork_bytes = os.path.getsize(paths[1])
-            alone = os.path.join(work, "alone")
-            h.run([h.AGENTCAS, "init", alone], env=env)
-            h.run([h.AGENTCAS, "--store", alone, "ingest", "codex", paths[1]], env=env)
-            alone_bytes = h.store_stats(alone)["object_bytes"]
-            rows.append([f"{share:.0%}", h.fmt_bytes(fork_bytes), h.fmt_bytes(after - before),
-                         f"{(after - before) / fork_bytes:.2f}", h.fmt_bytes(alone_bytes),
-                         f"{(after - before) / alone_bytes:.2f}"])
+    for parent_by, fork_by in FORK_CAPTURES:
+        for share in (0.80, 0.90, 0.95):
+            rows.append(_fork_row(TextPool(7), size, share, parent_by, fork_by))
     h.table("Ingest of a Codex fork copying part of its parent (copied lines get new timestamps)",
-            ["copied", "fork file", "store growth beside its parent", "growth / fork bytes", "fork stored alone",
-             "beside / alone"], rows,
+            ["parent by", "fork by", "copied", "fork file", "store growth beside its parent",
+             "growth / fork bytes", "fork stored alone", "beside / alone"], rows,
             ["Target: growth at most 0.15 of the fork's bytes. Tool outputs of 2,500 bytes of pseudo-random "
-             "words (bench_harnesses.TextPool); `object_bytes` (stored objects) before and after the fork's "
-             "ingest. beside / alone near 1 means the copied records were stored again (only compressed)."])
+             "words (bench_harnesses.TextPool); `object_bytes` (stored objects) before and after the fork is "
+             "stored: by `agentcas ingest codex FILE` of the whole file, or by the hook (`hooks.run_hook`, what "
+             "`agentcas hook codex` runs, in one process) at the end of each turn, the parent's file growing "
+             "turn by turn. The growth includes the fork's checkpoints (one a turn, its copied turns' too). "
+             "beside / alone near 1 means the copied records were stored again (only compressed)."])
+
+
+def _fork_row(pool, size: int, share: float, parent_by: str, fork_by: str) -> list:
+    with h.work_dir("forks") as work:
+        env = h.env_for(work)
+        env["CODEX_HOME"] = os.path.join(work, "codex")
+        workspace = os.path.join(work, "ws")
+        os.makedirs(workspace)
+        store = os.path.join(work, "store")
+        h.run([h.AGENTCAS, "init", store], env=env)
+        parent = CodexSession("0199a0b1-aaaa-7000-8000-000000000001", cwd=workspace)
+        parent_ends = []
+        n = 0
+        while sum(map(len, parent.lines)) < size:
+            n += 1
+            turn = parent.start(prompt=f"step {n}: " + "make it faster " * 10)
+            for k in range(3):
+                parent.tool_call(command=f"pytest -q -k t{n}_{k}", output=pool.take(2500))
+            parent.reply(pool.take(600))
+            parent.complete(turn)
+            parent_ends.append(sum(map(len, parent.lines)))
+        child = CodexSession("0199a0b1-bbbb-7000-8000-000000000002", cwd=workspace,
+                             forked_from="0199a0b1-aaaa-7000-8000-000000000001")
+        copied = int(len(parent.lines) * share)
+        child.copy_lines(parent, copied)
+        child_ends = []
+        while sum(map(len, child.lines)) < sum(map(len, parent.lines[:copied])) / share:
+            turn = child.start(prompt="a new direction: " + pool.take(100))
+            child.tool_call(command="pytest -q", output=pool.take(2500))
+            child.reply(pool.take(600))
+            child.complete(turn)
+            child_ends.append(sum(map(len, child.lines)))
+        sessions = os.path.join(env["CODEX_HOME"], "sessions", "2026", "11", "30")
+        os.makedirs(sessions)
+        paths = []
+        for name, s in (("parent", parent), ("child", child)):
+            whole = os.path.join(work, f"{name}.jsonl")
+            with open(whole, "wb") as handle:
+                handle.write(s.data())
+            paths.append((whole, os.path.join(sessions, f"rollout-2026-11-30T10-00-00-{s.thread_id}.jsonl")))
+
+        def capture(by: str, whole: str, path: str, ends: list) -> None:
+            if by == "ingest":
+                h.run([h.AGENTCAS, "--store", store, "ingest", "codex", whole], env=env)
+            else:
+                h.run([h.PYTHON, "-c", HOOK_SCRIPT, store, env["CODEX_HOME"], workspace, path, whole,
+                       json.dumps(ends)], env=env)
+
+        capture(parent_by, *paths[0], parent_ends)
+        before = h.store_stats(store)["object_bytes"]
+        capture(fork_by, *paths[1], child_ends)
+        after = h.store_stats(store)["object_bytes"]
+        fork_bytes = os.path.getsize(paths[1][0])
+        alone = os.path.join(work, "alone")
+        h.run([h.AGENTCAS, "init", alone], env=env)
+        h.run([h.AGENTCAS, "--store", alone, "ingest", "codex", paths[1][0]], env=env)
+        alone_bytes = h.store_stats(alone)["object_bytes"]
+        return [parent_by, fork_by, f"{share:.0%}", h.fmt_bytes(fork_bytes), h.fmt_bytes(after - before),
+                f"{(after - before) / fork_bytes:.2f}", h.fmt_bytes(alone_bytes),
+                f"{(after - before) / alone_bytes:.2f}"]
 
 
 def main(argv) -> int:

@@ -13,13 +13,16 @@
    from one size to the next (bounded memory: it falls towards 0), S3 requests by type
    and PostgreSQL statements.
 3. Through the CLI, once `agentcas --store s3://... --refs postgresql://...` exists:
-   first commit of 1 GiB in 1,000 files (--quick: 64 MiB in 100) beside `restic backup`
-   to a restic repository on the same SeaweedFS, then an unchanged recommit: objects
-   uploaded and requests to each service (gateway metrics; PostgreSQL statements from
-   its log, log_statement=all). Skipped with a note while the CLI lacks `--refs`.
+   first commit of 1 GiB in 1,000 files (--quick: 64 MiB in 100; --commit-size
+   FILES,MiB) beside `restic backup` to a restic repository on the same SeaweedFS, an
+   unchanged recommit, and a restore of it (checkout from an empty cache) beside `restic
+   restore`: wall time, PUTs and requests to each service (gateway metrics; PostgreSQL
+   statements from its log, log_statement=all); --repeat N runs, medians.
+   Skipped with a note while the CLI lacks `--refs`.
 
     python bench/bench_shared.py            # full
     python bench/bench_shared.py --quick    # smaller
+    python bench/bench_shared.py --only commit --repeat 3   # packs vs restic
 """
 
 from __future__ import annotations
@@ -285,50 +288,75 @@ def make_files(root: str, files: int, total: int) -> None:
             handle.write(os.urandom(each))
 
 
-def cli_commits(work: str, s3: SeaweedServer, pg: PostgresServer, files: int, total: int) -> tuple[list, list]:
+def cli_commits(work: str, s3: SeaweedServer, pg: PostgresServer, files: int, total: int,
+                repeat: int = 1) -> tuple[list, list]:
+    """First commit, unchanged recommit and restore (checkout from an empty cache) through
+    the CLI, beside `restic backup` and `restic restore` of the same files to the same
+    SeaweedFS; `repeat` runs of each, alternating, each into a new store and repository,
+    medians reported. PUTs and all requests are the gateway's counts."""
     env = env_for(work)
     env.update(s3.env())
     env.update(pg.env())
-    env["AGENTCAS_CACHE_DIR"] = os.path.join(work, "cache")
     data = os.path.join(work, "data")
     make_files(data, files, total)
-    store, refs = s3.url("agentcas-bench"), pg.create_database()
-    shared = [AGENTCAS, "--store", store, "--refs", refs]
-    subprocess.run(shared + ["init"], env=env, check=True, capture_output=True)
+    restic_env = dict(env, AWS_ACCESS_KEY_ID=s3.env()["AWS_ACCESS_KEY_ID"],
+                      AWS_SECRET_ACCESS_KEY=s3.env()["AWS_SECRET_ACCESS_KEY"], RESTIC_PASSWORD="bench")
+    has_restic = shutil.which("restic") is not None
+    runs: dict[str, list] = {}
 
-    def timed(cmd) -> tuple[float, int, int]:
-        s3_before, pg_before = sum(s3.request_counts().values()), pg.logged_statements()
+    def timed(name, cmd, run_env, count_pg=True) -> None:
+        before, pg_before = s3.request_counts(), pg.logged_statements() if count_pg else 0
         started = time.perf_counter()
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        proc = subprocess.run(cmd, env=run_env, capture_output=True, text=True)
         seconds = time.perf_counter() - started
         if proc.returncode:
-            raise RuntimeError(f"{' '.join(cmd[:1] + cmd[5:])} exited {proc.returncode}: {proc.stderr[-400:]}")
+            raise RuntimeError(f"{name} exited {proc.returncode}: {proc.stderr[-400:]}")
         time.sleep(0.5)  # the server log is written asynchronously
-        return seconds, sum(s3.request_counts().values()) - s3_before, pg.logged_statements() - pg_before
+        after = s3.request_counts()
+        puts = after.get("PUT", 0) - before.get("PUT", 0)
+        requests = sum(after.values()) - sum(before.values())
+        statements = pg.logged_statements() - pg_before if count_pg else 0
+        runs.setdefault(name, []).append((seconds, requests, puts, statements))
 
-    first = timed(shared + ["commit", data, "-m", "first"])
-    puts_before = s3.request_counts().get("PUT", 0)
-    again = timed(shared + ["commit", data, "-m", "unchanged"])
-    uploaded = s3.request_counts().get("PUT", 0) - puts_before
-    rows = [[f"agentcas first commit ({files:,} files, {fmt_bytes(total)})", fmt_time(first[0]),
-             f"{first[1]:,}", f"{first[2]:,}", "-"],
-            ["agentcas unchanged recommit", fmt_time(again[0]), f"{again[1]:,}", f"{again[2]:,}",
-             f"{uploaded} PUTs"]]
-    if shutil.which("restic"):
-        restic_env = dict(env, AWS_ACCESS_KEY_ID=s3.env()["AWS_ACCESS_KEY_ID"],
-                          AWS_SECRET_ACCESS_KEY=s3.env()["AWS_SECRET_ACCESS_KEY"])
-        repo = f"s3:{s3.endpoint}/agentcas-test/restic-bench"
-        subprocess.run(["restic", "-r", repo, "init", "-q"], env=restic_env, check=True, capture_output=True)
-        before = sum(s3.request_counts().values())
-        started = time.perf_counter()
-        subprocess.run(["restic", "-r", repo, "backup", "-q", data], env=restic_env, check=True, capture_output=True)
-        restic_seconds = time.perf_counter() - started
-        rows.append(["restic backup (same data, same SeaweedFS)", fmt_time(restic_seconds),
-                     f"{sum(s3.request_counts().values()) - before:,}", "-", "-"])
-        rows.append(["ratio restic / agentcas (first commit)", f"{restic_seconds / first[0]:.2f}", "", "", ""])
+    for rep in range(repeat):
+        store, refs = s3.url(f"agentcas-bench-{rep}-{os.getpid()}"), pg.create_database()
+        shared = [AGENTCAS, "--store", store, "--refs", refs]
+        run_env = dict(env, AGENTCAS_CACHE_DIR=os.path.join(work, f"cache-{rep}"))
+        subprocess.run(shared + ["init"], env=run_env, check=True, capture_output=True)
+        timed("agentcas first commit", shared + ["commit", data, "-m", "first"], run_env)
+        timed("agentcas unchanged recommit", shared + ["commit", data, "-m", "unchanged"], run_env)
+        out = os.path.join(work, f"out-agentcas-{rep}")
+        timed("agentcas restore (checkout, empty cache)", shared + ["checkout", "main", out],
+              dict(env, AGENTCAS_CACHE_DIR=os.path.join(work, f"cache-fresh-{rep}")))
+        shutil.rmtree(out)
+        shutil.rmtree(os.path.join(work, f"cache-fresh-{rep}"), ignore_errors=True)
+        if has_restic:
+            repo = f"s3:{s3.endpoint}/agentcas-test/restic-bench-{rep}-{os.getpid()}"
+            subprocess.run(["restic", "-r", repo, "init", "-q"], env=restic_env, check=True, capture_output=True)
+            timed("restic backup", ["restic", "-r", repo, "backup", "-q", data], restic_env, count_pg=False)
+            out = os.path.join(work, f"out-restic-{rep}")
+            timed("restic restore", ["restic", "-r", repo, "restore", "latest", "--target", out, "-q"],
+                  restic_env, count_pg=False)
+            shutil.rmtree(out)
+
+    def median(name, field):
+        values = sorted(run[field] for run in runs[name])
+        return values[len(values) // 2]
+
+    rows = []
+    for name in runs:
+        rows.append([f"{name} ({files:,} files, {fmt_bytes(total)})", fmt_time(median(name, 0)),
+                     " / ".join(f"{run[0]:.2f}" for run in runs[name]), f"{median(name, 1):,}",
+                     f"{median(name, 2):,}", "-" if name.startswith("restic") else f"{median(name, 3):,}"])
+    if has_restic:
+        rows.append(["ratio restic / agentcas: backup vs first commit",
+                     f"{median('restic backup', 0) / median('agentcas first commit', 0):.2f}", "", "", "", ""])
+        rows.append(["ratio restic / agentcas: restore",
+                     f"{median('restic restore', 0) / median('agentcas restore (checkout, empty cache)', 0):.2f}",
+                     "", "", "", ""])
     else:
-        rows.append(["restic backup", "restic not installed (make bench installs it)", "", "", ""])
-    return rows, []
+        rows.append(["restic", "restic not installed (make bench installs it)", "", "", "", ""])
+    return rows, [f"median of {repeat} runs, alternating agentcas and restic, each into a new store/repository"]
 
 
 def main(argv=None) -> int:
@@ -336,6 +364,8 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
     parser.add_argument("--gc-sizes", default=None, help="object counts of the whole-gc runs (default 10000,100000)")
     parser.add_argument("--only", choices=("cas", "gc", "gc-full", "commit"), action="append", default=[])
+    parser.add_argument("--commit-size", default=None, help="FILES,MiB of the commit runs (default 1000,1024)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each commit and restore (medians)")
     args = parser.parse_args(argv)
     parts = args.only or ["cas", "gc", "gc-full", "commit"]
     notes = [machine_note(), load_note()]
@@ -381,9 +411,13 @@ def main(argv=None) -> int:
             else:
                 with work_dir("shared") as work:
                     files, total = (100, 64 << 20) if args.quick else (1000, 1 << 30)
-                    rows, more = cli_commits(work, s3, pg, files, total)
-                print(table("Shared store: first commit and unchanged recommit (localhost servers)",
-                            ["run", "wall", "S3 requests", "PostgreSQL statements", "objects uploaded"],
+                    if args.commit_size:
+                        count, mib = args.commit_size.split(",")
+                        files, total = int(count), int(mib) << 20
+                    rows, more = cli_commits(work, s3, pg, files, total, args.repeat)
+                print(table("Shared store: first commit, unchanged recommit and restore, beside restic "
+                            "(localhost servers)",
+                            ["run", "wall (median)", "walls", "S3 requests", "PUTs", "PostgreSQL statements"],
                             rows, more + notes))
     finally:
         s3.close()

@@ -164,9 +164,9 @@ with s.objects.reader() as txn:
     for table in TABLES:
         for key, value in txn.scan(table):
             payload += len(key) + len(value)
-            if table == "objects":
-                count += 1
-                size += len(value)
+for info in s.stores.source.blobs.list():  # the objects, in packs (format 3) or rows
+    count += 1
+    size += info.size
 print(json.dumps({"used_bytes": s.objects.used_bytes(), "objects": count, "object_bytes": size,
                   "payload": payload}))
 """

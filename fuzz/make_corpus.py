@@ -52,6 +52,14 @@ def main() -> None:
         store.checkpoints.commit(ws, "seed")
         store.history.append("main", b'{"type":"tool_call","name":"ls"}\n')
         store.checkpoints.commit(ws, "seed 2")
+        # A segment that copies records (a Codex fork's copy of its parent, FORMAT.md 5.6).
+        from agentcas.api.history import SessionAppend
+        from agentcas.lineage import rollout
+        stamped = b"".join(b'{"timestamp":"2026-11-30T10:00:%02d.000Z","n":%d,"text":"%s"}\n'
+                           % (i, i, b"x" * 300) for i in range(5))
+        store.history.ingest([SessionAppend("parent", stamped)])
+        store.history.ingest([SessionAppend("fork", stamped.replace(b"10:00:", b"11:00:"), copies=rollout.CopyClaim(
+            store.threads.get("parent").history, 0, 5))])
         key = keys.generate()
         key_dir = os.path.join(work, "keys")
         keys.write_keypair("alice", key_dir, key)

@@ -102,7 +102,7 @@ def store_rows(store_dir: Path) -> dict:
 
 
 def objects_of(env):
-    """An ObjectSource over a table environment (MemoryObjectStore / LMDB), for tests that
+    """An ObjectSource over a table environment (MemoryEnvironment / LMDB), for tests that
     build stores by hand."""
     from agentcas.cas.source import ObjectSource
     from agentcas.cas.store import TableBlobStore

@@ -28,8 +28,8 @@ LATE_LEASE = (["    def __enter__(self) -> Lease:\n        return self.acquire()
                "        value = txn.get(\"leases\", self.key, for_update=True)\n"])
 
 # ... and a one-thread move's landing (lineage/moves.py) takes its lease row in its exchange.
-LATE_LEASE_MOVE = ("agentcas/lineage/moves.py", ["    lease.check_clock()\n"],
-                   ["    lease.row, lease.value = lease._row(__import__('time').time()), None\n"])
+LATE_LEASE_MOVE = ("agentcas/lineage/moves.py", ["        self.lease.check_clock()\n"],
+                   ["        self.lease.row, self.lease.value = self.lease._row(__import__('time').time()), None\n"])
 
 # name: (file, [original text], [mutated text], tests that must fail[, (file, [original], [mutated])...])
 MUTATIONS = {
@@ -52,12 +52,12 @@ MUTATIONS = {
     "5": ("agentcas/gc/sweep.py", ["previous is not None and previous[0] == name and previous[2] < cutoff"],
           ["previous is not None and previous[2] < cutoff"],
           [M + "test_expire_reflog_now_keeps_each_threads_newest_entry"]),
-    "6": ("agentcas/lineage/moves.py", ["    missing = stores.objects.missing(needed)\n    if missing:\n"],
-          ["    missing = stores.objects.missing(needed)\n    if False:\n"],
+    "6": ("agentcas/lineage/moves.py", ["    missing = stores.source.missing(needed)\n    if missing:\n"],
+          ["    missing = stores.source.missing(needed)\n    if False:\n"],
           [M + "test_commit_reusing_only_old_garbage_fails_cleanly_when_gc_runs_before_it_lands"]),
     "7": ("agentcas/workspace/commit.py", ["            if expect is not None and current != expected:"], ["            if False:"],
           [M + "test_commit_expect_is_rechecked_when_the_thread_moves_during_the_snapshot"]),
-    "8": ("agentcas/workspace/commit.py", ["                if history != based_on:"], ["                if False:"],
+    "8": ("agentcas/workspace/commit.py", ["                if history != tail.based_on:"], ["                if False:"],
           [M + "test_commit_rollout_is_rechecked_when_the_history_moves_during_the_commit"]),
     "9": ("agentcas/exchange/bundle.py", ["                if state != before:"], ["                if False:"],
           [M + "test_import_is_a_conflict_when_the_thread_moves_while_it_writes"]),
@@ -65,10 +65,15 @@ MUTATIONS = {
            ["        if os.path.lexists(dest):\n            raise ConflictError(f\"destination appeared"],
            ["        if False:\n            raise ConflictError(f\"destination appeared"],
            [M + "test_checkout_never_replaces_a_dest_created_while_it_ran"]),
-    "11": ("agentcas/gc/sweep.py", ["        if plan.is_young(written_at):\n            continue\n"], [""],
+    "11": ("agentcas/gc/sweep.py", ["            if plan.is_young(written_at):\n                continue\n"], [""],
            [M + "test_sweep_keeps_an_object_stored_again_after_planning"]),
     "12": ("agentcas/lineage/rollout.py", ["        if len(raw) > MAX_RECORD_BYTES:"], ["        if False:"],
            [M + "test_a_record_longer_than_the_limit_is_refused_by_its_line_number"]),
+    # ... at its exact boundary, either way off by one.
+    "12a": ("agentcas/lineage/rollout.py", ["        if len(raw) > MAX_RECORD_BYTES:"], ["        if len(raw) >= MAX_RECORD_BYTES:"],
+            [M + "test_a_record_of_exactly_the_limit_is_accepted_and_one_byte_more_refused"]),
+    "12b": ("agentcas/lineage/rollout.py", ["        if len(raw) > MAX_RECORD_BYTES:"], ["        if len(raw) > MAX_RECORD_BYTES + 1:"],
+            [M + "test_a_record_of_exactly_the_limit_is_accepted_and_one_byte_more_refused"]),
     # The three sharpened tests.
     "S1": ("agentcas/exchange/bundle_format.py",
            ["    if manifest.object_bytes > size - objects_start:\n        raise BundleCorrupt(\"bundle is truncated "
@@ -81,12 +86,12 @@ MUTATIONS = {
            ["tests/test_bundle.py::test_object_defects_are_refused[kind-mismatch]"],
            # and the closure walk's own kind check, so the kind is checked only while writing:
            ("agentcas/lineage/closure.py", ["        if header[0] != kind:\n"], ["        if False:\n"])),
-    "S3": ("agentcas/lineage/rollout.py", ["if node.skip is not None and skip_index(node.index) >= index:"],
-           ["if node.skip is not None and skip_index(node.index) > index:"],
+    "S3": ("agentcas/lineage/rollout.py", ["if skip is not None and skip_index(at) >= index:"],
+           ["if skip is not None and skip_index(at) > index:"],
            ["tests/test_rollout.py::test_appends_load_log_n_segments"]),
     # The lease protocol (cas/leases.py): gc and writers without one transaction spanning both.
     "La": ("agentcas/lineage/moves.py",
-           ["    lease.check_clock()\n", "    expect.append(lease.expect())\n"], ["", ""],
+           ["        self.lease.check_clock()\n", "        expect.append(self.lease.expect())\n"], ["", ""],
            [M + "test_a_writer_whose_lease_is_lost_fails_with_lease_expired_and_moves_nothing[deleted]",
             M + "test_a_writer_whose_lease_is_lost_fails_with_lease_expired_and_moves_nothing[expired]"]),
     "Lb": ("agentcas/cas/leases.py", ["        if row.live(now):\n            live.append(row)\n"],
@@ -103,42 +108,49 @@ MUTATIONS = {
     "Ld": ("agentcas/cas/leases.py",
            ["        if self.host == (host or this_host()) and not pid_alive(self.pid):\n            return False\n"],
            [""], [M + "test_the_lease_of_a_killed_local_writer_is_dead_at_once"]),
-    # The LangGraph saver's group moves (lineage/group_moves.py): objects stored before the refs
-    # move (here: after, so a kill in between leaves a ref to missing objects), and the landing's
-    # compare-and-swap (here: a ref that moved is overwritten or its move silently dropped).
-    "G1": ("agentcas/lineage/group_moves.py",
-           ["            self.lease.refresh()\n            store_objects(self.stores, waiting, (self.needed | view.needed) - waiting.keys(), \"write\")\n",
-            "                continue\n            return result\n"],
-           ["            self.lease.refresh()\n",
-            "                continue\n            self.stores.objects.put_many(waiting)\n            return result\n"],
+    # The move engine (lineage/moves.py) as the LangGraph saver's group moves use it: objects
+    # stored before the refs move (here: after, so a kill in between leaves a ref to missing
+    # objects), and the landing's compare-and-swap (here: a ref that moved is overwritten or its
+    # move silently dropped).
+    "G1": ("agentcas/lineage/moves.py",
+           ["        store_objects(self.stores, landing.objects, landing.needed - landing.objects.keys(), landing.action)\n",
+            "            self.stores.meta.write(partial(self._final, landing=landing))\n"],
+           ["",
+            "            self.stores.meta.write(partial(self._final, landing=landing))\n"
+            "            self.stores.source.put_many(landing.objects)\n"],
            ["tests/test_langgraph_saver.py::test_every_crash_point_of_a_put_leaves_the_old_or_the_new_checkpoint"]),
     # ... and the same on the embedded store, where objects and refs land in one transaction
     # (here: the objects in a transaction of their own after the refs moved).
-    "G1w": ("agentcas/lineage/group_moves.py",
-            ["        for raw, framed in waiting.items():\n            save_object(txn, Digest(raw), framed)\n",
-             "                    self.stores.meta.write(partial(self._land_at_once, view=view, waiting=waiting))\n"],
+    "G1w": ("agentcas/lineage/moves.py",
+            ["        for raw, framed in landing.objects.items():\n            save_object(txn, Digest(raw), framed)\n",
+             "            self.stores.meta.write(partial(self._land_at_once, landing=landing))\n"],
             ["",
-             "                    self.stores.meta.write(partial(self._land_at_once, view=view, waiting=waiting))\n"
-             "                    self.stores.objects.put_many(waiting)\n"],
+             "            self.stores.meta.write(partial(self._land_at_once, landing=landing))\n"
+             "            self.stores.source.put_many(landing.objects)\n"],
             ["tests/test_langgraph_saver.py::test_every_crash_point_of_a_put_leaves_the_old_or_the_new_checkpoint"]),
     # A leaseless (SweepWatch) writer's landing checks that no gc sweep began since it started
     # (here: it lands regardless, as if it had held a lease it never took).
-    "G3": ("agentcas/lineage/group_moves.py", ["        self.watch.check(txn)\n"], [""],
+    "G3": ("agentcas/lineage/moves.py", ["        self.watch.check(txn)\n"], [""],
            ["tests/test_langgraph_saver.py::"
             "test_gc_at_grace_zero_during_a_leaseless_put_sweeps_garbage_and_the_put_plans_again"]),
-    "G2": ("agentcas/lineage/group_moves.py",
-           ["        if threads.read_thread(txn, name) != state:\n            raise LostRace(name)\n"],
-           ["        pass\n"],
-           ["tests/test_langgraph_saver.py::test_a_ref_moved_between_planning_and_landing_makes_the_put_plan_again"],
-           ("agentcas/lineage/moves.py",
-            ["        if not threads.set_if_equals(txn, name, old, new, action, message, implied):\n"
-             "            raise LostRace(name)\n"],
-            ["        threads.set_if_equals(txn, name, old, new, action, message, implied)\n"])),
+    "G2": ("agentcas/lineage/moves.py",
+           ["        if threads.read_thread(txn, name) != state:\n            raise LostRace(name)\n",
+            "        if not threads.set_if_equals(txn, name, old, new, action, message, implied):\n"
+            "            raise LostRace(name)\n"],
+           ["        pass\n",
+            "        threads.set_if_equals(txn, name, old, new, action, message, implied)\n"],
+           ["tests/test_langgraph_saver.py::test_a_ref_moved_between_planning_and_landing_makes_the_put_plan_again"]),
     "Le": ("agentcas/gc/sweep.py", ["        if time.time() > began + SWEEP_WINDOW - WINDOW_MARGIN:\n"],
            ["        if False:\n"], [M + "test_a_sweep_batch_past_its_window_deletes_nothing"]),
     # A shared store's fsck reads the bucket (here: this machine's cache, which may hold a good
     # copy of an object the bucket holds damaged), and a commit whose cache knew objects that gc
     # elsewhere deleted snapshots again asking the bucket (here: fails on every rerun).
+    # A shared store's gc deletes packs no index row names only in a fenced batch (no writer
+    # holds a lease, so none is between its pack upload and its rows); here: at once.
+    "Pu": ("agentcas/gc/sweep.py", ["    if live:\n        return {\"skipped\": \"writers\"}\n"],
+           ["    if False:\n        return {\"skipped\": \"writers\"}\n"],
+           ["tests/test_shared_packs.py::"
+            "test_gc_at_grace_zero_keeps_the_pack_a_writer_has_uploaded_but_not_yet_indexed"]),
     "Fb": ("agentcas/gc/fsck.py", ["    values = blobs.get_many_stored("],
            ["    values = blobs.get_many("],
            ["tests/test_shared_store_machines.py::test_fsck_on_the_machine_that_wrote_reads_the_bucket_not_its_cache"]),
@@ -200,7 +212,7 @@ MUTATIONS = {
     "M1": ("agentcas/mcp/server.py", ["        item = _bounded_echo(item)\n"], [""],
            ["tests/test_mcp.py::test_an_unknown_method_is_answered_without_echoing_its_whole_name"]),
     "M2": ("agentcas/workspace/snapshot.py",
-           ["                            or os.path.isfile(os.path.join(entry.path, RESTORED_MARKER))):"],
+           ["                            or os.path.isfile(os.path.join(path, RESTORED_MARKER))):"],
            ["                            ):"],
            ["tests/test_mcp.py::test_a_restored_copy_inside_the_workspace_is_left_out_of_later_checkpoints"]),
     "M3": ("agentcas/mcp/tools.py", ["        if doc[0] != tool or doc[1] != key:"], ["        if doc[0] != tool:"],
@@ -219,6 +231,53 @@ MUTATIONS = {
            ["        if (seq, offset, digest) != (head.seq, head.offset, head.digest):\n"], ["        if False:\n"],
            ["tests/test_rollout.py::test_history_verify_refuses_a_head_position_that_lies_about_its_prefix[digest]",
             "tests/test_rollout.py::test_history_verify_refuses_a_head_position_that_lies_about_its_prefix[seq]"]),
+    # A server that stopped answering: the error's seconds cover the whole wait (a failed
+    # writer gives its lease back without asking again; the seconds are rounded up).
+    "Tw": ("agentcas/cas/leases.py", ["        if exc[0] is not None and issubclass(exc[0], MetadataUnavailable):\n"],
+           ["        if False:\n"],
+           ["tests/test_metastore_postgres.py::test_the_error_says_at_least_the_time_the_caller_waited"]),
+    "Tr": ("agentcas/cas/retry.py", ["in {math.ceil(self.elapsed)}s"], ["in {self.elapsed:.0f}s"],
+           ["tests/test_metastore_postgres.py::test_the_error_says_at_least_the_time_the_caller_waited"]),
+    # PostgreSQL's exchange: a value expected on an absent row does not hold (here: it does).
+    "Xa": ("agentcas/cas/metastore/postgres.py", ["        IF v IS DISTINCT FROM e_val[i] THEN\n"],
+           ["        IF v IS NOT NULL AND v IS DISTINCT FROM e_val[i] THEN\n"],
+           ["tests/test_metastore_conformance.py::test_exchange_reads_expects_and_writes_atomically[postgres]"]),
+    # A shared store's refs database is used only beside its own prefix (here: beside any
+    # initialised one, as long as some marker is there).
+    "Bp": ("agentcas/cas/backends.py", ["    if marker is None or _marker_id(marker) != bound[\"id\"]:\n"],
+           ["    if marker is None:\n"],
+           ["tests/test_shared_store_urls.py::test_refs_of_one_store_beside_the_prefix_of_another_are_refused"]),
+    # gc's roots: the newest reflog entry of every thread (here: of the last in key order only).
+    "Rr": ("agentcas/gc/roots.py", ["                if current is not None:\n                    judge(*current)\n"],
+           [""], ["tests/test_gc.py::test_every_threads_newest_reflog_entry_is_a_root_not_only_the_last_threads"]),
+    # A sweep batch marks the signatures of checkpoints brought back since the plan.
+    "Sb": ("agentcas/gc/sweep.py", ["                result.remarked += mark_signatures(txn, objects, plan.marked)\n"],
+           ["                pass\n"],
+           ["tests/test_gc.py::test_a_signed_checkpoint_brought_back_during_gc_keeps_its_signature"]),
+    # Import refuses a rollback by ancestry too, which is all an unsigned bundle offers.
+    "Ra": ("agentcas/exchange/bundle.py",
+           ["    if not older:\n        older = is_ancestor(objects, checkpoint, Digest.parse(last[\"checkpoint\"]))\n"],
+           [""], ["tests/test_bundle.py::test_an_unsigned_bundle_of_an_ancestor_is_refused_as_a_rollback"]),
+    # Import's pass 2 re-verifies each record it writes (the file may change after pass 1).
+    "I2": ("agentcas/exchange/bundle_format.py", ["            read_record_value(framed, kind, Digest(raw))\n"],
+           ["            pass\n"], ["tests/test_bundle.py::test_a_bundle_changed_between_its_check_and_its_write_is_refused"]),
+    # Ingest re-hashes the stored part of a file that only grew (a same-length edit there).
+    "Ig": ("agentcas/harnesses/new_lines.py",
+           ["            if job.prefix_digest is not None and hasher is not None and hasher.digest() != job.prefix_digest:\n"],
+           ["            if False:\n"],
+           ["tests/test_harness_ingest.py::test_a_same_length_edit_inside_the_ingested_part_of_a_grown_file_is_refused"]),
+    # A segment's index follows its base's (fsck and import, through the closure walk).
+    "Si": ("agentcas/lineage/rollout.py", ["            if base.index + 1 != segment.index:\n"], ["            if False:\n"],
+           ["tests/test_fsck.py::test_a_segment_whose_index_does_not_follow_its_base_is_reported_and_refused"]),
+    # Leases, three more: an expired lease is dead whoever holds it; a landing checks its own
+    # lease's clock before sending; every batch of a long write refreshes the lease.
+    "Lf": ("agentcas/cas/leases.py", ["        if self.expires_at + CLOCK_MARGIN < now:\n            return False\n"], [""],
+           [M + "test_an_expired_lease_of_another_host_does_not_hold_gc_off"]),
+    "Lg": ("agentcas/lineage/moves.py", ["    lease.check_clock()\n"], [""],
+           [M + "test_a_landing_whose_own_lease_ran_out_raises_before_it_sends_anything"]),
+    "Lh": ("agentcas/cas/writer.py", ["            with self._lock:\n                self.lease.refresh()\n"],
+           ["            with self._lock:\n                pass\n"],
+           [M + "test_a_long_commit_refreshes_its_lease_and_lands_while_gc_runs"]),
     # The web view (agentcas/ui/server.py, pages.py, lineage_view.py): each check removed in turn.
     "Uh": ("agentcas/ui/server.py", ["        if not _host_allowed(self.server, self.headers.get(\"Host\")):\n"],
            ["        if False:\n"], ["tests/test_ui.py::test_a_host_header_naming_another_server_is_refused"]),
@@ -234,6 +293,16 @@ MUTATIONS = {
            ["tests/test_ui.py::test_control_and_bidi_characters_are_shown_as_escapes"]),
     "Uf": ("agentcas/ui/lineage_view.py", ["MAX_ROWS = 200\n"], ["MAX_ROWS = 100_000\n"],
            ["tests/test_ui.py::test_lineage_is_folded_beyond_a_bound_with_the_way_to_unfold"]),
+    # Copied records (lineage/rollout.py RecordCopy): gc, bundles and pulls carry what a copy
+    # reads; a claimed copy whose bytes differ is stored as bytes.
+    "Cg": ("agentcas/lineage/closure.py", ["                    stack.append((segment.copy.source.segment, current))\n"],
+           ["                    pass\n"],
+           ["tests/test_rollout_copies.py::test_gc_keeps_what_a_fork_copies_after_its_parent_is_deleted[whole]",
+            "tests/test_rollout_copies.py::test_a_bundle_of_the_fork_alone_carries_what_it_copies[hooks]"]),
+    "Cb": ("agentcas/lineage/rollout.py",
+           ["                if memoryview(piece)[at + record_head(piece, at, end):end] == memoryview(data)[mine:ends[line]]:\n"],
+           ["                if True:\n"],
+           ["tests/test_rollout_copies.py::test_an_edited_copy_is_stored_as_bytes"]),
     # A session change (record_threads.py) lands only on the states its build read, else is rebuilt.
     "Sr": ("agentcas/record_threads.py", ["                    if view.thread(name) != state:\n"],
            ["                    if False:\n"],

@@ -135,8 +135,8 @@ def test_the_cache_directory_comes_from_the_environment(monkeypatch, tmp_path):
 def test_the_cache_may_live_in_a_given_table_environment(tmp_path):
     """How backends wire it: the machine's LMDB environment (stat cache beside it), or memory."""
     from agentcas.cas.lmdb_store import open_lmdb
-    from agentcas.cas.store import MemoryObjectStore
-    for local in (MemoryObjectStore(), open_lmdb(str(tmp_path / "env"), create=True)):
+    from agentcas.cas.store import MemoryEnvironment
+    for local in (MemoryEnvironment(), open_lmdb(str(tmp_path / "env"), create=True)):
         cached = CachedBlobStore(MemoryBlobStore(), local)
         cached.put_many({key(1): value(b"one")})
         with local.reader() as txn:

@@ -21,7 +21,7 @@ from agentcas.cas.blobstore.memory import MemoryBlobStore
 from agentcas.cas.blobstore.s3 import S3BlobStore
 
 # Every backend this suite runs over. "lmdb" is the embedded store's objects table
-# (TableBlobStore over an LmdbObjectStore), present once the storage split has landed.
+# (TableBlobStore over an LmdbEnvironment), present once the storage split has landed.
 _SPLIT = hasattr(importlib.import_module("agentcas.cas.store"), "TableBlobStore")
 BLOB_BACKENDS = ["memory", "s3", "cached-s3", "cached-memory"] + (["lmdb"] if _SPLIT else [])
 # Backends another process can open again (for the multi-process races).
@@ -34,9 +34,9 @@ def make_blobstore(kind: str, request, tmp_path):
     if kind == "s3":
         return S3BlobStore(request.getfixturevalue("s3_url"), create=True)
     if kind == "lmdb":
-        from agentcas.cas.lmdb_store import LmdbObjectStore
+        from agentcas.cas.lmdb_store import LmdbEnvironment
         from agentcas.cas.store import TableBlobStore
-        store = TableBlobStore(LmdbObjectStore(str(tmp_path / "lmdb"), create=True, map_size=1 << 26))
+        store = TableBlobStore(LmdbEnvironment(str(tmp_path / "lmdb"), create=True, map_size=1 << 26))
         store.url = str(tmp_path / "lmdb")
         return store
     if kind == "cached-s3":
@@ -52,9 +52,9 @@ def reopen_blobstore(spec: tuple):
     if kind == "s3":
         return S3BlobStore(where)
     if kind == "lmdb":
-        from agentcas.cas.lmdb_store import LmdbObjectStore
+        from agentcas.cas.lmdb_store import LmdbEnvironment
         from agentcas.cas.store import TableBlobStore
-        return TableBlobStore(LmdbObjectStore(where))
+        return TableBlobStore(LmdbEnvironment(where))
     raise AssertionError(f"backend {kind} cannot be reopened")
 
 

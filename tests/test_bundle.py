@@ -44,6 +44,36 @@ def refused(store: Store, data: bytes, tmp_path, fragment: str, **options) -> st
     return str(info.value)
 
 
+def test_a_bundle_changed_between_its_check_and_its_write_is_refused(receiver, tmp_path):
+    """Pass 2 re-verifies every record it writes (exchange/bundle_format.py iter_records): a
+    byte of the last object flipped in the file after pass 1 accepted it is refused, the
+    damaged object is not stored and no thread moves."""
+    path = tmp_path / "changing.bundle"
+    path.write_bytes(good_craft().bytes())
+    with open(path, "rb") as handle:
+        parsed = bf.parse(handle)
+    last = parsed.objects_start + parsed.manifest.object_bytes - 1
+    damaged = parsed.index.order[-1]
+
+    def flip_the_last_objects_last_byte():
+        with open(path, "r+b") as handle:
+            handle.seek(last)
+            byte = handle.read(1)
+            handle.seek(last)
+            handle.write(bytes([byte[0] ^ 0x01]))
+
+    threads_before = [t.to_json() for t in receiver.threads.list()]
+    with testing_hooks.on("import.before_write", flip_the_last_objects_last_byte):
+        with pytest.raises(IntegrityError) as info:
+            receiver.remotes.import_bundle(str(path), "main")
+    assert info.value.exit_code == 4
+    assert str(info.value).startswith("bundle changed while it was being imported (bundle object hash mismatch: ") \
+        and damaged.hex() in str(info.value), str(info.value)
+    assert [t.to_json() for t in receiver.threads.list()] == threads_before
+    assert not receiver.source.has(Digest(damaged))
+    assert receiver.gc.fsck().to_json()["ok"]
+
+
 def test_good_crafted_bundle_imports(receiver, tmp_path):
     path = tmp_path / "good.bundle"
     path.write_bytes(good_craft().bytes())
@@ -486,6 +516,26 @@ def test_fast_forward_rollback_and_conflict(exchange, run, workspace):
     conflict = run("import", tmp / "v2.bundle", "--as", "side", store=dst)
     assert conflict.code == 3 and "fast-forward" in conflict.err
     assert store_rows(dst) == before
+
+
+def test_an_unsigned_bundle_of_an_ancestor_is_refused_as_a_rollback(exchange, run):
+    """Without signatures there is no signed time to compare: the checkpoint already
+    imported descends from the bundle's, and that alone refuses the rollback."""
+    src, dst, _, tmp = exchange
+    for name, rev in (("u1", "main~1"), ("u2", "main")):
+        assert run("export", rev, "-o", tmp / f"{name}.bundle", store=src).code == 0
+    imported = run("--json", "import", tmp / "u2.bundle", "--as", "main", "--allow-unsigned", store=dst)
+    assert imported.code == 0 and imported.json()["signature"] == "absent", imported
+    before = store_rows(dst)
+    rollback = run("import", tmp / "u1.bundle", "--as", "main", "--allow-unsigned", store=dst)
+    assert rollback.code == 4, rollback
+    assert rollback.err.startswith("agentcas: error: bundle checkpoint ") and rollback.err.count("\n") == 1
+    assert "already imported into thread 'main' (signed unsigned); refusing a rollback" in rollback.err, rollback.err
+    assert store_rows(dst) == before
+    # With the thread deleted, only the record of what was imported into it refuses.
+    assert run("branch", "-d", "main", store=dst).code == 0
+    assert run("import", tmp / "u1.bundle", "--as", "main", "--allow-unsigned", store=dst).code == 4
+    assert run("import", tmp / "u1.bundle", "--as", "main", "--allow-unsigned", "--allow-rollback", store=dst).code == 0
 
 
 def test_rollback_by_signed_time(receiver, tmp_path):

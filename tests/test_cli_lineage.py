@@ -185,7 +185,12 @@ def test_commit_rollout_ingests_only_complete_new_lines(sdir, tmp_path):
         result = cli(sdir, "commit", ws, "-m", label, "--rollout", log)
         assert result.code == 1, (label, result)
         assert b"nothing was committed" in result.err, (label, result)
-        assert b"rewritten" in result.err or b"truncated" in result.err
+        content_size = len(content) + len(jsonl({"n": 6}))
+        said = (f"rollout file {log} is shorter ({content_size} bytes) than the {len(original)} bytes already "
+                "stored for thread 'main': it was truncated or rewritten" if label == "truncated" else
+                f"rollout file {log} differs from the history already stored for thread 'main' (it was "
+                "rewritten or edited)")
+        assert result.err.decode() == f"agentcas: error: {said}; nothing was committed\n", (label, result)
         assert without_pins(store_rows(sdir)) == without_pins(before), label
 
     # A bad JSON line in the new tail is named by its line number in the file.

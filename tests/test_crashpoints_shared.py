@@ -1,7 +1,8 @@
 """Crash points on a shared store: S3 objects (a real SeaweedFS) and PostgreSQL refs (a real
-server). Every durable step of commit, fork and gc is killed once (SIGKILL): each S3 object
-written (`s3.put`) or batch deleted (`s3.delete`), each PostgreSQL write before and after
-its COMMIT (`pg.open`, `pg.commit`), each write of the machine's LMDB cache (`store.*`).
+server). Every durable step of commit, fork and gc is killed once (SIGKILL): each pack
+object written (`s3.pack`) or batch deleted (`s3.delete`), each PostgreSQL write before and
+after its COMMIT (`pg.open`, `pg.commit`: the pack index rows, the ref move that carries a
+step's rows), each write of the machine's LMDB cache (`store.*`).
 
 Per point the base state is copied to a fresh store (the bucket prefix's objects copied
 server-side, the database cloned with CREATE DATABASE ... TEMPLATE), the command is run
@@ -200,6 +201,6 @@ def test_every_crash_point_of_a_shared_store_write(forks, scenario, s3_server, p
         points += 1
     print(f"shared {scenario.name}: {points} of {len(labels)} points: " + " ".join(
         f"{label} x{labels.count(label)}" for label in sorted(set(labels))))
-    assert {"s3.put", "pg.commit"} & set(labels) or scenario.name == "gc"
+    assert {"s3.pack", "pg.commit"} & set(labels) or scenario.name == "gc"
     record_property("crash_points", points)
     shutil.rmtree(tmp_path, ignore_errors=True)

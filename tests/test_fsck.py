@@ -14,7 +14,7 @@ from agentcas.cas.objects import ChunkRef, HistoryPosition, Segment
 from agentcas.cas.store import TABLES, save_object
 from agentcas.refs import threads
 
-from conftest import run_cli, views
+from conftest import run_cli, store_rows, views
 from support import raw_objects
 
 
@@ -338,6 +338,53 @@ def test_fsck_and_pull_refuse_lying_skip_pointers_and_generations(tmp_path):
     for thread, fragment in (("skips", "skip pointer"), ("gens", "generation 5")):
         pulled = run_cli("pull", "them", thread, store=tmp_path / "dst")
         assert pulled.code == 4 and fragment in pulled.err, pulled
+
+
+def test_a_segment_whose_index_does_not_follow_its_base_is_reported_and_refused(tmp_path):
+    """A segment's index is its base's + 1 (lineage/rollout.py check_segment). One that says
+    3 after a base with index 1, its skip pointer consistent with the 3 it claims (so that
+    check alone would pass it): fsck names it, and a bundle carrying it is not imported."""
+    import blake3
+
+    from agentcas.cas.digest import chain_prefix
+    from agentcas.cas.objects import Checkpoint
+    from agentcas.lineage.rollout import History, skip_index
+    from agentcas.refs.threads import ThreadState
+    store, _ = Store.init(str(tmp_path / "src"))
+    for i in range(2):
+        store.history.append("main", b'{"n": %d}\n' % i)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a").write_text("a\n")
+    store.checkpoints.commit(str(ws), "one")
+    head = store.threads.get("main").history
+    assert History(store.source).segment(head.segment).index == 1 and skip_index(3) == 1
+    record = b'{"n": 2}\n'
+    chunk = hash_blob(record)
+    lying = Segment(head, 3, head.segment, 1, len(record), chain_prefix(head.digest, blake3.blake3(record).digest()),
+                    (ChunkRef(chunk, len(record)),))
+    seg_id = lying.digest_id()
+    cp = store.checkpoints.get("main")[1]
+    rooted = Checkpoint(cp.tree, (), "indexed", "a lying index", "t", cp.created_at, {}, lying.end(seg_id))
+
+    def land(txn):
+        save_object(txn, chunk, framing.frame(framing.KIND_CHUNK, record))
+        save_object(txn, seg_id, framing.frame(framing.KIND_SEGMENT, lying.encode()))
+        save_object(txn, rooted.digest(), framing.frame(framing.KIND_CHECKPOINT, rooted.encode()))
+        threads.set_if_equals(txn, "indexed", None, ThreadState(rooted.digest(), rooted.history), "test", "planted")
+
+    store.objects.write(land)
+    store.objects.close()
+    said = f"segment {seg_id.hex()} has index 3 after a base with index 1"
+    result = run_cli("fsck", store=tmp_path / "src")
+    assert result.code == 4 and said in result.out, result
+    exported = run_cli("export", "indexed", "-o", tmp_path / "indexed.bundle", store=tmp_path / "src")
+    assert exported.code == 0, exported
+    assert run_cli("init", tmp_path / "dst").code == 0
+    before = store_rows(tmp_path / "dst")
+    imported = run_cli("import", tmp_path / "indexed.bundle", "--allow-unsigned", store=tmp_path / "dst")
+    assert imported.code == 4 and said in imported.err and imported.err.count("\n") == 1, imported
+    assert store_rows(tmp_path / "dst") == before
 
 
 def test_fsck_finds_a_signature_listed_for_another_checkpoint(tmp_path):

@@ -153,6 +153,23 @@ def test_reflog_keeps_reverted_head_until_it_expires(any_store, tmp_path):
     assert store.resolve("main") == Digest.parse(third)
 
 
+def test_every_threads_newest_reflog_entry_is_a_root_not_only_the_last_threads(any_store, tmp_path):
+    """Roots (gc/roots.py reflog_roots): the reflog is scanned thread by thread in key order,
+    and each thread's newest entry keeps the checkpoint it left, for the first thread as
+    for the last: a revert of `alpha` is undoable after gc --expire-reflog now."""
+    store = any_store
+    ws = tmp_path / "ws"
+    first = store.checkpoints.commit(write_files(ws, {"a": os.urandom(50_000)}), "one", thread="alpha").to_json()
+    second = store.checkpoints.commit(write_files(ws, {"a": os.urandom(60_000)}), "two", thread="alpha").to_json()
+    store.checkpoints.commit(write_files(ws, {"b": b"beta's\n"}), "beta's", thread="beta")
+    store.threads.revert("alpha", first["checkpoint"])
+    store.gc.run(grace=0, expire_reflog=0, now=later())
+    out = tmp_path / "out"
+    store.checkpoints.checkout(second["checkpoint"], str(out))  # the checkpoint the revert left
+    assert (out / "a").stat().st_size == 60_000
+    assert store.gc.fsck().to_json()["ok"]
+
+
 def _segments(store: Store, head) -> list[Digest]:
     with views(store) as txn:
         history = rollout.History(txn)
@@ -276,6 +293,27 @@ def test_ref_moved_during_gc_is_marked_before_sweeping(any_store, tmp_path):
     assert result["deleted"]["objects"] == 0 and result["remarked"] > 0
     assert store.gc.fsck().to_json()["ok"]
     store.checkpoints.checkout("rescued", str(tmp_path / "out"))
+
+
+def test_a_signed_checkpoint_brought_back_during_gc_keeps_its_signature(any_store, tmp_path):
+    """The sweep marks the signatures of checkpoints that threads reach again since the plan
+    (gc/sweep.py sweep_batch): the signature object is kept with its checkpoint, not only
+    its `signatures` row, so the rescued checkpoint still verifies and fsck stays clean."""
+    from agentcas.signing import keys
+    store = any_store
+    made = keys.write_keypair("alice", str(tmp_path / "k"))
+    store.trust.add("alice", made["public_key"])
+    orphan = store.checkpoints.commit(write_files(tmp_path / "ws", {"a": os.urandom(20_000)}), "x",
+                                      thread="t").to_json()["checkpoint"]
+    store.trust.sign(orphan, made["private_key"])
+    store.threads.delete("t")
+    plan = store.gc.plan(grace=0, expire_reflog=0, now=later())
+    assert plan.reclaimable["objects"] >= 4  # chunk, tree, checkpoint, signature
+    store.threads.create("rescued", orphan[:12])
+    result = execute(store.stores, plan)
+    assert result["deleted"]["objects"] == 0
+    assert store.gc.fsck().to_json()["ok"]
+    assert store.trust.verify(orphan).signature == "valid"
 
 
 def test_signatures_live_with_their_checkpoint(any_store, tmp_path):

@@ -107,6 +107,31 @@ def test_second_run_appends_only_new_complete_lines_and_a_partial_line_waits(run
     assert cat(run, store_dir, THREAD) == path.read_bytes()
 
 
+def test_a_same_length_edit_inside_the_ingested_part_of_a_grown_file_is_refused(store, tmp_path):
+    """A file that only grew is checked against the whole-bytes digest of its ingested part
+    that the last run recorded (harnesses/new_lines.py): an edit that keeps every length,
+    made in that part while the file also grew, is refused and nothing is appended."""
+    s = CodexSession()
+    s.turn("one")
+    path = codex_file(tmp_path, s)
+    assert Ingest(store, "codex", [str(path)]).run()[0].status == "ingested"
+    s.turn("two")
+    path.write_bytes(s.data())
+    assert Ingest(store, "codex", [str(path)]).run()[0].status == "ingested"  # records the digest
+    stored = b"".join(store.history.read(THREAD))
+    s.turn("three")
+    edited = s.data().replace(b"two", b"TWO", 1)
+    assert len(edited) == len(s.data()) and edited[:len(stored)] != stored
+    inode = path.stat().st_ino
+    path.write_bytes(edited)
+    assert path.stat().st_ino == inode   # the same file, grown: no full re-check by records
+    report = Ingest(store, "codex", [str(path)]).run()[0]
+    assert report.status == "refused", report
+    assert report.error == (f"{path} differs from what was already ingested into {THREAD} (it was rewritten "
+                            "or edited, not appended to); not ingested")
+    assert b"".join(store.history.read(THREAD)) == stored
+
+
 def _edit_in_place_keeping_the_stat(path):
     """A same-size edit with the mtime restored: only a read of the file would notice it."""
     st = os.stat(path)

@@ -1,7 +1,8 @@
 """Safety mechanisms that must stay caught: one test per mechanism.
 
-Twelve mechanisms of the write, import, restore and gc paths, then five of the lease
-protocol (cas/leases.py); their numbers are those of docs/RELIABILITY.md.
+Twelve mechanisms of the write, import, restore and gc paths (the record limit also at
+its exact boundary), then eight of the lease protocol (cas/leases.py); their numbers are
+those of docs/RELIABILITY.md.
 
 A mutation audit found that each of these could be deleted with every other test still
 passing. Each test below fails when its mechanism is removed (each was checked by
@@ -26,7 +27,7 @@ import time
 import pytest
 
 from agentcas import Store, testing_hooks
-from agentcas.cas import framing
+from agentcas.cas import framing, leases
 from agentcas.cas.digest import Digest, hash_blob, hash_object
 from agentcas.cas.leases import LeaseExpired, LeaseRow, begin_sweep, end_sweep, read_leases
 from agentcas.cas.objects import Checkpoint, ChunkList, ChunkRef, Segment, Tree, TreeEntry
@@ -355,6 +356,21 @@ def test_a_record_longer_than_the_limit_is_refused_by_its_line_number():
     assert [item.to_json() for item in store.threads.list()] == []
 
 
+def test_a_record_of_exactly_the_limit_is_accepted_and_one_byte_more_refused():
+    """Mechanism 12 at its boundary: the limit counts a record's bytes with its newline; a
+    line of exactly 64 MiB is appended whole, one of 64 MiB + 1 byte refused."""
+    store = Store.memory()
+    limit = 64 * 1024 * 1024
+    exact = b'{"blob": "' + b"x" * (limit - 13) + b'"}\n'
+    assert len(exact) == limit
+    assert store.history.append("main", exact).to_json()["appended"] == 1
+    assert b"".join(store.history.read("main")) == exact
+    with pytest.raises(AgentcasError) as info:
+        store.history.append("main", exact[:10] + b"x" + exact[10:])
+    assert str(info.value) == f"line 1: record longer than {limit} bytes"
+    assert b"".join(store.history.read("main")) == exact
+
+
 # --- the lease protocol's own mechanisms (cas/leases.py, lineage/moves.py, gc/sweep.py) ----------
 
 def garbage(store: Store, tmp_path, tag: str = "garbage") -> int:
@@ -444,6 +460,82 @@ def test_a_writer_waiting_for_a_sweep_batch_already_holds_off_the_next_batch(sto
     assert [row["what"] for row in seen["blocked_by"]] == ["append main"]
     assert appended["appended"] == 3  # the writer then took its lease and landed
     assert b"".join(store.history.read("main")) == records(3, "waited")
+    assert store.gc.run(grace=0, expire_reflog=0, wait=0).to_json()["result"]["deleted"]["objects"] == reclaimable
+
+
+def test_an_expired_lease_of_another_host_does_not_hold_gc_off(store, tmp_path):
+    """Lease (f) (cas/leases.py LeaseRow.live): a lease is dead once expired (beyond the
+    clock margin), also where its pid cannot be asked (another host's writer, gone for
+    good): gc drops its row and sweeps. Unexpired, the same row holds gc off."""
+    reclaimable = garbage(store, tmp_path)
+    now = time.time()
+    row = LeaseRow(os.urandom(16), "commit main", "another-host.example", 4242, now - 900,
+                   now - leases.CLOCK_MARGIN - 60)
+    live = dataclasses.replace(row, key=os.urandom(16), expires_at=now + 600)
+    store.meta.write(lambda txn: txn.put("leases", live.key, live.encode()))
+    held = store.gc.run(grace=0, expire_reflog=0, wait=0).to_json()["result"]
+    assert held["deleted"]["objects"] == 0 and [r["host"] for r in held["blocked_by"]] == ["another-host.example"]
+    store.meta.write(lambda txn: [txn.delete("leases", live.key), txn.put("leases", row.key, row.encode())])
+    result = store.gc.run(grace=0, expire_reflog=0, wait=0).to_json()["result"]
+    assert result["complete"] and result["pins_dropped"] == 1 and result["blocked_by"] == []
+    assert result["deleted"]["objects"] == reclaimable and lease_rows(store) == []
+
+
+def test_a_landing_whose_own_lease_ran_out_raises_before_it_sends_anything(store, tmp_path, monkeypatch):
+    """Lease (g) (lineage/moves.py _land: `lease.check_clock()`): a writer paused past its own
+    lease's end, its row untouched in the store (gc may have judged it dead and swept
+    without yet deleting it), fails with LeaseExpired without sending its exchange."""
+    monkeypatch.setattr(leases, "LEASE_SECONDS", 1.0)
+    ws = tmp_path / "ws"
+    write_files(ws, {"a.txt": b"one\n"})
+    store.checkpoints.commit(str(ws), "one")
+    before = (store.threads.list(), store.threads.reflog("main"))
+    write_files(ws, {"a.txt": b"two\n"})
+    sent = []
+
+    def outlive_the_lease():
+        (row,) = lease_rows(store)
+        while time.time() <= row.expires_at + 0.05:
+            time.sleep(0.05)
+        assert lease_rows(store) == [row]  # still there, as written: only the clock says it ran out
+        exchange = store.meta.exchange
+        monkeypatch.setattr(store.meta, "exchange", lambda *a, **kw: sent.append(kw) or exchange(*a, **kw))
+
+    with testing_hooks.on("commit.before_land", once(outlive_the_lease)):
+        with pytest.raises(LeaseExpired) as info:
+            store.checkpoints.commit(str(ws), "two")
+    assert info.value.exit_code == 3 and "took longer than its lease" in str(info.value)
+    assert sent == []
+    assert (store.threads.list(), store.threads.reflog("main")) == before
+    assert store.gc.fsck().to_json()["ok"]
+
+
+def test_a_long_commit_refreshes_its_lease_and_lands_while_gc_runs(store, tmp_path, monkeypatch):
+    """Lease (h) (cas/writer.py: each batch refreshes the writer's lease): a commit that takes
+    longer than its lease, one object a batch, stays live for gc, which deletes nothing
+    while it runs (not even older garbage), and lands; the garbage goes afterwards."""
+    from agentcas.cas import writer
+    monkeypatch.setattr(leases, "LEASE_SECONDS", 2.0)
+    monkeypatch.setattr(leases, "CLOCK_MARGIN", 0.5)
+    monkeypatch.setattr(writer, "BATCH_OBJECTS", 1)
+    reclaimable = garbage(store, tmp_path)
+    ws = tmp_path / "ws"
+    write_files(ws, {f"f{i}.bin": os.urandom(3000) for i in range(6)})
+    began, seen = time.time(), []
+
+    def slow_batch():
+        time.sleep(0.8)
+        if time.time() > began + leases.LEASE_SECONDS + leases.CLOCK_MARGIN and not seen:
+            # Unrefreshed, the lease would be dead by now.
+            seen.append(store.gc.run(grace=0, expire_reflog=0, wait=0).to_json()["result"])
+
+    with testing_hooks.on("writer.after_batch", slow_batch):
+        done = store.checkpoints.commit(str(ws), "longer than a lease").to_json()
+    (during,) = seen
+    assert during["deleted"]["objects"] == 0 and [r["what"] for r in during["blocked_by"]] == ["commit main"]
+    assert time.time() - began > 2 * leases.LEASE_SECONDS  # it did outlast its first lease
+    store.checkpoints.checkout(done["checkpoint"], str(tmp_path / "out"))
+    assert tree_bytes(tmp_path / "out") == tree_bytes(ws)
     assert store.gc.run(grace=0, expire_reflog=0, wait=0).to_json()["result"]["deleted"]["objects"] == reclaimable
 
 

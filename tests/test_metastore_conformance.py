@@ -19,7 +19,7 @@ from agentcas.cas.metastore.memory import MemoryMetadataStore
 from agentcas.cas.metastore.postgres import PostgresMetadataStore
 
 # Every backend this suite runs over. "lmdb" is the embedded store's metadata tables
-# (TableMetadataStore over an LmdbObjectStore), present once the storage split has landed.
+# (TableMetadataStore over an LmdbEnvironment), present once the storage split has landed.
 _SPLIT = hasattr(importlib.import_module("agentcas.cas.store"), "TableMetadataStore")
 META_BACKENDS = ["memory", "postgres"] + (["lmdb"] if _SPLIT else [])
 # Backends another process can open again (for the multi-process races).
@@ -32,9 +32,9 @@ def make_metastore(kind: str, request, tmp_path) -> MetadataStore:
     if kind == "postgres":
         return PostgresMetadataStore(request.getfixturevalue("postgres_url"), create=True)
     if kind == "lmdb":
-        from agentcas.cas.lmdb_store import LmdbObjectStore
+        from agentcas.cas.lmdb_store import LmdbEnvironment
         from agentcas.cas.store import TableMetadataStore
-        store = TableMetadataStore(LmdbObjectStore(str(tmp_path / "lmdb"), create=True, map_size=1 << 26))
+        store = TableMetadataStore(LmdbEnvironment(str(tmp_path / "lmdb"), create=True, map_size=1 << 26))
         store.url = str(tmp_path / "lmdb")
         return store
     raise AssertionError(f"unknown metadata backend {kind}")
@@ -46,9 +46,9 @@ def reopen_metastore(spec: tuple) -> MetadataStore:
     if kind == "postgres":
         return PostgresMetadataStore(where)
     if kind == "lmdb":
-        from agentcas.cas.lmdb_store import LmdbObjectStore
+        from agentcas.cas.lmdb_store import LmdbEnvironment
         from agentcas.cas.store import TableMetadataStore
-        return TableMetadataStore(LmdbObjectStore(where))
+        return TableMetadataStore(LmdbEnvironment(where))
     raise AssertionError(f"backend {kind} cannot be reopened")
 
 
@@ -202,7 +202,7 @@ def test_big_values_and_binary_keys(meta):
 
 
 # --- scan: the same meaning as the LMDB store's (agentcas/cas/lmdb_store.py _LmdbTxn.scan) --------
-# KEYS, SCANS and reference_scan are those of tests/test_objectstore_conformance.py, which
+# KEYS, SCANS and reference_scan are those of tests/test_environment_conformance.py, which
 # pins the LMDB cursor semantics against the same reference.
 
 KEYS = [b"a", b"ab", b"ab\x00", b"ab\x00\x01", b"ab\xff", b"ab\xff\xff", b"abc", b"abd", b"b", b"\xff", b"\xff\xff\x00"]
@@ -391,6 +391,10 @@ def test_exchange_reads_expects_and_writes_atomically(meta):
     assert not meta.exchange(expect=[("refs", b"b", None)], writes=[("refs", b"c", b"!")])[0]
     with meta.reader() as txn:
         assert txn.get("refs", b"c") is None
+    # A value expected on a row that is absent does not hold (nor is the row made to hold it).
+    assert not meta.exchange(expect=[("refs", b"absent", b"1")], writes=[("refs", b"c", b"!")])[0]
+    with meta.reader() as txn:
+        assert txn.get("refs", b"c") is None and txn.get("refs", b"absent") is None
 
 
 def test_exchange_keeps_binary_keys_and_values_exact(meta):

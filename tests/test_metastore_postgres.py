@@ -6,12 +6,14 @@ retry bound ($AGENTCAS_RETRY_SECONDS), and check the one-line error naming the s
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
 import psycopg
 import pytest
 
+from agentcas import Store, testing_hooks
 from agentcas.cas.metastore.base import MetadataUnavailable, Read
 from agentcas.cas.metastore.postgres import SCHEMA_VERSION, PostgresMetadataStore, SchemaMissing, SchemaTooNew
 
@@ -254,3 +256,59 @@ def test_a_commit_to_a_shared_store_on_a_hung_server(hung_postgres, s3_url, work
     assert [c["reason"] for c in log["checkpoints"]] == ["before"]
     assert run_cli("commit", workspace, "-m", "after", env=env).code == 0
     assert run_cli("--json", "fsck", env=env).json()["ok"]
+
+
+# --- the error says how long the caller waited -------------------------------------------------
+
+def reported_seconds(message: str) -> int:
+    found = re.search(r"unavailable after \d+ tr(?:y|ies) in (\d+)s", message)
+    assert found, message
+    return int(found.group(1))
+
+
+def test_the_error_says_at_least_the_time_the_caller_waited(hung_postgres, s3_url, tmp_path, monkeypatch):
+    """Each way of meeting a hung server, measured here from the moment it hangs: the seconds
+    the message reports are never fewer (a commit whose lease was then given back, which
+    waited once more after the message was made, said 3 s for 8 s)."""
+    url = hung_postgres.create_database()
+    store = PostgresMetadataStore(url, create=True)
+    store.write(lambda txn: txn.put("refs", b"t", b"1"))  # pooled connections, open when it hangs
+    with store.reader() as txn:
+        txn.get("refs", b"t")
+    monkeypatch.setenv("AGENTCAS_CACHE_DIR", str(tmp_path / "cache"))
+    shared, _ = Store.init(s3_url, refs=hung_postgres.create_database())
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("before\n")
+    shared.checkpoints.commit(str(ws), "before")
+    (ws / "a.txt").write_text("during\n")
+
+    def read_in_a_reader():
+        with store.reader() as txn:
+            hung_postgres.hang()
+            waited["from"] = time.monotonic()
+            txn.get("refs", b"t")
+
+    def commit_hung_before_landing():
+        def hang():
+            hung_postgres.hang()
+            waited["from"] = time.monotonic()
+        with testing_hooks.on("commit.before_land", hang):
+            shared.checkpoints.commit(str(ws), "during")
+
+    cases = {"write on an open connection": lambda: store.write(lambda txn: txn.put("refs", b"t", b"2")),
+             "statement in a reader": read_in_a_reader,
+             "connecting": lambda: PostgresMetadataStore(url),
+             "commit landing": commit_hung_before_landing}
+    for name, operation in cases.items():
+        waited = {"from": time.monotonic()}
+        if name in ("write on an open connection", "connecting"):
+            hung_postgres.hang()
+            waited["from"] = time.monotonic()
+        with pytest.raises(MetadataUnavailable) as raised:
+            operation()
+        seconds = time.monotonic() - waited["from"]
+        assert reported_seconds(str(raised.value)) >= seconds, (name, seconds, str(raised.value))
+        assert_named_unavailable(raised, hung_postgres, waited["from"])
+        hung_postgres.resume()
+    store.close()

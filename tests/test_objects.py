@@ -282,6 +282,28 @@ def test_packed_vectors():
     assert Segment.decode(PACKED_SEGMENT) == seg
 
 
+PACKED_COPY_SEGMENT = bytes.fromhex(
+    "060a0302060400030003000400000000000000000000000000000000000000000000000000000000000000000300000301"
+    "031004" + D1 + "0600080006020604" "04" + PACKED_SEGMENT_ID + "0301031004" + D1 + "06010800")
+PACKED_COPY_SEGMENT_ID = "5c586445f0967a8aab7cfc885501e0a5312d9cefbebccf71f2d6db75adf9899f"
+
+
+def test_vector_segment_copying_records():
+    """The optional last item of a segment: the records it copies (source position, heads)."""
+    from agentcas.cas.objects import HistoryPosition, RecordCopy
+    source = HistoryPosition(D(PACKED_SEGMENT_ID), 1, len(RECORD), D(D1))
+    seg = Segment(EMPTY_POSITION, 0, None, 1, len(RECORD), D(D1), (), copy=RecordCopy(source, (b"",)))
+    assert seg.encode() == PACKED_COPY_SEGMENT and seg.digest_id().hex() == PACKED_COPY_SEGMENT_ID
+    assert Segment.decode(PACKED_COPY_SEGMENT) == seg
+    for heads in ("06010500",      # a head that is text, not bytes
+                  "0600",          # no heads
+                  "060208000800",  # two heads for one record
+                  "060108010a"):   # a head with a newline
+        bad = PACKED_COPY_SEGMENT[:-4] + bytes.fromhex(heads)
+        with pytest.raises(InvalidObject):
+            Segment.decode(bad)
+
+
 PACKED_CHECKPOINT_WITH_FILE = bytes.fromhex(
     "060c030204" + PACKED_SMALL_TREE_ID + "060005046d61696e0510666972737420636865636b706f696e74050d616c"
     "696365406578616d706c65051b323032362d31312d32395431323a30303a30302e3030303030305a0703086167656e74"
@@ -361,7 +383,7 @@ def test_format_md_states_every_vector():
                   hash_blob(RUN_SH).hex(), PACKED_EMPTY_TREE_ID, PACKED_MEMORY_TREE_ID,
                   PACKED_SMALL_TREE_ID, PACKED_CHECKPOINT_ID, PACKED_CHUNKLIST_ID, PACKED_SEGMENT_ID,
                   PACKED_EMPTY_TREE.hex(), PACKED_SEGMENT.hex(), PACKED_CHECKPOINT_WITH_FILE.hex(),
-                  PACKED_CHECKPOINT_WITH_FILE_ID):
+                  PACKED_CHECKPOINT_WITH_FILE_ID, PACKED_COPY_SEGMENT.hex(), PACKED_COPY_SEGMENT_ID):
         assert value in doc, value
     for data in (EMPTY_TREE, MEMORY_TREE, SMALL_TREE, CHECKPOINT, CHUNKLIST,
                  Segment(EMPTY_POSITION, 0, None, 1, len(RECORD), D(D1),

@@ -9,14 +9,14 @@ import pytest
 
 from agentcas.cas import framing, packs
 from agentcas.cas.lmdb_store import open_lmdb
-from agentcas.cas.store import MemoryObjectStore, TableBlobStore
+from agentcas.cas.store import MemoryEnvironment, TableBlobStore
 from agentcas.errors import IntegrityError
 
 
 @pytest.fixture(params=["memory", "lmdb"])
 def env(request, tmp_path):
     if request.param == "memory":
-        yield MemoryObjectStore()
+        yield MemoryEnvironment()
         return
     store = open_lmdb(str(tmp_path / "store"), create=True)
     yield store

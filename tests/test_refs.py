@@ -5,7 +5,7 @@ import pytest
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest, hash_blob
 from agentcas.cas.objects import Checkpoint, Tree
-from agentcas.cas.store import MemoryObjectStore, save_object
+from agentcas.cas.store import MemoryEnvironment, save_object
 from agentcas.errors import IntegrityError, NotFound, UsageError
 from agentcas.refs.names import BadThreadName, check_thread_name
 from agentcas.refs.revisions import AmbiguousRevision, UnknownRevision, load_checkpoint, resolve
@@ -52,7 +52,7 @@ def commit(store, thread, reason, parent=None, tree=TREE, when="2026-11-29T12:00
 @pytest.fixture
 def chain():
     """main: c0 <- c1 <- c2 <- c3; returns (store, [c0, c1, c2, c3])."""
-    store = MemoryObjectStore()
+    store = MemoryEnvironment()
     ids = []
     for i in range(4):
         ids.append(commit(store, "main", f"step {i}", ids[-1] if ids else None))
@@ -65,7 +65,7 @@ def rev(store, text):
 
 
 def test_set_if_equals_is_compare_and_swap():
-    store = MemoryObjectStore()
+    store = MemoryEnvironment()
     a, b = ThreadState(hash_blob(b"a")), ThreadState(hash_blob(b"b"))
     assert store.write(lambda txn: set_if_equals(txn, "t", None, a, "create", "m"))
     assert not store.write(lambda txn: set_if_equals(txn, "t", None, b, "create", "m"))  # exists
@@ -82,7 +82,7 @@ def test_set_if_equals_is_compare_and_swap():
 
 
 def test_failed_compare_and_swap_changes_nothing():
-    store = MemoryObjectStore()
+    store = MemoryEnvironment()
     a = ThreadState(hash_blob(b"a"))
     store.write(lambda txn: set_if_equals(txn, "t", None, a, "create"))
     with store.reader() as txn:
@@ -183,7 +183,7 @@ def test_non_checkpoint_ids_are_not_revisions(chain):
 
 def test_ambiguous_prefix():
     """Two checkpoint-kind objects whose ids share 9 hex digits (crafted keys: only the kind is read)."""
-    store = MemoryObjectStore()
+    store = MemoryEnvironment()
     value = framing.frame(framing.KIND_CHECKPOINT, b"{}")
     a = Digest(bytes.fromhex("abcdef0123") + b"\x01" * 27)
     b = Digest(bytes.fromhex("abcdef0128") + b"\x02" * 27)
@@ -291,13 +291,13 @@ def test_version_1_json_rows_still_read(chain):
     b"\x02",
 ])
 def test_malformed_version_2_rows_are_integrity_errors(payload):
-    store = MemoryObjectStore()
+    store = MemoryEnvironment()
     with pytest.raises(IntegrityError):
         threads.decode_reflog_entry(KEY0, seal("reflog", KEY0, payload), objects=objects_of(store))
 
 
 def test_implied_history_of_a_missing_checkpoint_is_an_integrity_error():
-    store = MemoryObjectStore()
+    store = MemoryEnvironment()
     with pytest.raises(IntegrityError, match="missing"):
         threads.decode_reflog_entry(KEY0, seal("reflog", KEY0, COMMIT_ROW), objects=objects_of(store))
 

@@ -15,6 +15,7 @@ from agentcas import Store
 
 from conftest import AGENTCAS, run_cli, tree_bytes
 from support.files import write
+from support.shared_packs import flip_byte
 
 
 @pytest.fixture
@@ -233,15 +234,8 @@ def test_two_racing_expect_commits_exactly_one_wins(shared, tmp_path):
 
 def test_a_tampered_object_in_the_bucket_is_named_by_fsck_and_checkout(shared, workspace, tmp_path, s3_server):
     made = shared("--json", "commit", workspace, "-m", "x").json()
-    s3_url, _ = shared.urls
     tree = made["tree"]
-    bucket, _, prefix = s3_url[len("s3://"):].partition("/")
-    client = s3_server.client()
-    key = next(o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]
-               if o["Key"].endswith(tree))
-    body = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
-    body[-3] ^= 0x01
-    client.put_object(Bucket=bucket, Key=key, Body=bytes(body))
+    flip_byte(s3_server, *shared.urls, tree, at=-3)
     fresh = shared.machine("fresh")  # a machine with an empty cache reads the bucket
     fsck = fresh("fsck")
     assert fsck.code == 4 and tree in fsck.out + fsck.err, fsck

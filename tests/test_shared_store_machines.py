@@ -15,6 +15,7 @@ import pytest
 from conftest import run_cli, tree_bytes
 from support.files import write
 from support.services import PG_PASSWORD, S3_SECRET_KEY
+from support.shared_packs import flip_byte, lose_object
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -35,13 +36,6 @@ def machine(tmp_path, name: str, store: str | None = None, refs: str | None = No
     def run(*args, env=None, **kw):
         return run_cli(*flags, *args, env=dict({"AGENTCAS_CACHE_DIR": cache}, **(env or {})), **kw)
     return run
-
-
-def bucket_key(s3_server, url: str, object_id: str) -> tuple[str, str]:
-    bucket, _, prefix = url[len("s3://"):].partition("/")
-    key = f"{prefix}/objects/{object_id}"
-    s3_server.client().head_object(Bucket=bucket, Key=key)
-    return bucket, key
 
 
 @pytest.fixture
@@ -102,11 +96,7 @@ def test_fsck_on_the_machine_that_wrote_reads_the_bucket_not_its_cache(team, tmp
     ws = write(tmp_path / "ws", {"big.bin": os.urandom(900_000), "small.txt": "hi\n"})
     made = a("--json", "commit", ws, "-m", "x").json()
     assert a("--json", "fsck").json()["ok"]
-    bucket, key = bucket_key(s3_server, team.urls[0], made["tree"])
-    client = s3_server.client()
-    body = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
-    body[-2] ^= 0x40
-    client.put_object(Bucket=bucket, Key=key, Body=bytes(body))
+    flip_byte(s3_server, *team.urls, made["tree"], at=-2, mask=0x40)
 
     for name in ("a", "fresh"):
         fsck = team(name)("--json", "fsck")
@@ -293,8 +283,7 @@ def test_fsck_names_an_object_the_bucket_lost_even_where_the_cache_holds_it(lost
     ws = write(tmp_path / "ws", {"a.txt": "one\n", "rollout.jsonl": '{"role": "user", "text": "hi"}\n'})
     made = a("--json", "commit", ws, "-m", "x", "--rollout", ws / "rollout.jsonl").json()
     gone = made["tree"] if lost == "tree" else made["history"]["segment"]
-    s3_server.client().delete_object(Bucket=bucket_key(s3_server, team.urls[0], gone)[0],
-                                     Key=bucket_key(s3_server, team.urls[0], gone)[1])
+    lose_object(*team.urls, gone)
     fsck = a("--json", "fsck")
     assert fsck.code == 4, fsck
     assert [(p["what"], p["id"]) for p in fsck.json()["problems"]] == [("missing", gone)], fsck.json()

@@ -132,3 +132,28 @@ def test_init_through_a_mistyped_bucket_with_the_teams_refs_makes_no_bucket(team
     assert refused.code == 3 and "nothing was written" in refused.err, refused
     assert f"typo-bucket-{os.getpid()}" not in {b["Name"] for b in s3_server.client().list_buckets()["Buckets"]}
     assert run_cli("--json", "fsck", env=env).json()["ok"]
+
+
+def test_refs_of_one_store_beside_the_prefix_of_another_are_refused(team, workspace, tmp_path, s3_server,
+                                                                     s3_url, postgres_server):
+    """Two initialised stores: A's refs database with B's prefix names objects B does not hold,
+    and a gc there would delete B's: every command is refused, nothing written to either."""
+    env_a, url_a, _ = team
+    url_b = s3_url + "-b"
+    env_b = {"AGENTCAS_STORE": url_b, "AGENTCAS_REFS": postgres_server.create_database(),
+             "AGENTCAS_CACHE_DIR": str(tmp_path / "cache-b")}
+    assert run_cli("init", env=env_b).code == 0
+    assert run_cli("commit", workspace, "-m", "store b's work", env=env_b).code == 0
+    objects_b, threads_a = _objects_under(s3_server, url_b), _thread_names(env_a)
+    mixed = dict(env_a, AGENTCAS_STORE=url_b, AGENTCAS_CACHE_DIR=str(tmp_path / "cache-mixed"))
+    for args in (("gc", "--grace", "0s", "--expire-reflog", "now"), ("log", "main"),
+                 ("commit", workspace, "-m", "across stores", "--thread", "mixed")):
+        bad = run_cli(*args, env=mixed)
+        assert bad.code == 1, bad
+        assert bad.err.startswith(f"agentcas: error: {url_b} holds another agentcas store, but ") \
+            and bad.err.count("\n") == 1, bad.err
+        assert f"holds the refs of the store made at {url_a}" in bad.err, bad.err
+    assert _objects_under(s3_server, url_b) == objects_b and _thread_names(env_a) == threads_a
+    for env in (env_a, env_b):
+        fsck = run_cli("--json", "fsck", env=env)
+        assert fsck.code == 0 and fsck.json()["ok"], fsck

@@ -41,6 +41,10 @@ class SessionAppend:
     # `data` prepared ahead (rollout.pack_raw_lines at INGEST_ZSTD_LEVEL, chained from
     # `based_on`'s digest at these marks), e.g. in an ingest worker; `data` may then be empty.
     packed: rollout.PackedLines | None = None
+    # Lines of `data` that copy another history's records (a Codex fork's copy of its
+    # parent): those that are copies are stored as copies (rollout.prepare_with_copies),
+    # `packed` is then not used.
+    copies: rollout.CopyClaim | None = None
 
 
 class Histories:
@@ -53,7 +57,7 @@ class Histories:
 
     def history(self, objects=None) -> rollout.History:
         """A reader of histories over this store's objects (or `objects`, a pinned reader)."""
-        return rollout.History(objects or self._stores.objects, self.segments)
+        return rollout.History(objects or self._stores.source, self.segments)
 
     def append(self, thread: str, data: bytes) -> AppendResult:
         """Append JSONL records to a thread's history (creating the thread if new)."""
@@ -73,7 +77,7 @@ class Histories:
             raise UsageError("--from and --to must not be negative")
         with self._stores.meta.reader() as txn:
             try:
-                head, _, _ = revisions.source_state(txn, self._stores.objects, rev)
+                head, _, _ = revisions.source_state(txn, self._stores.source, rev)
             except NotFound:
                 raise NotFound(f"no thread or checkpoint named {rev!r}") from None
         if start > head.seq:
@@ -91,7 +95,7 @@ class Histories:
     def _read(self, head: HistoryPosition, start: int, stop: int | None, whole_records: bool = True):
         # buffers=True: chunk values are views into the map (LMDB), decompressed from there by
         # the workers, instead of a copy of every compressed chunk made in this thread first.
-        with self._stores.objects.reading(buffers=True) as objects:
+        with self._stores.source.reading(buffers=True) as objects:
             yield from self.history(objects).read(head, start, stop, whole_records)
 
     def ingest(self, appends: list[SessionAppend], author: str | None = None) -> list[IngestedThread]:
@@ -110,9 +114,14 @@ class Histories:
             check_thread_name(item.thread)
         who, created_at, runtime = author or default_author(), utc_now(), runtime_description()
         with Lease(self._stores.meta, "ingest") as lease:
-            writer = BatchWriter(self._stores.objects, lease=lease)
-            prepared = prepare_raw([item.data if item.packed is None else item.packed for item in appends],
-                                   writer, INGEST_ZSTD_LEVEL)
+            writer = BatchWriter(self._stores.source, lease=lease)
+            prepared = prepare_raw([b"" if item.copies is not None else item.data if item.packed is None
+                                    else item.packed for item in appends], writer, INGEST_ZSTD_LEVEL)
+            for number, item in enumerate(appends):
+                if item.copies is not None:
+                    prepared[number] = rollout.prepare_with_copies(self.history(), item.data, item.copies,
+                                                                   writer.add, INGEST_ZSTD_LEVEL)
+            writer.flush()
             return append_many_with_marks(
                 self._stores, lease, [(item.thread, segments, item.marks, item.based_on, item.forked_from)
                                       for item, segments in zip(appends, prepared)], who, created_at, runtime)

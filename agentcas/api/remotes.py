@@ -110,7 +110,7 @@ class Remotes:
         info, here, there = self._endpoints(remote)
 
         def check_outgoing(objects):
-            with self._stores.objects.reading() as source:
+            with self._stores.source.reading() as source:
                 refuse_rollout_secrets(source, [d for d, kind in objects if kind == framing.KIND_SEGMENT], thread,
                                        "push", "nothing was sent", allow_rollout_secrets,
                                        private_keys_always=False)

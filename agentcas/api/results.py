@@ -217,12 +217,16 @@ class GcResult(Result):
     complete: bool
     blocked_by: list[dict]
     repack: dict | None = None  # an embedded store: {"packs_rewritten", "objects_moved", "bytes_reclaimed"}
+    # a shared store: {"deleted": packs left with nothing live, "unnamed": packs no index row
+    # named (a writer or sweep killed midway), "unnamed_bytes"}, or {"skipped": "writers"}
+    packs: dict | None = None
 
     @classmethod
     def from_doc(cls, doc: dict) -> GcResult:
         """From the document gc/sweep.py's `execute` returns."""
         return cls(doc["deleted"]["objects"], doc["deleted"]["bytes"], doc["reflog_expired"], doc["pins_dropped"],
-                   doc["remarked"], doc["batches"], doc["complete"], doc["blocked_by"], doc.get("repack"))
+                   doc["remarked"], doc["batches"], doc["complete"], doc["blocked_by"], doc.get("repack"),
+                   doc.get("packs"))
 
     def to_json(self) -> dict:
         doc = {"deleted": {"objects": self.deleted_objects, "bytes": self.deleted_bytes},
@@ -231,6 +235,8 @@ class GcResult(Result):
                "blocked_by": list(self.blocked_by)}
         if self.repack is not None:
             doc["repack"] = dict(self.repack)
+        if self.packs is not None:
+            doc["packs"] = dict(self.packs)
         return doc
 
 

@@ -69,8 +69,8 @@ class Threads:
         """Checkpoints newest first along first parents from a thread (or revision)."""
         out: builtins.list[LogEntry] = []
         with self._stores.meta.reader() as txn:
-            digest: Digest | None = revisions.resolve(txn, self._stores.objects, thread or "main")
-        with self._stores.objects.reading() as objects:
+            digest: Digest | None = revisions.resolve(txn, self._stores.source, thread or "main")
+        with self._stores.source.reading() as objects:
             while digest is not None and (limit is None or len(out) < limit):
                 cp = revisions.load_checkpoint(objects, digest)
                 out.append(LogEntry(digest.hex(), cp.reason, cp.thread, cp.created_at, cp.author,
@@ -85,7 +85,7 @@ class Threads:
             if threads.read_thread(txn, thread) is None:
                 raise NotFound(f"no thread named {thread!r}")
             return [ReflogItem(f"{thread}@{{{index}}}", entry)
-                    for index, entry in enumerate(threads.read_reflog(txn, thread, limit, self._stores.objects))]
+                    for index, entry in enumerate(threads.read_reflog(txn, thread, limit, self._stores.source))]
 
     def lineage(self, thread: str | None = None) -> Lineage:
         """The fork tree of every thread (or of `thread` and the threads forked from it)."""

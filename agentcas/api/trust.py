@@ -56,7 +56,7 @@ class Trust:
         signed = envelope.sign(key, digest, thread)
         envelope_id, framed = envelope.envelope_object(signed)
         with Lease(self._stores.meta, f"sign {digest.short()}") as lease:
-            self._stores.objects.put_many({envelope_id.raw: framed})
+            self._stores.source.put_many({envelope_id.raw: framed})
             land(self._stores.meta, lease, lambda txn: envelope.save_index_row(txn, signed, envelope_id))
         return SignResult(digest.hex(), thread, envelope_id.hex(), key.public.id, signed.statement.signed_at,
                           signed.statement.namespace)
@@ -81,7 +81,7 @@ class Trust:
                 accepted.add(imported["thread"])
             verdicts = [envelope.check(e, trusted, digest,
                                        e.statement.thread if e.statement.thread in accepted else thread)
-                        for _, e in envelope.envelopes_for(txn, self._stores.objects, digest)]
+                        for _, e in envelope.envelopes_for(txn, self._stores.source, digest)]
         status, reason = envelope.summarize(verdicts)
         if status != envelope.VALID:
             raise SignatureRejected(status, f"checkpoint {digest.short()}: signature {status}: {reason}")

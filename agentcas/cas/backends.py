@@ -3,8 +3,9 @@
     DIR | lmdb://DIR                 embedded: one LMDB environment holds both stores
     memory://                        both stores in memory (tests, scratch)
     s3://BUCKET/PREFIX + --refs postgresql://USER@HOST:PORT/DB
-                                     shared: objects in S3, metadata in PostgreSQL, and a
-                                     bounded LMDB cache per machine ($AGENTCAS_CACHE_DIR)
+                                     shared: objects in packs in S3, indexed with the
+                                     metadata in PostgreSQL (cas/blobstore/s3_packs.py),
+                                     and a bounded LMDB cache per machine ($AGENTCAS_CACHE_DIR)
 
 `local` is this machine's table environment (its stat cache lives there), and for a
 shared store `known(keys)` says which objects this machine knows to be stored without
@@ -35,10 +36,11 @@ from dataclasses import dataclass
 
 from agentcas.cas import encoding
 from agentcas.cas.blobstore.base import BlobStore
+from agentcas.cas.blobstore.s3_packs import PackedBlobStore
 from agentcas.cas.metastore.base import MetadataStore, Read
 from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.source import ObjectSource
-from agentcas.cas.store import MemoryObjectStore, ObjectStore, TableBlobStore, TableMetadataStore
+from agentcas.cas.store import MemoryEnvironment, TableBlobStore, TableEnvironment, TableMetadataStore
 from agentcas.errors import ConflictError, UsageError
 
 STORE_KEY = b"store"  # meta row of a shared store: {"id", "objects"} (the module doc)
@@ -47,17 +49,18 @@ VERIFIED_KEY = b"store/verified"  # this machine's cache: the store id it found 
 
 @dataclass
 class Stores:
-    """The handles every layer is given: objects (verified reads), blobs, meta, local."""
+    """The handles every layer is given: source (verified object reads), blobs, meta, local."""
 
     blobs: BlobStore
     meta: MetadataStore
-    local: ObjectStore
+    local: TableEnvironment
     url: str
     path: str | None = None         # the directory of an embedded store
-    embedded: ObjectStore | None = None
+    embedded: TableEnvironment | None = None
+    packed: PackedBlobStore | None = None  # a shared store's packs on S3 and their index
 
     def __post_init__(self):
-        self.objects = ObjectSource(self.blobs)
+        self.source = ObjectSource(self.blobs)
 
     @property
     def known(self):
@@ -76,13 +79,13 @@ class Stores:
             self.embedded.close()
 
 
-def embedded_stores(env: ObjectStore, path: str | None) -> Stores:
+def embedded_stores(env: TableEnvironment, path: str | None) -> Stores:
     """Both stores over one table environment (LMDB or memory)."""
     return Stores(TableBlobStore(env), TableMetadataStore(env), env, env.url, path, env)
 
 
 def memory_stores() -> Stores:
-    return embedded_stores(MemoryObjectStore(), None)
+    return embedded_stores(MemoryEnvironment(), None)
 
 
 SHARED_SCHEME = "s3://"
@@ -152,8 +155,9 @@ def shared_stores(store_url: str, refs_url: str | None, create: bool = False) ->
     cache_dir = default_cache_dir(store_url)
     local = open_lmdb(os.path.join(cache_dir, "store-" + hashlib.sha256(store_url.encode()).hexdigest()[:12]),
                       create=True)
-    blobs = CachedBlobStore(remote, local)
-    return Stores(blobs, meta, local, store_url, None, None)
+    packed = PackedBlobStore(remote, meta)
+    blobs = CachedBlobStore(packed, local)
+    return Stores(blobs, meta, local, store_url, None, None, packed)
 
 
 # -- binding a shared store's refs database to its prefix ------------------------------------------

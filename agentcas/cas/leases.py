@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from agentcas import testing_hooks
 from agentcas.cas import encoding
-from agentcas.cas.metastore.base import MetadataStore, MetaTxn, Read
+from agentcas.cas.metastore.base import MetadataStore, MetadataUnavailable, MetaTxn, Read
 from agentcas.cas.sealed import seal, unseal
 from agentcas.errors import AgentcasError, ConflictError, IntegrityError
 
@@ -375,6 +375,11 @@ class Lease:
 
     def __exit__(self, *exc):
         if self.row is None or (self.released and exc[0] is None):
+            return False
+        if exc[0] is not None and issubclass(exc[0], MetadataUnavailable):
+            # The metadata store just stopped answering: asking it again would only hold the
+            # error back for another round of retries. The row dies with this process
+            # (LeaseRow.live) or when it expires.
             return False
         try:
             self.meta.write(lambda txn: txn.delete("leases", self.key))

@@ -1,4 +1,4 @@
-"""The LMDB implementation of ObjectStore: one environment per store per process.
+"""The LMDB implementation of TableEnvironment: one environment per store per process.
 
 Each table is a named sub-database. Writers are serialised by LMDB's lock across
 processes; readers never block. When the map is full the write is aborted, the map
@@ -23,7 +23,7 @@ import lmdb
 
 from agentcas.cas import crashpoints, fatal_signals
 from agentcas.cas.packs import TABLES as PACK_TABLES
-from agentcas.cas.store import TABLES, ObjectStore, Txn
+from agentcas.cas.store import TABLES, TableEnvironment, TableTxn
 from agentcas.cas.system_errors import from_errno, from_os_error
 from agentcas.errors import AgentcasError, IntegrityError
 
@@ -35,7 +35,7 @@ INITIAL_MAP_SIZE = int(os.environ.get("AGENTCAS_LMDB_MAP_SIZE", str(16 << 30)))
 MIN_MAP_SIZE = 1 << 30
 DATA_FILE = "data.mdb"
 
-_OPEN: dict[str, LmdbObjectStore] = {}
+_OPEN: dict[str, LmdbEnvironment] = {}
 _OPEN_LOCK = threading.Lock()
 
 
@@ -174,7 +174,7 @@ class _ResizeGate:
 _NOT_DURABLE = frozenset(("objects", "statcache", "leases") + PACK_TABLES)
 
 
-class _LmdbTxn(Txn):
+class _LmdbTxn(TableTxn):
     def __init__(self, txn: lmdb.Transaction, dbs: dict):
         self._txn = txn
         self._dbs = dbs
@@ -294,7 +294,7 @@ def _allocate_lock_file(path: str) -> None:
         raise
 
 
-class LmdbObjectStore(ObjectStore):
+class LmdbEnvironment(TableEnvironment):
     def __init__(self, path: str, create: bool = False, map_size: int | None = None):
         self.path = os.path.abspath(path)
         self.map_size = INITIAL_MAP_SIZE if map_size is None else map_size
@@ -448,7 +448,7 @@ class LmdbObjectStore(ObjectStore):
         self.env.close()
 
 
-def open_lmdb(path: str, create: bool = False, map_size: int | None = None) -> LmdbObjectStore:
+def open_lmdb(path: str, create: bool = False, map_size: int | None = None) -> LmdbEnvironment:
     """The process's one environment for the store at `path` (LMDB forbids two).
 
     `map_size` (default $AGENTCAS_LMDB_MAP_SIZE or 16 GiB) is the initial map; it grows.
@@ -458,7 +458,7 @@ def open_lmdb(path: str, create: bool = False, map_size: int | None = None) -> L
         store = _OPEN.get(key)
         if store is None:
             try:
-                store = LmdbObjectStore(key, create=create, map_size=map_size)
+                store = LmdbEnvironment(key, create=create, map_size=map_size)
             except lmdb.Error as exc:
                 raise StoreUnreadable(f"cannot open store {key}: {exc}") from None
             _OPEN[key] = store

@@ -393,6 +393,37 @@ EMPTY_POSITION = HistoryPosition(None, 0, 0, EMPTY_HISTORY)
 
 
 @dataclass(frozen=True)
+class RecordCopy:
+    """Records a segment copies from another history instead of storing their bytes
+    (docs/FORMAT.md 5.6): the `len(heads)` records ending at `source`, each with its head
+    (the `{"timestamp":"..."` a harness gives a copied line) replaced by `heads[i]`."""
+
+    source: HistoryPosition
+    heads: tuple[bytes, ...]
+
+    def __post_init__(self):
+        if not isinstance(self.source, HistoryPosition) or not self.heads or len(self.heads) > self.source.seq:
+            raise InvalidObject("a record copy names at least one record of the history it copies from")
+        for head in self.heads:
+            if not isinstance(head, bytes) or b"\n" in head:
+                raise InvalidObject("a copied record's head must be bytes without a newline")
+
+    @property
+    def start(self) -> int:
+        """The source's seq of the first copied record."""
+        return self.source.seq - len(self.heads)
+
+    def to_row(self) -> list:
+        return [self.source.to_row(), list(self.heads)]
+
+    @classmethod
+    def from_row(cls, row) -> RecordCopy:
+        if not isinstance(row, list) or len(row) != 2 or not isinstance(row[1], list):
+            raise InvalidObject("segment copy must be [SOURCE-POSITION, [HEAD, ...]]")
+        return cls(HistoryPosition.from_row(row[0]), tuple(row[1]))
+
+
+@dataclass(frozen=True)
 class Segment:
     """A run of whole rollout records appended at once, continuing from `base`.
 
@@ -411,6 +442,9 @@ class Segment:
     # (a small append then costs one object, not a segment and a chunk).
     inline: bytes = b""
     format: int = OBJECT_FORMAT
+    # Format 2 only: the records are copies of another history's records (neither inline
+    # bytes nor chunks then), so a fork that copies its parent's records stores them once.
+    copy: RecordCopy | None = None
 
     KIND = framing.KIND_SEGMENT
 
@@ -419,9 +453,15 @@ class Segment:
             raise InvalidObject("a segment holds at least one record of at least one byte")
         if not isinstance(self.inline, bytes):
             raise InvalidObject("segment inline bytes must be bytes")
-        if self.inline and self.format == JSON_FORMAT:
-            raise InvalidObject("a format 1 segment has no inline bytes")
-        if len(self.inline) + sum(c.size for c in self.chunks) != self.length:
+        if (self.inline or self.copy is not None) and self.format == JSON_FORMAT:
+            raise InvalidObject("a format 1 segment has no inline bytes and copies no records")
+        if self.copy is not None:
+            if not isinstance(self.copy, RecordCopy):
+                raise InvalidObject("segment copy must be a RecordCopy")
+            if self.inline or self.chunks or len(self.copy.heads) != self.count:
+                raise InvalidObject("a segment that copies records holds no bytes of its own and one head "
+                                    "per record")
+        elif len(self.inline) + sum(c.size for c in self.chunks) != self.length:
             raise InvalidObject("segment chunk sizes do not add up to its length")
         if (self.index == 0) != (self.base.segment is None):
             raise InvalidObject("only the first segment continues from the empty history")
@@ -440,9 +480,11 @@ class Segment:
     def encode(self) -> bytes:
         if self.format == JSON_FORMAT:
             return encoding.encode(self.to_doc(), check=False)
-        return packed.encode([PACKED_FORMAT, self.base.to_row(), self.index, self.skip, self.count,
-                              self.length, self.digest, [[c.id, c.size] for c in self.chunks],
-                              self.inline])
+        row = [PACKED_FORMAT, self.base.to_row(), self.index, self.skip, self.count, self.length, self.digest,
+               [[c.id, c.size] for c in self.chunks], self.inline]
+        if self.copy is not None:
+            row.append(self.copy.to_row())
+        return packed.encode(row)
 
     def digest_id(self) -> Digest:
         return hash_object("segment", self.encode())
@@ -450,12 +492,14 @@ class Segment:
     @classmethod
     def decode(cls, data: bytes) -> Segment:
         if not _is_json(data):
-            base, index, skip, count, length, digest, chunks, inline = _packed_row(data, "segment", 8)
+            row = _packed_row(data, "segment", (8, 9))
+            base, index, skip, count, length, digest, chunks, inline = row[:8]
             if not isinstance(inline, bytes):
                 raise InvalidObject("segment inline bytes must be bytes")
             return cls(HistoryPosition.from_row(base), _int(index, "index"), _opt_id(skip, "skip"),
                        _int(count, "count", 1), _int(length, "length", 1), _id(digest, "digest"),
-                       _packed_chunks(chunks, "segment chunks"), inline)
+                       _packed_chunks(chunks, "segment chunks"), inline,
+                       copy=RecordCopy.from_row(row[8]) if len(row) == 9 else None)
         doc = encoding.decode(data)
         _keys(doc, {"base", "index", "skip", "count", "length", "digest", "chunks"}, what="segment")
         return cls(HistoryPosition.from_doc(doc["base"]), _int(doc["index"], "index"),

@@ -5,12 +5,16 @@ An operation is tried again while it fails for a reason the backend calls retrya
 (a dropped connection, a 503, a server that stopped answering), with exponential
 backoff (50 ms doubling to at most 2 s, each delay jittered by x0.5..1.5 so that many
 clients do not retry in step), until $AGENTCAS_RETRY_SECONDS (default 20 s) have
-passed since the first try; then the backend's "unavailable" error is raised. A
-retryable failure that no retry can fix (a wrong password) ends the retries at once.
+passed since the first try; then the backend's "unavailable" error is raised, saying
+how many tries were made and how long they took, from the start of the first one
+(connecting included) and rounded up, so the message never says less than the caller
+waited. A retryable failure that no retry can fix (a wrong password) ends the retries
+at once.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable
@@ -32,14 +36,18 @@ def retry_seconds() -> float:
 class Retry:
     """The tries of one operation: when it began, how many so far, when to give up."""
 
-    def __init__(self):
-        self.began = time.monotonic()
+    def __init__(self, began: float | None = None):
+        self.began = time.monotonic() if began is None else began
         self.deadline = self.began + retry_seconds()
         self.tries = 0
 
     @property
     def elapsed(self) -> float:
         return time.monotonic() - self.began
+
+    def summary(self) -> str:
+        """"after 3 tries in 21s": the seconds since the first try began, rounded up."""
+        return f"after {self.tries} {'try' if self.tries == 1 else 'tries'} in {math.ceil(self.elapsed)}s"
 
     def call(self, attempt: Callable[[], T], retryable: Callable[[BaseException], bool],
              unavailable: Callable[[BaseException, Retry], Exception],

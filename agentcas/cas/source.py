@@ -88,6 +88,11 @@ class ObjectSource:
         """Store framed objects unless present: (objects written, bytes written)."""
         return self.blobs.put_many(items) if items else (0, 0)
 
+    def stage_many(self, items: dict) -> list[tuple]:
+        """Store framed objects for a ref move (BlobStore.stage_many): the metadata writes
+        that must land in the move's exchange for them to be stored (often none)."""
+        return self.blobs.stage_many(items) if items else []
+
     @contextmanager
     def reading(self, buffers: bool = False):
         """A source pinned to one read snapshot where the backend has them (LMDB).

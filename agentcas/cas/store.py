@@ -27,7 +27,7 @@ T = TypeVar("T")
 TABLES = ("objects", "statcache") + packs.TABLES + METADATA_TABLES
 
 
-class Txn(MetaTxn):
+class TableTxn(MetaTxn):
     """One transaction over the environment's tables (the MetaTxn methods, over every table,
     `objects` and `statcache` included). Keys and values are bytes."""
 
@@ -48,14 +48,14 @@ class Txn(MetaTxn):
         self.put(table, key, value)
 
 
-class ObjectStore(ABC):
+class TableEnvironment(ABC):
     """A transactional environment of tables; implementations: memory and LMDB."""
 
     url: str
     leaf_bytes: int = packs.LEAF_BYTES  # the largest value that stays inside a B-tree page
 
     @abstractmethod
-    def reader(self, buffers: bool = False) -> AbstractContextManager[Txn]:
+    def reader(self, buffers: bool = False) -> AbstractContextManager[TableTxn]:
         """A consistent read-only snapshot.
 
         With `buffers=True`, values may be memoryviews into the store that are valid
@@ -63,7 +63,7 @@ class ObjectStore(ABC):
         """
 
     @abstractmethod
-    def write(self, fn: Callable[[Txn], T]) -> T:
+    def write(self, fn: Callable[[TableTxn], T]) -> T:
         """Run `fn` in one atomic write transaction (serialised across processes)."""
 
     def close(self) -> None:
@@ -76,7 +76,7 @@ class ObjectStore(ABC):
 
 # --- in-memory implementation ------------------------------------------------------------
 
-class _MemoryTxn(Txn):
+class _MemoryTxn(TableTxn):
     def __init__(self, tables: dict, writable: bool):
         self._tables = tables
         self._writable = writable
@@ -112,7 +112,7 @@ class _MemoryTxn(Txn):
         return len(self._tables[table])
 
 
-class MemoryObjectStore(ObjectStore):
+class MemoryEnvironment(TableEnvironment):
     """Tables in dicts; a write runs on a copy that replaces the original on success."""
 
     def __init__(self) -> None:
@@ -137,12 +137,12 @@ class MemoryObjectStore(ObjectStore):
         return sum(len(k) + len(v) for rows in self._tables.values() for k, v in rows.items())
 
 
-def save_object(txn: Txn, digest, framed: bytes) -> bool:
+def save_object(txn: TableTxn, digest, framed: bytes) -> bool:
     """Store a framed object in the environment's packs unless present; True if new."""
     return packs.put_new(txn, {digest.raw: framed})[0] == 1
 
 
-def has_object(txn: Txn, raw: bytes) -> bool:
+def has_object(txn: TableTxn, raw: bytes) -> bool:
     """Whether the environment holds the object with this raw id."""
     return packs.has(txn, raw)
 
@@ -152,7 +152,7 @@ def has_object(txn: Txn, raw: bytes) -> bool:
 class _SnapshotBlobs(BlobStore):
     """Blob reads inside one read transaction of the environment (see `snapshot`)."""
 
-    def __init__(self, txn: Txn, url: str, read_only: bool = False):
+    def __init__(self, txn: TableTxn, url: str, read_only: bool = False):
         self._txn = txn
         self.url = url
         # Packs read in this transaction, kept at hand (packs.RECENT_PACKS of them): only in
@@ -190,7 +190,7 @@ LIST_BATCH = 128  # objects listed per read transaction (see TableBlobStore.list
 class TableBlobStore(BlobStore):
     """The objects of an environment (packs, cas/packs.py) as a BlobStore."""
 
-    def __init__(self, env: ObjectStore):
+    def __init__(self, env: TableEnvironment):
         self.env = env
         self.url = env.url
 
@@ -268,7 +268,7 @@ class TableBlobStore(BlobStore):
 class TableMetadataStore(MetadataStore):
     """The metadata tables of an environment as a MetadataStore (same transactions)."""
 
-    def __init__(self, env: ObjectStore):
+    def __init__(self, env: TableEnvironment):
         self.env = env
         self.url = env.url
 

@@ -1,14 +1,16 @@
 """The store's format record (`meta/format`, docs/FORMAT.md section 7) and its upgrade.
 
 Written once when a store is made: `{"format": ..., "created_at": ...}`: STORE_FORMAT (3)
-for an embedded store, SHARED_STORE_FORMAT (2) for a shared one, whose objects are not packed
-yet. A reader refuses a store whose format is newer than it reads (StoreFormatError, exit 4);
+for an embedded store, SHARED_STORE_FORMAT (3) for a shared one (objects in packs on S3,
+cas/blobstore/s3_packs.py). A reader refuses a store whose format is newer than it reads (StoreFormatError, exit 4);
 a writable open of an older store marks it current first (`upgraded_from`, `upgraded_at`), so
 that an older agentcas stops at the record instead of misreading the new writes. Format 2
 added packed objects and compact reflog rows, which every reader here reads in both forms;
 format 3 keeps an embedded store's objects in packs, so after marking, its objects move
 there (cas/packs.upgrade_objects: resumable, each writable open finishes what a killed one
-left; reads fall back to the rows not yet moved).
+left; reads fall back to the rows not yet moved). A shared store of format 2 keeps its
+objects where they are (one S3 object each) and writes new ones into packs: its reads look
+in both, for as long as its record says it was made before format 3.
 """
 
 from __future__ import annotations
@@ -19,14 +21,13 @@ from agentcas.cas import encoding, packs
 from agentcas.cas.backends import STORE_KEY, Stores, check_binding
 from agentcas.cas.leases import sweep_active
 from agentcas.cas.lmdb_store import StoreUnavailable
-from agentcas.cas.metastore.base import MetaTxn as Txn
-from agentcas.cas.metastore.base import Read
+from agentcas.cas.metastore.base import MetaTxn, Read
 from agentcas.cas.sealed import seal, unseal
 from agentcas.errors import IntegrityError
 
 FORMAT_KEY = b"format"
 STORE_FORMAT = 3
-SHARED_STORE_FORMAT = 2
+SHARED_STORE_FORMAT = 3
 
 
 class StoreFormatError(IntegrityError):
@@ -42,7 +43,7 @@ def write_format(stores: Stores, binding: bytes | None = None) -> bool:
     row, cas/backends.py) unless present; True if this made the store."""
     doc = encoding.encode({"format": format_of(stores), "created_at": utc_now()})
 
-    def create(txn: Txn) -> bool:
+    def create(txn: MetaTxn) -> bool:
         sweep_active(txn, 0.0, lock=True)  # writes the fence row leases lock (cas/leases.py)
         if binding is not None:
             txn.put_new("meta", STORE_KEY, binding)
@@ -65,6 +66,8 @@ def check_format(stores: Stores, where: str, readonly: bool) -> None:
     if value is None:
         raise StoreUnavailable(f"not an agentcas store (no format record): {where}")
     doc = encoding.decode(unseal("meta", FORMAT_KEY, value))
+    if stores.packed is not None:
+        stores.packed.legacy = holds_unpacked_objects(doc)
     target = format_of(stores)
     if doc.get("format", 0) > target:
         raise StoreFormatError(
@@ -78,12 +81,17 @@ def check_format(stores: Stores, where: str, readonly: bool) -> None:
         packs.upgrade_objects(stores.embedded)  # nothing to do once upgraded (one count)
 
 
+def holds_unpacked_objects(doc: dict) -> bool:
+    """Whether a shared store may hold objects stored one S3 object each (made before format 3)."""
+    return min(doc.get("format", 0), doc.get("upgraded_from", doc.get("format", 0))) < 3
+
+
 def _upgrade_format(stores: Stores, doc: dict, target: int) -> None:
     """Mark an older store with the format this agentcas writes (its objects move next)."""
     upgraded = encoding.encode(dict(doc, format=target, upgraded_from=doc.get("format", 0),
                                     upgraded_at=utc_now()))
 
-    def mark(txn: Txn):
+    def mark(txn: MetaTxn):
         current = encoding.decode(unseal("meta", FORMAT_KEY, txn.get("meta", FORMAT_KEY)))
         if current.get("format", 0) < target:
             txn.put("meta", FORMAT_KEY, seal("meta", FORMAT_KEY, upgraded))

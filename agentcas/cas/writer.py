@@ -11,7 +11,10 @@ found that many already stored turns it back on. Each flush refreshes the writer
 lease (cas/leases.py), so a long commit keeps gc from sweeping. A writer made with
 `background` (a shared store's commit) writes each full batch on a thread while the
 caller goes on adding, up to IN_FLIGHT batches at a time (some upload while another
-lands in the local cache); flush() waits for them all.
+lands in the local cache); flush() waits for them all. A writer made with `held` (a dict)
+stores full batches as usual but leaves the last, partial one in `held` (minus what
+`known` says is stored) for the caller's ref move to store with its own objects: on a
+shared store the move's one pack then carries them, so a small step is one upload.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ class BatchWriter:
     """Collects framed objects and writes them in a few large batches."""
 
     def __init__(self, objects: ObjectSource, batch_bytes: int = BATCH_BYTES, lease: Lease | None = None,
-                 known=None, background: bool = False):
+                 known=None, background: bool = False, held: dict | None = None):
         # `known(keys)`: objects this machine knows are stored (a shared store's local cache),
         # skipped without asking the server; only for writers that re-check everything they
         # rely on before their ref moves (a commit's `needed`).
@@ -61,6 +64,7 @@ class BatchWriter:
         # (uploads to a remote store overlap hashing); at most IN_FLIGHT batches are in
         # flight, and flush() waits for them, so everything added is stored when it returns.
         self.background = background
+        self.held = held  # the last batch, left for the caller's move (see the module doc)
         self._pool: ThreadPoolExecutor | None = None
         self._in_flight: deque = deque()
         self._lock = threading.Lock()  # the lease and the counters, shared by the batches
@@ -74,7 +78,17 @@ class BatchWriter:
             self._flush(wait=not self.background)
 
     def flush(self) -> None:
-        """Store everything added so far (waiting for a batch still being written)."""
+        """Store everything added so far (waiting for a batch still being written); with
+        `held`, the last partial batch goes there instead, for the caller to store."""
+        if self.held is not None and self._pending:
+            batch, self._pending, self._pending_bytes = self._pending, {}, 0
+            batch = self._unstored(batch)
+            with self._lock:
+                for raw, framed in batch.items():
+                    if raw not in self.held:
+                        self.held[raw] = framed
+                        self.written_objects += 1
+                        self.written_bytes += len(framed)
         self._flush(wait=True)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
@@ -116,14 +130,18 @@ class BatchWriter:
             self._pool.shutdown(wait=True)
             self._pool = None
 
-    def _write(self, batch: dict) -> None:
+    def _unstored(self, batch: dict) -> dict:
+        """The part of `batch` not known to be stored (asking the store while it pays)."""
         present = self.known(batch.keys()) if self.known is not None else set()
         if self.asking and len(present) < len(batch):
             asked = [raw for raw in batch if raw not in present]
             stored = self.objects.blobs.has_many(asked)
             present |= stored
             self.asking = len(stored) * PAYS_EVERY >= len(asked)
-        batch = {raw: framed for raw, framed in batch.items() if raw not in present}
+        return {raw: framed for raw, framed in batch.items() if raw not in present}
+
+    def _write(self, batch: dict) -> None:
+        batch = self._unstored(batch)
         if self.lease is not None:
             with self._lock:
                 self.lease.refresh()

@@ -38,7 +38,7 @@ from agentcas.cas.backends import Stores
 from agentcas.cas.blobstore.base import BlobInfo, BlobStore
 from agentcas.cas.digest import Digest
 from agentcas.cas.leases import Lease
-from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.metastore.base import MetaTxn
 from agentcas.cas.objects import Checkpoint, HistoryPosition, InvalidObject
 from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.source import ObjectSource
@@ -111,7 +111,7 @@ def export_bundle(stores: Stores, checkpoint: Digest, thread: str, out_path: str
         raise ConflictError(f"{out_path} already exists; not overwriting")
     if not os.path.isdir(os.path.dirname(out_path)):
         raise UsageError(f"directory of {out_path} does not exist")
-    with stores.meta.reader() as meta, stores.objects.reading() as txn:
+    with stores.meta.reader() as meta, stores.source.reading() as txn:
         cp = load_checkpoint(txn, checkpoint)
         scanned: set = set()
         files = _scan_files(txn, cp.tree, allow_secrets, scanned)
@@ -360,7 +360,7 @@ def check_closure(handle, parsed: ParsedBundle) -> Checkpoint:
     return head_cp
 
 
-def judge_signatures(txn: Txn, parsed: ParsedBundle) -> tuple[list, list, str, str]:
+def judge_signatures(txn: MetaTxn, parsed: ParsedBundle) -> tuple[list, list, str, str]:
     """(envelopes, verdicts, status, reason) of a bundle's signatures against the trust list."""
     m = parsed.manifest
     envelopes, verdicts = [], []
@@ -427,13 +427,13 @@ def _imports_key(thread: str) -> bytes:
     return IMPORTS_PREFIX + thread.encode("utf-8")
 
 
-def read_import(txn: Txn, thread: str) -> dict | None:
+def read_import(txn: MetaTxn, thread: str) -> dict | None:
     key = _imports_key(thread)
     value = txn.get("imports", key)
     return None if value is None else encoding.decode(unseal("imports", key, value))
 
 
-def check_rollback(txn: Txn, objects: ObjectSource, thread: str, checkpoint: Digest,
+def check_rollback(txn: MetaTxn, objects: ObjectSource, thread: str, checkpoint: Digest,
                    signed_at: str | None, allow_rollback: bool) -> None:
     """Refuse a bundle older (by signed time or ancestry) than the last import into `thread`."""
     last = read_import(txn, thread)
@@ -484,25 +484,25 @@ def import_bundle(stores: Stores, path: str, as_thread: str | None = None,
         signed_at = checked.signed_at()
         view_history = rollout.History(ObjectSource(BundleBlobs(handle, checked.parsed)))
         with stores.meta.reader() as txn:
-            check_rollback(txn, stores.objects, thread, m.checkpoint, signed_at, allow_rollback)
+            check_rollback(txn, stores.source, thread, m.checkpoint, signed_at, allow_rollback)
             before = threads.read_thread(txn, thread)
         planned = _plan_ref(before, checked, view_history, thread)
         keep = [v.envelope for v in checked.verdicts if v.status in (env.VALID, env.UNTRUSTED)]
         with Lease(stores.meta, f"import {thread}") as lease:
             testing_hooks.reached("import.before_write")
-            written_objects, written_bytes = _write_pipelined(stores.objects, iter_records(handle, checked.parsed),
+            written_objects, written_bytes = _write_pipelined(stores.source, iter_records(handle, checked.parsed),
                                                               lease)
             signatures = [(item, *env.envelope_object(item)) for item in keep]
-            stores.objects.put_many({digest.raw: framed for _, digest, framed in signatures})
-            missing = stores.objects.missing(list(checked.parsed.index.order)
+            stores.source.put_many({digest.raw: framed for _, digest, framed in signatures})
+            missing = stores.source.missing(list(checked.parsed.index.order)
                                              + [digest.raw for _, digest, _ in signatures])
             if missing:
                 raise IntegrityError(f"object {sorted(missing)[0].hex()} vanished before the import landed "
                                      "(concurrent gc?); nothing was changed, retry")
 
-            def land(txn: Txn):
+            def land(txn: MetaTxn):
                 lease.check(txn)
-                check_rollback(txn, stores.objects, thread, m.checkpoint, signed_at, allow_rollback)
+                check_rollback(txn, stores.source, thread, m.checkpoint, signed_at, allow_rollback)
                 state = threads.read_thread(txn, thread)
                 if state != before:
                     raise ConflictError(f"thread {thread!r} moved while the bundle was imported; "

@@ -366,7 +366,10 @@ def iter_records(handle, parsed: ParsedBundle):
         framed = handle.read(length)
         if len(framed) != length:
             raise BundleCorrupt("bundle changed while it was being imported")
-        read_record_value(framed, kind, Digest(raw))
+        try:
+            read_record_value(framed, kind, Digest(raw))
+        except BundleCorrupt as exc:  # pass 1 found it whole: the file changed since
+            raise BundleCorrupt(f"bundle changed while it was being imported ({exc})") from None
         yield Digest(raw), kind, framed
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from agentcas.cas import encoding
 from agentcas.cas.backends import is_shared_url
-from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.metastore.base import MetaTxn
 from agentcas.cas.sealed import seal, unseal
 from agentcas.errors import ConflictError, IntegrityError, NotFound, UsageError
 
@@ -141,7 +141,7 @@ def _decode(key: bytes, value) -> Remote:
     return Remote(key.decode("utf-8"), doc["url"], doc.get("refs"))
 
 
-def add_remote(txn: Txn, name: str, url: str, refs: str | None = None) -> Remote:
+def add_remote(txn: MetaTxn, name: str, url: str, refs: str | None = None) -> Remote:
     """Record remote `name` -> `url` (already normalised); ConflictError if the name exists."""
     key = _key(check_remote_name(name))
     remote = Remote(name, url, refs)
@@ -151,7 +151,7 @@ def add_remote(txn: Txn, name: str, url: str, refs: str | None = None) -> Remote
     return remote
 
 
-def read_remote(txn: Txn, name: str) -> Remote:
+def read_remote(txn: MetaTxn, name: str) -> Remote:
     key = _key(check_remote_name(name))
     value = txn.get("remotes", key)
     if value is None:
@@ -159,11 +159,11 @@ def read_remote(txn: Txn, name: str) -> Remote:
     return _decode(key, value)
 
 
-def list_remotes(txn: Txn) -> list[Remote]:
+def list_remotes(txn: MetaTxn) -> list[Remote]:
     return [_decode(bytes(key), value) for key, value in txn.scan("remotes")]
 
 
-def remove_remote(txn: Txn, name: str) -> Remote:
+def remove_remote(txn: MetaTxn, name: str) -> Remote:
     remote = read_remote(txn, name)
     txn.delete("remotes", _key(name))
     return remote

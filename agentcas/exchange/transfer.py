@@ -203,7 +203,7 @@ class LocalStoreEndpoint(Endpoint):
                 self._lease = None
 
     def put_objects(self, stream):
-        writer = BatchWriter(self.stores.objects, lease=self._lease)
+        writer = BatchWriter(self.stores.source, lease=self._lease)
         count = size = 0
         now = int(time.time())
         for digest, framed in stream:
@@ -215,12 +215,12 @@ class LocalStoreEndpoint(Endpoint):
         return count, size
 
     def object_reader(self):
-        return self.stores.objects.reading()
+        return self.stores.source.reading()
 
     def compare_and_swap_ref(self, thread, old, new, fast_forward_only, action, message):
         lease = self._lease
         try:
-            with self.stores.objects.reading() as objects:
+            with self.stores.source.reading() as objects:
                 for _ in closure_of(objects, new, verify=False):
                     pass
         except MissingObject as exc:

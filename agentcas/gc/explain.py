@@ -92,7 +92,7 @@ def explain(stores: Stores, text: str, now: float | None = None, grace: int = DE
             expire_reflog: int = DEFAULT_EXPIRE_REFLOG) -> dict:
     """{"object", "kind", "alive", "root", "path", ...} for the object `text` names."""
     now = time.time() if now is None else now
-    with stores.meta.reader() as txn, stores.objects.reading() as objects:
+    with stores.meta.reader() as txn, stores.source.reading() as objects:
         try:
             target = resolve_object(objects, text)
             file_id = None

@@ -249,6 +249,9 @@ class Fsck:
                 raise _DependencyMissing(f"segment {digest.hex()}: its chunk {ref.id.hex()} is missing")
         if segment.base.segment is not None and not self.source.has(segment.base.segment):
             raise _DependencyMissing(f"segment {digest.hex()}: its base segment is missing")
+        if segment.copy is not None and segment.copy.source.segment is not None \
+                and not self.source.has(segment.copy.source.segment):
+            raise _DependencyMissing(f"segment {digest.hex()}: the segment it copies records from is missing")
         self.history.check_segment(digest, segment)
 
     def check_position(self, position: HistoryPosition, where: str, raise_: bool = False,
@@ -314,7 +317,17 @@ class Fsck:
             self.problem(what, message, **({"id": shown} if shown else {}))
         return {"count": found.packs, "bytes": found.pack_bytes, "reclaimable_bytes": found.reclaimable_bytes}
 
-    def run(self, embedded: bool = False) -> dict:
+    # -- 5'. packs on S3 (a shared store): each indexed pack whole, each stored one indexed --
+    def check_shared_packs(self, packed) -> dict:
+        problems, found = packed.check_packs()
+        for what, message, shown in problems:
+            self.problem(what, message, pack=shown)
+        for raw, location in packed.locations(self.corrupt).items():  # name the pack of a bad object
+            self.corrupt[raw]["pack"] = location.pack.hex()
+            self.corrupt[raw]["message"] += f" (in pack {location.pack.hex()})"
+        return found
+
+    def run(self, embedded: bool = False, packed=None) -> dict:
         pack_check = packs.PackCheck() if embedded else None
         self.check_rows()
         self.check_objects(pack_check)
@@ -323,7 +336,9 @@ class Fsck:
                "roots": len(self.roots), "problems": self.problems}
         if pack_check is not None:
             doc["packs"] = self.check_packs(pack_check)
-            doc["ok"] = not self.problems
+        elif packed is not None:
+            doc["packs"] = self.check_shared_packs(packed)
+        doc["ok"] = not self.problems
         return doc
 
 
@@ -371,9 +386,9 @@ def fsck(stores: Stores, progress=None) -> dict:
         check_pages(stores.path)
     listed = MarkSet() if stores.shared else None
     try:
-        with stores.meta.reader() as txn, stores.objects.reading() as objects:
+        with stores.meta.reader() as txn, stores.source.reading() as objects:
             return Fsck(txn, objects, stores.local, progress, PageReleaser(stores), listed).run(
-                embedded=stores.embedded is not None)
+                embedded=stores.embedded is not None, packed=stores.packed)
     except lmdb.Error as exc:
         raise StoreCorrupt(f"store database is corrupt: {exc}") from None
     finally:

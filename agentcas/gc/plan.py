@@ -199,7 +199,7 @@ def plan_gc(stores: Stores, now: float | None = None, grace: int = DEFAULT_GRACE
         return written_at > grace_cutoff
 
     pages = PageReleaser(stores)
-    with stores.meta.reader() as meta_txn, stores.objects.reading() as objects:
+    with stores.meta.reader() as meta_txn, stores.source.reading() as objects:
         txn = cast(MetaTxn, TickingReads(meta_txn, pages))  # scans tick `pages` per row
         tracking = {"generation": threads.ref_generation(txn),
                     "refs": {bytes(k[len(threads.PREFIX):]).decode("utf-8"): bytes(v)

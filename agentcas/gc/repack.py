@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agentcas.cas import crashpoints, packs
-from agentcas.cas.store import ObjectStore
+from agentcas.cas.store import TableEnvironment
 from agentcas.gc.pages import PageReleaser
 
 
@@ -41,7 +41,7 @@ class RepackResult:
                 "objects_moved": self.objects_moved}
 
 
-def repack_store(env: ObjectStore, dead_share: float = packs.REPACK_DEAD_SHARE,
+def repack_store(env: TableEnvironment, dead_share: float = packs.REPACK_DEAD_SHARE,
                  pages: PageReleaser | None = None) -> RepackResult:
     """Rewrite every pack of `env` whose dead share reaches `dead_share` (see the module doc);
     `pages` is ticked per pack read and looks after every batch."""

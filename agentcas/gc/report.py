@@ -56,7 +56,7 @@ def build_report(stores: Stores, plan: GcPlan, result: dict | None = None) -> di
     sizes = KeySizes() if stores.shared else None
     threaded_objects = threaded_bytes = 0
     try:
-        with stores.meta.reader() as txn, stores.objects.reading() as objects:
+        with stores.meta.reader() as txn, stores.source.reading() as objects:
             states = threads.list_threads(txn)
             if len(states) >= 1 << THREAD_BITS:
                 raise UsageError(f"a gc report covers at most {(1 << THREAD_BITS) - 1:,} threads")

@@ -33,10 +33,12 @@ from dataclasses import dataclass
 from functools import partial
 
 from agentcas import testing_hooks
-from agentcas.cas import encoding, framing, packs
+from agentcas.cas import encoding, framing
 from agentcas.cas.backends import Stores
 from agentcas.cas.leases import SWEEP_WINDOW, begin_sweep, end_sweep
+from agentcas.cas.metastore.base import MetadataUnavailable
 from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.packs import delete as delete_packed_object
 from agentcas.cas.sealed import seal
 from agentcas.cas.source import ObjectSource
 from agentcas.errors import IntegrityError
@@ -118,8 +120,9 @@ def sweep_batch(stores: Stores, plan: GcPlan, keys: bytes, level: int,
     if live:
         result.busy = tuple(live)
         return result
+    unanswered = False
     try:
-        with stores.meta.reader() as txn, stores.objects.reading() as objects:
+        with stores.meta.reader() as txn, stores.source.reading() as objects:
             result.remarked = remark_moved_threads(txn, objects, plan)
             if SWEEP_LEVELS[level][0] == framing.KIND_CHECKPOINT:
                 result.remarked += mark_signatures(txn, objects, plan.marked)
@@ -134,8 +137,14 @@ def sweep_batch(stores: Stores, plan: GcPlan, keys: bytes, level: int,
             stores.meta.write(lambda txn: _delete_signature_rows(txn, doomed))
         result.deleted = _delete(stores, doomed, pages)
         result.freed = freed
+    except MetadataUnavailable:
+        # No end_sweep: the store just stopped answering, and the fence ends by itself
+        # when its window passes; asking again would only hold the error back.
+        unanswered = True
+        raise
     finally:
-        stores.meta.write(end_sweep)
+        if not unanswered:
+            stores.meta.write(end_sweep)
     return result
 
 
@@ -196,10 +205,26 @@ def _delete(stores: Stores, doomed: list[bytes], pages) -> int:
 def _delete_packed(txn, keys: list[bytes], pages) -> int:
     deleted = 0
     for key in keys:
-        deleted += packs.delete(txn, key)
+        deleted += delete_packed_object(txn, key)
         if pages is not None:
             pages.tick()
     return deleted
+
+
+def sweep_unnamed_packs(stores: Stores, plan: GcPlan) -> dict:
+    """A shared store's pack objects that no index row names (a writer killed before its
+    rows landed, a sweep killed before its delete) and older than the grace cutoff, deleted
+    in a fenced batch of their own: no writer then holds a lease, so none is between its
+    pack upload and its rows. {"unnamed", "unnamed_bytes"}, or {"skipped": "writers"}."""
+    assert stores.packed is not None
+    live, _ = stores.meta.write(lambda txn: begin_sweep(txn, time.time()))
+    if live:
+        return {"skipped": "writers"}
+    try:
+        packs, size = stores.packed.sweep_unnamed_packs(plan.grace_cutoff)
+    finally:
+        stores.meta.write(end_sweep)
+    return {"unnamed": packs, "unnamed_bytes": size}
 
 
 def _delete_signature_rows(txn: Txn, checkpoints: list[bytes]) -> None:
@@ -272,5 +297,8 @@ def execute(stores: Stores, plan: GcPlan, wait: float = DEFAULT_WAIT,
               "complete": complete, "blocked_by": [p.to_doc() for p in blocked]}
     if stores.embedded is not None:
         result["repack"] = repack_store(stores.embedded, pages=pages).to_json()
+    if stores.packed is not None:
+        result["packs"] = dict(sweep_unnamed_packs(stores, plan) if complete else {"skipped": "incomplete"},
+                               deleted=stores.packed.packs_deleted)
     settle(stores, {"at": int(plan.now), "deleted": deleted, "bytes": freed, "complete": complete})
     return result

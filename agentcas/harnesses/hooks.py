@@ -256,7 +256,8 @@ class SessionLines:
         self.stored_to = 0
         self.appended_bytes = 0
 
-    def __call__(self, state) -> bytes:
+    def __call__(self, state):
+        """The new lines (bytes), or ForkLines for a Codex fork's first ones."""
         from agentcas.cas.objects import EMPTY_POSITION
         from agentcas.harnesses.ingest import IngestState, SessionRefused, check_stored_prefix
         event, path = self.event, self.event.session_path
@@ -305,7 +306,24 @@ class SessionLines:
         new = data[stored.offset:cut] if cut > stored.offset else b""
         self.stored_to, self.appended_bytes = stored.offset, len(new)
         self.seen = (st, _blake3(view[:stored.offset + len(new)]).digest())
+        if state is None and new and event.harness == CODEX and identity.parent not in (None, event.thread):
+            return self._fork_lines(identity.parent, new)
         return new
+
+    def _fork_lines(self, parent: str, new: bytes):
+        """A Codex fork's first lines: linked to its parent, its copy of it stored as copies
+        (as `ingest` stores them)."""
+        from agentcas.errors import UsageError
+        from agentcas.harnesses.ingest import codex_fork_copy
+        from agentcas.harnesses.session_checkpoint import ForkLines
+        from agentcas.refs.names import check_thread_name
+        from agentcas.refs.threads import ForkOrigin
+        try:
+            check_thread_name(parent)
+        except UsageError:
+            return new
+        copied, copies = codex_fork_copy(self.store, parent, new)
+        return ForkLines(new, ForkOrigin(parent, None, copied), copies)
 
 
 def _blake3(data):

@@ -341,8 +341,8 @@ class Ingest:
             ready = [item for item in forks if item.append.forked_from.thread not in threads] or forks
             for item in ready:
                 parent = item.append.forked_from.thread
-                item.append = replace(item.append, forked_from=ForkOrigin(parent, None,
-                                                                          self._copied(parent, item.append.data)))
+                copied, claim = self._copied(parent, item.append.data)
+                item.append = replace(item.append, forked_from=ForkOrigin(parent, None, copied), copies=claim)
             self._land(ready)
             landed = {id(item) for item in ready}
             forks = [item for item in forks if id(item) not in landed]
@@ -447,13 +447,13 @@ class Ingest:
                 self.state.record(planned.key, planned.st, thread, row.history.to_doc(), lines.turn_seq,
                                   lines.prefix_digest)
             return None
-        origin = None
+        origin = claim = None
         if row is None and planned.parent is not None and planned.parent != thread:
-            copied = self._copied(planned.parent, lines.data) \
-                if self.harness == CODEX and planned.parent in threads else 0
+            copied, claim = self._copied(planned.parent, lines.data) \
+                if self.harness == CODEX and planned.parent in threads else (0, None)
             origin = ForkOrigin(planned.parent, None, copied)
         based_on = None if row is None else row.history
-        append = SessionAppend(thread, lines.data, tuple(marks), based_on, origin, lines.packed)
+        append = SessionAppend(thread, lines.data, tuple(marks), based_on, origin, lines.packed, claim)
         return _Pending(report, planned.key, planned.st, append, lines.turn_seq, lines.size, lines.prefix_digest,
                         planned.session)
 
@@ -510,23 +510,8 @@ class Ingest:
                 tracker.feed(raw, parse_line(raw, fast=True))
         return tracker, start
 
-    def _copied(self, parent: str, new: bytes) -> int:
-        """How many of the parent's records a Codex fork copied (same record, new timestamp)."""
-        try:
-            parent_records = self.store.threads.get(parent).history.seq
-        except AgentcasError:
-            return 0
-        lines = list(iter_lines(new))[1:]  # after the fork's own session_meta
-        if not lines or not parent_records:
-            return 0
-        pieces = b"".join(self.store.history.read(parent, 0, min(parent_records, len(lines))))
-        count = 0
-        for (_, mine), (_, theirs) in zip(lines, iter_lines(pieces)):
-            a, b = parse_line(mine), parse_line(theirs)
-            if a is None or b is None or a.get("type") != b.get("type") or a.get("payload") != b.get("payload"):
-                break
-            count += 1
-        return count
+    def _copied(self, parent: str, new: bytes) -> tuple[int, Any]:
+        return codex_fork_copy(self.store, parent, new)
 
     # -- landing -----------------------------------------------------------------------------
     def _land_in_background(self, batch: list[_Pending] | None) -> None:
@@ -586,6 +571,29 @@ class Ingest:
             report.checkpoints = result.checkpoints
             self.state.record(item.key, item.st, item.append.thread, result.history.to_doc(), item.turn_seq,
                               item.prefix)
+
+
+def codex_fork_copy(store, parent: str, new: bytes) -> tuple[int, Any]:
+    """How many of the parent's records a Codex fork's new lines copied (same record, new
+    timestamp), and the rollout.CopyClaim that its lines after its own session_meta copy
+    them, as of the parent's head now (None when none did): the append stores those that are
+    byte for byte copies, timestamp apart, as copies (ingest and the hook alike)."""
+    try:
+        parent_head = store.threads.get(parent).history
+    except AgentcasError:
+        return 0, None
+    lines = list(iter_lines(new))[1:]  # after the fork's own session_meta
+    if not lines or not parent_head.seq:
+        return 0, None
+    pieces = store.history.read_at(parent_head, 0, min(parent_head.seq, len(lines)))
+    count = 0
+    for (_, mine), (_, theirs) in zip(lines, iter_lines(pieces)):
+        a, b = parse_line(mine), parse_line(theirs)
+        if a is None or b is None or a.get("type") != b.get("type") or a.get("payload") != b.get("payload"):
+            break
+        count += 1
+    from agentcas.lineage.rollout import CopyClaim
+    return count, CopyClaim(parent_head, 1, count) if count else None
 
 
 def check_stored_prefix(path, handle, thread, based_on) -> None:

@@ -9,7 +9,9 @@ the API is `store.sessions.checkpoint` (agentcas/api/sessions.py):
    cache keyed by the gc epoch (the sweep batches begun).
 2. The thread's state is read and `new_lines(state)` gives the session's complete lines
    after its stored history (it may raise an AgentcasError, e.g. ingest's SessionRefused:
-   the workspace then lands alone and the refusal is reported).
+   the workspace then lands alone and the refusal is reported); for a new thread that forks
+   another (a Codex fork), ForkLines: its origin, and its copy of the origin's records,
+   stored as copies (lineage/rollout.py prepare_with_copies) as ingest stores them.
 3. The lines and one checkpoint at their end, whose tree is the workspace's, land by
    compare-and-swap on the history read in 2 (lineage/marks.append_with_marks). If another
    writer appended meanwhile (parallel tool calls fire two hooks), 2 and 3 run again after
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from agentcas import testing_hooks
 from agentcas.cas.objects import HistoryPosition, check_reason
@@ -29,6 +32,17 @@ from agentcas.refs import threads
 from agentcas.refs.names import check_thread_name
 
 SESSION_ATTEMPTS = 64
+
+
+@dataclass(frozen=True)
+class ForkLines:
+    """What `new_lines(state)` returns for the first lines of a session that forks another
+    thread (a Codex fork): the lines, the thread's fork origin, and the lines that copy the
+    origin's records (rollout.CopyClaim, or None), stored as copies as ingest stores them."""
+
+    data: bytes
+    origin: threads.ForkOrigin
+    copies: Any = None
 
 
 @dataclass(frozen=True)
@@ -78,7 +92,7 @@ def session_checkpoint(store, workspace: str, thread: str, reason: str, new_line
         with stores.meta.reader() as txn:
             epoch = sweeps_begun(txn).to_bytes(8, "big")
         snapper: list = []
-        tree, stats, needed = snapshot(stores.objects, stores.local, workspace, (), None,
+        tree, stats, needed = snapshot(stores.source, stores.local, workspace, (), None,
                                        [store.path] if store.path else [], skip_files, lease, stores.known,
                                        git_aware=True, skip_secrets=True, snapshotter=snapper,
                                        dir_cache_epoch=epoch)
@@ -86,16 +100,26 @@ def session_checkpoint(store, workspace: str, thread: str, reason: str, new_line
         for _ in range(SESSION_ATTEMPTS):
             with stores.meta.reader() as txn:
                 state = threads.read_thread(txn, thread)
+            origin = copies = None
             try:
-                data = b"" if refused else new_lines(state)
+                lines = b"" if refused else new_lines(state)
             except AgentcasError as exc:
-                refused, data = str(exc), b""
-            writer = BatchWriter(stores.objects, lease=lease)
-            segments = prepare_raw([data], writer, INGEST_ZSTD)[0]
+                refused, lines = str(exc), b""
+            if isinstance(lines, ForkLines):
+                data, origin, copies = lines.data, lines.origin, lines.copies
+            else:
+                data = lines
+            writer = BatchWriter(stores.source, lease=lease)
+            if copies is not None:
+                from agentcas.lineage.rollout import History, prepare_with_copies
+                segments = prepare_with_copies(History(stores.source), data, copies, writer.add, INGEST_ZSTD)
+                writer.flush()
+            else:
+                segments = prepare_raw([data], writer, INGEST_ZSTD)[0]
             testing_hooks.reached("session.before_land")
             try:
                 result = append_with_marks(stores, lease, thread, segments, [(data.count(b"\n"), reason)],
-                                           None if state is None else state.history, None, who, utc_now(),
+                                           None if state is None else state.history, origin, who, utc_now(),
                                            runtime, tree, frozenset(needed))
             except ConflictError:
                 continue   # another writer appended to the thread: read the lines after its head

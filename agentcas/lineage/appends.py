@@ -37,7 +37,7 @@ def append_records(stores: Stores, thread: str, data: bytes,
     """Append JSONL records to `thread`'s history (creating the thread if new)."""
     check_thread_name(thread)
     with lease_for(stores, f"append {thread}", thread) as lease:
-        writer = BatchWriter(stores.objects, lease=lease)
+        writer = BatchWriter(stores.source, lease=lease)
         prepared = rollout.prepare(data, writer.add)
         writer.flush()
 
@@ -45,7 +45,7 @@ def append_records(stores: Stores, thread: str, data: bytes,
             if guard is not None:
                 guard(state)
             base = EMPTY_POSITION if state is None else state.history
-            head, segments = rollout.link_segments(stores.objects, base, prepared)
+            head, segments = rollout.link_segments(stores.source, base, prepared)
             if state is not None and head == base:  # nothing to append: no ref move
                 return None
             new = ThreadState(None if state is None else state.checkpoint, head,

@@ -1,8 +1,9 @@
 """What a checkpoint needs: the objects reachable from it, streamed and checked.
 
 From a checkpoint: its tree, every subtree, every chunk list and chunk of every file,
-and its history: the segment chain back from its HistoryPosition (following `base`
-only; `skip` targets are on that chain already) and each segment's chunks. Parents
+and its history: the segment chain back from its HistoryPosition (following `base`,
+and a copy segment's source position; `skip` targets are on that chain already) and each
+segment's chunks. Parents
 are followed only when asked (a bundle may carry one checkpoint, gc needs all).
 Objects are yielded once each as (digest, kind, referrer) so a caller can explain why
 an object is needed; a missing object raises MissingObject naming its referrer.
@@ -260,18 +261,25 @@ class Walker:
         return self._history
 
     def history(self, position: HistoryPosition, referrer: Digest | None = None) -> Iterator[tuple]:
-        current, by = position.segment, referrer
+        # A segment that copies records needs its source's chain too (a stack, not recursion:
+        # a fork of a fork of ... nests), walked before the copy is checked.
+        stack: list = [(position.segment, referrer)]
         checks = []
-        while current is not None and current.raw not in self.seen:
-            self.seen.add(current.raw)
-            segment = Segment.decode(self._data(current, framing.KIND_SEGMENT, by))
-            yield current, framing.KIND_SEGMENT, by
-            for ref in segment.chunks:
-                yield from self._leaf(ref.id, framing.KIND_CHUNK, current, ref.size)
-            checks.append((current, segment))
-            current, by = segment.base.segment, current
+        while stack:
+            current, by = stack.pop()
+            while current is not None and current.raw not in self.seen:
+                self.seen.add(current.raw)
+                segment = Segment.decode(self._data(current, framing.KIND_SEGMENT, by))
+                yield current, framing.KIND_SEGMENT, by
+                for ref in segment.chunks:
+                    yield from self._leaf(ref.id, framing.KIND_CHUNK, current, ref.size)
+                checks.append((current, segment))
+                if segment.copy is not None:
+                    stack.append((segment.copy.source.segment, current))
+                current, by = segment.base.segment, current
         if self.deep_history:
-            # Oldest first, once the chain's objects are known to be present.
+            # Oldest first (a copy's source was walked after it), once the chain's objects are
+            # known to be present.
             history = self._histories()
             for digest, segment in reversed(checks):
                 history.check_segment(digest, segment)

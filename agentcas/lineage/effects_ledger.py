@@ -195,8 +195,8 @@ class EffectsLedger:
     def after_checkpoint(self, rev: str) -> OpenEffects | None:
         """Open effects recorded after checkpoint `rev` on its thread's current head, or None."""
         with self.stores.meta.reader() as txn:
-            digest = revisions.resolve(txn, self.stores.objects, rev)
-            cp = revisions.load_checkpoint(self.stores.objects, digest)
+            digest = revisions.resolve(txn, self.stores.source, rev)
+            cp = revisions.load_checkpoint(self.stores.source, digest)
             name = revisions.named_thread(txn, rev) or cp.thread
             state = threads.read_thread(txn, name) if is_thread_name(name) else None
         if state is None:
@@ -216,7 +216,7 @@ class EffectsLedger:
         """(history, index line name, whether it is a thread's head) that `rev` names."""
         with self.stores.meta.reader() as txn:
             try:
-                head, _, thread = revisions.source_state(txn, self.stores.objects, rev)
+                head, _, thread = revisions.source_state(txn, self.stores.source, rev)
             except NotFound:
                 raise NotFound(f"no thread or checkpoint named {rev!r}") from None
             is_thread = revisions.named_thread(txn, rev) is not None
@@ -229,8 +229,8 @@ class EffectsLedger:
         return self.index().sync(line_name, head, source, may_truncate=is_thread)
 
     def _history(self) -> rollout.History:
-        return rollout.History(self.stores.objects, self.segments)
+        return rollout.History(self.stores.source, self.segments)
 
     def _read(self, head: HistoryPosition, start: int):
-        with self.stores.objects.reading(buffers=True) as objects:
+        with self.stores.source.reading(buffers=True) as objects:
             yield from rollout.History(objects, self.segments).read(head, start, None, True)

@@ -1,7 +1,8 @@
 """Group moves: several refs moved together, with in-memory content (the LangGraph saver's writes).
 
-The shape of lineage/moves.py, for a plan that touches more than one ref (a put that
-keeps the old head as a branch, a copy of every ref of a thread, a rewrite):
+A `GroupWriter` prepares content, then lands a plan through lineage/moves.py's engine
+(`Mover`), for a plan that touches more than one ref (a put that keeps the old head as
+a branch, a copy of every ref of a thread, a rewrite):
 1. Under a lease, content is prepared first: in-memory files become blobs and trees
    (`store_tree`), JSONL records become chunks (`prepare_records`); their objects wait
    in memory (a large write flushes batches early, still under the lease).
@@ -9,41 +10,32 @@ keeps the old head as a branch, a copy of every ref of a thread, a rewrite):
    (remembering each state it read), links records onto a history and builds
    checkpoints (their objects join the waiting ones), and queues ref moves, each a
    compare-and-swap from the state the view shows (which includes moves queued before).
-3. The waiting objects are stored in one batch (create-if-absent), then every stored
-   object the plan relies on is checked (a batched existence question).
-4. One metadata transaction: the lease still holds, every ref the plan read is still
-   at the state it read, each queued move lands by `threads.set_if_equals` with its
-   reflog row, the lease is released. A ref that moved meanwhile aborts the whole
-   transaction (nothing lands) and the plan runs again on a new snapshot; a plan may
-   also raise `LostRace` itself (it saw a state it cannot build on) to re-plan.
-Objects stored by a lost attempt are unreferenced; gc collects them after the grace
-period.
+   Its `Landing`: the queued moves, the waiting objects, what the plan relies on, and
+   every ref it read (all must be unchanged when it lands).
+3. The engine stores the objects, checks what the plan relies on and lands the moves in
+   one metadata transaction; a ref that moved meanwhile aborts it (nothing lands) and
+   the plan runs again on a new snapshot, as it does when the plan itself raises
+   `LostRace` (it saw a state it cannot build on).
 
-On an embedded store (objects and refs in one environment) steps 1-4 take no lease and
-one transaction: the writer starts with a `SweepWatch` (cas/leases.py), and the final
-transaction stores the waiting objects, checks what else the plan relies on, checks
-that no gc sweep began meanwhile and moves the refs. A sweep that did begin makes the
-writer take a lease and plan again; so does content large enough to be stored early.
+On an embedded store the writer starts with a `SweepWatch` instead of a lease (the
+engine then lands objects and refs in one transaction); content large enough to be
+stored early makes it take the lease.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import contextmanager
-from functools import partial
 
-from agentcas import testing_hooks
 from agentcas.cas import framing
 from agentcas.cas.backends import Stores
 from agentcas.cas.digest import Digest, hash_blob
-from agentcas.cas.leases import Lease, SweepWatch, SweptMeanwhile
+from agentcas.cas.leases import Lease, SweepWatch
 from agentcas.cas.objects import Checkpoint, ChunkList, ChunkRef, HistoryPosition, Tree, TreeEntry
 from agentcas.cas.source import ObjectSource, unframe_verified
-from agentcas.cas.store import has_object, save_object
 from agentcas.cas.writer import BATCH_BYTES
-from agentcas.errors import ConflictError
 from agentcas.lineage import checkpoints, rollout
-from agentcas.lineage.moves import MAX_ATTEMPTS, LostRace, VanishedObject, land_moves, store_objects
+from agentcas.lineage.moves import Landing, LostRace, Mover, RefMove
 from agentcas.refs import threads
 from agentcas.refs.names import check_thread_name
 from agentcas.refs.revisions import load_checkpoint
@@ -97,7 +89,7 @@ class GroupView:
         self._now_runtime = author_runtime
         self.read: dict[str, ThreadState | None] = {}    # ref -> the state the snapshot showed
         self.current: dict[str, ThreadState | None] = {}  # ref -> its state after the queued moves
-        self.moves: list[tuple] = []
+        self.moves: list[RefMove] = []
         self.needed: set[bytes] = set()
         self._checkpoints: dict[bytes, Checkpoint] = {}
 
@@ -177,7 +169,7 @@ class GroupWriter:
     def __init__(self, stores: Stores, what: str, author_runtime: Callable[[], tuple[str, dict]]):
         self.stores = stores
         self.lease = Lease(stores.meta, what)
-        self.watch: SweepWatch | None = None  # set while the writer goes without a lease
+        self.mover = Mover(stores, self.lease)  # its watch is set while the writer goes without a lease
         self.author_runtime = author_runtime
         self.waiting: dict[bytes, bytes] = {}
         self._waiting_bytes = 0
@@ -189,16 +181,10 @@ class GroupWriter:
             watch = SweepWatch()
             with self.stores.meta.reader() as txn:
                 if watch.start(txn):
-                    self.watch = watch
+                    self.mover.watch = watch
                     return self
         self.lease.__enter__()
         return self
-
-    def _hold_lease(self) -> None:
-        """Take the lease now if going without one (the watch, if any, stays: what was
-        looked at before the lease still needs that no sweep began since)."""
-        if self.lease.row is None:
-            self.lease.acquire()
 
     def __exit__(self, *exc):
         return self.lease.__exit__(*exc)
@@ -212,12 +198,11 @@ class GroupWriter:
             self._flush()
 
     def _flush(self) -> None:
-        self._hold_lease()  # objects stored before the landing are a lease's to protect
+        self.mover.hold_lease()  # objects stored before the landing are a lease's to protect
         self.lease.refresh()
-        self.stores.objects.put_many(self.waiting)
+        self.stores.source.put_many(self.waiting)
         self.needed.update(self.waiting)  # stored early: gc must not have taken them by the landing
         self.waiting, self._waiting_bytes = {}, 0
-
     def store_tree(self, files: dict) -> Digest:
         """In-memory files ('dir/name' -> bytes, or a stored file's TreeEntry to reuse it) as
         blobs and trees; the root tree's id."""
@@ -271,64 +256,15 @@ class GroupWriter:
         """Plan on a snapshot, store, check, one compare-and-swap transaction; `plan`'s result.
         A lost race re-plans (the waiting content is kept; only what the plan built is redone)."""
         content = dict(self.waiting)
-        for _ in range(MAX_ATTEMPTS):
+
+        def attempt(lost: LostRace | None) -> Landing:
             waiting = dict(content)
             with self.stores.meta.reader() as txn:
-                view = GroupView(txn, _Overlay(self.stores.objects, waiting), self.author_runtime)
-                try:
-                    result = plan(view)
-                except LostRace:
-                    continue
-            if self.watch is not None:
-                testing_hooks.reached("group.before_land")
-                try:
-                    self.stores.meta.write(partial(self._land_at_once, view=view, waiting=waiting))
-                except LostRace:
-                    continue
-                except SweptMeanwhile:
-                    self.watch = None  # a gc swept meanwhile: plan again under a lease
-                    self._hold_lease()
-                    continue
-                return result
-            self.lease.refresh()
-            store_objects(self.stores, waiting, (self.needed | view.needed) - waiting.keys(), "write")
-            if not view.moves:
-                return result
-            testing_hooks.reached("group.before_land")
+                view = GroupView(txn, _Overlay(self.stores.source, waiting), self.author_runtime)
+                result = plan(view)
+            return Landing(view.moves, waiting, self.needed | view.needed, "write", unchanged=view.read,
+                           result=result)
 
-            def final(txn, view=view):
-                self.lease.check(txn)
-                _move_refs(txn, view)
-                self.lease.release(txn)
-
-            try:
-                self.stores.meta.write(final)
-            except LostRace:
-                continue
-            return result
-        raise ConflictError(f"{self.lease.what}: the refs kept moving under {MAX_ATTEMPTS} attempts; "
-                            "nothing was changed, retry")
-
-    def _land_at_once(self, txn, view: GroupView, waiting: dict[bytes, bytes]) -> None:
-        """The whole landing in the environment's one write transaction (a SweepWatch writer)."""
-        assert self.watch is not None  # only a SweepWatch writer lands in one transaction
-        self.watch.check(txn)
-        if self.lease.row is not None:
-            self.lease.check(txn)
-        missing = sorted(raw for raw in (self.needed | view.needed) - waiting.keys() if not has_object(txn, raw))
-        if missing:
-            raise VanishedObject(f"object {missing[0].hex()} is missing from the store; nothing was changed")
-        for raw, framed in waiting.items():
-            save_object(txn, Digest(raw), framed)
-        _move_refs(txn, view)
-        if self.lease.row is not None:
-            self.lease.release(txn)
-
-
-def _move_refs(txn, view: GroupView) -> None:
-    """Inside a landing transaction: every ref the plan read is unchanged, then each queued
-    move by compare-and-swap with its reflog row (LostRace, aborting it all, if not)."""
-    for name, state in view.read.items():
-        if threads.read_thread(txn, name) != state:
-            raise LostRace(name)
-    land_moves(txn, view.moves)
+        landed = self.mover.run(attempt, f"{self.lease.what}: the refs", point="group.before_land")
+        assert landed is not None  # a group attempt always lands (its objects, if no ref moves)
+        return landed.result

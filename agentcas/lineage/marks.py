@@ -126,7 +126,7 @@ def _marks_plan(stores: Stores, thread: str, segments: list, marks, based_on: Hi
             raise ConflictError(f"thread {thread!r} moved while its session file was read; "
                                 "nothing was ingested, retry")
         base = EMPTY_POSITION if state is None else state.history
-        head, new_objects, positions = rollout.link_segments_at(stores.objects, base, segments,
+        head, new_objects, positions = rollout.link_segments_at(stores.source, base, segments,
                                                                 [m for m, _ in marks])
         current = None if state is None else state.checkpoint
         made: list = []
@@ -134,7 +134,7 @@ def _marks_plan(stores: Stores, thread: str, segments: list, marks, based_on: Hi
         by_generation: dict = {}  # generation -> id, of the checkpoints made here (one first-parent chain)
 
         def load(digest: Digest):  # one made here is not stored yet: its index, else the stored one
-            return indexed.get(digest.raw) or load_checkpoint(stores.objects, digest)
+            return indexed.get(digest.raw) or load_checkpoint(stores.source, digest)
 
         def index(parent: Digest | None) -> tuple[int, Digest | None]:
             """checkpoints.index_for_child, without its skip-list walk when the skip target
@@ -147,7 +147,7 @@ def _marks_plan(stores: Stores, thread: str, segments: list, marks, based_on: Hi
                 skip = by_generation.get(rollout.skip_index(generation))
                 if skip is not None:
                     return generation, skip
-            return checkpoints.index_for_child(stores.objects, parent, load)
+            return checkpoints.index_for_child(stores.source, parent, load)
         if positions and tree is None:
             new_objects[tree_id.raw] = framing.frame(framing.KIND_TREE, EMPTY_TREE.encode())
         if positions:

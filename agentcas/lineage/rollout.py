@@ -8,6 +8,14 @@ HistoryPosition: the end of the previous segment,
 or, after a fork or revert, a cut inside one. So a history is the chain of segments
 back from its head, and two threads that share a prefix share those segments.
 
+Copied records: a harness may copy another session's records into a new log with a new
+head each (a Codex fork re-writes its parent's lines with new timestamps), so the two
+histories share no prefix. A segment may instead hold a RecordCopy: a position in the
+source history and one head per record; its records are the source's last len(heads)
+records before that position, each with its head (`record_head`) replaced. Reading it reads
+the source (at most MAX_COPY_DEPTH copies deep); its prefix digest covers the records as
+rebuilt, so every check of a segment checks a copy too (`prepare_with_copies` writes them).
+
 Prefix digest: d_0 = 32 zero bytes, d_i = BLAKE3_derive(ctx, d_{i-1} || BLAKE3(record_i)).
 An append hashes only its own records; anyone holding the bytes can recompute d_seq.
 
@@ -28,7 +36,7 @@ import blake3
 
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest, chain_prefix, chain_raw, chain_step_hasher, chain_values, hash_blob, hash_object
-from agentcas.cas.objects import EMPTY_POSITION, ChunkRef, HistoryPosition, Segment
+from agentcas.cas.objects import EMPTY_POSITION, ChunkRef, HistoryPosition, RecordCopy, Segment
 from agentcas.cas.source import ObjectSource, load_object, verify_object
 from agentcas.errors import AgentcasError, IntegrityError, UsageError
 
@@ -39,6 +47,12 @@ INLINE_BYTES = 64 * 1024
 MAX_RECORD_BYTES = 64 * 1024 * 1024
 READ_WORKERS = 2
 READ_BATCH_BYTES = 8 * 1024 * 1024
+# A copied record's source may itself be a copy (a fork of a fork): readers follow at most
+# this many copies deep, writers store bytes rather than go deeper.
+MAX_COPY_DEPTH = 32
+# A run of copied records shorter than this is stored as bytes: a copy segment costs ~150
+# bytes of its own, and reading it a lookup in its source.
+COPY_MIN_BYTES = 1024
 
 
 class BadRecord(AgentcasError):
@@ -55,6 +69,10 @@ class BadRecord(AgentcasError):
 
 class MissingHistory(IntegrityError):
     """A segment or chunk a history needs is not in the store."""
+
+
+class CopyTooDeep(IntegrityError):
+    """Copied records whose sources are copies more than MAX_COPY_DEPTH deep."""
 
 
 # --- parsing ------------------------------------------------------------------------------
@@ -120,6 +138,7 @@ class PreparedSegment:
     record_sizes: list[int] = field(default_factory=list)
     inline: bytes = b""
     chained: ChainedRecords | None = None
+    copy: RecordCopy | None = None   # its records copied from another history (no chunks, no inline)
 
     @property
     def count(self) -> int:
@@ -151,7 +170,7 @@ def chain_ahead(prepared: list[PreparedSegment], base: bytes, marks) -> list[Pre
             number = marks.pop(0) - done
             at[number] = (sum(item.record_sizes[:number]), values[number - 1])
         out.append(PreparedSegment(item.chunks, item.length, [], [], item.inline,
-                                   ChainedRecords(chain, count, values[-1] if values else chain, at)))
+                                   ChainedRecords(chain, count, values[-1] if values else chain, at), item.copy))
         chained = out[-1].chained
         assert chained is not None  # made just above
         chain, done = chained.end, done + count
@@ -298,13 +317,87 @@ def pack_raw_lines(data: bytes, level: int | framing.SmallTables, chain_from: by
     return PackedLines(segments, objects)
 
 
-def _segment_groups(ends: list[int]) -> list[tuple[int, int]]:
+@dataclass(frozen=True)
+class CopyClaim:
+    """Lines of an append said to copy another history's records, one for one (a Codex
+    fork's copy of its parent): lines first .. first + count - 1 of the append are records
+    start .. start + count - 1 of the history at `source`, each perhaps with a new head."""
+
+    source: HistoryPosition
+    first: int
+    count: int
+    start: int = 0
+
+
+def prepare_with_copies(history: History, data: bytes, claim: CopyClaim, add_object,
+                        level: int | framing.SmallTables = framing.ROLLOUT_ZSTD_LEVEL) -> list[PreparedSegment]:
+    """`prepare` of raw lines `data`, the claimed lines that are copies stored as copies.
+
+    A claimed line is a copy when its bytes after its head (`record_head`) equal its source
+    record's after its head: it is stored as that head alone, in a segment copying the
+    source's records (RecordCopy). A line that differs (an edited copy), a run of copies
+    shorter than COPY_MIN_BYTES, every line outside the claim, and every line when the
+    source's records are copies MAX_COPY_DEPTH deep (or are no longer stored), is stored as
+    bytes. Either way the records are `data`'s lines byte for byte, and a copy segment is
+    cut at MAX_SEGMENT_BYTES.
+    """
+    data = normalise(data)
+    ends = line_ends(data)
+    starts = [0] + ends[:-1]
+    first = claim.first
+    count = max(0, min(claim.count, len(ends) - first, claim.source.seq - claim.start))
+    heads: list[bytes | None] = [None] * count   # per claimed line: its head, if it is a copy
+    try:
+        line = first
+        for piece in (history.read(claim.source, claim.start, claim.start + count, depth=1) if count else ()):
+            at, size = 0, len(piece)
+            while at < size:
+                end = piece.index(b"\n", at) + 1
+                mine = starts[line] + record_head(data, starts[line], ends[line])
+                if memoryview(piece)[at + record_head(piece, at, end):end] == memoryview(data)[mine:ends[line]]:
+                    heads[line - first] = data[starts[line]:mine]
+                line, at = line + 1, end
+    except (CopyTooDeep, MissingHistory):   # too deep, or the source deleted meanwhile (its thread and a gc)
+        heads = [None] * count
+    # Runs of lines: (first line, stop line, copied), short runs of copies stored as bytes.
+    runs: list[list] = []
+    for number in range(len(ends)):
+        copied = first <= number < first + count and heads[number - first] is not None
+        if runs and runs[-1][2] == copied:
+            runs[-1][1] = number + 1
+        else:
+            runs.append([number, number + 1, copied])
+    merged: list[list] = []
+    for run in runs:
+        if run[2] and ends[run[1] - 1] - starts[run[0]] < COPY_MIN_BYTES:
+            run[2] = False
+        if merged and merged[-1][2] == run[2]:
+            merged[-1][1] = run[1]
+        else:
+            merged.append(run)
+    out: list[PreparedSegment] = []
+    for lo, hi, copied in merged:
+        if not copied:
+            out += prepare(data[starts[lo]:ends[hi - 1]], add_object, raw_lines=True, level=level)
+            continue
+        for group_lo, group_hi in _segment_groups(ends[lo:hi], starts[lo]):
+            a, b = lo + group_lo, lo + group_hi
+            records = [memoryview(data)[starts[n]:ends[n]] for n in range(a, b)]
+            source = history.position(claim.source, claim.start + b - first)
+            out.append(PreparedSegment((), ends[b - 1] - starts[a], [blake3.blake3(r).digest() for r in records],
+                                       [len(r) for r in records], b"", None,
+                                       RecordCopy(source, tuple(heads[n - first] or b"" for n in range(a, b)))))
+    return out
+
+
+def _segment_groups(ends: list[int], origin: int = 0) -> list[tuple[int, int]]:
     """(first, stop) record numbers of each segment `prepare` makes of lines ending at `ends`:
     records are added to a segment while it spans at most MAX_SEGMENT_BYTES (a longer record
-    is a segment alone); each segment's end is found by bisection, not record by record."""
+    is a segment alone); each segment's end is found by bisection, not record by record.
+    `origin`: where the first line starts."""
     groups, first, count = [], 0, len(ends)
     while first < count:
-        start = ends[first - 1] if first else 0
+        start = ends[first - 1] if first else origin
         stop = max(bisect.bisect_right(ends, start + MAX_SEGMENT_BYTES, first), first + 1)
         groups.append((first, stop))
         first = stop
@@ -355,17 +448,28 @@ def _stamp_regions(data: bytes, group: list[tuple[int, int]]) -> list[tuple[int,
     """
     regions, region_start = [], group[0][0]
     for start, end in group:
-        if end - start < STAMP_SPLIT_BYTES or not data.startswith(_STAMP, start):
+        if end - start < STAMP_SPLIT_BYTES:
             continue
-        quote = data.find(b'"', start + len(_STAMP), start + 96)
-        if quote < 0:
+        head = record_head(data, start, end)
+        if not head:
             continue
-        regions.append((region_start, quote + 1, False))
-        regions.append((quote + 1, end, True))
+        regions.append((region_start, start + head, False))
+        regions.append((start + head, end, True))
         region_start = end
     if region_start < group[-1][1]:
         regions.append((region_start, group[-1][1], False))
     return regions
+
+
+def record_head(data, start: int, end: int) -> int:
+    """The length of the head of record data[start:end]: through the closing quote of a
+    leading `{"timestamp":"...` value (within its first 96 bytes), else 0. A harness gives a
+    copied record a new head (a Codex fork's copies of its parent's lines), and a copy
+    segment stores only the heads (docs/FORMAT.md 5.6)."""
+    if not data.startswith(_STAMP, start, end):
+        return 0
+    quote = data.find(b'"', start + len(_STAMP), min(start + 96, end))
+    return 0 if quote < 0 else quote + 1 - start
 
 
 def skip_index(n: int) -> int:
@@ -441,6 +545,8 @@ class SegmentCache:
 
     def put(self, raw: bytes, segment: Segment) -> None:
         size = 200 + len(segment.inline) + 40 * len(segment.chunks)  # roughly what it holds
+        if segment.copy is not None:
+            size += sum(map(len, segment.copy.heads)) + 40 * len(segment.copy.heads)
         if size > self.MAX_BYTES:
             return
         if self.bytes + size > self.MAX_BYTES:
@@ -496,17 +602,21 @@ class History:
             node = self.segment(node_id)
         return node_id, node, cut
 
-    def segment_bytes(self, node: Segment, cut: HistoryPosition) -> bytes:
+    def segment_bytes(self, node: Segment, cut: HistoryPosition, depth: int = 0) -> bytes:
         """The bytes of `node` that belong to a history leaving it at `cut`, verified."""
-        return decode_segment(self.stored_chunks(node, cut))
+        return decode_segment(self.stored_chunks(node, cut, depth))
 
-    def stored_chunks(self, node: Segment, cut: HistoryPosition):
+    def stored_chunks(self, node: Segment, cut: HistoryPosition, depth: int = 0):
         """(chunk ref, stored value) pairs of the chunks a cut segment needs, unverified.
 
         Split from decoding so that readers can fetch in their transaction's thread and
-        decompress and verify in worker threads (zstd and BLAKE3 release the GIL).
+        decompress and verify in worker threads (zstd and BLAKE3 release the GIL). A segment
+        that copies records has no chunks: its records are rebuilt here, from its source
+        (`depth`: how many copies deep this read already is).
         """
         want = cut.offset - node.base.offset
+        if node.copy is not None:
+            return want, self.copied_bytes(node, depth + 1), []
         refs, have = [], len(node.inline)
         for ref in node.chunks:
             if have >= want:
@@ -521,6 +631,37 @@ class History:
                 raise MissingHistory(f"rollout chunk {ref.id.hex()} is missing from the store")
             values.append((ref, value))
         return want, node.inline, values
+
+    def copied_bytes(self, node: Segment, depth: int = 1) -> bytes:
+        """The records of a segment that copies them: each source record with its head
+        (`record_head`) replaced by the segment's, read from the source history (verified
+        as any read is: chunks against their ids). IntegrityError if they are not
+        `node.length` bytes, or the copies nest deeper than MAX_COPY_DEPTH."""
+        copy = node.copy
+        assert copy is not None  # called for copy segments only
+        if depth > MAX_COPY_DEPTH:
+            raise CopyTooDeep(f"copied rollout records nest more than {MAX_COPY_DEPTH} copies deep")
+        source = b"".join(self.read(copy.source, copy.start, copy.source.seq, depth=depth))
+        parts: list[bytes] = []
+        start, find, stamped, append = 0, source.find, source.startswith, parts.append
+        for head in copy.heads:   # record_head, inlined: this loop is most of a copy's read
+            end = find(b"\n", start) + 1
+            if not end:
+                raise IntegrityError(f"a copy segment names {len(copy.heads)} records of segment "
+                                     f"{copy.source.segment.hex() if copy.source.segment else None}, which holds fewer")
+            tail = start
+            if stamped(_STAMP, start):
+                quote = find(b'"', start + len(_STAMP), min(start + 96, end))
+                if quote >= 0:
+                    tail = quote + 1
+            append(head)
+            append(source[tail:end])
+            start = end
+        data = b"".join(parts)
+        if len(data) != node.length:
+            raise IntegrityError(f"a copy segment's records are {len(data)} bytes, but it gives its length as "
+                                 f"{node.length}")
+        return data
 
     def position(self, head: HistoryPosition, seq: int) -> HistoryPosition:
         """The HistoryPosition after the first `seq` records of the history at `head`."""
@@ -542,11 +683,12 @@ class History:
         return HistoryPosition(node_id, seq, offset + start, digest)
 
     def read(self, head: HistoryPosition, start: int = 0, stop: int | None = None,
-             whole_records: bool = True):
+             whole_records: bool = True, depth: int = 0):
         """Yield the bytes of records start <= seq < stop, in verified pieces.
 
         Each piece holds whole records; with `whole_records=False` a piece may end inside a
-        record (a segment's chunks are yielded as they are, without joining them).
+        record (a segment's chunks are yielded as they are, without joining them). `depth`:
+        how many copies deep this read is (a copy segment reads its source through here).
         """
         stop = head.seq if stop is None else min(stop, head.seq)
         start = max(0, start)
@@ -560,7 +702,7 @@ class History:
             node = self.segment(cut.segment)
             chain.append((node, cut))
         chain.reverse()
-        stored = (self.stored_chunks(node, cut) for node, cut in chain)
+        stored = (self.stored_chunks(node, cut, depth) for node, cut in chain)
         if len(chain) <= 2:
             yield from self._slice(chain, map(decode_pieces, stored), start, stop, whole_records)
             return
@@ -631,6 +773,8 @@ class History:
         if (len(data), count, chain) != (segment.length, segment.count, segment.digest):
             raise IntegrityError(f"segment {digest.hex()} does not match its bytes "
                                  f"({count} records, {len(data)} bytes recomputed)")
+        if segment.copy is not None:
+            self.check_position(segment.copy.source)
         if segment.base.segment is not None:
             base = self.segment(segment.base.segment)
             if base.index + 1 != segment.index:
@@ -709,21 +853,22 @@ def decode_pieces(stored) -> list:
     return parts
 
 
-def link_segments(objects: ObjectSource, head: HistoryPosition,
-                  prepared: list[PreparedSegment]) -> tuple[HistoryPosition, dict[bytes, bytes]]:
+def link_segments(objects: ObjectSource, head: HistoryPosition, prepared: list[PreparedSegment],
+                  with_move=frozenset()) -> tuple[HistoryPosition, dict[bytes, bytes]]:
     """Turn prepared segments into objects continuing from `head`.
 
     Returns the new head and the framed segment objects {raw id: value} to store. The
     caller stores them, then moves the ref from the state whose head it passed here by
     compare-and-swap (and links again on the new head if it lost the race), so seq
-    numbers and prefix digests always continue the head the ref really had.
+    numbers and prefix digests always continue the head the ref really had. `with_move`:
+    ids of record chunks the caller stores with the move itself (not stored yet).
     """
-    head, new_objects, _ = link_segments_at(objects, head, prepared, ())
+    head, new_objects, _ = link_segments_at(objects, head, prepared, (), with_move)
     return head, new_objects
 
 
 def link_segments_at(objects: ObjectSource, head: HistoryPosition, prepared: list[PreparedSegment],
-                     marks) -> tuple[HistoryPosition, dict[bytes, bytes], list[HistoryPosition]]:
+                     marks, with_move=frozenset()) -> tuple[HistoryPosition, dict[bytes, bytes], list[HistoryPosition]]:
     """`link_segments`, also returning the position after each of `marks` new records.
 
     `marks` are counts of appended records, ascending, each in 0..appended (the
@@ -731,10 +876,12 @@ def link_segments_at(objects: ObjectSource, head: HistoryPosition, prepared: lis
     Returns (new head, segment objects to store, positions at the marks).
     """
     history = History(objects)
-    chunk_ids = {ref.id.raw for item in prepared for ref in item.chunks}
+    chunk_ids = {ref.id.raw for item in prepared for ref in item.chunks} - set(with_move)
+    chunk_ids |= {item.copy.source.segment.raw for item in prepared
+                  if item.copy is not None and item.copy.source.segment is not None}
     missing = objects.missing(chunk_ids)
     if missing:
-        raise MissingHistory(f"rollout chunk {next(iter(missing)).hex()} vanished before the append "
+        raise MissingHistory(f"rollout chunk or segment {next(iter(missing)).hex()} vanished before the append "
                              "landed (concurrent gc?); nothing was changed, retry")
     new_objects: dict[bytes, bytes] = {}
     pending: dict[bytes, Segment] = {}
@@ -782,13 +929,15 @@ def link_segments_at(objects: ObjectSource, head: HistoryPosition, prepared: lis
                     while marks and marks[0] == seq + number + 1 - start_seq:
                         inside.append((seq + number + 1, offset, Digest(chain)))
                         marks.pop(0)
-        segment = Segment(head, index, skip, item.count, item.length, Digest(chain), item.chunks, item.inline)
+        segment = Segment(head, index, skip, item.count, item.length, Digest(chain), item.chunks, item.inline,
+                          copy=item.copy)
         body = segment.encode()
         segment_id = hash_object("segment", body)
         # A segment that lists chunks is ids and counts: zstd never shrinks it, so it is not
         # tried (a compress is a GIL release, a thread switch for a busy ingest); inline
-        # bytes are records, compressed at the rollout level.
-        new_objects[segment_id.raw] = framing.frame(framing.KIND_SEGMENT, body, compress=bool(item.inline),
+        # bytes are records, and a copy's heads timestamps, compressed at the rollout level.
+        new_objects[segment_id.raw] = framing.frame(framing.KIND_SEGMENT, body,
+                                                    compress=bool(item.inline) or item.copy is not None,
                                                     level=framing.ROLLOUT_ZSTD_LEVEL)
         pending[segment_id.raw] = segment
         SEGMENT_LINKS.put(segment_id.raw, _segment_links(segment))

@@ -40,7 +40,7 @@ def _move(stores: Stores, thread: str, what: str, plan):
 def branch_thread(stores: Stores, name: str, rev: str | None) -> Digest:
     """Make thread `name` at checkpoint `rev` (default: main's head); the checkpoint's id."""
     check_thread_name(name)
-    source = stores.objects
+    source = stores.source
 
     def plan(state):
         if state is not None:
@@ -87,7 +87,7 @@ def fork_thread(stores: Stores, history: rollout.History, source: str, name: str
     check_thread_name(name)
     if at is not None and at < 0:
         raise UsageError(f"--at must not be negative: {at}")
-    objects = stores.objects
+    objects = stores.source
 
     def plan(state):
         with stores.meta.reader() as txn:
@@ -108,7 +108,7 @@ def revert_thread(stores: Stores, thread: str, rev: str,
                   expect: str | None) -> tuple[ThreadState, ThreadState, bool]:
     """Move `thread` to checkpoint `rev` (only if at `expect`, when given): (old state, new state, related)."""
     check_thread_name(thread)
-    objects = stores.objects
+    objects = stores.source
 
     def plan(state):
         if state is None:

@@ -14,7 +14,7 @@ import re
 
 from agentcas.cas import framing
 from agentcas.cas.digest import DIGEST_SIZE, Digest
-from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.metastore.base import MetaTxn
 from agentcas.cas.objects import Checkpoint, HistoryPosition
 from agentcas.cas.source import ObjectSource, load_object
 from agentcas.errors import IntegrityError, NotFound, UsageError
@@ -43,7 +43,7 @@ def load_checkpoint(objects: ObjectSource, digest: Digest) -> Checkpoint:
     return Checkpoint.decode(data)
 
 
-def resolve(txn: Txn, objects: ObjectSource, rev: str) -> Digest:
+def resolve(txn: MetaTxn, objects: ObjectSource, rev: str) -> Digest:
     """The checkpoint id that `rev` names; UnknownRevision / AmbiguousRevision otherwise."""
     if not isinstance(rev, str) or not rev or len(rev) > 1024:
         raise UsageError("empty or oversized revision")
@@ -69,7 +69,7 @@ def resolve(txn: Txn, objects: ObjectSource, rev: str) -> Digest:
     return digest
 
 
-def _resolve_base(txn: Txn, objects: ObjectSource, base: str, rev: str) -> Digest:
+def _resolve_base(txn: MetaTxn, objects: ObjectSource, base: str, rev: str) -> Digest:
     match = _REFLOG.match(base)
     if match:
         name, number = match.group(1), int(match.group(2))
@@ -142,7 +142,7 @@ def is_ancestor(objects: ObjectSource, ancestor: Digest, tip: Digest | None, str
     return False
 
 
-def reflog_state(txn: Txn, objects: ObjectSource, rev: str | None) -> ThreadState | None:
+def reflog_state(txn: MetaTxn, objects: ObjectSource, rev: str | None) -> ThreadState | None:
     """The state reflog entry THREAD@{N} recorded, if `rev` is exactly that form (no suffix)."""
     match = _REFLOG.match(rev or "")
     if not match or not is_thread_name(match.group(1)):
@@ -152,7 +152,7 @@ def reflog_state(txn: Txn, objects: ObjectSource, rev: str | None) -> ThreadStat
     return entries[number].new if len(entries) > number else None
 
 
-def source_state(txn: Txn, objects: ObjectSource, source: str) -> tuple[HistoryPosition, Digest | None, str]:
+def source_state(txn: MetaTxn, objects: ObjectSource, source: str) -> tuple[HistoryPosition, Digest | None, str]:
     """(history, checkpoint, thread) that `source` names: a thread's head, a reflog
     entry's state (with records appended after its checkpoint), or a checkpoint and its
     own prefix; `thread` is the thread that history belongs to, for the lineage."""
@@ -170,12 +170,12 @@ def source_state(txn: Txn, objects: ObjectSource, source: str) -> tuple[HistoryP
     return cp.history, digest, cp.thread
 
 
-def named_thread(txn: Txn, rev: str) -> str | None:
+def named_thread(txn: MetaTxn, rev: str) -> str | None:
     """`rev` itself if it names an existing thread, else None."""
     return rev if is_thread_name(rev) and read_thread(txn, rev) is not None else None
 
 
-def fork_ancestry(txn: Txn, name: str) -> set[str]:
+def fork_ancestry(txn: MetaTxn, name: str) -> set[str]:
     """`name` and the threads it was forked from, transitively (those that still exist)."""
     names: set[str] = set()
     current: str | None = name

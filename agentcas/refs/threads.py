@@ -26,8 +26,7 @@ from dataclasses import dataclass
 
 from agentcas.cas import encoding, framing
 from agentcas.cas.digest import EMPTY_HISTORY, Digest
-from agentcas.cas.metastore.base import MetaTxn as Txn
-from agentcas.cas.metastore.base import Read
+from agentcas.cas.metastore.base import MetaTxn, Read
 from agentcas.cas.objects import EMPTY_POSITION, Checkpoint, HistoryPosition, InvalidObject
 from agentcas.cas.sealed import seal, unseal
 from agentcas.errors import IntegrityError
@@ -132,17 +131,17 @@ def _remember(key: bytes, value: bytes, state: ThreadState) -> None:
     _DECODED[(bytes(key), value)] = state
 
 
-def read_thread(txn: Txn, name: str) -> ThreadState | None:
+def read_thread(txn: MetaTxn, name: str) -> ThreadState | None:
     value = txn.get("refs", _key(name))
     return None if value is None else _decode_state(_key(name), value)
 
 
-def thread_names(txn: Txn) -> set[str]:
+def thread_names(txn: MetaTxn) -> set[str]:
     """The names of every thread: the ref rows' keys, none of them unsealed or decoded."""
     return {bytes(key)[len(PREFIX):].decode("utf-8") for key, _ in txn.scan("refs", PREFIX)}
 
 
-def list_threads(txn: Txn) -> list[tuple[str, ThreadState]]:
+def list_threads(txn: MetaTxn) -> list[tuple[str, ThreadState]]:
     return [(key[len(PREFIX):].decode("utf-8"), _decode_state(bytes(key), value))
             for key, value in txn.scan("refs", PREFIX)]
 
@@ -203,7 +202,7 @@ def move_rows(base: MoveBase, new: ThreadState, action: str, message: str = "",
     return expect, writes
 
 
-def set_if_equals(txn: Txn, name: str, old, new: ThreadState | None, action: str,
+def set_if_equals(txn: MetaTxn, name: str, old, new: ThreadState | None, action: str,
                   message: str = "", history_implied: bool = False) -> bool:
     """Move thread `name` from `old` to `new` if it is still at `old`; log the move.
 
@@ -248,7 +247,7 @@ def generation_row() -> tuple[str, bytes, bytes]:
     return "meta", GENERATION_KEY, seal("meta", GENERATION_KEY, os.urandom(16))
 
 
-def ref_generation(txn: Txn) -> bytes:
+def ref_generation(txn: MetaTxn) -> bytes:
     """The store's current generation token (stores of before December 2026 count moves
     in a u64 instead; gc only compares it for equality). Empty for a new store."""
     value = txn.get("meta", GENERATION_KEY)
@@ -386,7 +385,7 @@ def _decode_v2(objects, payload: bytes):
     return old, ThreadState(checkpoint, history, fork), action, message, time_us, implied and objects is None
 
 
-def read_reflog(txn: Txn, name: str, limit: int | None = None, objects=None) -> list[ReflogEntry]:
+def read_reflog(txn: MetaTxn, name: str, limit: int | None = None, objects=None) -> list[ReflogEntry]:
     """Reflog entries of `name`, newest first (`objects` resolves implied histories)."""
     prefix = _key(name) + b"\0"
     entries = []
@@ -416,7 +415,7 @@ def decode_reflog_entry(key: bytes, value, prefix: bytes | None = None,
                        doc["time"] / 1e6)
 
 
-def all_reflog_entries(txn: Txn, objects=None):
+def all_reflog_entries(txn: MetaTxn, objects=None):
     """(thread name, entry) for every reflog entry in the store, streamed."""
     for key, value in txn.scan("reflog"):
         key = bytes(key)

@@ -19,7 +19,7 @@ from cryptography.exceptions import InvalidSignature
 
 from agentcas.cas import encoding, framing
 from agentcas.cas.digest import Digest, hash_object
-from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.metastore.base import MetaTxn
 from agentcas.cas.objects import FORMAT_VERSION, InvalidObject
 from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.source import ObjectSource, load_object
@@ -225,7 +225,7 @@ def envelope_object(envelope: Envelope) -> tuple[Digest, bytes]:
     return envelope.digest(), framing.frame(framing.KIND_SIGNATURE, envelope.encode())
 
 
-def save_index_row(txn: Txn, envelope: Envelope, digest: Digest) -> Digest:
+def save_index_row(txn: MetaTxn, envelope: Envelope, digest: Digest) -> Digest:
     """Record the stored envelope object `digest` under its checkpoint; returns the id."""
     key = _row_key(envelope.statement.checkpoint, digest)
     doc = {"key_id": envelope.statement.key_id, "signed_at": envelope.statement.signed_at,
@@ -234,7 +234,7 @@ def save_index_row(txn: Txn, envelope: Envelope, digest: Digest) -> Digest:
     return digest
 
 
-def envelopes_for(txn: Txn, objects: ObjectSource, checkpoint: Digest) -> list[tuple[Digest, Envelope]]:
+def envelopes_for(txn: MetaTxn, objects: ObjectSource, checkpoint: Digest) -> list[tuple[Digest, Envelope]]:
     """Every stored envelope over `checkpoint` (verified objects), in id order."""
     out = []
     for key, value in txn.scan("signatures", checkpoint.raw):

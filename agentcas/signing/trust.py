@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agentcas.cas import encoding
-from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.metastore.base import MetaTxn
 from agentcas.cas.sealed import seal, unseal
 from agentcas.errors import ConflictError, IntegrityError, NotFound
 from agentcas.signing.envelope import NAMESPACE_CHECKPOINT, check_namespace, utc_now
@@ -56,11 +56,11 @@ def _decode(key: bytes, value) -> TrustEntry:
         raise IntegrityError(f"trust entry {key.decode('utf-8', 'replace')!r} is malformed: {exc}") from None
 
 
-def list_trusted(txn: Txn) -> list[TrustEntry]:
+def list_trusted(txn: MetaTxn) -> list[TrustEntry]:
     return [_decode(bytes(key), value) for key, value in txn.scan("trust")]
 
 
-def put_entry(txn: Txn, entry: TrustEntry) -> None:
+def put_entry(txn: MetaTxn, entry: TrustEntry) -> None:
     """Write a row as is (callers check first; tests use it to plant rows)."""
     key = _key(entry.name)
     doc = {"name": entry.name, "public_key": entry.public_key.raw.hex(),
@@ -68,7 +68,7 @@ def put_entry(txn: Txn, entry: TrustEntry) -> None:
     txn.put("trust", key, seal("trust", key, encoding.encode(doc)))
 
 
-def add(txn: Txn, name: str, public_key: PublicKey, namespaces=()) -> TrustEntry:
+def add(txn: MetaTxn, name: str, public_key: PublicKey, namespaces=()) -> TrustEntry:
     """Trust `public_key` as `name` for `namespaces` (default: checkpoints).
 
     Re-adding the same key under the same name replaces its namespaces; a different
@@ -89,7 +89,7 @@ def add(txn: Txn, name: str, public_key: PublicKey, namespaces=()) -> TrustEntry
     return entry
 
 
-def remove(txn: Txn, name: str) -> TrustEntry:
+def remove(txn: MetaTxn, name: str) -> TrustEntry:
     check_key_name(name)
     value = txn.get("trust", _key(name))
     if value is None:

@@ -47,7 +47,7 @@ def commit_workspace(stores: Stores, store_path: str | None, workspace: str, rea
     from agentcas.workspace.snapshot import check_reason_secret, snapshot  # lazy: only commit reads a workspace
     check_reason_secret(reason, allow_secrets)
     check_thread_name(thread)
-    source = stores.objects
+    source = stores.source
     expected = _resolve(stores, expect) if expect else None
     if not os.path.isdir(workspace):
         raise UsageError(f"workspace is not a directory: {workspace}")
@@ -65,12 +65,16 @@ def commit_workspace(stores: Stores, store_path: str | None, workspace: str, rea
         head = read_state(stores, thread, lease)  # only counts unchanged files: may be stale
         previous_tree = None if head is None or head.checkpoint is None else \
             revisions.load_checkpoint(source, head.checkpoint).tree  # to count unchanged files
+        # On a shared store the last batch of new objects (the snapshot's, the tail's) is
+        # held back and stored by the move itself: one pack, one upload, for a small step.
+        held: dict[bytes, bytes] | None = {} if stores.packed is not None else None
+        tail_held: dict[bytes, bytes] | None = {} if stores.packed is not None else None
         tree, stats, needed = snapshot(source, stores.local, workspace, allow_secrets,
-                                       progress, skip, skip_files, lease, known, previous_tree)
+                                       progress, skip, skip_files, lease, known, previous_tree, held=held)
         tail = file_path = None
         if rollout_file is not None:
             from agentcas.lineage.tail import prepare_tail, workspace_path
-            writer = BatchWriter(source, lease=lease)
+            writer = BatchWriter(source, lease=lease, held=tail_held)
             state = read_state(stores, thread)
             mark = None if state is None or state.checkpoint is None else \
                 revisions.load_checkpoint(source, state.checkpoint).rollout_file  # where it stands in the file
@@ -92,18 +96,19 @@ def commit_workspace(stores: Stores, store_path: str | None, workspace: str, rea
                 if history != tail.based_on:
                     raise ConflictError(f"thread {thread!r} history moved while the rollout was read; "
                                         "nothing was committed, retry")
-                history, new_objects = rollout.link_segments(source, history, tail.segments)
+                history, new_objects = rollout.link_segments(source, history, tail.segments, tail_held or ())
                 appended = history.seq - tail.based_on.seq
                 in_file = tail.rollout_file(history, file_path)
             digest, cp, framed = checkpoints.build_checkpoint(
                 source, tree, (current,) if current else (), thread, reason, who, created_at, runtime, history,
                 rollout_file=in_file)
+            new_objects = {**(held or {}), **(tail_held or {}), **new_objects}
             new_objects[digest.raw] = framed
             # The parent's own tree is held by the ref we compare against; anything
             # else the snapshot reused must still be stored.
             same_tree = current is not None and revisions.load_checkpoint(source, current).tree == tree
             return Move(ThreadState(digest, history, None if state is None else state.forked_from),
-                        "commit", reason, new_objects, set() if same_tree else set(needed),
+                        "commit", reason, new_objects, set() if same_tree else set(needed) - new_objects.keys(),
                         (digest, cp, appended), history_implied=True)  # cp.history is `history`
 
         testing_hooks.reached("commit.before_land")
@@ -116,8 +121,10 @@ def commit_workspace(stores: Stores, store_path: str | None, workspace: str, rea
             # machine has deleted since: every rerun would trust it again and fail. So
             # snapshot once more asking the bucket, which stores again what is gone.
             known = None
+            if held is not None:
+                held.clear()
             tree, stats, needed = snapshot(source, stores.local, workspace, allow_secrets,
-                                           progress, skip, skip_files, lease, known, previous_tree)
+                                           progress, skip, skip_files, lease, known, previous_tree, held=held)
             _, move = move_thread(stores, lease, thread, plan)
     assert move is not None and isinstance(move.result, tuple)  # a commit always moves its thread
     digest, cp, appended = move.result
@@ -128,8 +135,8 @@ def commit_workspace(stores: Stores, store_path: str | None, workspace: str, rea
 
 def _resolve(stores: Stores, rev: str) -> Digest:
     with stores.meta.reader() as txn:
-        digest = revisions.resolve(txn, stores.objects, rev)
-    revisions.load_checkpoint(stores.objects, digest)
+        digest = revisions.resolve(txn, stores.source, rev)
+    revisions.load_checkpoint(stores.source, digest)
     return digest
 
 

@@ -10,6 +10,10 @@
    disk) removes the temporary directory; at the end it is renamed into place, so DEST
    appears whole, verified, or not at all. (One pass: reading everything twice would
    double the time of a checkout, and the temporary directory is never visible as DEST.)
+   Where many reads at once cost far less than one each (a shared store: packs read by
+   ranged GETs), a thread fetches the files' objects a window of PREFETCH_BYTES at a time,
+   at most PREFETCH_AHEAD windows ahead of the writers, which wait for their file's window
+   and take its chunks from memory (not through the cache: a checkout reads them once).
 Nothing read from a checkpoint is ever executed.
 """
 
@@ -32,6 +36,8 @@ from agentcas.cas.system_errors import from_os_error
 from agentcas.errors import ConflictError, IntegrityError
 
 WORKERS = 2
+PREFETCH_BYTES = 32 * 1024 * 1024  # a window of files fetched at once (one fetch_many)
+PREFETCH_AHEAD = 2                 # windows fetched ahead of the writers at most
 
 
 class MissingObject(IntegrityError):
@@ -201,6 +207,89 @@ def write_verified(txn, path: str, entry: TreeEntry, target: str, dir_fd: int | 
         os.fchmod(out.fileno(), entry.mode)
 
 
+class _Prefetch:
+    """Fetches the objects of `files` (in order, a window at a time) ahead of the writers;
+    `wait(index)` returns once file `index`'s window is in (or its fetch failed: the writer
+    then reads, and reports, on its own), and `take` hands over a fetched value once."""
+
+    def __init__(self, objects: ObjectSource, files: list, failed: threading.Event):
+        self.objects, self.files, self.failed = objects, files, failed
+        self.values: dict[bytes, bytes] = {}
+        self.ends: list[int] = []  # the index after each window's last file
+        size = 0
+        for index, (_, entry) in enumerate(files):
+            size += entry.size
+            if size >= PREFETCH_BYTES:
+                self.ends.append(index + 1)
+                size = 0
+        if not self.ends or self.ends[-1] != len(files):
+            self.ends.append(len(files))
+        self.fetched = 0   # windows fetched
+        self.wanted = 0    # the furthest window a writer waited for
+        self.changed = threading.Condition()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="agentcas-prefetch")
+        self.thread.start()
+
+    def wait(self, index: int) -> None:
+        import bisect
+        window = bisect.bisect_right(self.ends, index)
+        with self.changed:
+            self.wanted = max(self.wanted, window)
+            self.changed.notify_all()
+            while self.fetched <= window and not self.failed.is_set():
+                self.changed.wait(0.1)
+
+    def take(self, raw: bytes):
+        with self.changed:
+            return self.values.pop(raw, None)
+
+    def _run(self) -> None:
+        start = 0
+        try:
+            for window, end in enumerate(self.ends):
+                with self.changed:
+                    while window > self.wanted + PREFETCH_AHEAD and not self.failed.is_set():
+                        self.changed.wait(0.1)
+                if self.failed.is_set():
+                    return
+                self._fetch([entry for _, entry in self.files[start:end]])
+                start = end
+                with self.changed:
+                    self.fetched = window + 1
+                    self.changed.notify_all()
+        except Exception:  # noqa: BLE001 - the writers read on their own and report it
+            pass
+        finally:
+            with self.changed:
+                self.fetched = len(self.ends)
+                self.changed.notify_all()
+
+    def _fetch(self, entries: list) -> None:
+        blobs = self.objects.blobs
+        lists = [entry.chunks.raw for entry in entries if entry.size and entry.chunks is not None]
+        chunks = [entry.id.raw for entry in entries if entry.size and entry.chunks is None]
+        for value in blobs.get_many(lists).values():  # chunk lists: small, cached as any read
+            _, data = framing.unframe(value)
+            chunks += [ref.id.raw for ref in ChunkList.decode(data).chunks]
+        fetched = blobs.fetch_many(chunks)  # the writers verify what they take
+        with self.changed:
+            self.values.update(fetched)
+
+
+class _Prefetched:
+    """A source whose raw reads take what a _Prefetch fetched, else read `source`."""
+
+    def __init__(self, source, prefetch: _Prefetch):
+        self.source, self.prefetch = source, prefetch
+
+    def raw(self, digest: Digest):
+        value = self.prefetch.take(digest.raw)
+        return self.source.raw(digest) if value is None else value
+
+    def load(self, digest: Digest, kind: int | None = None):
+        return self.source.load(digest, kind)
+
+
 def _write_extra(temp: str, relative: str, pieces) -> None:
     """Write `pieces` to `temp`/`relative` (a new file; its directories made as needed)."""
     parent, _, _ = relative.rpartition("/")
@@ -242,10 +331,13 @@ def restore_tree(objects: ObjectSource, tree_id: Digest, dest: str, progress=Non
         # memory map through the hash checks straight into the file.
         try:
             with objects.reading(buffers=True) as txn:
-                for path, entry in batch:
+                for index, (path, entry) in batch:
                     if failed.is_set():
                         return
-                    write_verified(txn, path, entry, path, dir_fd=temp_fd)
+                    if prefetch is not None:
+                        prefetch.wait(index)
+                    write_verified(txn if prefetch is None else _Prefetched(txn, prefetch), path, entry, path,
+                                   dir_fd=temp_fd)
                     sizes.put(entry.size)
         except BaseException:
             failed.set()  # the other worker stops too; the caller removes the output
@@ -253,16 +345,22 @@ def restore_tree(objects: ObjectSource, tree_id: Digest, dest: str, progress=Non
 
     sizes: queue.SimpleQueue = queue.SimpleQueue()
     failed = threading.Event()
+    prefetch: _Prefetch | None = None
 
     try:
         for path, entry in entries:
             if entry.type == "dir":
                 os.mkdir(path.rstrip("/"), 0o755, dir_fd=temp_fd)
-        files = sorted(((p, e) for p, e in entries if e.type == "file"), key=lambda f: -f[1].size)
+        files = [(p, e) for p, e in entries if e.type == "file"]
+        if not objects.blobs.batched_reads:
+            files.sort(key=lambda f: -f[1].size)  # the two writers end together
+        # else in tree order, the order a commit stored them in: a window is a few ranges of packs
         total = sum(e.size for _, e in files)
         done = count = 0
+        prefetch = _Prefetch(objects, files, failed) if objects.blobs.batched_reads and files else None
+        numbered = list(enumerate(files))
         with ThreadPoolExecutor(WORKERS) as pool:
-            futures = [pool.submit(write_files, files[k::WORKERS]) for k in range(WORKERS)]
+            futures = [pool.submit(write_files, numbered[k::WORKERS]) for k in range(WORKERS)]
             while count < len(files) and not failed.is_set():
                 try:
                     done += sizes.get(timeout=0.1)
@@ -287,6 +385,7 @@ def restore_tree(objects: ObjectSource, tree_id: Digest, dest: str, progress=Non
         remove_tree(temp)
         raise
     finally:
+        failed.set()  # a prefetch still running stops
         os.close(temp_fd)
     crashpoints.reached("restore.done")
     return count

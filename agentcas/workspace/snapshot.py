@@ -63,7 +63,7 @@ from agentcas.cas.names import BadName, check_name, check_unique
 from agentcas.cas.objects import MODE_EXEC, MODE_FILE, ChunkList, ChunkRef, Tree, TreeEntry
 from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.source import ObjectSource, load_object
-from agentcas.cas.store import ObjectStore
+from agentcas.cas.store import TableEnvironment
 from agentcas.cas.writer import BatchWriter
 from agentcas.errors import AgentcasError, IntegrityError
 
@@ -201,10 +201,10 @@ def _decode_cache_row(payload: bytes, name: str) -> tuple | None:
 
 
 class Snapshotter:
-    def __init__(self, objects: ObjectSource, local: ObjectStore, root: str, allow_secrets=(),
+    def __init__(self, objects: ObjectSource, local: TableEnvironment, root: str, allow_secrets=(),
                  progress=None, skip_dirs=(), skip_files=(), lease=None, known=None,
                  previous_tree: Digest | None = None, git_aware: bool = False, skip_secrets: bool = False,
-                 dir_cache_epoch: bytes | None = None):
+                 dir_cache_epoch: bytes | None = None, held: dict | None = None):
         # `local` is this machine's environment (its stat cache); `known(keys)` the objects
         # this machine knows are stored (the store itself, or a shared store's local
         # cache): the commit re-checks `needed` against the real store before landing.
@@ -225,7 +225,8 @@ class Snapshotter:
         self.needed: set[bytes] = set()
         self.allowed_secrets: set[str] = set()
         # A shared store's writer uploads in the background while the workers go on hashing.
-        self.writer = BatchWriter(objects, lease=lease, known=known, background=known is not None)
+        # With `held`, its last batch is left there for the commit's move to store (writer.py).
+        self.writer = BatchWriter(objects, lease=lease, known=known, background=known is not None, held=held)
         self._ignores: dict[str, _IgnoreSpec] = {}  # directory rel path -> its ignore files' spec
         self.git_aware = git_aware
         # The directory cache is used only with an epoch (the gc sweeps begun: a sweep may
@@ -1067,19 +1068,20 @@ def check_reason_secret(reason: str, allow_secrets=()) -> None:
         raise SecretFound(f"possible secret ({finding.rule}) in the commit reason", f"'{secrets.REASON}'")
 
 
-def snapshot(objects: ObjectSource, local: ObjectStore, root: str, allow_secrets=(), progress=None,
+def snapshot(objects: ObjectSource, local: TableEnvironment, root: str, allow_secrets=(), progress=None,
              skip_dirs=(), skip_files=(), lease=None, known=None, previous_tree: Digest | None = None,
              git_aware: bool = False, skip_secrets: bool = False, snapshotter: list | None = None,
-             dir_cache_epoch: bytes | None = None):
+             dir_cache_epoch: bytes | None = None, held: dict | None = None):
     """Store the directory `root`; return (root tree id, SnapshotStats, ids it needs).
 
     `skip_dirs` / `skip_files` (e.g. the store itself, a rollout file stored as history)
     are left out of the tree. `previous_tree` (the thread's head tree) only lets the
     stats count files read again but unchanged. `snapshotter`, a list, receives the
     Snapshotter (its `skipped_secrets`). `dir_cache_epoch`: use the directory cache (6.).
+    `held` (a dict) receives the last batch of new objects, unstored, for the caller's move.
     """
     snap = Snapshotter(objects, local, root, allow_secrets, progress, skip_dirs, skip_files, lease, known,
-                       previous_tree, git_aware, skip_secrets, dir_cache_epoch)
+                       previous_tree, git_aware, skip_secrets, dir_cache_epoch, held)
     if snapshotter is not None:
         snapshotter.append(snap)
     return snap.run(), snap.stats, snap.needed

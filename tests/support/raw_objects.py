@@ -10,7 +10,7 @@ from agentcas.cas.lmdb_store import open_lmdb
 
 
 def keys(txn) -> set[bytes]:
-    """Every stored object id (a Txn of the store's environment)."""
+    """Every stored object id (a TableTxn of the store's environment)."""
     return {info.key for info in packs.list_objects(txn)}
 
 

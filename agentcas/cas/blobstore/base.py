@@ -41,6 +41,9 @@ class BlobStore(ABC):
     # How a commit cuts workspace files for this store (cas/chunking.py: a backend where
     # every object is a request cuts larger chunks).
     chunk_sizes: ChunkSizes = LOCAL
+    # Whether one get_many of many keys costs far less than a get each (a shared store's
+    # packs: a few ranged GETs), so a restore fetches ahead in batches.
+    batched_reads: bool = False
 
     @abstractmethod
     def get(self, key: bytes) -> bytes | None:
@@ -55,6 +58,12 @@ class BlobStore(ABC):
                 out[bytes(key)] = value
         return out
 
+    def fetch_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        """get_many for a one-pass bulk read (a restore): a cache in front of a remote store
+        passes what it fetches through without keeping it (it would only evict what this
+        machine reads again)."""
+        return self.get_many(keys)
+
     @abstractmethod
     def has_many(self, keys: Iterable[bytes]) -> set[bytes]:
         """The subset of `keys` that is stored (batched where the backend can)."""
@@ -65,6 +74,15 @@ class BlobStore(ABC):
     @abstractmethod
     def put_many(self, items: Mapping[bytes, bytes]) -> tuple[int, int]:
         """Store each {key: framed value} unless present; (objects written, bytes written)."""
+
+    def stage_many(self, items: Mapping[bytes, bytes]) -> list[tuple]:
+        """Store `items` for a ref move: either stored now (the default: put_many; nothing is
+        returned), or written where they will live, with the metadata writes (table, key,
+        value) that make them stored returned to go in the move's own exchange (packs on S3:
+        blobstore/s3_packs.py). Until those land, the objects are not stored."""
+        if items:
+            self.put_many(items)
+        return []
 
     def put_if_absent(self, key: bytes, value: bytes) -> bool:
         """Store one object unless present; True if it was written now."""

@@ -64,7 +64,7 @@ def default_cache_dir(url: str) -> str:
 class CachedBlobStore(BlobStore):
     """`remote` with a bounded local cache of what this machine read or wrote.
 
-    `local` is this machine's table environment (an ObjectStore: LMDB, or memory in
+    `local` is this machine's table environment (a TableEnvironment: LMDB, or memory in
     tests), or a directory to open one in (default: default_cache_dir(remote.url)).
     """
 
@@ -76,6 +76,7 @@ class CachedBlobStore(BlobStore):
         self.local = local
         self.url = remote.url
         self.chunk_sizes = remote.chunk_sizes
+        self.batched_reads = True  # through the cache: what a batch fetched is read from it after
         self.cache_dir = getattr(local, "path", None)
         self.max_bytes = max_bytes if max_bytes is not None else settings.whole_number(
             "AGENTCAS_CACHE_BYTES", DEFAULT_MAX_BYTES)
@@ -248,6 +249,16 @@ class CachedBlobStore(BlobStore):
             found.update(fetched)
         return found
 
+    def fetch_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        """The cached values, and the rest from the remote without caching them (a restore)."""
+        keys = list(dict.fromkeys(bytes(k) for k in keys))
+        with self.local.reader() as txn:
+            found = {key: bytes(value) for key in keys if (value := txn.get("objects", key)) is not None}
+        missing = [k for k in keys if k not in found]
+        if missing:
+            found.update(self.remote.get_many(missing))
+        return found
+
     def has_many(self, keys: Iterable[bytes]) -> set[bytes]:
         found = self.remote.has_many(keys)
         self._remember_seen(found)
@@ -269,6 +280,16 @@ class CachedBlobStore(BlobStore):
         self._store({k: items[k] for k in written})
         self._remember_seen(k for k in items if k not in written)  # already there
         return written
+
+    def stage_many(self, items: Mapping[bytes, bytes]) -> list[tuple]:
+        """The remote's stage_many; the objects are cached at once (a move that never lands
+        leaves them cached but not stored: a later commit that trusts the cache for one
+        finds it missing when it checks what it relies on, and stores it again)."""
+        if not items:
+            return []
+        writes = self.remote.stage_many(items)
+        self._store({bytes(k): v for k, v in items.items()})
+        return writes
 
     def delete_many(self, keys: Iterable[bytes]) -> int:
         keys = [bytes(k) for k in keys]
@@ -309,7 +330,7 @@ class CachedBlobStore(BlobStore):
         holds a good copy that says nothing of the bucket's); they are cached where absent,
         as any read is, so fsck's later walk reads them from here."""
         keys = list(dict.fromkeys(bytes(k) for k in keys))
-        fetched = self.remote.get_many(keys) if keys else {}
+        fetched = self.remote.get_many_stored(keys) if keys else {}
         self._store(fetched)
         return fetched
 

@@ -1,7 +1,10 @@
-"""The S3 blob store (boto3): one immutable S3 object per agentcas object.
+"""The S3 blob store (boto3): one immutable S3 object per agentcas object, and pack objects.
 
 Layout: `s3://BUCKET/PREFIX` keeps object `ID` (raw 32 bytes) at `PREFIX/objects/<64 hex>`,
-its framed value as the body; lexicographic key order is id order. `PREFIX/agentcas-store.json`
+its framed value as the body; lexicographic key order is id order. That is the layout of a
+store made before packs (format 2): a shared store now writes packs, `PREFIX/packs/<64
+hex>`, through this store's pack methods (written once, read by ranges, listed, deleted);
+s3_packs.py keeps their index and is the blob store a shared store uses. `PREFIX/agentcas-store.json`
 is the store's marker, written once by `init` (create-if-absent): the id of the store whose
 refs database owns the prefix (cas/backends.py checks the two belong together). Writes are
 create-if-absent (`PUT` with `If-None-Match: *`; 412 means it was already there), so
@@ -34,8 +37,8 @@ only (any credential text in a message is masked). Unreachable, timed-out or 5xx
 requests are retried with exponential backoff for at most $AGENTCAS_RETRY_SECONDS
 (20 s), then BlobUnavailable("S3 at ENDPOINT (bucket B) ...").
 `requests` counts the HTTP requests sent, by operation (benchmarks, request budgets).
-Crash points (cas/crashpoints.py): `s3.put` after each object written, `s3.delete`
-after each DeleteObjects request.
+Crash points (cas/crashpoints.py): `s3.put` after each object written, `s3.pack` after
+each pack written, `s3.delete` after each DeleteObjects request.
 """
 
 from __future__ import annotations
@@ -189,6 +192,7 @@ class S3BlobStore(BlobStore):
         self.bucket, self.prefix = parse_url(url)
         self.url = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
         self._objects_prefix = f"{self.prefix}/objects/" if self.prefix else "objects/"
+        self._packs_prefix = f"{self.prefix}/packs/" if self.prefix else "packs/"
         self._marker = f"{self.prefix}/{MARKER}" if self.prefix else MARKER
         self.endpoint = endpoint_url()
         self.region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
@@ -267,8 +271,7 @@ class S3BlobStore(BlobStore):
             raise
 
     def _unavailable(self, exc: BaseException, retry: Retry) -> BlobUnavailable:
-        return BlobUnavailable(f"{self.name} unavailable after {retry.tries} tries in "
-                               f"{retry.elapsed:.0f}s: {self._reason(exc)}")
+        return BlobUnavailable(f"{self.name} unavailable {retry.summary()}: {self._reason(exc)}")
 
     def _refused(self, exc: BaseException, what: str) -> BlobUnavailable:
         status, code = self._status(exc)
@@ -506,7 +509,10 @@ class S3BlobStore(BlobStore):
         return {k for (k, _), new in zip(pairs, written) if new}
 
     def _delete_batch(self, keys: list[bytes]) -> None:
-        request = {"Objects": [{"Key": self._name(k)} for k in keys], "Quiet": True}
+        self._delete_names([self._name(k) for k in keys])
+
+    def _delete_names(self, names: list[str]) -> None:
+        request = {"Objects": [{"Key": name} for name in names], "Quiet": True}
 
         def attempt():
             errors = self._client.delete_objects(Bucket=self.bucket, Delete=request).get("Errors", [])
@@ -519,7 +525,7 @@ class S3BlobStore(BlobStore):
         try:
             self._call(attempt)
         except self._exceptions.ClientError as exc:
-            raise self._refused(exc, f"to delete objects under {self._objects_prefix}") from None
+            raise self._refused(exc, f"to delete objects under {self.url}") from None
 
     def delete_many(self, keys: Iterable[bytes]) -> int:
         # DeleteObjects reports absent keys as deleted too: count what existed first.
@@ -622,6 +628,62 @@ class S3BlobStore(BlobStore):
             put(None)
         except BaseException as exc:  # noqa: BLE001 - handed to the reader
             put(exc)
+
+    # -- pack objects (s3_packs.py): written once under PREFIX/packs/<64 hex> ------------
+
+    def put_pack(self, name: str, body: bytes) -> bool:
+        """Write pack `name` (its 64-hex hash) unless stored whole; True if written now. A
+        shorter object under its name is a damaged leftover (a killed upload), written over."""
+        return self._create(self._packs_prefix + name, body, stored=lambda size: size == len(body),
+                            point="s3.pack")
+
+    def read_pack_range(self, name: str, start: int, length: int) -> bytes | None:
+        """Bytes [start, start + length) of pack `name` (fewer if it is cut short), or None
+        if the pack is missing or ends before `start`."""
+        key = self._packs_prefix + name
+
+        def request():
+            response = self._client.get_object(Bucket=self.bucket, Key=key,
+                                               Range=f"bytes={start}-{start + length - 1}")
+            return response["Body"].read()
+        return self._fetch(request, f"to read {key}",
+                           absent=lambda exc: self._missing(exc) or self._status(exc)[0] == 416)
+
+    def pack_size(self, name: str) -> int | None:
+        """The stored size of pack `name`, or None if there is none."""
+        return self._stored_size(self._packs_prefix + name)
+
+    def read_pack_ranges(self, requests: Sequence[tuple[str, int, int]]) -> Sequence[bytes | None]:
+        """read_pack_range for each (name, start, length), in parallel on the pool."""
+        if len(requests) <= 1:
+            return [self.read_pack_range(*request) for request in requests]
+        return list(self._pool.map(lambda request: self.read_pack_range(*request), requests))
+
+    def put_packs(self, packs: Sequence[tuple[str, bytes]]) -> None:
+        """put_pack for each (name, body), in parallel on the pool."""
+        if len(packs) <= 1:
+            for name, body in packs:
+                self.put_pack(name, body)
+            return
+        list(self._pool.map(lambda pack: self.put_pack(*pack), packs))
+
+    def list_packs(self) -> Iterator[tuple[str, int, float]]:
+        """(name, stored size, written_at) of every pack object, in name order."""
+        token = None
+        while True:
+            page = self._list_page(self._packs_prefix, token)
+            for item in page.get("Contents", []):
+                name = item["Key"][len(self._packs_prefix):]
+                if len(name) == 2 * KEY_SIZE:
+                    yield name, int(item["Size"]), item["LastModified"].timestamp()
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+
+    def delete_packs(self, names: Sequence[str]) -> None:
+        """Delete the named pack objects (absent ones are ignored)."""
+        for start in range(0, len(names), DELETE_BATCH):
+            self._delete_names([self._packs_prefix + name for name in names[start:start + DELETE_BATCH]])
 
     def used_bytes(self) -> int:
         """The stored bytes, from a full listing (one request per 1,000 objects)."""

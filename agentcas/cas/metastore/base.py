@@ -2,7 +2,9 @@
 
 Tables (names below): `meta` (format record, counters), `refs` (threads/NAME), `reflog`,
 `leases` (writers in progress, see cas/leases.py), `trust`, `remotes`, `signatures`
-(checkpoint || signature id -> nothing: an index), `imports`. Keys and values are
+(checkpoint || signature id -> nothing: an index), `imports`, and a shared store's pack
+index, `s3index` (object id -> where in which pack) and `s3packs` (pack -> its size, time
+and members; cas/blobstore/s3_packs.py). Keys and values are
 bytes; values of every table are sealed by the layer that owns them (cas/sealed.py).
 
 `write(fn)` runs `fn(txn)` as one atomic transaction and may run it again after a
@@ -33,7 +35,7 @@ from agentcas.errors import AgentcasError
 
 T = TypeVar("T")
 
-TABLES = ("meta", "refs", "reflog", "leases", "trust", "remotes", "signatures", "imports")
+TABLES = ("meta", "refs", "reflog", "leases", "trust", "remotes", "signatures", "imports", "s3index", "s3packs")
 
 
 class MetadataUnavailable(AgentcasError):
@@ -130,6 +132,17 @@ class MetadataStore(ABC):
             with self.reader() as txn:  # nothing to apply: a snapshot suffices (no write lock)
                 return run_exchange(txn, reads, (), ())
         return self.write(lambda txn: run_exchange(txn, reads, expect, writes))
+
+    def read_many(self, table: str, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        """{key: value} of the given keys that hold a row, from one snapshot (PostgreSQL: one
+        statement, one round trip)."""
+        with self.reader() as txn:
+            found = {}
+            for key in keys:
+                value = txn.get(table, key)
+                if value is not None:
+                    found[bytes(key)] = bytes(value)
+            return found
 
     @abstractmethod
     def reader(self) -> AbstractContextManager[MetaTxn]:

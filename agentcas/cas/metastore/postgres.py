@@ -54,6 +54,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import quote
@@ -201,8 +202,10 @@ class _PgTxn(MetaTxn):
         # writer can change them before COMMIT, so a compare_and_set on one is decided
         # here and its UPDATE waits for the next round trip (a locked ref move: two).
         self._locked: dict[tuple[str, bytes], bytes] = {}
+        self.sent_at = time.monotonic()  # when the latest statement went out
 
     def _run(self, sql: str, params: tuple = ()):
+        self.sent_at = time.monotonic()
         self._store.statements += 1
         self._store.round_trips += 1
         if not self._pending:
@@ -441,8 +444,7 @@ class PostgresMetadataStore(MetadataStore):
     def _unavailable(self, exc: BaseException, retry: Retry) -> MetadataUnavailable:
         if self._final(exc):
             return MetadataUnavailable(f"{self.name}: {self._reason(exc)}")
-        return MetadataUnavailable(f"{self.name} unavailable after {retry.tries} tries in "
-                                   f"{retry.elapsed:.0f}s: {self._reason(exc)}")
+        return MetadataUnavailable(f"{self.name} unavailable {retry.summary()}: {self._reason(exc)}")
 
     def _retrying(self, attempt, retry: Retry | None = None):
         """attempt(conn) on a pooled connection, retried on the retryable errors on a fresh
@@ -608,6 +610,21 @@ class PostgresMetadataStore(MetadataStore):
                 values.append((bytes(key), bytes(value)) if read.last else bytes(value))
         return bool(applied), values
 
+    def read_many(self, table, keys):
+        """One SELECT (autocommit: its own snapshot), one round trip."""
+        _check_table(table)
+        keys = [bytes(k) for k in keys]
+        if not keys:
+            return {}
+        self._ensure_schema()
+
+        def attempt(conn):
+            self.statements += 1
+            self.round_trips += 1
+            return conn.execute("SELECT key, value FROM agentcas_kv WHERE tbl = %s AND key = ANY(%s::bytea[])",
+                                (table, keys), binary=True).fetchall()
+        return {bytes(key): bytes(value) for key, value in self._with_connection(attempt)}
+
     @contextmanager
     def reader(self):
         self._ensure_schema()
@@ -619,14 +636,17 @@ class PostgresMetadataStore(MetadataStore):
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1")
             return conn
 
-        retry = Retry()
-        conn = self._retrying(begin, retry)
+        conn = self._retrying(begin)
         broken = False
+        txn = _PgTxn(self, conn, writable=False)
         try:
-            yield _PgTxn(self, conn, writable=False)
+            yield txn
         except _RETRYABLE as exc:
             broken = True
-            raise self._unavailable(exc, retry) from None
+            # One statement, never retried (the reader's snapshot is gone): the wait was for it.
+            unanswered = Retry(began=txn.sent_at)
+            unanswered.tries = 1
+            raise self._unavailable(exc, unanswered) from None
         finally:
             self._rollback(conn)
             self._release(conn, broken=broken)

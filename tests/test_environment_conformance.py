@@ -10,8 +10,8 @@ import pytest
 
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest, DigestMismatch, hash_blob, hash_object
-from agentcas.cas.lmdb_store import LmdbObjectStore, StoreUnavailable
-from agentcas.cas.store import TABLES, MemoryObjectStore, save_object
+from agentcas.cas.lmdb_store import LmdbEnvironment, StoreUnavailable
+from agentcas.cas.store import TABLES, MemoryEnvironment, save_object
 from agentcas.errors import IntegrityError
 
 from conftest import objects_of
@@ -20,9 +20,9 @@ from conftest import objects_of
 @pytest.fixture(params=["memory", "lmdb"])
 def objects(request, tmp_path):
     if request.param == "memory":
-        yield MemoryObjectStore()
+        yield MemoryEnvironment()
         return
-    store = LmdbObjectStore(str(tmp_path / "lmdb"), create=True, map_size=1 << 20)
+    store = LmdbEnvironment(str(tmp_path / "lmdb"), create=True, map_size=1 << 20)
     yield store
     store.close()
 
@@ -103,7 +103,7 @@ KEYS = [b"a", b"ab", b"ab\x00", b"ab\x00\x01", b"ab\xff", b"ab\xff\xff", b"abc",
 
 
 def reference_scan(keys, prefix=b"", start=None, reverse=False):
-    """The documented meaning of Txn.scan, over a plain list."""
+    """The documented meaning of TableTxn.scan, over a plain list."""
     out = sorted(k for k in keys if k.startswith(prefix))
     if start is not None:
         out = [k for k in out if (k <= start if reverse else k >= start)]
@@ -188,7 +188,7 @@ def test_damaged_stored_value_is_an_integrity_error(objects):
 # --- LMDB only ---------------------------------------------------------------------------------
 
 def test_lmdb_map_grows_by_itself(tmp_path):
-    store = LmdbObjectStore(str(tmp_path / "s"), create=True, map_size=64 * 1024)
+    store = LmdbEnvironment(str(tmp_path / "s"), create=True, map_size=64 * 1024)
     try:
         start = store.env.info()["map_size"]
         payload = os.urandom(256 * 1024)
@@ -206,13 +206,13 @@ def test_lmdb_map_grows_by_itself(tmp_path):
 
 def test_lmdb_map_grown_by_another_process_is_adopted(tmp_path):
     path = str(tmp_path / "s")
-    store = LmdbObjectStore(path, create=True, map_size=64 * 1024)
+    store = LmdbEnvironment(path, create=True, map_size=64 * 1024)
     try:
         store.write(lambda txn: txn.put("refs", b"before", b"1"))
         script = textwrap.dedent(f"""
             import os
-            from agentcas.cas.lmdb_store import LmdbObjectStore
-            s = LmdbObjectStore({path!r}, map_size=64 * 1024)
+            from agentcas.cas.lmdb_store import LmdbEnvironment
+            s = LmdbEnvironment({path!r}, map_size=64 * 1024)
             for i in range(8):
                 s.write(lambda txn: txn.put("objects", bytes([i]), os.urandom(512 * 1024)))
             s.close()
@@ -227,10 +227,10 @@ def test_lmdb_map_grown_by_another_process_is_adopted(tmp_path):
 
 def test_lmdb_data_survives_reopen(tmp_path):
     path = str(tmp_path / "s")
-    store = LmdbObjectStore(path, create=True, map_size=1 << 20)
+    store = LmdbEnvironment(path, create=True, map_size=1 << 20)
     store.write(lambda txn: txn.put("trust", b"k", b"v"))
     store.close()
-    store = LmdbObjectStore(path)
+    store = LmdbEnvironment(path)
     try:
         with store.reader() as txn:
             assert txn.get("trust", b"k") == b"v"
@@ -240,10 +240,10 @@ def test_lmdb_data_survives_reopen(tmp_path):
 
 def test_lmdb_refuses_missing_store_and_file(tmp_path):
     with pytest.raises(StoreUnavailable, match="not an agentcas store"):
-        LmdbObjectStore(str(tmp_path))
+        LmdbEnvironment(str(tmp_path))
     (tmp_path / "f").write_text("x")
     with pytest.raises(StoreUnavailable, match="is a file"):
-        LmdbObjectStore(str(tmp_path / "f"))
+        LmdbEnvironment(str(tmp_path / "f"))
 
 
 def test_lmdb_map_grows_while_other_threads_read(tmp_path):
@@ -251,7 +251,7 @@ def test_lmdb_map_grows_while_other_threads_read(tmp_path):
     (snapshot, restore) must neither fail nor see garbage while the writer grows the map."""
     import threading
     import time
-    store = LmdbObjectStore(str(tmp_path / "s"), create=True, map_size=64 * 1024)
+    store = LmdbEnvironment(str(tmp_path / "s"), create=True, map_size=64 * 1024)
     store.write(lambda txn: txn.put("objects", b"k0", b"x" * 1000))
     stop, errors, reads = threading.Event(), [], [0]
 
