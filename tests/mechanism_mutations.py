@@ -164,7 +164,7 @@ MUTATIONS = {
             "test_a_commit_after_gc_on_another_machine_deleted_what_this_cache_remembers"]),
     # gc's mark set moves its ids to disk past its memory budget (gc/markset.py): drop them instead.
     "Gm": ("agentcas/gc/markset.py",
-           ["            txn.cursor().putmulti(((raw, b\"\") for raw in self._slots(self._table)), overwrite=False)\n"],
+           ["            txn.cursor().putmulti(((raw, b\"\") for raw in batch), overwrite=False)\n"],
            ["            pass\n"],
            ["tests/test_gc_markset.py::test_markset_spills_past_its_budget_and_finds_every_id_in_both_tables",
             "tests/test_gc_markset.py::test_gc_with_a_tiny_memory_budget_deletes_exactly_the_garbage_on_lmdb"]),

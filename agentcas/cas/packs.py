@@ -651,6 +651,9 @@ def _location_count(row) -> int | None:
 
 REPACK_DEAD_SHARE = 0.25          # a pack is rewritten once this share of its record bytes is dead
 REPACK_BATCH_BYTES = 8 << 20      # live record bytes moved per transaction
+# Live records moved per transaction: each moved record rewrites its index row, and a write
+# transaction holds every page it dirties in memory (LMDB keeps that memory for later ones).
+REPACK_BATCH_OBJECTS = 1024
 
 
 @dataclass
@@ -664,35 +667,41 @@ class RepackCandidates:
 
 
 def repack_candidates(txn, start: bytes = b"", dead_share: float = REPACK_DEAD_SHARE,
-                      batch_bytes: int = REPACK_BATCH_BYTES) -> RepackCandidates:
+                      batch_bytes: int = REPACK_BATCH_BYTES, batch_objects: int = REPACK_BATCH_OBJECTS,
+                      tick=None) -> RepackCandidates:
     """The next packs from `start` on whose dead share reaches `dead_share`, up to about
-    `batch_bytes` of live bytes to move. A pack's size is read from its value's length (no
-    record is parsed): memory and time per pack are constant."""
+    `batch_bytes` of live bytes or `batch_objects` live records to move. A pack's size is read
+    from its value's length (no record is parsed): memory and time per pack are constant;
+    `tick()`, if given, is called per pack read (gc's PageReleaser)."""
     found = RepackCandidates([], 0, 0, None)
+    objects = 0
     for key, row in txn.scan(LIVE, start=start or None):
+        if tick is not None:
+            tick()
         number = pack_number(key)
         pack = txn.get(PACKS, key)
         if pack is None:
             continue  # fsck names a live row without its pack
-        _, live = _live(row)
+        count, live = _live(row)
         total = len(pack) - PACK_HEADER.size
         dead = total - live
         if total > 0 and dead >= dead_share * total and dead > 0:
             found.numbers.append(number)
             found.dead_bytes += dead
             found.live_bytes += live
-            if found.live_bytes >= batch_bytes:
+            objects += count
+            if found.live_bytes >= batch_bytes or objects >= batch_objects:
                 found.next_start = pack_key(number + 1)
                 break
     return found
 
 
-def repack(txn, numbers, leaf_bytes: int = LEAF_BYTES) -> tuple[int, int, int]:
+def repack(txn, numbers, leaf_bytes: int = LEAF_BYTES, tick=None) -> tuple[int, int, int]:
     """Rewrite packs `numbers` in this transaction: their live records are stored again
     (appended to the open pack or new packs, each keeping its bytes and written_at), their
     index locations moved, the packs deleted; (packs rewritten, bytes reclaimed, objects
     moved). Only what the index names is kept, so this decides nothing about liveness: the
-    sweep did, under its fence."""
+    sweep did, under its fence. `tick(n)`, if given, is called with each pack's records."""
     rewritten = reclaimed = moved = 0
     for number in numbers:
         pack = txn.get(PACKS, pack_key(number))
@@ -707,6 +716,8 @@ def repack(txn, numbers, leaf_bytes: int = LEAF_BYTES) -> tuple[int, int, int]:
         txn.delete(LIVE, pack_key(number))
         if live:
             put_new(txn, live, leaf_bytes)
+        if tick is not None:
+            tick(len(kept) + 1)
         rewritten += 1
         reclaimed += len(pack) - sum(record.length for record in kept)  # the moved records take as much again
         moved += len(live)

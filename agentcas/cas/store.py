@@ -184,7 +184,7 @@ class _SnapshotBlobs(BlobStore):
         return packs.count(self._txn)
 
 
-LIST_BATCH = 1024  # objects listed per read transaction (see TableBlobStore.list_from)
+LIST_BATCH = 128  # objects listed per read transaction (see TableBlobStore.list_from)
 
 
 class TableBlobStore(BlobStore):

@@ -9,7 +9,7 @@ so marking a million objects took ~100 MB. `MarkSet` holds the same ids packed:
   contiguous bytes, so a lookup is two C searches: `find` the run's end (the first
   aligned empty slot), then `find` the id inside the run (a hit must be slot-aligned).
   The table grows by half once it is 3/4 full: 43 to 64 bytes an id, no Python object.
-- Past `MEMORY_BUDGET` bytes (AGENTCAS_GC_MEMORY, default 32 MiB) the table does not
+- Past `MEMORY_BUDGET` bytes (AGENTCAS_GC_MEMORY, default 16 MiB) the table does not
   grow: its ids are moved into a table of a temporary LMDB environment (in a directory
   of its own under $TMPDIR, removed when the set is closed or collected, or by the next
   gc on this host if the process was killed) and the
@@ -38,14 +38,16 @@ from typing import Any
 
 import lmdb
 
+from agentcas.gc import pages
 from agentcas.gc.pages import PageReleaser
 
 KEY_SIZE = 32
-MEMORY_BUDGET = int(os.environ.get("AGENTCAS_GC_MEMORY", str(32 << 20)))  # bytes of in-memory ids
+MEMORY_BUDGET = int(os.environ.get("AGENTCAS_GC_MEMORY", str(16 << 20)))  # bytes of in-memory ids
 # A spool's in-memory part: 256 KiB (~6,500 pairs), then a temporary file. It was
 # MEMORY_BUDGET/8 (4 MiB): the candidates of up to ~100,000 objects in memory, so gc's peak
 # grew ~40 B per stored object until then; the file's pages are the kernel's page cache.
 SPOOL_BUFFER = 256 << 10
+SPILL_BATCH = 512         # ids moved to the on-disk table per write transaction (a page written maps ~256 KiB)
 SPILL_MAP_SIZE = 1 << 36  # the on-disk table's address space (sparse): ~10^9 ids
 _MIN_SLOTS = 64
 _OVERFLOW_SLOTS = 256     # slots past the last home slot, so a run never wraps around
@@ -196,8 +198,12 @@ class MarkSet:
         if self._reader is not None:
             self._reader.abort()
             self._reader = None
-        with self._env.begin(write=True) as txn:
-            txn.cursor().putmulti(((raw, b"") for raw in self._slots(self._table)), overwrite=False)
+        batch: list[bytes] = []
+        for raw in self._slots(self._table):
+            batch.append(raw)
+            if len(batch) >= SPILL_BATCH:
+                self._put(batch)
+        self._put(batch)
         self._table = bytearray()  # freed before the empty one is allocated
         self._table = bytearray(_table_bytes(self._capacity))
         self._in_table = 0
@@ -205,6 +211,16 @@ class MarkSet:
         if self._pages is not None:
             self._pages.release()
         self._reader = self._env.begin(buffers=True)
+
+    def _put(self, batch: list[bytes]) -> None:
+        """Write a batch of ids to the on-disk table (sorted: neighbouring leaf pages), then
+        let the releaser look: a write maps every page it touches."""
+        batch.sort()
+        with self._env.begin(write=True) as txn:
+            txn.cursor().putmulti(((raw, b"") for raw in batch), overwrite=False)
+        batch.clear()
+        if self._pages is not None:
+            self._pages.tick(self._pages.every)
 
     @property
     def spilled(self) -> bool:
@@ -219,7 +235,7 @@ class MarkSet:
             self._reader.abort()
             self._reader = None
         if self._env is not None:
-            self._env.close()
+            _close_scratch(self._env, self._dir)
             self._env = None
             self._finalizer()
         self._table = bytearray(_table_bytes(_MIN_SLOTS))
@@ -228,6 +244,7 @@ class MarkSet:
 
 
 def _remove(path: str) -> None:
+    pages.forget(os.path.join(path, "data.mdb"))
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -245,6 +262,14 @@ def _scratch_table(owner, kind: str):
     env = lmdb.open(path, map_size=SPILL_MAP_SIZE, subdir=True, writemap=True, sync=False,
                     metasync=False, lock=False, readahead=False, max_dbs=0, meminit=False)
     return path, env, PageReleaser(None, data_file=os.path.join(path, "data.mdb")), finalizer
+
+
+def _close_scratch(env, path: str | None) -> None:
+    """Close a scratch table's environment; its mapping is no longer released (the
+    addresses it held may be reused by other memory)."""
+    if path is not None:
+        pages.forget(os.path.join(path, "data.mdb"))
+    env.close()
 
 
 def remove_orphaned_scratch(directory: str | None = None) -> int:
@@ -314,7 +339,7 @@ class KeySizes:
         if self._reader is not None:
             self._reader.abort()
             self._reader = None
-        self._env.close()
+        _close_scratch(self._env, self._dir)
         self._finalizer()
 
 

@@ -28,13 +28,15 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
+from typing import cast
 
 from agentcas.cas import framing
 from agentcas.cas.backends import Stores
 from agentcas.cas.digest import Digest
+from agentcas.cas.metastore.base import MetaTxn
 from agentcas.errors import IntegrityError, UsageError
 from agentcas.gc.markset import KeySpool, MarkSet
-from agentcas.gc.pages import PageReleaser
+from agentcas.gc.pages import PageReleaser, TickingReads
 from agentcas.gc.roots import GcAborted, MarkWalker, all_roots, mark_root, mark_signatures, read_pins, young_closure
 from agentcas.gc_defaults import DEFAULT_EXPIRE_REFLOG, DEFAULT_GRACE  # re-exported for callers of this module
 from agentcas.lineage.closure import MissingObject
@@ -196,13 +198,14 @@ def plan_gc(stores: Stores, now: float | None = None, grace: int = DEFAULT_GRACE
     def young(written_at: int) -> bool:
         return written_at > grace_cutoff
 
-    with stores.meta.reader() as txn, stores.source.reading() as objects:
+    pages = PageReleaser(stores)
+    with stores.meta.reader() as meta_txn, stores.source.reading() as objects:
+        txn = cast(MetaTxn, TickingReads(meta_txn, pages))  # scans tick `pages` per row
         tracking = {"generation": threads.ref_generation(txn),
                     "refs": {bytes(k[len(threads.PREFIX):]).decode("utf-8"): bytes(v)
                              for k, v in txn.scan("refs", threads.PREFIX)}}
         roots, reflog_entries, expiring = all_roots(txn, now - expire_reflog)
         pins = tuple(read_pins(txn))
-        pages = PageReleaser(stores)
         walker = MarkWalker(objects, seen, pages)
         for root in roots:
             mark_root(walker, root)

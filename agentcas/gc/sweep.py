@@ -38,6 +38,7 @@ from agentcas.cas.backends import Stores
 from agentcas.cas.leases import SWEEP_WINDOW, begin_sweep, end_sweep
 from agentcas.cas.metastore.base import MetadataUnavailable
 from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.packs import delete as delete_packed_object
 from agentcas.cas.sealed import seal
 from agentcas.cas.source import ObjectSource
 from agentcas.errors import IntegrityError
@@ -186,15 +187,27 @@ EMBEDDED_DELETES = 256  # objects an embedded store deletes per write transactio
 def _delete(stores: Stores, doomed: list[bytes], pages) -> int:
     """Delete `doomed`; the number deleted. An embedded (LMDB) store's write transaction
     holds every page it dirties in memory and maps every page it reads, so it deletes in
-    transactions of EMBEDDED_DELETES with the mapping looked at in between; a shared
-    store takes the whole batch at once (its deletes are requests, batched by the server)."""
-    if stores.shared:
+    transactions of EMBEDDED_DELETES, ticking `pages` per object deleted (a look inside
+    the transaction drops only read-only mapped pages: the dirty ones are LMDB's own
+    copies); a shared store takes the whole batch at once (its deletes are requests,
+    batched by the server)."""
+    if stores.shared or stores.embedded is None:
         return stores.blobs.delete_many(doomed)
     deleted = 0
     for start in range(0, len(doomed), EMBEDDED_DELETES):
-        deleted += stores.blobs.delete_many(doomed[start:start + EMBEDDED_DELETES])
+        deleted += stores.embedded.write(partial(_delete_packed, keys=doomed[start:start + EMBEDDED_DELETES],
+                                                 pages=pages))
         if pages is not None:
             pages.tick(pages.every)  # a look now
+    return deleted
+
+
+def _delete_packed(txn, keys: list[bytes], pages) -> int:
+    deleted = 0
+    for key in keys:
+        deleted += delete_packed_object(txn, key)
+        if pages is not None:
+            pages.tick()
     return deleted
 
 
@@ -283,7 +296,7 @@ def execute(stores: Stores, plan: GcPlan, wait: float = DEFAULT_WAIT,
               "pins_dropped": dropped, "remarked": remarked, "batches": batches,
               "complete": complete, "blocked_by": [p.to_doc() for p in blocked]}
     if stores.embedded is not None:
-        result["repack"] = repack_store(stores.embedded).to_json()
+        result["repack"] = repack_store(stores.embedded, pages=pages).to_json()
     if stores.packed is not None:
         result["packs"] = dict(sweep_unnamed_packs(stores, plan) if complete else {"skipped": "incomplete"},
                                deleted=stores.packed.packs_deleted)
