@@ -30,14 +30,14 @@ from agentcas.api.threads import Threads
 from agentcas.api.trust import Trust
 from agentcas.cas.backends import (
     STORE_KEY,
+    Backends,
     StoreAddress,
-    Stores,
     claim_prefix,
-    embedded_stores,
+    embedded_backends,
     mark_prefix,
-    memory_stores,
+    memory_backends,
     parse_store_url,
-    shared_stores,
+    shared_backends,
 )
 from agentcas.cas.digest import Digest
 from agentcas.cas.lmdb_store import StoreUnavailable, open_lmdb
@@ -70,21 +70,21 @@ def find_store(start: str | None = None) -> str | None:
 class Store:
     """An agentcas store: checkpoints, threads and histories over a blob and a metadata store."""
 
-    def __init__(self, stores: Stores, path: str | None = None):
-        self.stores = stores
+    def __init__(self, backends: Backends, path: str | None = None):
+        self.backends = backends
         self.path = path
-        self.url = stores.url
-        self.blobs = stores.blobs
-        self.meta = stores.meta
-        self.source: ObjectSource = stores.source
+        self.url = backends.url
+        self.blobs = backends.blobs
+        self.meta = backends.meta
+        self.source: ObjectSource = backends.source
         # The embedded table environment (LMDB or memory), for tools and tests that look
         # at raw tables; None for a shared store.
-        self.objects = stores.embedded
-        check_format(stores, path or self.url, readonly=getattr(self.objects, "readonly", False))
+        self.environment = backends.embedded
+        check_format(backends, path or self.url, readonly=getattr(self.environment, "readonly", False))
         self.history = Histories(self)
         self.threads = Threads(self)
         self.checkpoints = Checkpoints(self)
-        self.effects = EffectsLedger(stores, self.history.segments, path)
+        self.effects = EffectsLedger(backends, self.history.segments, path)
         self.gc = Gc(self)
         self.trust = Trust(self)
         self.remotes = Remotes(self)
@@ -115,8 +115,8 @@ class Store:
         env = None
         try:
             env = open_lmdb(path, create=True)
-            stores = embedded_stores(env, path)
-            write_format(stores)
+            backends = embedded_backends(env, path)
+            write_format(backends)
         except BaseException:
             # Whole or nothing: a store that could not be initialised leaves no files behind.
             if env is not None:
@@ -132,20 +132,20 @@ class Store:
                 except OSError:
                     pass
             raise
-        return cls(stores, path), True
+        return cls(backends, path), True
 
     @classmethod
     def _init_shared(cls, address: StoreAddress, refs: str | None) -> tuple[Store, bool]:
-        stores = shared_stores(address.url, refs, create=True)
+        backends = shared_backends(address.url, refs, create=True)
         try:
-            binding = claim_prefix(stores)  # refuses another store's prefix or database first
-            created = write_format(stores, binding)
-            _, (binding,) = stores.meta.exchange(reads=[Read("meta", STORE_KEY)])
-            mark_prefix(stores, binding)
+            binding = claim_prefix(backends)  # refuses another store's prefix or database first
+            created = write_format(backends, binding)
+            _, (binding,) = backends.meta.exchange(reads=[Read("meta", STORE_KEY)])
+            mark_prefix(backends, binding)
         except BaseException:
-            stores.close()
+            backends.close()
             raise
-        return cls(stores, None), created
+        return cls(backends, None), created
 
     @classmethod
     def open(cls, path: str, refs: str | None = None) -> Store:
@@ -154,21 +154,21 @@ class Store:
         if address.memory:
             return cls.memory()
         if address.shared:
-            return cls(shared_stores(address.url, refs), None)
+            return cls(shared_backends(address.url, refs), None)
         assert address.path is not None  # neither shared nor memory: a directory
         if not os.path.exists(address.path):
             raise StoreUnavailable(f"no store at {address.path} (run 'agentcas init {address.path}')")
-        return cls(embedded_stores(open_lmdb(address.path), address.path), address.path)
+        return cls(embedded_backends(open_lmdb(address.path), address.path), address.path)
 
     @classmethod
     def memory(cls) -> Store:
         """A new empty store in memory (for tests and experiments)."""
-        stores = memory_stores()
-        write_format(stores)
-        return cls(stores, None)
+        backends = memory_backends()
+        write_format(backends)
+        return cls(backends, None)
 
     def close(self) -> None:
-        self.stores.close()
+        self.backends.close()
 
     # -- reading ------------------------------------------------------------------------------
     def resolve(self, rev: str) -> Digest:

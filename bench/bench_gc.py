@@ -114,7 +114,7 @@ def build_agentcas(path: str, content: Content) -> dict:
 
             def link(base, prepared):
                 head, segments = rollout.link_segments(source, base, prepared)
-                packs.put_new(txn, segments, store.objects.leaf_bytes)
+                packs.put_new(txn, segments, store.environment.leaf_bytes)
                 return head
             for t, tree_id, first, second in batch:
                 name = content.name(t)
@@ -135,7 +135,7 @@ def build_agentcas(path: str, content: Content) -> dict:
                 if content.is_deleted(t):
                     name = content.name(t)
                     threads.set_if_equals(txn, name, threads.read_thread(txn, name), None, "delete")
-        store.objects.write(fn)
+        store.environment.write(fn)
 
     for t in range(content.threads):
         entries = []
@@ -155,11 +155,11 @@ def build_agentcas(path: str, content: Content) -> dict:
     writer.flush()
     if pending:
         land(pending)
-    with store.objects.reader() as txn:
+    with store.environment.reader() as txn:
         count = packs.count(txn)
         live_threads = txn.count("refs")
-    used = store.objects.used_bytes()
-    store.objects.close()
+    used = store.environment.used_bytes()
+    store.environment.close()
     return {"objects": count, "threads": content.threads, "live_threads": live_threads,
             "used_bytes": used, "build_seconds": time.perf_counter() - started}
 

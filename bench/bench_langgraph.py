@@ -230,7 +230,7 @@ def bench_saver(work: str, msgs: list[dict], budget: float) -> dict:
     graph = builder.compile(checkpointer=saver)
     thread = {"configurable": {"thread_id": "agent"}}
     n = len(msgs)
-    start_pages, start_payload = store.objects.used_bytes(), store_payload(store)
+    start_pages, start_payload = store.environment.used_bytes(), store_payload(store)
     times, rss = [], {}
     for i, m in enumerate(msgs):
         cls = HumanMessage if m["role"] == "user" else AIMessage
@@ -242,16 +242,16 @@ def bench_saver(work: str, msgs: list[dict], budget: float) -> dict:
         if i + 1 in (n // 10, n // 2, n):
             rss[i + 1] = resident_bytes()
         if (i + 1) % 500 == 0:
-            h.progress(f"AgentcasSaver: step {i + 1}/{n}, {h.fmt_bytes(store.objects.used_bytes())}")
-    r = {"total": store.objects.used_bytes() - start_pages, "payload": store_payload(store) - start_payload,
+            h.progress(f"AgentcasSaver: step {i + 1}/{n}, {h.fmt_bytes(store.environment.used_bytes())}")
+    r = {"total": store.environment.used_bytes() - start_pages, "payload": store_payload(store) - start_payload,
          "disk": h.disk_bytes(path), "step_times": times, **per_step(put_times),
          "rss": rss, "checkpoints": len(store.threads.log("langgraph/agent"))}
-    before_payload, before_pages = store_payload(store), store.objects.used_bytes()
+    before_payload, before_pages = store_payload(store), store.environment.used_bytes()
     start = time.perf_counter()
     saver.copy_thread("agent", "agent-copy")
     r["copy_time"] = time.perf_counter() - start
     r["copy_bytes"] = store_payload(store) - before_payload
-    r["copy_pages"] = store.objects.used_bytes() - before_pages
+    r["copy_pages"] = store.environment.used_bytes() - before_pages
     h.progress(f"AgentcasSaver: listing the thread (at most {budget:.0f} s)")
     r["list"] = timed_listing(saver.list(thread), budget)
     saver.close()
@@ -341,7 +341,7 @@ def report_saver(n: int, saver: dict, lg: dict) -> None:
 def store_payload(store) -> int:
     """Bytes of every key and value in the store's tables, without LMDB's pages."""
     from agentcas.cas.store import TABLES
-    with store.objects.reader() as txn:
+    with store.environment.reader() as txn:
         return sum(len(k) + len(v) for table in TABLES for k, v in txn.scan(table))
 
 
@@ -355,7 +355,7 @@ def bench_agentcas(work: str, msgs: list[dict]) -> dict:
     os.makedirs(workspace)
     rollout = os.path.join(work, "rollout.jsonl")
     open(rollout, "wb").close()
-    used = store.objects.used_bytes
+    used = store.environment.used_bytes
     n = len(msgs)
     start_bytes = used()
     times, sizes = [], [start_bytes]
@@ -488,7 +488,7 @@ def profile_saver(work: str, n: int) -> None:
 
     def by_kind(store) -> collections.Counter:
         out = collections.Counter()
-        with store.objects.reader() as txn:
+        with store.environment.reader() as txn:
             for table in TABLES:
                 for k, v in txn.scan(table):
                     name = f"object: {framing.KIND_NAMES[framing.unframe(bytes(v))[0]]}" if table == "objects" else table
@@ -512,11 +512,11 @@ def profile_saver(work: str, n: int) -> None:
     builder.add_edge(START, "agent")
     builder.add_edge("agent", END)
     graph = builder.compile(checkpointer=saver)
-    before, pages = by_kind(saver.store), saver.store.objects.used_bytes()
+    before, pages = by_kind(saver.store), saver.store.environment.used_bytes()
     for m in messages(n):
         cls = HumanMessage if m["role"] == "user" else AIMessage
         graph.invoke({"messages": [cls(content=m["content"], id=m["id"])]}, {"configurable": {"thread_id": "p"}})
-    after, pages = by_kind(saver.store), saver.store.objects.used_bytes() - pages
+    after, pages = by_kind(saver.store), saver.store.environment.used_bytes() - pages
     rows = [[name, f"{(after[name] - before[name]) / n:,.0f} B"] for name in sorted(after) if after[name] != before[name]]
     rows.append(["all keys and values", f"{(sum(after.values()) - sum(before.values())) / n:,.0f} B"])
     rows.append(["LMDB pages", f"{pages / n:,.0f} B"])

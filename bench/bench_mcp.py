@@ -102,14 +102,14 @@ def build(store, workspace: str, n: int) -> list[str]:
                 made.append(digest)
                 digests.append(digest)
             return made
-        made = store.objects.write(land)  # the embedded LMDB environment's raw tables (bench only)
+        made = store.environment.write(land)  # the embedded LMDB environment's raw tables (bench only)
         ids += [d.hex() for d in made]
 
     def move(txn):
         state = threads.read_thread(txn, "agent")
         threads.set_if_equals(txn, "agent", state, threads.ThreadState(digests[-1], head, state.forked_from),
                               "commit", "bench: many checkpoints")
-    store.objects.write(move)
+    store.environment.write(move)
     assert EMPTY_POSITION.seq == 0
     return ids[::-1]  # newest first
 

@@ -53,10 +53,10 @@ def worker(name: str, args: list[str]) -> None:
     from agentcas.cas.store import TABLES
     from agentcas.repository import Store
     store = Store.open(args[0])
-    used = store.objects.used_bytes
+    used = store.environment.used_bytes
 
     def payload() -> int:
-        with store.objects.reader() as txn:
+        with store.environment.reader() as txn:
             return sum(len(k) + len(v) for table in TABLES for k, v in txn.scan(table))
 
     out: dict = {}

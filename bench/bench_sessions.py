@@ -43,7 +43,7 @@ def window_medians(times: list[float]) -> tuple[float, float]:
 
 def payload_bytes(store) -> int:
     from agentcas.cas.store import TABLES
-    with store.objects.reader() as txn:
+    with store.environment.reader() as txn:
         return sum(len(k) + len(v) for table in TABLES for k, v in txn.scan(table))
 
 
@@ -87,20 +87,20 @@ async def bench_agents_sdk(work: str, items: list) -> dict:
     session = AgentcasSession("bench", store)
     out["agentcas_times"], out["agentcas_cpu"] = await timed_adds(session, items)
     out["agentcas_disk"] = h.disk_bytes(path)
-    out["agentcas_used"] = store.objects.used_bytes()
+    out["agentcas_used"] = store.environment.used_bytes()
     start = time.perf_counter()
     mine = await session.get_items(limit=20)
     out["agentcas_get"] = time.perf_counter() - start
     assert mine == got, "the two sessions disagree"
     fork_payload, fork_used, fork_times, fork_cpu = [], [], [], []
     for k in range(FORKS):
-        payload, used = payload_bytes(store), store.objects.used_bytes()
+        payload, used = payload_bytes(store), store.environment.used_bytes()
         start, start_cpu = time.perf_counter(), time.process_time()
         fork = session.fork(f"fork-{k}", at=len(items))
         fork_times.append(time.perf_counter() - start)
         fork_cpu.append(time.process_time() - start_cpu)
         fork_payload.append(payload_bytes(store) - payload)
-        fork_used.append(store.objects.used_bytes() - used)
+        fork_used.append(store.environment.used_bytes() - used)
     assert await fork.get_items(limit=3) == items[-3:]
     out["fork_payload"] = statistics.median(fork_payload)
     out["fork_used"] = max(fork_used)
@@ -143,7 +143,7 @@ async def bench_adk(work: str, items: list) -> dict:
     store, _ = Store.init(path)
     service = AgentcasSessionService(store)
     out["agentcas_times"] = await appends(service)
-    out["agentcas_used"] = store.objects.used_bytes()
+    out["agentcas_used"] = store.environment.used_bytes()
     out["agentcas_disk"] = h.disk_bytes(path)
     payload = payload_bytes(store)
     start = time.perf_counter()

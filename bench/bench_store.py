@@ -243,7 +243,7 @@ def report(r: dict) -> list[str]:
         rows.append([name, h.fmt_time(edit[tool]["time"]), f"{h.fmt_bytes(edit[tool]['disk_delta'])} (disk)"])
     out.append(h.table(
         f"A 4 KiB overwrite in one file, then commit — {label}", ["tool", "time", "store growth"], rows,
-        [f"agentcas: `store.objects.used_bytes()` delta / sum of the sizes of new stored objects; "
+        [f"agentcas: `store.environment.used_bytes()` delta / sum of the sizes of new stored objects; "
          f"the commit reported {ea['new_objects']} new objects, {h.fmt_bytes(ea['new_bytes'])}."]))
 
     co = r["checkout"]
@@ -292,13 +292,13 @@ def bench_one_file(total: int, quick: bool) -> dict:
         time.sleep(2.2)
         r["load_start"] = h.load_note()
         rounds = 1 if quick else ROUNDS
-        stores = [os.path.join(work, f"store.{k}") for k in range(rounds)]
+        backends = [os.path.join(work, f"store.{k}") for k in range(rounds)]
         borgs = [os.path.join(work, f"borg.{k}") for k in range(rounds)]
 
         def first_commit(tool: str, k: int) -> float:
             if tool == "agentcas":
-                h.run([h.AGENTCAS, "init", stores[k]], env=env)
-                return agentcas_commit(stores[k], data, "one file", env)[0]
+                h.run([h.AGENTCAS, "init", backends[k]], env=env)
+                return agentcas_commit(backends[k], data, "one file", env)[0]
             h.run(["borg", "init", "-e", "none", borgs[k]], env=env)
             return h.run(["borg", "create", f"{borgs[k]}::a", data], env=env, warm_paths=(data,))
 
@@ -306,7 +306,7 @@ def bench_one_file(total: int, quick: bool) -> dict:
         r["first_rounds"] = alternate(rounds, "agentcas", "borg", first_commit)
         h.progress("store/one file: checkout")
         r["checkout_rounds"], r["checkout_ok"] = checkout_against_cp(
-            rounds, stores[-1], data, os.path.join(work, "restored"), env,
+            rounds, backends[-1], data, os.path.join(work, "restored"), env,
             lambda dest: h.apparent_bytes(dest) == r["data_bytes"])
         r["load_end"] = h.load_note()
     return r

@@ -160,14 +160,14 @@ from agentcas.cas.store import TABLES
 from agentcas.repository import Store
 s = Store.open(sys.argv[1])
 count = size = payload = 0
-with s.objects.reader() as txn:
+with s.environment.reader() as txn:
     for table in TABLES:
         for key, value in txn.scan(table):
             payload += len(key) + len(value)
 for info in s.stores.source.blobs.list():  # the objects, in packs (format 3) or rows
     count += 1
     size += info.size
-print(json.dumps({"used_bytes": s.objects.used_bytes(), "objects": count, "object_bytes": size,
+print(json.dumps({"used_bytes": s.environment.used_bytes(), "objects": count, "object_bytes": size,
                   "payload": payload}))
 """
 

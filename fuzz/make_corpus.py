@@ -69,7 +69,7 @@ def main() -> None:
         seed("public_key", b"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl x@y\n")
         signed = envelope.sign(key, store.resolve("main"), "main")
         seed("envelope", signed.encode())
-        with store.objects.reader() as txn:
+        with store.environment.reader() as txn:
             for _, value in txn.scan("objects"):
                 value = bytes(value)
                 kind, data = framing.unframe(value)

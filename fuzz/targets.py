@@ -48,7 +48,7 @@ def _objects():
     global _memory
     if _memory is None:
         from agentcas import Store
-        _memory = Store.memory().stores
+        _memory = Store.memory().backends
     return _memory
 
 

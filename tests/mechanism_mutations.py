@@ -52,8 +52,8 @@ MUTATIONS = {
     "5": ("agentcas/gc/sweep.py", ["previous is not None and previous[0] == name and previous[2] < cutoff"],
           ["previous is not None and previous[2] < cutoff"],
           [M + "test_expire_reflog_now_keeps_each_threads_newest_entry"]),
-    "6": ("agentcas/lineage/moves.py", ["    missing = stores.source.missing(needed)\n    if missing:\n"],
-          ["    missing = stores.source.missing(needed)\n    if False:\n"],
+    "6": ("agentcas/lineage/moves.py", ["    missing = backends.source.missing(needed)\n    if missing:\n"],
+          ["    missing = backends.source.missing(needed)\n    if False:\n"],
           [M + "test_commit_reusing_only_old_garbage_fails_cleanly_when_gc_runs_before_it_lands"]),
     "7": ("agentcas/workspace/commit.py", ["            if expect is not None and current != expected:"], ["            if False:"],
           [M + "test_commit_expect_is_rechecked_when_the_thread_moves_during_the_snapshot"]),
@@ -113,20 +113,21 @@ MUTATIONS = {
     # objects), and the landing's compare-and-swap (here: a ref that moved is overwritten or its
     # move silently dropped).
     "G1": ("agentcas/lineage/moves.py",
-           ["        store_objects(self.stores, landing.objects, landing.needed - landing.objects.keys(), landing.action)\n",
-            "            self.stores.meta.write(partial(self._final, landing=landing))\n"],
-           ["",
-            "            self.stores.meta.write(partial(self._final, landing=landing))\n"
-            "            self.stores.source.put_many(landing.objects)\n"],
+           ["        staged = store_objects(self.backends, landing.objects, landing.needed - landing.objects.keys(),\n"
+            "                               landing.action)\n",
+            "            self.backends.meta.write(partial(self._final, landing=landing, staged=staged))\n"],
+           ["        staged = []\n",
+            "            self.backends.meta.write(partial(self._final, landing=landing, staged=staged))\n"
+            "        self.backends.source.put_many(landing.objects)\n"],
            ["tests/test_langgraph_saver.py::test_every_crash_point_of_a_put_leaves_the_old_or_the_new_checkpoint"]),
     # ... and the same on the embedded store, where objects and refs land in one transaction
     # (here: the objects in a transaction of their own after the refs moved).
     "G1w": ("agentcas/lineage/moves.py",
             ["        for raw, framed in landing.objects.items():\n            save_object(txn, Digest(raw), framed)\n",
-             "            self.stores.meta.write(partial(self._land_at_once, landing=landing))\n"],
+             "            self.backends.meta.write(partial(self._land_at_once, landing=landing))\n"],
             ["",
-             "            self.stores.meta.write(partial(self._land_at_once, landing=landing))\n"
-             "            self.stores.source.put_many(landing.objects)\n"],
+             "            self.backends.meta.write(partial(self._land_at_once, landing=landing))\n"
+             "            self.backends.source.put_many(landing.objects)\n"],
             ["tests/test_langgraph_saver.py::test_every_crash_point_of_a_put_leaves_the_old_or_the_new_checkpoint"]),
     # A leaseless (SweepWatch) writer's landing checks that no gc sweep began since it started
     # (here: it lands regardless, as if it had held a lease it never took).
@@ -180,7 +181,7 @@ MUTATIONS = {
            ["tests/test_rollout_file.py::test_an_edit_in_the_last_stored_append_is_refused"]),
     # A damaged store file (cas/lmdb_pages.py, cas/fatal_signals.py): fsck checks the data
     # file's pages before LMDB reads them; other commands meet a SIGBUS with one line.
-    "P0": ("agentcas/gc/fsck.py", ["        check_pages(stores.path)\n"], ["        pass\n"],
+    "P0": ("agentcas/gc/fsck.py", ["        check_pages(backends.path)\n"], ["        pass\n"],
            ["tests/test_lmdb_pages.py::test_a_page_past_the_end_of_a_truncated_file_is_reported"]),
     "P1": ("agentcas/cas/lmdb_pages.py",
            ["    if offsets and (min(offsets) < upper or max(offsets) > page_size - NODE_HEADER):"],
@@ -273,7 +274,7 @@ MUTATIONS = {
     # lease's clock before sending; every batch of a long write refreshes the lease.
     "Lf": ("agentcas/cas/leases.py", ["        if self.expires_at + CLOCK_MARGIN < now:\n            return False\n"], [""],
            [M + "test_an_expired_lease_of_another_host_does_not_hold_gc_off"]),
-    "Lg": ("agentcas/lineage/moves.py", ["    lease.check_clock()\n"], [""],
+    "Lg": ("agentcas/lineage/moves.py", ["        self.lease.check_clock()\n"], [""],
            [M + "test_a_landing_whose_own_lease_ran_out_raises_before_it_sends_anything"]),
     "Lh": ("agentcas/cas/writer.py", ["            with self._lock:\n                self.lease.refresh()\n"],
            ["            with self._lock:\n                pass\n"],

@@ -185,7 +185,7 @@ def test_a_new_service_on_the_same_store_sees_the_same_sessions(tmp_path, clock)
 
 # -- forks and ADK's rewind ---------------------------------------------------------------------
 def payload_bytes(store: Store) -> int:
-    with store.objects.reader() as txn:
+    with store.environment.reader() as txn:
         return sum(len(k) + len(v) for table in TABLES for k, v in txn.scan(table))
 
 

@@ -80,7 +80,7 @@ def test_unindexed_checkpoints_are_walked_parent_by_parent():
             ids.append(digest)
             parent = digest
 
-    store.objects.write(land)
+    store.environment.write(land)
     with views(store) as txn:
         assert newest_at_or_before(txn, ids[-1], 0) == ids[-1]
         assert load_checkpoint(txn, ids[-1]).generation == 0

@@ -37,7 +37,7 @@ def sdir(tmp_path) -> Path:
     """A store created and closed again, so raw LMDB reads and subprocesses see it alone."""
     path = tmp_path / "store"
     store, _ = Store.init(str(path))
-    store.objects.close()
+    store.environment.close()
     return path
 
 
@@ -47,7 +47,7 @@ def opened(path: Path):
     try:
         yield store
     finally:
-        store.objects.close()
+        store.environment.close()
 
 
 def jsonl(*docs) -> bytes:

@@ -171,7 +171,7 @@ def test_list_files_and_walks_need_no_recursion(tmp_path):
         doc = encoding.encode({"entries": [{"id": child.hex(), "name": "d", "type": "dir"}]})
         child = hash_object("tree", doc)
         frames[child.raw] = framing.frame(framing.KIND_TREE, doc)
-    store.objects.write(lambda txn: [save_object(txn, __import__("agentcas").cas.digest.Digest(k), v)
+    store.environment.write(lambda txn: [save_object(txn, __import__("agentcas").cas.digest.Digest(k), v)
                                      for k, v in frames.items()])
     from agentcas.workspace.restore import list_files
     limit = sys.getrecursionlimit()
@@ -226,8 +226,8 @@ def test_fsck_refuses_a_stored_tree_deeper_than_path_max(tmp_path):
         save_object(txn, cp.digest(), framing.frame(framing.KIND_CHECKPOINT, cp.encode()))
         threads.set_if_equals(txn, "deep", None, ThreadState(cp.digest(), EMPTY_POSITION), "test", "planted")
 
-    store.objects.write(land)
-    store.objects.close()
+    store.environment.write(land)
+    store.environment.close()
     result = run_cli("fsck", store=tmp_path / "store")
     assert result.code == 4 and f"at most {MAX_PATH_BYTES}" in result.err, result
     checkout = run_cli("checkout", "deep", tmp_path / "out", store=tmp_path / "store")

@@ -39,7 +39,7 @@ def v1_store(tmp_path):
 
 
 def meta_format(store: Store) -> dict:
-    with store.objects.reader() as txn:
+    with store.environment.reader() as txn:
         return encoding.decode(unseal("meta", b"format", txn.get("meta", b"format")))
 
 
@@ -71,7 +71,7 @@ def test_v1_store_grows_in_format_2_and_keeps_every_guarantee(v1_store, tmp_path
     rollout.write_bytes(b"".join(store.history.read("main")) + b'{"role":"user","i":9}\n')
     new = store.checkpoints.commit(str(out), "third", rollout_file=str(rollout)).to_json()
     assert store.checkpoints.show("main").to_json()["format"] == 2 and store.checkpoints.show("main").to_json()["parents"] == [MAIN]
-    with store.objects.reader() as txn:
+    with store.environment.reader() as txn:
         cp = framing.unframe(packs.get(txn, bytes.fromhex(new["checkpoint"])))[1]
         row = next(txn.scan("reflog", b"threads/main\0", reverse=True))
     assert cp[:1] != b"{" and unseal("reflog", bytes(row[0]), row[1])[:1] == b"\x02"
@@ -141,7 +141,7 @@ def assert_v2_facts(store: Store) -> None:
 
 
 def raw_tables(store: Store) -> dict:
-    with store.objects.reader() as txn:
+    with store.environment.reader() as txn:
         return {table: txn.count(table) for table in ("objects",) + packs.TABLES}
 
 

@@ -36,7 +36,7 @@ def build(tmp_path, rollout: bool = True) -> tuple:
     with views(store) as txn:
         from agentcas.lineage.rollout import History
         facts["segment"] = History(txn).segment(facts["history"].segment) if rollout else None
-    store.objects.close()
+    store.environment.close()
     return store_dir, facts
 
 
@@ -84,7 +84,7 @@ def test_flipped_object_byte_is_named_and_checkout_refuses(tmp_path, where):
             from agentcas.cas.source import load_object
             sub = Tree.decode(load_object(txn, Digest.parse(facts["tree"]))).entries[1].id
             target = Tree.decode(load_object(txn, sub)).entries[0].chunks.hex()
-        store.objects.close()
+        store.environment.close()
     else:
         target = facts["tree"] if where == "tree" else facts["small"]
     index = 3 if where == "chunk header" else -2
@@ -155,7 +155,7 @@ def test_segment_that_lies_about_its_records(tmp_path):
     def put(txn):
         save_object(txn, chunk, framing.frame(framing.KIND_CHUNK, data))
         save_object(txn, wrong.digest_id(), framing.frame(framing.KIND_SEGMENT, wrong.encode()))
-    store.objects.write(put)
+    store.environment.write(put)
     doc = store.gc.fsck().to_json()
     assert not doc["ok"]
     assert doc["problems"][0]["id"] == wrong.digest_id().hex()
@@ -173,7 +173,7 @@ def test_position_cut_inside_a_segment_is_recomputed(tmp_path):
     def land(txn):
         state = threads.read_thread(txn, "good")
         assert threads.set_if_equals(txn, "good", state, threads.ThreadState(None, bogus), "test")
-    store.objects.write(land)
+    store.environment.write(land)
     doc = store.gc.fsck().to_json()
     assert not doc["ok"]
     assert any(p["what"] == "position" and "good" in p["message"] for p in doc["problems"])
@@ -259,7 +259,7 @@ def plant_lie(store: Store, kind: str) -> None:
             save_object(txn, Digest(raw), framed)
         threads.set_if_equals(txn, "lies", None, ThreadState(cp_id, EMPTY_POSITION), "test", "planted")
 
-    store.objects.write(land)
+    store.environment.write(land)
 
 
 LIES = {"6-2": "size", "10e15": "size", "single": "size", "file-hash": "does not hash to its id",
@@ -270,7 +270,7 @@ LIES = {"6-2": "size", "10e15": "size", "single": "size", "file-hash": "does not
 def test_fsck_finds_objects_that_lie_so_a_clean_store_checks_out(kind, tmp_path):
     store, _ = Store.init(str(tmp_path / "store"))
     plant_lie(store, kind)
-    store.objects.close()
+    store.environment.close()
     result = run_cli("fsck", store=tmp_path / "store")
     assert result.code == 4, result
     assert LIES[kind] in result.err, result
@@ -282,7 +282,7 @@ def test_pull_from_a_store_whose_objects_lie_is_refused_and_writes_nothing(kind,
     from conftest import store_rows
     src, _ = Store.init(str(tmp_path / "src"))
     plant_lie(src, kind)
-    src.objects.close()
+    src.environment.close()
     assert run_cli("init", tmp_path / "dst").code == 0
     assert run_cli("remote", "add", "them", tmp_path / "src", store=tmp_path / "dst").code == 0
     before = store_rows(tmp_path / "dst")
@@ -334,8 +334,8 @@ def test_fsck_and_pull_refuse_lying_skip_pointers_and_generations(tmp_path):
         threads.set_if_equals(txn, "skips", None, ThreadState(None, lying.end(seg_id)), "test", "planted")
         threads.set_if_equals(txn, "gens", None, ThreadState(bad_generation.digest(), cp.history), "test", "planted")
 
-    store.objects.write(land)
-    store.objects.close()
+    store.environment.write(land)
+    store.environment.close()
     result = run_cli("fsck", store=tmp_path / "src")
     assert result.code == 4
     assert "skip pointer" in result.out and "generation 5" in result.out, result
@@ -372,8 +372,8 @@ def test_a_segment_whose_index_does_not_follow_its_base_is_reported_and_refused(
         save_object(txn, rooted.digest(), framing.frame(framing.KIND_CHECKPOINT, rooted.encode()))
         threads.set_if_equals(txn, "indexed", None, ThreadState(rooted.digest(), rooted.history), "test", "planted")
 
-    store.objects.write(land)
-    store.objects.close()
+    store.environment.write(land)
+    store.environment.close()
     said = f"segment {seg_id.hex()} has index 3 after a base with index 1"
     result = run_cli("fsck", store=tmp_path / "src")
     assert result.code == 4 and said in result.out, result
@@ -404,8 +404,8 @@ def test_fsck_finds_a_signature_listed_for_another_checkpoint(tmp_path):
         txn.delete("signatures", key)
         txn.put("signatures", other.raw + signed.raw, seal("signatures", other.raw + signed.raw, payload))
 
-    store.objects.write(move)
-    store.objects.close()
+    store.environment.write(move)
+    store.environment.close()
     result = run_cli("fsck", store=store_dir)
     assert result.code == 4 and "but it signs" in result.out, result
 
@@ -420,7 +420,7 @@ def test_fsck_reports_a_signature_listed_but_not_stored(tmp_path):
     made = envelope.sign(keys.generate(), checkpoint, "main")
     signed, _ = envelope.envelope_object(made)
     store.meta.write(lambda txn: envelope.save_index_row(txn, made, signed))  # the row, not the object
-    store.objects.close()
+    store.environment.close()
     result = run_cli("fsck", store=store_dir)
     assert result.code == 4, result
     assert f"signature {signed.hex()} is missing (listed for checkpoint {checkpoint.hex()})" in result.out, result

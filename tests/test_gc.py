@@ -120,7 +120,7 @@ def test_recent_object_keeps_what_it_refers_to(any_store):
         save_object(txn, chunk_id, framing.frame(framing.KIND_CHUNK, chunk, written_at=old))
         save_object(txn, hash_blob(orphan), framing.frame(framing.KIND_CHUNK, orphan, written_at=old))
         save_object(txn, tree.digest(), framing.frame(framing.KIND_TREE, tree.encode()))
-    store.objects.write(put)
+    store.environment.write(put)
     doc = store.gc.run(grace=600, expire_reflog=0).to_json()
     assert doc["plan"]["roots"]["recent"] == 1
     assert doc["result"]["deleted"]["objects"] == 1
@@ -233,7 +233,7 @@ def test_missing_referenced_object_aborts_and_deletes_nothing(any_store, tmp_pat
     store.checkpoints.commit(write_files(tmp_path / "ws2", {"b": os.urandom(50_000)}), "garbage", thread="g")
     store.threads.delete("g")
     chunk = bytes.fromhex([item.to_json() for item in store.checkpoints.files("main")][0]["id"])
-    assert store.objects.write(lambda txn: packs.delete(txn, chunk))
+    assert store.environment.write(lambda txn: packs.delete(txn, chunk))
     before = all_keys(store)
     with pytest.raises(GcAborted) as info:
         store.gc.run(grace=0, expire_reflog=0, now=later())
@@ -289,7 +289,7 @@ def test_ref_moved_during_gc_is_marked_before_sweeping(any_store, tmp_path):
     plan = store.gc.plan(grace=0, expire_reflog=0, now=later())
     assert plan.reclaimable["objects"] > 0
     store.threads.create("rescued", orphan["checkpoint"][:12])
-    result = execute(store.stores, plan)
+    result = execute(store.backends, plan)
     assert result["deleted"]["objects"] == 0 and result["remarked"] > 0
     assert store.gc.fsck().to_json()["ok"]
     store.checkpoints.checkout("rescued", str(tmp_path / "out"))
@@ -310,7 +310,7 @@ def test_a_signed_checkpoint_brought_back_during_gc_keeps_its_signature(any_stor
     plan = store.gc.plan(grace=0, expire_reflog=0, now=later())
     assert plan.reclaimable["objects"] >= 4  # chunk, tree, checkpoint, signature
     store.threads.create("rescued", orphan[:12])
-    result = execute(store.stores, plan)
+    result = execute(store.backends, plan)
     assert result["deleted"]["objects"] == 0
     assert store.gc.fsck().to_json()["ok"]
     assert store.trust.verify(orphan).signature == "valid"
@@ -326,7 +326,7 @@ def test_signatures_live_with_their_checkpoint(any_store, tmp_path):
     def put(txn):
         save_object(txn, sig, framing.frame(framing.KIND_SIGNATURE, body))
         txn.put("signatures", key, seal("signatures", key, encoding.encode({"key_id": "k"})))
-    store.objects.write(put)
+    store.environment.write(put)
     doc = store.gc.run(grace=0, expire_reflog=0, now=later()).to_json()
     assert doc["plan"]["roots"]["signature"] == 1 and sig.raw in all_keys(store)
     store.threads.delete("t")
@@ -389,7 +389,7 @@ def test_churn_keeps_the_store_bounded(tmp_path):
         store.threads.delete("churn")
         result = store.gc.run(grace=0, expire_reflog=0, now=later()).to_json()["result"]
         assert result["deleted"]["bytes"] >= 2_000_000
-        sizes.append(store.objects.used_bytes())
+        sizes.append(store.environment.used_bytes())
     assert sizes[-1] < 1.5 * sizes[0], sizes  # without the settle writes it doubles
     assert store.gc.fsck().to_json()["ok"]
 
@@ -399,7 +399,7 @@ def test_plan_is_json_and_counts_add_up(any_store, tmp_path):
     store.checkpoints.commit(write_files(tmp_path / "ws", {"a": os.urandom(70_000)}), "x")
     store.checkpoints.commit(write_files(tmp_path / "ws2", {"b": os.urandom(70_000)}), "y", thread="t")
     store.threads.delete("t")
-    plan = plan_gc(store.stores, later(), 0, 0)
+    plan = plan_gc(store.backends, later(), 0, 0)
     doc = plan.to_json()
     encoding.encode(doc)  # plain JSON types only (no floats)
     assert doc["objects"] == doc["live"]["objects"] + doc["reclaimable"]["objects"] + doc["held_by_grace"]["objects"]
@@ -429,7 +429,7 @@ def test_scan_does_not_keep_the_store_mapped(tmp_path):
                     total += int(line.split()[1]) * 1024
         return total
 
-    pages = PageReleaser(store.objects, every=64, budget=2 * 1024 * 1024)
+    pages = PageReleaser(store.environment, every=64, budget=2 * 1024 * 1024)
     with views(store) as txn:
         for _ in txn.scan(packs.PACKS):
             pages.tick()
@@ -464,11 +464,11 @@ def test_report_memory_does_not_grow_with_the_objects_it_counts(tmp_path, monkey
     store, _ = Store.init(str(tmp_path / "store"))
     files = {f"d{i % 40}/f{i}": b"%d" % i * 3 for i in range(12_000)}
     store.checkpoints.commit(write_files(tmp_path / "ws", files), "many", thread="t")
-    plan = plan_gc(store.stores, now=later(), grace=0, expire_reflog=0)
+    plan = plan_gc(store.backends, now=later(), grace=0, expire_reflog=0)
     monkeypatch.setattr(markset, "MEMORY_BUDGET", 64 << 10)
     tracemalloc.start()
     try:
-        doc = report.build_report(store.stores, plan)
+        doc = report.build_report(store.backends, plan)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -121,7 +121,7 @@ def _garbage_store(tmp_path, count: int):
         data = b"garbage %d " % i + os.urandom(64)
         writer.add(hash_blob(data), framing.frame(framing.KIND_CHUNK, data, written_at=old))
     writer.flush()
-    store.objects.close()
+    store.environment.close()
     return store_dir, ws
 
 

@@ -146,7 +146,7 @@ def test_gc_with_a_tiny_memory_budget_deletes_exactly_the_garbage_on_lmdb(tmp_pa
 
 
 def _shared_keys(store: Store) -> set[bytes]:
-    return {bytes(info.key) for info in store.stores.blobs.list()}
+    return {bytes(info.key) for info in store.backends.blobs.list()}
 
 
 def test_gc_with_a_tiny_memory_budget_deletes_exactly_the_garbage_on_the_shared_store(

@@ -286,7 +286,7 @@ def test_rewind_verifies_every_file_before_writing_one(tmp_path):
     (ws / "b.txt").write_text("b2")
     store.sessions.checkpoint(str(ws), "claude/x", "two", lambda state: b"")
     b1 = next(f for f in store.checkpoints.files(first.checkpoint) if f.path == "b.txt").id
-    store.objects.write(lambda txn: raw_objects.edit(txn, bytes.fromhex(b1), lambda value: None))
+    store.environment.write(lambda txn: raw_objects.edit(txn, bytes.fromhex(b1), lambda value: None))
     with pytest.raises(IntegrityError):
         store.sessions.rewind("claude/x", first.checkpoint, only="code", workspace=str(ws))
     assert (ws / "a.txt").read_text() == "a2" and (ws / "b.txt").read_text() == "b2"

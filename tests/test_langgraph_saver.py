@@ -761,7 +761,7 @@ def _corrupt(store: Store, raw: bytes) -> None:
     def flip(value: bytearray):
         value[-1] ^= 0xFF
         return value
-    store.objects.write(lambda txn: raw_objects.edit(txn, raw, flip))
+    store.environment.write(lambda txn: raw_objects.edit(txn, raw, flip))
 
 
 def test_a_corrupt_value_raises_a_clear_error_naming_the_object(saver):

@@ -80,7 +80,7 @@ def ws(tmp_path):
 
 def tables(store: Store) -> dict:
     """A copy of every row (the memory store), pins aside."""
-    return {name: dict(rows) for name, rows in store.objects._tables.items() if name != "pins"}
+    return {name: dict(rows) for name, rows in store.environment._tables.items() if name != "pins"}
 
 
 def read(store: Store, rev: str, start: int = 0, stop=None) -> bytes:

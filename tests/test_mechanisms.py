@@ -55,7 +55,7 @@ def plant(store: Store, kind: int, data: bytes) -> Digest:
     """Store one object as it is, bypassing every writer's checks (for objects no command writes)."""
     digest = hash_blob(data) if kind == framing.KIND_CHUNK else hash_object(framing.KIND_NAMES[kind], data)
     framed = framing.frame(kind, data)
-    store.objects.write(lambda txn: txn.put_new("objects", digest.raw, framed))
+    store.environment.write(lambda txn: txn.put_new("objects", digest.raw, framed))
     return digest
 
 

@@ -29,7 +29,7 @@ from support.processes import start_together  # noqa: E402
 
 def payload_bytes(store: Store) -> int:
     """Keys and values stored in every table of an embedded store."""
-    with store.objects.reader() as txn:
+    with store.environment.reader() as txn:
         return sum(len(k) + len(v) for table in TABLES for k, v in txn.scan(table))
 
 
@@ -320,14 +320,14 @@ def test_a_fork_is_one_write_transaction(tmp_path):
     session = AgentcasSession("s", store)
     asyncio.run(session.add_items([message(i) for i in range(20)]))
     writes = []
-    original = store.objects.write
+    original = store.environment.write
 
     def counted(fn):
         writes.append(fn)
         return original(fn)
-    store.objects.write = counted
+    store.environment.write = counted
     fork = session.fork("branch", at=12)
-    store.objects.write = original
+    store.environment.write = original
     assert len(writes) == 1  # no lease row written and removed around it: one durable commit
     assert asyncio.run(fork.get_items(1)) == [message(11)]
     assert store.threads.get(fork.thread).forked_from.thread == session.thread

@@ -142,12 +142,12 @@ def test_fsck_counts_unindexed_pack_bytes_as_reclaimable(tmp_path):
     doc = store.gc.fsck().to_json()
     assert doc["ok"] and doc["packs"]["reclaimable_bytes"] == 0 and doc["packs"]["count"] >= 1
     orphan = key(9)
-    store.objects.write(lambda txn: packs.put_new(txn, {orphan: value(b"orphan" * 20)}))
-    with store.objects.reader() as txn:
+    store.environment.write(lambda txn: packs.put_new(txn, {orphan: value(b"orphan" * 20)}))
+    with store.environment.reader() as txn:
         (number, record), = [packs.locate(txn, orphan)]
     # Forget it the way a crash between two tables would not: only the index row goes.
-    store.objects.write(lambda txn: txn.delete(packs.INDEX, orphan[:packs.INDEX_KEY]))
-    store.objects.write(lambda txn: txn.put(packs.LIVE, packs.pack_key(number), bytes(
+    store.environment.write(lambda txn: txn.delete(packs.INDEX, orphan[:packs.INDEX_KEY]))
+    store.environment.write(lambda txn: txn.put(packs.LIVE, packs.pack_key(number), bytes(
         _minus_one(txn.get(packs.LIVE, packs.pack_key(number)), record.length))))
     doc = store.gc.fsck().to_json()
     assert doc["ok"], doc["problems"]
@@ -162,14 +162,14 @@ def _minus_one(row, length):
 
 def test_fsck_names_an_index_row_whose_pack_is_gone_and_a_wrong_live_row(tmp_path):
     store = committed_store(tmp_path)
-    with store.objects.reader() as txn:
+    with store.environment.reader() as txn:
         last = max(packs.pack_number(k) for k, _ in txn.scan(packs.PACKS))
-    store.objects.write(lambda txn: txn.delete(packs.PACKS, packs.pack_key(last)))
+    store.environment.write(lambda txn: txn.delete(packs.PACKS, packs.pack_key(last)))
     doc = store.gc.fsck().to_json()
     assert not doc["ok"]
     assert any(p["what"] == "index" and f"pack {last}, which is missing" in p["message"] for p in doc["problems"])
     store2 = committed_store(tmp_path / "two")
-    store2.objects.write(lambda txn: txn.put(packs.LIVE, packs.pack_key(0), b"\x63\x01"))
+    store2.environment.write(lambda txn: txn.put(packs.LIVE, packs.pack_key(0), b"\x63\x01"))
     doc = store2.gc.fsck().to_json()
     assert any(p["what"] == "pack" and "live row" in p["message"] for p in doc["problems"])
 
@@ -178,9 +178,9 @@ def test_fsck_names_an_index_row_that_names_a_location_twice(tmp_path):
     # fsck counts index locations against the records found where their rows name them, and
     # resolves rows only when the two differ: a location named twice must still be named.
     store = committed_store(tmp_path)
-    with store.objects.reader() as txn:
+    with store.environment.reader() as txn:
         row_key, row = next((bytes(k), bytes(v)) for k, v in txn.scan(packs.INDEX))
-    store.objects.write(lambda txn: txn.put(packs.INDEX, row_key, row + row))
+    store.environment.write(lambda txn: txn.put(packs.INDEX, row_key, row + row))
     doc = store.gc.fsck().to_json()
     assert not doc["ok"]
     assert [p for p in doc["problems"] if p["what"] == "index"] == [

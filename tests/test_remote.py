@@ -298,8 +298,8 @@ class ShortSource(LocalStoreEndpoint):
 def test_bad_objects_in_flight_are_refused_and_nothing_lands(pair, source_class):
     local, remote = pair
     before = rows(remote)
-    source = source_class(local.stores, "file://" + local.path)
-    target = LocalStoreEndpoint(remote.stores, "file://" + remote.path)
+    source = source_class(local.backends, "file://" + local.path)
+    target = LocalStoreEndpoint(remote.backends, "file://" + remote.path)
     with pytest.raises(CorruptTransfer) as info:
         transfer(source, target, "main", action="push")
     assert info.value.exit_code == 4
@@ -315,9 +315,9 @@ def test_lost_race_moves_nothing(pair, workspace):
             remote.checkpoints.commit(str(workspace), "racing commit")  # someone moves the ref meanwhile
             return result
 
-    source = LocalStoreEndpoint(local.stores, "local")
+    source = LocalStoreEndpoint(local.backends, "local")
     with pytest.raises(ConflictError, match="moved during the transfer"):
-        transfer(source, RacedTarget(remote.stores, "remote"), "main", action="push")
+        transfer(source, RacedTarget(remote.backends, "remote"), "main", action="push")
     assert [item.to_json() for item in remote.threads.log("main")][0]["reason"] == "racing commit"
     assert len(remote.threads.log("main")) == 1
 
@@ -351,9 +351,9 @@ def test_missing_object_in_target_after_transfer_is_caught(pair):
             return {d.raw for d in ids}
 
     before = rows(remote)
-    source = LocalStoreEndpoint(local.stores, "local")
+    source = LocalStoreEndpoint(local.backends, "local")
     with pytest.raises(IntegrityError, match="is missing"):
-        transfer(source, LyingTarget(remote.stores, "remote"), "main", action="push")
+        transfer(source, LyingTarget(remote.backends, "remote"), "main", action="push")
     assert rows(remote) == before
 
 
@@ -373,7 +373,7 @@ def test_target_rechecks_fast_forward_in_its_final_transaction(pair, workspace):
     state = remote.threads.get("main")
     reflog = [item.to_json() for item in remote.threads.reflog("main")]
     with pytest.raises(NotFastForward, match="not an ancestor"):
-        transfer(CarelessSource(local.stores, "local"), LocalStoreEndpoint(remote.stores, "remote"),
+        transfer(CarelessSource(local.backends, "local"), LocalStoreEndpoint(remote.backends, "remote"),
                  "main", action="push")
     assert remote.threads.get("main") == state and [item.to_json() for item in remote.threads.reflog("main")] == reflog
     with views(remote) as txn:

@@ -28,7 +28,7 @@ def jsonl(count: int, size: int, tag: str) -> str:
 
 
 @pytest.fixture
-def stores(tmp_path, workspace):
+def backends(tmp_path, workspace):
     """(local, other): local main has a checkpoint and 50 records; remote 'other' -> other."""
     local, other = tmp_path / "local", tmp_path / "other"
     # Set-up through the API in one child process (each CLI start costs a few tenths of a second).
@@ -48,8 +48,8 @@ def check_error(result, code: int, text: str) -> None:
     assert result.err.count("\n") == 1 and "Traceback" not in result.err
 
 
-def test_remote_add_list_remove(tmp_path, stores):
-    local, other = stores
+def test_remote_add_list_remove(tmp_path, backends):
+    local, other = backends
     (tmp_path / "sub").mkdir()
     added = run_cli("--json", "remote", "add", "rel", "../other", store=local, cwd=tmp_path / "sub")
     assert added.code == 0 and added.json() == {"name": "rel", "url": f"file://{other}", "created": False}
@@ -62,8 +62,8 @@ def test_remote_add_list_remove(tmp_path, stores):
         == ["other", "url"]
 
 
-def test_remote_add_errors_change_nothing(tmp_path, stores):
-    local, other = stores
+def test_remote_add_errors_change_nothing(tmp_path, backends):
+    local, other = backends
     (tmp_path / "not-a-store").mkdir()
     (tmp_path / "not-a-store" / "notes.md").write_text("mine\n")
     before = store_rows(local)
@@ -82,8 +82,8 @@ def test_remote_add_errors_change_nothing(tmp_path, stores):
     assert store_rows(local) == before
 
 
-def test_push_then_push_again_then_pull(tmp_path, stores, workspace):
-    local, other = stores
+def test_push_then_push_again_then_pull(tmp_path, backends, workspace):
+    local, other = backends
     pushed = run_cli("--json", "push", "other", "main", store=local)
     assert pushed.code == 0, pushed
     doc = pushed.json()
@@ -113,8 +113,8 @@ def test_push_then_push_again_then_pull(tmp_path, stores, workspace):
     assert text.code == 0 and "up to date" in text.out
 
 
-def test_push_of_one_megabyte_append_sends_under_two_megabytes(stores, capsys):
-    local, other = stores
+def test_push_of_one_megabyte_append_sends_under_two_megabytes(backends, capsys):
+    local, other = backends
     assert run_cli("push", "other", "main", store=local).code == 0
     appended = jsonl(500, 2000, "new")
     assert run_cli("rollout", "append", "main", "-", store=local, input=appended).code == 0
@@ -125,8 +125,8 @@ def test_push_of_one_megabyte_append_sends_under_two_megabytes(stores, capsys):
     assert 700_000 < doc["bytes_sent"] < 2_000_000
 
 
-def test_non_fast_forward_push_exits_3_and_force_replaces(stores, workspace):
-    local, other = stores
+def test_non_fast_forward_push_exits_3_and_force_replaces(backends, workspace):
+    local, other = backends
     assert run_cli("push", "other", "main", store=local).code == 0
     (workspace / "task.json").write_text('{"step": "theirs"}\n')
     assert run_cli("commit", workspace, "-m", "theirs", store=other).code == 0
@@ -140,8 +140,8 @@ def test_non_fast_forward_push_exits_3_and_force_replaces(stores, workspace):
     assert run_cli("--json", "show", "main", store=other).json()["reason"] == "mine"
 
 
-def test_non_fast_forward_pull_exits_3_and_leaves_local_unchanged(stores, workspace):
-    local, other = stores
+def test_non_fast_forward_pull_exits_3_and_leaves_local_unchanged(backends, workspace):
+    local, other = backends
     assert run_cli("push", "other", "main", store=local).code == 0
     assert run_cli("rollout", "append", "main", "-", store=other, input=jsonl(2, 50, "x")).code == 0
     assert run_cli("rollout", "append", "main", "-", store=local, input=jsonl(2, 50, "y")).code == 0
@@ -151,8 +151,8 @@ def test_non_fast_forward_pull_exits_3_and_leaves_local_unchanged(stores, worksp
     assert run_cli("pull", "other", "main", "--force", store=local).code == 0
 
 
-def test_unknown_remote_missing_remote_store_and_unknown_thread(tmp_path, stores):
-    local, other = stores
+def test_unknown_remote_missing_remote_store_and_unknown_thread(tmp_path, backends):
+    local, other = backends
     check_error(run_cli("push", "nowhere", "main", store=local), 1, "no remote named 'nowhere'")
     check_error(run_cli("pull", "nowhere", "main", store=local), 1, "no remote named 'nowhere'")
     check_error(run_cli("push", "other", "nope", store=local), 1, "no thread named 'nope'")
@@ -172,8 +172,8 @@ def corrupt_largest_object(store_dir) -> bytes:
     return key
 
 
-def test_corrupt_object_in_sender_exits_4_and_nothing_lands(stores):
-    local, other = stores
+def test_corrupt_object_in_sender_exits_4_and_nothing_lands(backends):
+    local, other = backends
     key = corrupt_largest_object(local)
     before = store_rows(other)
     result = run_cli("--json", "push", "other", "main", store=local)
@@ -182,8 +182,8 @@ def test_corrupt_object_in_sender_exits_4_and_nothing_lands(stores):
     assert store_rows(other) == before
 
 
-def test_corrupt_object_in_remote_exits_4_on_pull_and_nothing_lands(stores, workspace):
-    local, other = stores
+def test_corrupt_object_in_remote_exits_4_on_pull_and_nothing_lands(backends, workspace):
+    local, other = backends
     (workspace / "artifacts" / "more.bin").write_bytes(os.urandom(200_000))
     assert run_cli("commit", workspace, "-m", "theirs", "--thread", "theirs", store=other).code == 0
     corrupt_largest_object(other)
@@ -245,10 +245,10 @@ def test_remote_add_takes_the_bucket_names_store_takes(bucket):
     assert remote_takes == store_takes
 
 
-def test_remote_add_creates_a_store_in_a_new_or_empty_directory(tmp_path, stores, workspace):
+def test_remote_add_creates_a_store_in_a_new_or_empty_directory(tmp_path, backends, workspace):
     """As the README's first push is written: `remote add backup DIR` on a DIR that does not
     exist (or is empty) makes an empty store there, says so, and the push works."""
-    local, _ = stores
+    local, _ = backends
     assert run_cli("commit", workspace, "-m", "one", store=local).code == 0
     (tmp_path / "empty").mkdir()
     for name, target in (("backup", tmp_path / "mnt" / "backup"), ("spare", tmp_path / "empty")):

@@ -50,7 +50,7 @@ def any_store(request, tmp_path):
     else:
         store, _ = Store.init(str(tmp_path / "store"))
         yield store
-        store.objects.close()
+        store.environment.close()
 
 
 # --- records ------------------------------------------------------------------------------
@@ -208,7 +208,7 @@ def test_corrupt_chunk_is_named_on_read():
     head = store.threads.get("t").history
     with store.source.reading() as txn:
         chunk = rollout.History(txn).segment(head.segment).chunks[0].id
-    store.objects.write(lambda txn: raw_objects.edit(txn, chunk.raw, flip_byte(-5)))
+    store.environment.write(lambda txn: raw_objects.edit(txn, chunk.raw, flip_byte(-5)))
     with pytest.raises(IntegrityError) as caught:
         list(store.history.read("t"))
     assert chunk.hex() in str(caught.value) and caught.value.exit_code == 4
@@ -227,7 +227,7 @@ def test_missing_chunk_is_named_on_read():
     head = store.threads.get("t").history
     with store.source.reading() as txn:
         chunk = rollout.History(txn).segment(head.segment).chunks[0].id
-    store.objects.write(lambda txn: raw_objects.edit(txn, chunk.raw, lambda value: None))
+    store.environment.write(lambda txn: raw_objects.edit(txn, chunk.raw, lambda value: None))
     with pytest.raises(rollout.MissingHistory) as caught:
         list(store.history.read("t"))
     assert chunk.hex() in str(caught.value) and caught.value.exit_code == 4
@@ -235,7 +235,7 @@ def test_missing_chunk_is_named_on_read():
 
 def test_small_append_is_one_segment_with_its_records_inline():
     store = Store.memory()
-    before = store.objects.used_bytes()
+    before = store.environment.used_bytes()
     data = b"".join(records(3, size=100))
     store.history.append("t", data)
     head = store.threads.get("t").history
@@ -246,7 +246,7 @@ def test_small_append_is_one_segment_with_its_records_inline():
     assert segment.inline == data and segment.chunks == () and len(kinds) == 1
     assert b"".join(store.history.read("t")) == data
     assert b"".join(store.history.read("t", 1, 2)) == data.split(b"\n", 2)[1] + b"\n"
-    assert store.objects.used_bytes() > before
+    assert store.environment.used_bytes() > before
     big = b"".join(records(5, size=20000, start=3))
     store.history.append("t", big)
     with store.source.reading() as objects:
@@ -259,7 +259,7 @@ def test_corrupt_inline_segment_is_an_integrity_error():
     store = Store.memory()
     store.history.append("t", b"".join(records(3)))
     head = store.threads.get("t").history
-    store.objects.write(lambda txn: raw_objects.edit(txn, head.segment.raw, flip_byte(-3)))
+    store.environment.write(lambda txn: raw_objects.edit(txn, head.segment.raw, flip_byte(-3)))
     with pytest.raises(IntegrityError) as caught:
         list(store.history.read("t"))
     assert head.segment.hex() in str(caught.value) and caught.value.exit_code == 4
@@ -302,7 +302,7 @@ def test_an_append_costs_storage_proportional_to_its_size(tmp_path):
         new_again = {k: s for k, s in objects_table(store).items() if k not in before}
         assert len(new_again) == len(new)
     finally:
-        store.objects.close()
+        store.environment.close()
 
 
 class SegmentLoads:
@@ -431,7 +431,7 @@ def test_segments_chained_ahead_link_exactly_like_segments_chained_when_linked(t
     marks = sorted({1, 5, ends[0], ends[0] + 1, ends[1] - 1, 400, len(lines) - 1, len(lines)})
     packed = rollout.pack_raw_lines(data, 3, base.digest.raw, marks[:-1])
     assert all(not s.record_hashes for s in packed.segments)   # only chain values travel
-    store.stores.source.put_many({digest.raw: framed for digest, framed in packed.objects})
+    store.backends.source.put_many({digest.raw: framed for digest, framed in packed.objects})
     assert _without_write_times(rollout.link_segments_at(store.source, base, packed.segments, marks)) == \
         _without_write_times(rollout.link_segments_at(store.source, base, plain, marks))
     other = rollout.pack_raw_lines(data, 3, bytes(32) if existing else b"\x01" * 32, marks[:-1])
@@ -439,7 +439,7 @@ def test_segments_chained_ahead_link_exactly_like_segments_chained_when_linked(t
         rollout.link_segments_at(store.source, base, other.segments, marks)
     with pytest.raises(UsageError, match="not chained ahead"):
         rollout.link_segments_at(store.source, base, packed.segments, [2])
-    store.objects.close()
+    store.environment.close()
 
 
 def _without_write_times(linked):

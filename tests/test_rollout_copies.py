@@ -155,7 +155,7 @@ def test_a_fork_costs_what_it_adds(tmp_path):
     def object_bytes(path) -> int:
         store = Store.open(str(path))
         try:
-            return sum(info.size for info in store.stores.source.blobs.list())
+            return sum(info.size for info in store.backends.source.blobs.list())
         finally:
             store.close()
 
@@ -256,7 +256,7 @@ def test_a_claim_whose_source_is_gone_stores_the_lines_as_bytes(tmp_path):
     records = [STAMP % n + json.dumps({"text": "v" * 2000, "n": n}).encode() + b"}\n" for n in range(4)]
     store.history.ingest([SessionAppend("parent", b"".join(records))])
     head = store.threads.get("parent").history
-    store.objects.write(lambda txn: raw_objects.edit(txn, head.segment.raw, lambda value: None))
+    store.environment.write(lambda txn: raw_objects.edit(txn, head.segment.raw, lambda value: None))
     copies = [r.replace(b"10:00:", b"11:00:") for r in records]
     store.history.ingest([SessionAppend("fork", b"".join(copies), copies=CopyClaim(head, 0, 4))])
     assert copy_segments(store, "fork") == []
@@ -283,7 +283,7 @@ def test_a_lying_copy_is_refused_by_fsck_and_import(tmp_path):
         raw_objects.plant(txn, seg_id.raw, framing.frame(framing.KIND_SEGMENT, lying.encode()))
         threads.set_if_equals(txn, "lying", None, threads.ThreadState(None, lying.end(seg_id)), "test", "planted")
 
-    store.objects.write(land)
+    store.environment.write(land)
     store.close()
     r = run_cli("fsck", store=tmp_path / "src")
     assert r.code == 4 and seg_id.hex() in r.out, r

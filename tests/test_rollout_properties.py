@@ -120,7 +120,7 @@ class RolloutMachine(RuleBasedStateMachine):
             self.final_check()
         finally:
             if self.use_lmdb:
-                self.store.objects.close()
+                self.store.environment.close()
             shutil.rmtree(self.tmp, ignore_errors=True)
 
     def _new_name(self) -> str:

@@ -49,7 +49,7 @@ def s3_names(s3_server, url: str, folder: str) -> dict[str, bytes]:
 
 
 def s3_requests(store) -> dict:
-    return dict(store.stores.packed.remote.requests)
+    return dict(store.backends.packed.remote.requests)
 
 
 def many_files(root, count: int, seed: int = 0) -> None:
@@ -133,7 +133,7 @@ def test_a_pack_no_row_names_is_reclaimable_and_gc_deletes_it(shared, tmp_path, 
     store = shared.open()
     try:  # as a writer killed between its upload and its rows would leave it
         [(name, data, _)] = build_packs({bytes(32): b"x" * 100})
-        store.stores.packed.remote.put_pack(name.hex(), data)
+        store.backends.packed.remote.put_pack(name.hex(), data)
     finally:
         store.close()
     checked = shared("--json", "fsck", machine="b").json()
@@ -175,7 +175,7 @@ def test_fsck_names_the_pack_of_a_corrupted_object(shared, tmp_path, s3_server):
 def unpack_to_format_2(store) -> None:
     """Rewrite a store as format 2 wrote it: each object its own S3 object, no pack index,
     the format record 2."""
-    packed = store.stores.packed
+    packed = store.backends.packed
     with store.meta.reader() as txn:
         ids = [bytes(key) for key, _ in txn.scan(INDEX)]
         packs = [bytes(key) for key, _ in txn.scan(PACKS)]
@@ -236,7 +236,7 @@ def test_gc_at_grace_zero_keeps_the_pack_a_writer_has_uploaded_but_not_yet_index
     try:
         with Lease(store.meta, "a writer between its upload and its move"):
             [(name, data, _)] = build_packs({bytes(32): b"x" * 100})
-            store.stores.packed.remote.put_pack(name.hex(), data)
+            store.backends.packed.remote.put_pack(name.hex(), data)
             swept = shared("--json", "gc", "--grace", "0s", machine="b").json()["result"]
             assert swept["packs"] == {"deleted": 0, "skipped": "writers"}, swept
             assert f"{name.hex()}" in "".join(s3_names(s3_server, shared.url, "packs"))

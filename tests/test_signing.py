@@ -305,7 +305,7 @@ def test_planted_small_order_trust_row_is_refused_at_use(store, workspace):
     store.checkpoints.commit(str(workspace), "one")
     doc = {"name": "evil", "public_key": IDENTITY.hex(), "key_id": keys.key_id(IDENTITY),
            "namespaces": [envelope.NAMESPACE_CHECKPOINT], "added_at": "2026-11-29T00:00:00.000000Z"}
-    store.objects.write(lambda txn: txn.put("trust", b"evil", seal("trust", b"evil", encoding.encode(doc))))
+    store.environment.write(lambda txn: txn.put("trust", b"evil", seal("trust", b"evil", encoding.encode(doc))))
     with pytest.raises(Exception) as info:
         store.trust.verify("main")
     assert getattr(info.value, "exit_code", None) == 4

@@ -367,7 +367,7 @@ def test_stat_cache_is_not_trusted_when_objects_are_gone(mem, ws, monkeypatch, t
     assert other.checkpoints.commit(str(ws), "x").to_json()["cached_files"] == 0
     # Drop the stored chunk of a.txt from the first store: the cache entry must not be used.
     a_id = bytes.fromhex(files(mem)["a.txt"]["id"])
-    mem.objects.write(lambda txn: packs.delete(txn, a_id))
+    mem.environment.write(lambda txn: packs.delete(txn, a_id))
     again = mem.checkpoints.commit(str(ws), "again").to_json()
     assert again["cached_files"] == 1
     mem.checkpoints.checkout("main", str(tmp_path / "out"))
@@ -390,10 +390,10 @@ def test_remembered_stat_cache_rows_skip_decoding_but_never_outlive_their_bytes(
     assert calls.count("statcache") == 0  # taken from memory: same bytes as last time
     # Damage a.txt's row in the store: its bytes differ from the remembered ones, so the
     # row is unsealed again, fails its tag, and the file is read from disk.
-    key = next(k for k, _ in mem.objects._tables["statcache"].items() if k.endswith(b"a.txt"))
-    value = bytearray(mem.objects._tables["statcache"][key])
+    key = next(k for k, _ in mem.environment._tables["statcache"].items() if k.endswith(b"a.txt"))
+    value = bytearray(mem.environment._tables["statcache"][key])
     value[3] ^= 1
-    mem.objects._tables["statcache"][key] = bytes(value)
+    mem.environment._tables["statcache"][key] = bytes(value)
     fourth = mem.checkpoints.commit(str(ws), "fourth").to_json()
     assert calls.count("statcache") == 1 and fourth["cached_files"] == 1
     assert fourth["tree"] == first["tree"]
@@ -680,7 +680,7 @@ def test_stat_cache_rows_are_binary_and_version_1_rows_still_count(mem, ws, monk
     from agentcas.cas.sealed import seal, unseal
     monkeypatch.setattr(snapshot, "RACY_NS", 0)
     first = mem.checkpoints.commit(str(ws), "first").to_json()
-    table = mem.objects._tables["statcache"]
+    table = mem.environment._tables["statcache"]
     payloads = {k: unseal("statcache", k, v) for k, v in table.items()}
     assert {p[:1] for p in payloads.values()} == {b"\x02"} and len(payloads) == 2
     key = next(k for k in payloads if k.endswith(b"a.txt"))
@@ -690,7 +690,7 @@ def test_stat_cache_rows_are_binary_and_version_1_rows_still_count(mem, ws, monk
     table[key] = seal("statcache", key, old_row)
     assert mem.checkpoints.commit(str(ws), "old row").to_json()["cached_files"] == 2
     snapshot._DECODED_ROWS.clear()
-    table = mem.objects._tables["statcache"]  # each write replaces the memory store's tables
+    table = mem.environment._tables["statcache"]  # each write replaces the memory store's tables
     table[key] = seal("statcache", key, b"\x07" + payloads[key][1:])  # unknown version
     again = mem.checkpoints.commit(str(ws), "unknown row").to_json()
     assert again["cached_files"] == 1 and again["tree"] == first["tree"]

@@ -36,21 +36,21 @@ class Checkpoints:
 
     def __init__(self, store: Store):
         self._store = store
-        self._stores = store.stores
+        self._backends = store.backends
 
     def commit(self, workspace: str, reason: str, thread: str = "main", rollout_file: str | None = None,
                expect: str | None = None, allow_secrets=(), author: str | None = None,
                progress=None) -> CommitResult:
         """Snapshot `workspace` (and the new tail of `rollout_file`) as a checkpoint on `thread`."""
         from agentcas.workspace.commit import commit_workspace
-        return commit_workspace(self._stores, self._store.path, workspace, reason, thread, rollout_file, expect,
+        return commit_workspace(self._backends, self._store.path, workspace, reason, thread, rollout_file, expect,
                                 allow_secrets, author, progress)
 
     def get(self, rev: str) -> tuple[Digest, Checkpoint]:
         """The checkpoint `rev` names: (id, verified Checkpoint)."""
-        with self._stores.meta.reader() as txn:
-            digest = revisions.resolve(txn, self._stores.source, rev)
-        return digest, revisions.load_checkpoint(self._stores.source, digest)
+        with self._backends.meta.reader() as txn:
+            digest = revisions.resolve(txn, self._backends.source, rev)
+        return digest, revisions.load_checkpoint(self._backends.source, digest)
 
     def show(self, rev: str, files: bool = False) -> CheckpointInfo:
         """A checkpoint's fields (with `files`, its files too)."""
@@ -63,7 +63,7 @@ class Checkpoints:
         """Every file of checkpoint `rev`, by path."""
         from agentcas.workspace.restore import list_files  # lazy: restore pulls in shutil and threads
         digest, cp = self.get(rev)
-        with self._stores.source.reading() as objects:
+        with self._backends.source.reading() as objects:
             return [FileInfo(path, entry.size, entry.mode, entry.id.hex())
                     for path, entry in list_files(objects, cp.tree) if entry.type == "file"]
 
@@ -71,7 +71,7 @@ class Checkpoints:
         """Every file under `tree` by '/'-separated path: its verified bytes, or (without
         `content`) its TreeEntry."""
         from agentcas.workspace.restore import list_files, read_file
-        with self._stores.source.reading() as objects:
+        with self._backends.source.reading() as objects:
             return {path: read_file(objects, entry, path) if content else entry
                     for path, entry in list_files(objects, tree) if entry.type == "file"}
 
@@ -79,7 +79,7 @@ class Checkpoints:
         """Checkpoints reachable from `heads` along all parents, stopping at `known` raw ids
         (only read, never copied); each once, verified."""
         out, seen = [], set()
-        with self._stores.source.reading() as objects:
+        with self._backends.source.reading() as objects:
             stack = [h for h in heads if h is not None and h.raw not in known]
             while stack:
                 digest = stack.pop()
@@ -96,7 +96,7 @@ class Checkpoints:
         from agentcas.workspace.restore import list_files  # lazy: restore pulls in shutil and threads
         d1, c1 = self.get(rev1)
         d2, c2 = self.get(rev2)
-        with self._stores.source.reading() as objects:
+        with self._backends.source.reading() as objects:
             files1 = {p: e for p, e in list_files(objects, c1.tree) if e.type == "file"}
             files2 = {p: e for p, e in list_files(objects, c2.tree) if e.type == "file"}
             common = rollout.common_prefix(self._store.history.history(objects), c1.history, c2.history)
@@ -116,8 +116,8 @@ class Checkpoints:
         open_effects = self._store.effects.after_checkpoint(rev)  # what restoring files does not undo
         mark = cp.rollout_file  # the rollout file committed with it, written back where it was
         extra = None if mark is None or mark.path is None else \
-            (mark.path, rollout_file_pieces(self._stores.source, cp.history, mark))
-        count = restore_tree(self._stores.source, cp.tree, dest, progress, extra)
+            (mark.path, rollout_file_pieces(self._backends.source, cp.history, mark))
+        count = restore_tree(self._backends.source, cp.tree, dest, progress, extra)
         return CheckoutResult(digest.hex(), cp.tree.hex(), os.path.abspath(dest), count, open_effects,
                               None if extra is None else extra[0])
 
@@ -125,12 +125,12 @@ class Checkpoints:
         """Likely secrets in REV's files and history (a thread: its whole history), by the
         commit's rules."""
         from agentcas.exchange.secret_scan import file_findings, history_findings
-        with self._stores.meta.reader() as txn:
+        with self._backends.meta.reader() as txn:
             try:
-                history, digest, thread = revisions.source_state(txn, self._stores.source, rev)
+                history, digest, thread = revisions.source_state(txn, self._backends.source, rev)
             except NotFound:
                 raise NotFound(f"no thread or checkpoint named {rev!r}") from None
-        with self._stores.source.reading() as objects:
+        with self._backends.source.reading() as objects:
             tree = None if digest is None else revisions.load_checkpoint(objects, digest).tree
             files = [] if tree is None else file_findings(objects, tree)
             records = history_findings(objects, history, thread)

@@ -21,19 +21,19 @@ class Gc:
     """Garbage collection and verification of a store (`store.gc`)."""
 
     def __init__(self, store: Store):
-        self._stores = store.stores
+        self._backends = store.backends
 
     def plan(self, grace: int = DEFAULT_GRACE, expire_reflog: int = DEFAULT_EXPIRE_REFLOG,
              now: float | None = None) -> GcPlan:
         """Mark from every root and classify every object (deletes nothing): a gc.plan.GcPlan."""
         from agentcas.gc.plan import plan_gc
-        return plan_gc(self._stores, now, grace, expire_reflog)
+        return plan_gc(self._backends, now, grace, expire_reflog)
 
     def execute(self, plan: GcPlan, wait: float = DEFAULT_WAIT, progress=None,
                 batch: int = BATCH_DELETES) -> GcResult:
         """Carry out a GcPlan (gc/sweep.py): expire reflog entries, delete garbage, settle."""
         from agentcas.gc.sweep import execute
-        return GcResult.from_doc(execute(self._stores, plan, wait=wait, batch=batch, progress=progress))
+        return GcResult.from_doc(execute(self._backends, plan, wait=wait, batch=batch, progress=progress))
 
     def run(self, grace: int = DEFAULT_GRACE, expire_reflog: int = DEFAULT_EXPIRE_REFLOG,
             dry_run: bool = False, report: bool = False, wait: float = DEFAULT_WAIT, progress=None,
@@ -43,7 +43,7 @@ class Gc:
         plan = self.plan(grace, expire_reflog, now)
         try:
             result = None if dry_run else self.execute(plan, wait, progress, batch)
-            lineage = build_report(self._stores, plan, None if result is None else result.to_json()) \
+            lineage = build_report(self._backends, plan, None if result is None else result.to_json()) \
                 if report else None
             return GcReport(dry_run, plan.to_json(), result, lineage)
         finally:
@@ -53,9 +53,9 @@ class Gc:
                 expire_reflog: int = DEFAULT_EXPIRE_REFLOG) -> GcExplanation:
         """Why an object is alive (the path from a root to it), or that it is unreachable."""
         from agentcas.gc.explain import explain
-        return GcExplanation(explain(self._stores, object_id, grace=grace, expire_reflog=expire_reflog))
+        return GcExplanation(explain(self._backends, object_id, grace=grace, expire_reflog=expire_reflog))
 
     def fsck(self, progress=None) -> FsckReport:
         """Verify every object, row, position and closure."""
         from agentcas.gc.fsck import fsck
-        return FsckReport(**fsck(self._stores, progress))
+        return FsckReport(**fsck(self._backends, progress))

@@ -52,16 +52,16 @@ class Histories:
 
     def __init__(self, store: Store):
         self._store = store
-        self._stores = store.stores
+        self._backends = store.backends
         self.segments = rollout.SegmentCache()  # decoded segments, kept across reads
 
     def history(self, objects=None) -> rollout.History:
         """A reader of histories over this store's objects (or `objects`, a pinned reader)."""
-        return rollout.History(objects or self._stores.source, self.segments)
+        return rollout.History(objects or self._backends.source, self.segments)
 
     def append(self, thread: str, data: bytes) -> AppendResult:
         """Append JSONL records to a thread's history (creating the thread if new)."""
-        return append_records(self._stores, thread, data)
+        return append_records(self._backends, thread, data)
 
     def read(self, rev: str, start: int = 0, stop: int | None = None,
              whole_records: bool = True, clamp: bool = True) -> Iterator[bytes]:
@@ -75,9 +75,9 @@ class Histories:
         """
         if start < 0 or (stop is not None and stop < 0):
             raise UsageError("--from and --to must not be negative")
-        with self._stores.meta.reader() as txn:
+        with self._backends.meta.reader() as txn:
             try:
-                head, _, _ = revisions.source_state(txn, self._stores.source, rev)
+                head, _, _ = revisions.source_state(txn, self._backends.source, rev)
             except NotFound:
                 raise NotFound(f"no thread or checkpoint named {rev!r}") from None
         if start > head.seq:
@@ -95,7 +95,7 @@ class Histories:
     def _read(self, head: HistoryPosition, start: int, stop: int | None, whole_records: bool = True):
         # buffers=True: chunk values are views into the map (LMDB), decompressed from there by
         # the workers, instead of a copy of every compressed chunk made in this thread first.
-        with self._stores.source.reading(buffers=True) as objects:
+        with self._backends.source.reading(buffers=True) as objects:
             yield from self.history(objects).read(head, start, stop, whole_records)
 
     def ingest(self, appends: list[SessionAppend], author: str | None = None) -> list[IngestedThread]:
@@ -113,8 +113,8 @@ class Histories:
         for item in appends:   # reasons are checked by Checkpoint itself, in the plan
             check_thread_name(item.thread)
         who, created_at, runtime = author or default_author(), utc_now(), runtime_description()
-        with Lease(self._stores.meta, "ingest") as lease:
-            writer = BatchWriter(self._stores.source, lease=lease)
+        with Lease(self._backends.meta, "ingest") as lease:
+            writer = BatchWriter(self._backends.source, lease=lease)
             prepared = prepare_raw([b"" if item.copies is not None else item.data if item.packed is None
                                     else item.packed for item in appends], writer, INGEST_ZSTD_LEVEL)
             for number, item in enumerate(appends):
@@ -123,5 +123,5 @@ class Histories:
                                                                    writer.add, INGEST_ZSTD_LEVEL)
             writer.flush()
             return append_many_with_marks(
-                self._stores, lease, [(item.thread, segments, item.marks, item.based_on, item.forked_from)
+                self._backends, lease, [(item.thread, segments, item.marks, item.based_on, item.forked_from)
                                       for item, segments in zip(appends, prepared)], who, created_at, runtime)

@@ -25,7 +25,7 @@ class Remotes:
 
     def __init__(self, store: Store):
         self._store = store
-        self._stores = store.stores
+        self._backends = store.backends
 
     # -- the remote table ------------------------------------------------------------------------
     def add(self, name: str, url: str, refs: str | None = None) -> RemoteAdded:
@@ -44,7 +44,7 @@ class Remotes:
         remote = remote_table.Remote(name, url, refs)
         made, existed = False, True
         if not remote.shared and _absent_or_empty(remote.path):
-            with self._stores.meta.reader() as txn:
+            with self._backends.meta.reader() as txn:
                 if any(r.name == name for r in remote_table.list_remotes(txn)):
                     raise ConflictError(f"remote {name!r} already exists (remove it first)")
             existed = os.path.isdir(remote.path)
@@ -52,7 +52,7 @@ class Remotes:
             made = True
         try:
             self._open(remote)  # refused unless it opens as a store (not this one)
-            added = self._stores.meta.write(lambda txn: remote_table.add_remote(txn, name, url, refs))
+            added = self._backends.meta.write(lambda txn: remote_table.add_remote(txn, name, url, refs))
         except BaseException:
             if made:  # whole or nothing: the store made for it goes too
                 _remove_new_store(remote.path, existed)
@@ -62,13 +62,13 @@ class Remotes:
     def list(self) -> list[Remote]:
         """Every remote, by name."""
         from agentcas.exchange import remote as remote_table
-        with self._stores.meta.reader() as txn:
+        with self._backends.meta.reader() as txn:
             return list(remote_table.list_remotes(txn))
 
     def remove(self, name: str) -> RemoteRemoved:
         """Forget remote `name` (the remote store itself is untouched)."""
         from agentcas.exchange import remote as remote_table
-        return RemoteRemoved(self._stores.meta.write(lambda txn: remote_table.remove_remote(txn, name)))
+        return RemoteRemoved(self._backends.meta.write(lambda txn: remote_table.remove_remote(txn, name)))
 
     def _open(self, remote: Remote) -> Store:
         from agentcas.repository import Store
@@ -89,12 +89,12 @@ class Remotes:
         """(remote, local endpoint, remote endpoint) for a push or pull."""
         from agentcas.exchange import remote as remote_table
         from agentcas.exchange.transfer import LocalStoreEndpoint
-        with self._stores.meta.reader() as txn:
+        with self._backends.meta.reader() as txn:
             remote = remote_table.read_remote(txn, name)
         other = self._open(remote)
         path = self._store.path
-        here = LocalStoreEndpoint(self._stores, "file://" + path if path else self._store.url)
-        return remote, here, LocalStoreEndpoint(other.stores, remote.url)
+        here = LocalStoreEndpoint(self._backends, "file://" + path if path else self._store.url)
+        return remote, here, LocalStoreEndpoint(other.backends, remote.url)
 
     # -- push and pull ---------------------------------------------------------------------------
     def push(self, remote: str, thread: str, force: bool = False, progress=None,
@@ -110,7 +110,7 @@ class Remotes:
         info, here, there = self._endpoints(remote)
 
         def check_outgoing(objects):
-            with self._stores.source.reading() as source:
+            with self._backends.source.reading() as source:
                 refuse_rollout_secrets(source, [d for d, kind in objects if kind == framing.KIND_SEGMENT], thread,
                                        "push", "nothing was sent", allow_rollout_secrets,
                                        private_keys_always=False)
@@ -137,19 +137,19 @@ class Remotes:
         from agentcas.signing import keys
         key = keys.load_signing_key(key_file) if key_file else None
         digest, thread = self._store.trust.signing_thread(rev)
-        return BundleExport(**bundle.export_bundle(self._stores, digest, thread, out_path, key, allow_secrets,
+        return BundleExport(**bundle.export_bundle(self._backends, digest, thread, out_path, key, allow_secrets,
                                                    progress, allow_rollout_secrets=allow_rollout_secrets))
 
     def verify_bundle(self, path: str, progress=None) -> BundleCheck:
         """Verify a bundle completely: every hash, the closure, the length, the signatures."""
         from agentcas.exchange import bundle
-        return BundleCheck(bundle.verify_bundle(self._stores, path, progress))
+        return BundleCheck(bundle.verify_bundle(self._backends, path, progress))
 
     def import_bundle(self, path: str, as_thread: str | None = None, allow_unsigned: bool = False,
                       allow_rollback: bool = False, progress=None) -> BundleImport:
         """Verify a bundle completely, then land it as a new thread or a fast-forward."""
         from agentcas.exchange import bundle
-        return BundleImport(bundle.import_bundle(self._stores, path, as_thread, allow_unsigned, allow_rollback,
+        return BundleImport(bundle.import_bundle(self._backends, path, as_thread, allow_unsigned, allow_rollback,
                                                  progress))
 
 

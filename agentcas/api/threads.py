@@ -37,13 +37,13 @@ class Threads:
 
     def __init__(self, store: Store):
         self._store = store
-        self._stores = store.stores
+        self._backends = store.backends
 
     # -- reading ---------------------------------------------------------------------------------
     def get(self, name: str) -> ThreadState:
         """A thread's state; NotFound if there is none of that name."""
         check_thread_name(name)
-        with self._stores.meta.reader() as txn:
+        with self._backends.meta.reader() as txn:
             state = threads.read_thread(txn, name)
         if state is None:
             raise NotFound(f"no thread named {name!r}")
@@ -51,26 +51,26 @@ class Threads:
 
     def names(self) -> set[str]:
         """Every thread's name (cheaper than `list`: no ref row is decoded)."""
-        with self._stores.meta.reader() as txn:
+        with self._backends.meta.reader() as txn:
             return threads.thread_names(txn)
 
     def list(self) -> list[ThreadInfo]:
         """Every thread, by name."""
-        with self._stores.meta.reader() as txn:
+        with self._backends.meta.reader() as txn:
             return [ThreadInfo(name, _hex(s.checkpoint), s.history, s.forked_from)
                     for name, s in threads.list_threads(txn)]
 
     def under(self, prefix: str) -> dict[str, ThreadState]:
         """Every thread named `prefix` or starting with `prefix/`, with its state."""
-        with self._stores.meta.reader() as txn:
+        with self._backends.meta.reader() as txn:
             return dict(refs_under(txn, prefix))
 
     def log(self, thread: str | None = None, limit: int | None = None) -> builtins.list[LogEntry]:
         """Checkpoints newest first along first parents from a thread (or revision)."""
         out: builtins.list[LogEntry] = []
-        with self._stores.meta.reader() as txn:
-            digest: Digest | None = revisions.resolve(txn, self._stores.source, thread or "main")
-        with self._stores.source.reading() as objects:
+        with self._backends.meta.reader() as txn:
+            digest: Digest | None = revisions.resolve(txn, self._backends.source, thread or "main")
+        with self._backends.source.reading() as objects:
             while digest is not None and (limit is None or len(out) < limit):
                 cp = revisions.load_checkpoint(objects, digest)
                 out.append(LogEntry(digest.hex(), cp.reason, cp.thread, cp.created_at, cp.author,
@@ -81,30 +81,30 @@ class Threads:
     def reflog(self, thread: str, limit: int | None = None) -> builtins.list[ReflogItem]:
         """Every move of a thread's ref, newest first, each named as a revision (THREAD@{N})."""
         check_thread_name(thread)
-        with self._stores.meta.reader() as txn:
+        with self._backends.meta.reader() as txn:
             if threads.read_thread(txn, thread) is None:
                 raise NotFound(f"no thread named {thread!r}")
             return [ReflogItem(f"{thread}@{{{index}}}", entry)
-                    for index, entry in enumerate(threads.read_reflog(txn, thread, limit, self._stores.source))]
+                    for index, entry in enumerate(threads.read_reflog(txn, thread, limit, self._backends.source))]
 
     def lineage(self, thread: str | None = None) -> Lineage:
         """The fork tree of every thread (or of `thread` and the threads forked from it)."""
-        with self._stores.meta.reader() as txn:
+        with self._backends.meta.reader() as txn:
             states = threads.list_threads(txn)
         return fork_tree(states, thread)
 
     # -- moves -----------------------------------------------------------------------------------
     def create(self, name: str, rev: str | None = None) -> BranchResult:
         """A new thread at a checkpoint (default: main's head), with that checkpoint's history."""
-        return BranchResult(name, branch_thread(self._stores, name, rev).hex())
+        return BranchResult(name, branch_thread(self._backends, name, rev).hex())
 
     def delete(self, name: str) -> DeleteResult:
         """Delete a thread and its reflog (the objects stay until gc finds them unreachable)."""
-        return DeleteResult(name, True, _hex(delete_thread(self._stores, name).checkpoint))
+        return DeleteResult(name, True, _hex(delete_thread(self._backends, name).checkpoint))
 
     def fork(self, source: str, name: str, at: int | None = None) -> ForkResult:
         """A new thread sharing the first `at` records (default: all) of `source`'s history."""
-        new = fork_thread(self._stores, self._store.history.history(), source, name, at)
+        new = fork_thread(self._backends, self._store.history.history(), source, name, at)
         return ForkResult(name, source, new.history.seq, _hex(new.checkpoint), new.history)
 
     def revert(self, thread: str, rev: str, expect: str | None = None) -> RevertResult:
@@ -112,7 +112,7 @@ class Threads:
 
         The result lists the pending and unknown effects recorded after the target, which
         a revert does not undo."""
-        old, new, related = revert_thread(self._stores, thread, rev, expect)
+        old, new, related = revert_thread(self._backends, thread, rev, expect)
         notes = [WORLD_NOTE] + ([] if related else [UNRELATED_NOTE])
         # The revert has landed: a failure to list the effects it did not undo must not
         # turn it into an error.
@@ -131,4 +131,4 @@ class Threads:
         compare-and-swap transaction (lineage/group_moves.py)."""
         from agentcas.cas.store_format import utc_now
         from agentcas.lineage.checkpoints import runtime_description
-        return GroupWriter(self._stores, what, lambda: (utc_now(), runtime_description()))
+        return GroupWriter(self._backends, what, lambda: (utc_now(), runtime_description()))

@@ -22,29 +22,29 @@ class Trust:
 
     def __init__(self, store: Store):
         self._store = store
-        self._stores = store.stores
+        self._backends = store.backends
 
     def add(self, name: str, public_key_file: str, namespaces=()) -> TrustEntry:
         """Trust the key in `public_key_file` as signer `name` for `namespaces`."""
         from agentcas.signing import keys, trust
         public = keys.load_public_key(public_key_file)
-        return self._stores.meta.write(lambda txn: trust.add(txn, name, public, namespaces))
+        return self._backends.meta.write(lambda txn: trust.add(txn, name, public, namespaces))
 
     def list(self) -> list[TrustEntry]:
         """Every trusted signer, by name."""
         from agentcas.signing import trust
-        with self._stores.meta.reader() as txn:
+        with self._backends.meta.reader() as txn:
             return list(trust.list_trusted(txn))
 
     def remove(self, name: str) -> TrustRemoved:
         """Stop trusting signer `name`."""
         from agentcas.signing import trust
-        return TrustRemoved(self._stores.meta.write(lambda txn: trust.remove(txn, name)))
+        return TrustRemoved(self._backends.meta.write(lambda txn: trust.remove(txn, name)))
 
     def signing_thread(self, rev: str) -> tuple[Digest, str]:
         """The checkpoint `rev` names and the thread a signature binds: the thread named, else its own."""
         digest, cp = self._store.checkpoints.get(rev)
-        with self._stores.meta.reader() as txn:
+        with self._backends.meta.reader() as txn:
             return digest, revisions.named_thread(txn, rev) or cp.thread
 
     def sign(self, rev: str, key_file: str) -> SignResult:
@@ -55,9 +55,9 @@ class Trust:
         digest, thread = self.signing_thread(rev)
         signed = envelope.sign(key, digest, thread)
         envelope_id, framed = envelope.envelope_object(signed)
-        with Lease(self._stores.meta, f"sign {digest.short()}") as lease:
-            self._stores.source.put_many({envelope_id.raw: framed})
-            land(self._stores.meta, lease, lambda txn: envelope.save_index_row(txn, signed, envelope_id))
+        with Lease(self._backends.meta, f"sign {digest.short()}") as lease:
+            self._backends.source.put_many({envelope_id.raw: framed})
+            land(self._backends.meta, lease, lambda txn: envelope.save_index_row(txn, signed, envelope_id))
         return SignResult(digest.hex(), thread, envelope_id.hex(), key.public.id, signed.statement.signed_at,
                           signed.statement.namespace)
 
@@ -73,7 +73,7 @@ class Trust:
         from agentcas.refs.names import is_thread_name
         from agentcas.signing import envelope, trust
         digest, thread = self.signing_thread(rev)
-        with self._stores.meta.reader() as txn:
+        with self._backends.meta.reader() as txn:
             trusted = trust.list_trusted(txn)
             accepted = {thread}
             imported = read_import(txn, thread) if is_thread_name(thread) else None
@@ -81,7 +81,7 @@ class Trust:
                 accepted.add(imported["thread"])
             verdicts = [envelope.check(e, trusted, digest,
                                        e.statement.thread if e.statement.thread in accepted else thread)
-                        for _, e in envelope.envelopes_for(txn, self._stores.source, digest)]
+                        for _, e in envelope.envelopes_for(txn, self._backends.source, digest)]
         status, reason = envelope.summarize(verdicts)
         if status != envelope.VALID:
             raise SignatureRejected(status, f"checkpoint {digest.short()}: signature {status}: {reason}")

@@ -48,7 +48,7 @@ VERIFIED_KEY = b"store/verified"  # this machine's cache: the store id it found 
 
 
 @dataclass
-class Stores:
+class Backends:
     """The handles every layer is given: source (verified object reads), blobs, meta, local."""
 
     blobs: BlobStore
@@ -79,13 +79,13 @@ class Stores:
             self.embedded.close()
 
 
-def embedded_stores(env: TableEnvironment, path: str | None) -> Stores:
+def embedded_backends(env: TableEnvironment, path: str | None) -> Backends:
     """Both stores over one table environment (LMDB or memory)."""
-    return Stores(TableBlobStore(env), TableMetadataStore(env), env, env.url, path, env)
+    return Backends(TableBlobStore(env), TableMetadataStore(env), env, env.url, path, env)
 
 
-def memory_stores() -> Stores:
-    return embedded_stores(MemoryEnvironment(), None)
+def memory_backends() -> Backends:
+    return embedded_backends(MemoryEnvironment(), None)
 
 
 SHARED_SCHEME = "s3://"
@@ -133,7 +133,7 @@ def is_shared_url(url: str | None) -> bool:
     return bool(url) and str(url).startswith(SHARED_SCHEME)
 
 
-def shared_stores(store_url: str, refs_url: str | None, create: bool = False) -> Stores:
+def shared_backends(store_url: str, refs_url: str | None, create: bool = False) -> Backends:
     """Objects in S3 (through a local cache), metadata in PostgreSQL."""
     if not refs_url:
         raise UsageError("a shared store needs its refs database too: --refs postgresql://... "
@@ -157,7 +157,7 @@ def shared_stores(store_url: str, refs_url: str | None, create: bool = False) ->
                       create=True)
     packed = PackedBlobStore(remote, meta)
     blobs = CachedBlobStore(packed, local)
-    return Stores(blobs, meta, local, store_url, None, None, packed)
+    return Backends(blobs, meta, local, store_url, None, None, packed)
 
 
 # -- binding a shared store's refs database to its prefix ------------------------------------------
@@ -174,34 +174,34 @@ def _marker_id(data: bytes) -> str | None:
     return doc.get("store") if isinstance(doc, dict) else None
 
 
-def check_binding(stores: Stores, value: bytes | None) -> None:
+def check_binding(backends: Backends, value: bytes | None) -> None:
     """At open: the database (its `meta/store` row, `value`) and the prefix's marker must
     name the same store (asked of S3 once per machine, then remembered)."""
     bound = _binding(value)
     if bound is None:
         return
-    with stores.local.reader() as txn:
+    with backends.local.reader() as txn:
         if txn.get("meta", VERIFIED_KEY) == bound["id"].encode():
             return
-    marker = stores.blobs.read_marker()
+    marker = backends.blobs.read_marker()
     if marker is None or _marker_id(marker) != bound["id"]:
         from agentcas.cas.lmdb_store import StoreUnavailable
         what = "holds no agentcas store" if marker is None else "holds another agentcas store"
         raise StoreUnavailable(
-            f"{stores.blobs.url} {what}, but {getattr(stores.meta, 'name', 'the refs database')} holds the "
+            f"{backends.blobs.url} {what}, but {getattr(backends.meta, 'name', 'the refs database')} holds the "
             f"refs of the store made at {bound.get('objects')}: check --store and --refs; nothing was changed")
-    stores.local.write(lambda txn: txn.put("meta", VERIFIED_KEY, bound["id"].encode()))
+    backends.local.write(lambda txn: txn.put("meta", VERIFIED_KEY, bound["id"].encode()))
 
 
-def claim_prefix(stores: Stores) -> bytes:
+def claim_prefix(backends: Backends) -> bytes:
     """At init, before anything is written: the sealed `meta/store` row that binds the
     database to this prefix (the existing one, or a new id); ConflictError if the prefix or
     the database already belongs to another store."""
-    url = stores.blobs.url
-    _, (value,) = stores.meta.exchange(reads=[Read("meta", STORE_KEY)])
+    url = backends.blobs.url
+    _, (value,) = backends.meta.exchange(reads=[Read("meta", STORE_KEY)])
     bound = _binding(value)
-    marker = stores.blobs.read_marker()
-    name = getattr(stores.meta, "name", "the refs database")
+    marker = backends.blobs.read_marker()
+    name = getattr(backends.meta, "name", "the refs database")
     if bound is not None and marker is None and bound.get("objects") != url:
         raise ConflictError(f"{name} already holds the refs of the store at {bound.get('objects')}, "
                             f"not {url}; nothing was written")
@@ -213,12 +213,12 @@ def claim_prefix(stores: Stores) -> bytes:
     return seal("meta", STORE_KEY, encoding.encode({"id": secrets.token_hex(16), "objects": url}))
 
 
-def mark_prefix(stores: Stores, value: bytes) -> None:
+def mark_prefix(backends: Backends, value: bytes) -> None:
     """At init, after the database holds `value`: write the prefix's marker with its id
     (create-if-absent; a marker written meanwhile by another init must name the same id)."""
     bound = _binding(value)
     assert bound is not None  # the binding init just wrote
     data = json.dumps({"store": bound["id"], "format": "agentcas store marker 1"}).encode()
-    if not stores.blobs.create_marker(data) and _marker_id(stores.blobs.read_marker() or b"") != bound["id"]:
-        raise ConflictError(f"{stores.blobs.url} was claimed by another agentcas store while this one was "
+    if not backends.blobs.create_marker(data) and _marker_id(backends.blobs.read_marker() or b"") != bound["id"]:
+        raise ConflictError(f"{backends.blobs.url} was claimed by another agentcas store while this one was "
                             "made; use another prefix")

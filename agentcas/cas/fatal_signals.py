@@ -25,21 +25,21 @@ import signal
 
 _armed = False
 _installed: list = []          # the ctypes callback (kept alive while installed)
-_stores: list[str] = []        # LMDB store directories opened by this process, in order
+_backends: list[str] = []        # LMDB store directories opened by this process, in order
 
 
 def arm() -> None:
     """Turn a fatal memory signal into a one-line error in this process (the CLI's call)."""
     global _armed
     _armed = True
-    if _stores:
+    if _backends:
         _install()
 
 
 def opened(path: str) -> None:
     """Note an LMDB store directory about to be mapped (installs the handler when armed)."""
-    if path not in _stores:
-        _stores.append(path)
+    if path not in _backends:
+        _backends.append(path)
     if _armed:
         _install()
 
@@ -47,10 +47,10 @@ def opened(path: str) -> None:
 def message(signum: int) -> str:
     """The line written when `signum` kills a read of the stores (also used by the tests)."""
     name = "bus error" if signum == signal.SIGBUS else "segmentation fault"
-    store, found = (_stores[-1] if _stores else "?"), "a damaged page"
+    store, found = (_backends[-1] if _backends else "?"), "a damaged page"
     try:
         from agentcas.cas.lmdb_pages import damaged_pages
-        for path in _stores:
+        for path in _backends:
             damaged = [page for page in damaged_pages(os.path.join(path, "data.mdb")) if not page.free]
             if damaged:
                 store, found = path, damaged[0].describe()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime
 
 from agentcas.cas import encoding, packs
-from agentcas.cas.backends import STORE_KEY, Stores, check_binding
+from agentcas.cas.backends import STORE_KEY, Backends, check_binding
 from agentcas.cas.leases import sweep_active
 from agentcas.cas.lmdb_store import StoreUnavailable
 from agentcas.cas.metastore.base import MetaTxn, Read
@@ -38,10 +38,10 @@ def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def write_format(stores: Stores, binding: bytes | None = None) -> bool:
+def write_format(backends: Backends, binding: bytes | None = None) -> bool:
     """Write the store's format record (and gc's idle fence row; a shared store's binding
     row, cas/backends.py) unless present; True if this made the store."""
-    doc = encoding.encode({"format": format_of(stores), "created_at": utc_now()})
+    doc = encoding.encode({"format": format_of(backends), "created_at": utc_now()})
 
     def create(txn: MetaTxn) -> bool:
         sweep_active(txn, 0.0, lock=True)  # writes the fence row leases lock (cas/leases.py)
@@ -49,26 +49,26 @@ def write_format(stores: Stores, binding: bytes | None = None) -> bool:
             txn.put_new("meta", STORE_KEY, binding)
         return txn.put_new("meta", FORMAT_KEY, seal("meta", FORMAT_KEY, doc))
 
-    return stores.meta.write(create)
+    return backends.meta.write(create)
 
 
-def format_of(stores: Stores) -> int:
+def format_of(backends: Backends) -> int:
     """The format this agentcas writes to these stores."""
-    return SHARED_STORE_FORMAT if stores.shared else STORE_FORMAT
+    return SHARED_STORE_FORMAT if backends.shared else STORE_FORMAT
 
 
-def check_format(stores: Stores, where: str, readonly: bool) -> None:
+def check_format(backends: Backends, where: str, readonly: bool) -> None:
     """Refuse a store without a format record or with a newer one; upgrade an older one
     unless `readonly`. One request reads the record and a shared store's binding."""
-    _, (value, binding) = stores.meta.exchange(reads=[Read("meta", FORMAT_KEY), Read("meta", STORE_KEY)])
-    if stores.shared:
-        check_binding(stores, binding)
+    _, (value, binding) = backends.meta.exchange(reads=[Read("meta", FORMAT_KEY), Read("meta", STORE_KEY)])
+    if backends.shared:
+        check_binding(backends, binding)
     if value is None:
         raise StoreUnavailable(f"not an agentcas store (no format record): {where}")
     doc = encoding.decode(unseal("meta", FORMAT_KEY, value))
-    if stores.packed is not None:
-        stores.packed.legacy = holds_unpacked_objects(doc)
-    target = format_of(stores)
+    if backends.packed is not None:
+        backends.packed.legacy = holds_unpacked_objects(doc)
+    target = format_of(backends)
     if doc.get("format", 0) > target:
         raise StoreFormatError(
             f"store format {doc['format']} is newer than this agentcas reads ({target}); "
@@ -76,9 +76,9 @@ def check_format(stores: Stores, where: str, readonly: bool) -> None:
     if readonly:
         return  # read as it is: every reader here reads every older form
     if doc.get("format", 0) < target:
-        _upgrade_format(stores, doc, target)
-    if stores.embedded is not None:
-        packs.upgrade_objects(stores.embedded)  # nothing to do once upgraded (one count)
+        _upgrade_format(backends, doc, target)
+    if backends.embedded is not None:
+        packs.upgrade_objects(backends.embedded)  # nothing to do once upgraded (one count)
 
 
 def holds_unpacked_objects(doc: dict) -> bool:
@@ -86,7 +86,7 @@ def holds_unpacked_objects(doc: dict) -> bool:
     return min(doc.get("format", 0), doc.get("upgraded_from", doc.get("format", 0))) < 3
 
 
-def _upgrade_format(stores: Stores, doc: dict, target: int) -> None:
+def _upgrade_format(backends: Backends, doc: dict, target: int) -> None:
     """Mark an older store with the format this agentcas writes (its objects move next)."""
     upgraded = encoding.encode(dict(doc, format=target, upgraded_from=doc.get("format", 0),
                                     upgraded_at=utc_now()))
@@ -96,4 +96,4 @@ def _upgrade_format(stores: Stores, doc: dict, target: int) -> None:
         if current.get("format", 0) < target:
             txn.put("meta", FORMAT_KEY, seal("meta", FORMAT_KEY, upgraded))
 
-    stores.meta.write(mark)
+    backends.meta.write(mark)

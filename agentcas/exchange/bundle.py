@@ -34,7 +34,7 @@ import blake3
 
 from agentcas import testing_hooks
 from agentcas.cas import crashpoints, encoding, framing
-from agentcas.cas.backends import Stores
+from agentcas.cas.backends import Backends
 from agentcas.cas.blobstore.base import BlobInfo, BlobStore
 from agentcas.cas.digest import Digest
 from agentcas.cas.leases import Lease
@@ -96,7 +96,7 @@ class SecretInBundle(AgentcasError):
 
 # --- export -----------------------------------------------------------------------------------
 
-def export_bundle(stores: Stores, checkpoint: Digest, thread: str, out_path: str,
+def export_bundle(backends: Backends, checkpoint: Digest, thread: str, out_path: str,
                   key: SigningKey | None = None, allow_secrets=(), progress=None,
                   created_at: str | None = None, allow_rollout_secrets: bool = False) -> dict:
     """Write a bundle of `checkpoint` (with its ancestry and history) to `out_path`.
@@ -111,7 +111,7 @@ def export_bundle(stores: Stores, checkpoint: Digest, thread: str, out_path: str
         raise ConflictError(f"{out_path} already exists; not overwriting")
     if not os.path.isdir(os.path.dirname(out_path)):
         raise UsageError(f"directory of {out_path} does not exist")
-    with stores.meta.reader() as meta, stores.source.reading() as txn:
+    with backends.meta.reader() as meta, backends.source.reading() as txn:
         cp = load_checkpoint(txn, checkpoint)
         scanned: set = set()
         files = _scan_files(txn, cp.tree, allow_secrets, scanned)
@@ -377,11 +377,11 @@ def judge_signatures(txn: MetaTxn, parsed: ParsedBundle) -> tuple[list, list, st
     return envelopes, verdicts, status, reason
 
 
-def check_bundle(stores: Stores, handle, progress=None) -> CheckedBundle:
+def check_bundle(backends: Backends, handle, progress=None) -> CheckedBundle:
     """Steps 1-3: everything but rollback and the ref. Raises BundleCorrupt on damage."""
     parsed = parse(handle, progress)
     checkpoint = check_closure(handle, parsed)
-    with stores.meta.reader() as txn:
+    with backends.meta.reader() as txn:
         envelopes, verdicts, status, reason = judge_signatures(txn, parsed)
     return CheckedBundle(parsed, checkpoint, verdicts, status, reason, envelopes)
 
@@ -413,10 +413,10 @@ def open_bundle(path: str):
         raise UsageError(f"cannot read bundle {path}: {exc.strerror}") from None
 
 
-def verify_bundle(stores: Stores, path: str, progress=None) -> dict:
+def verify_bundle(backends: Backends, path: str, progress=None) -> dict:
     """Check a bundle completely without writing; raise unless a trusted signature verifies."""
     with open_bundle(path) as handle:
-        checked = check_bundle(stores, handle, progress)
+        checked = check_bundle(backends, handle, progress)
     require_signature(checked, allow_unsigned=False)
     return dict(checked.to_json(), bundle=os.path.abspath(path), verified=True)
 
@@ -471,30 +471,30 @@ def _plan_ref(state: ThreadState | None, checked: CheckedBundle, history: rollou
     return ThreadState(m.checkpoint, cp.history, state.forked_from)
 
 
-def import_bundle(stores: Stores, path: str, as_thread: str | None = None,
+def import_bundle(backends: Backends, path: str, as_thread: str | None = None,
                   allow_unsigned: bool = False, allow_rollback: bool = False, progress=None) -> dict:
     """Verify a bundle completely, then land its objects, its signatures and the thread."""
     if as_thread is not None:
         check_thread_name(as_thread)
     with open_bundle(path) as handle:
-        checked = check_bundle(stores, handle, progress)
+        checked = check_bundle(backends, handle, progress)
         require_signature(checked, allow_unsigned)
         m = checked.manifest
         thread = as_thread or m.thread
         signed_at = checked.signed_at()
         view_history = rollout.History(ObjectSource(BundleBlobs(handle, checked.parsed)))
-        with stores.meta.reader() as txn:
-            check_rollback(txn, stores.source, thread, m.checkpoint, signed_at, allow_rollback)
+        with backends.meta.reader() as txn:
+            check_rollback(txn, backends.source, thread, m.checkpoint, signed_at, allow_rollback)
             before = threads.read_thread(txn, thread)
         planned = _plan_ref(before, checked, view_history, thread)
         keep = [v.envelope for v in checked.verdicts if v.status in (env.VALID, env.UNTRUSTED)]
-        with Lease(stores.meta, f"import {thread}") as lease:
+        with Lease(backends.meta, f"import {thread}") as lease:
             testing_hooks.reached("import.before_write")
-            written_objects, written_bytes = _write_pipelined(stores.source, iter_records(handle, checked.parsed),
+            written_objects, written_bytes = _write_pipelined(backends.source, iter_records(handle, checked.parsed),
                                                               lease)
             signatures = [(item, *env.envelope_object(item)) for item in keep]
-            stores.source.put_many({digest.raw: framed for _, digest, framed in signatures})
-            missing = stores.source.missing(list(checked.parsed.index.order)
+            backends.source.put_many({digest.raw: framed for _, digest, framed in signatures})
+            missing = backends.source.missing(list(checked.parsed.index.order)
                                              + [digest.raw for _, digest, _ in signatures])
             if missing:
                 raise IntegrityError(f"object {sorted(missing)[0].hex()} vanished before the import landed "
@@ -502,7 +502,7 @@ def import_bundle(stores: Stores, path: str, as_thread: str | None = None,
 
             def land(txn: MetaTxn):
                 lease.check(txn)
-                check_rollback(txn, stores.source, thread, m.checkpoint, signed_at, allow_rollback)
+                check_rollback(txn, backends.source, thread, m.checkpoint, signed_at, allow_rollback)
                 state = threads.read_thread(txn, thread)
                 if state != before:
                     raise ConflictError(f"thread {thread!r} moved while the bundle was imported; "
@@ -520,7 +520,7 @@ def import_bundle(stores: Stores, path: str, as_thread: str | None = None,
                 lease.release(txn)
 
             testing_hooks.reached("import.before_land")
-            stores.meta.write(land)
+            backends.meta.write(land)
     return dict(checked.to_json(), bundle=os.path.abspath(path), imported_as=thread,
                 moved=planned is not None, new_objects=written_objects, new_bytes=written_bytes)
 

@@ -19,7 +19,7 @@ A transfer has a source endpoint (holding the thread) and a target endpoint. It 
 
 The `Endpoint` interface is deliberately small so that an object-storage remote can
 implement it later: ids in, ids out, framed object bytes, and one conditional write of
-a ref. `LocalStoreEndpoint` implements it over any agentcas store (its Stores).
+a ref. `LocalStoreEndpoint` implements it over any agentcas store (its Backends).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from agentcas.cas import framing
-from agentcas.cas.backends import Stores
+from agentcas.cas.backends import Backends
 from agentcas.cas.digest import Digest
 from agentcas.cas.leases import Lease
 from agentcas.cas.source import ObjectSource, verify_object
@@ -170,23 +170,23 @@ def verified(digest: Digest, framed) -> bytes:
 class LocalStoreEndpoint(Endpoint):
     """An agentcas store opened in this process (the local store, or a remote's URL)."""
 
-    def __init__(self, stores: Stores, url: str):
-        self.stores = stores
+    def __init__(self, backends: Backends, url: str):
+        self.backends = backends
         self.url = url
         self._lease: Lease | None = None
 
     def read_ref(self, thread):
-        with self.stores.meta.reader() as txn:
+        with self.backends.meta.reader() as txn:
             return threads.read_thread(txn, thread)
 
     def has_many(self, ids):
-        return self.stores.blobs.has_many([d.raw for d in ids])
+        return self.backends.blobs.has_many([d.raw for d in ids])
 
     def get_objects(self, ids):
         ids = list(ids)
         for start in range(0, len(ids), HAS_MANY_BATCH):
             batch = ids[start:start + HAS_MANY_BATCH]
-            values = self.stores.blobs.get_many([d.raw for d in batch])
+            values = self.backends.blobs.get_many([d.raw for d in batch])
             for digest in batch:
                 value = values.get(digest.raw)
                 if value is None:
@@ -195,7 +195,7 @@ class LocalStoreEndpoint(Endpoint):
 
     @contextmanager
     def receiving(self, what):
-        with Lease(self.stores.meta, what) as lease:
+        with Lease(self.backends.meta, what) as lease:
             self._lease = lease
             try:
                 yield self
@@ -203,7 +203,7 @@ class LocalStoreEndpoint(Endpoint):
                 self._lease = None
 
     def put_objects(self, stream):
-        writer = BatchWriter(self.stores.source, lease=self._lease)
+        writer = BatchWriter(self.backends.source, lease=self._lease)
         count = size = 0
         now = int(time.time())
         for digest, framed in stream:
@@ -215,12 +215,12 @@ class LocalStoreEndpoint(Endpoint):
         return count, size
 
     def object_reader(self):
-        return self.stores.source.reading()
+        return self.backends.source.reading()
 
     def compare_and_swap_ref(self, thread, old, new, fast_forward_only, action, message):
         lease = self._lease
         try:
-            with self.stores.source.reading() as objects:
+            with self.backends.source.reading() as objects:
                 for _ in closure_of(objects, new, verify=False):
                     pass
         except MissingObject as exc:
@@ -244,7 +244,7 @@ class LocalStoreEndpoint(Endpoint):
             if lease is not None:
                 lease.release(txn)
 
-        self.stores.meta.write(land)
+        self.backends.meta.write(land)
 
 
 # --- the transfer --------------------------------------------------------------------------------

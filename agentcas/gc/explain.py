@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from agentcas.cas import framing
-from agentcas.cas.backends import Stores
+from agentcas.cas.backends import Backends
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import Tree
 from agentcas.cas.source import ObjectSource, load_object
@@ -50,7 +50,7 @@ def resolve_object(objects: ObjectSource, text: str) -> Digest:
     return matches[0]
 
 
-def resolve_file(stores: Stores, objects: ObjectSource, text: str) -> tuple[Digest, Digest] | None:
+def resolve_file(backends: Backends, objects: ObjectSource, text: str) -> tuple[Digest, Digest] | None:
     """(file id, its chunk list id) for a file of several chunks whose b3sum id (what
     `show --files` prints) is `text` or starts with it; None if no stored tree has one.
 
@@ -59,7 +59,7 @@ def resolve_file(stores: Stores, objects: ObjectSource, text: str) -> tuple[Dige
     """
     text = (text or "").strip().lower()
     found: dict[bytes, Digest] = {}
-    for info in stores.blobs.list():
+    for info in backends.blobs.list():
         kind = info.kind
         if kind is None:
             header = objects.blobs.header(info.key)
@@ -88,16 +88,16 @@ def _path(parents: dict, target: bytes) -> list[dict]:
     return path
 
 
-def explain(stores: Stores, text: str, now: float | None = None, grace: int = DEFAULT_GRACE,
+def explain(backends: Backends, text: str, now: float | None = None, grace: int = DEFAULT_GRACE,
             expire_reflog: int = DEFAULT_EXPIRE_REFLOG) -> dict:
     """{"object", "kind", "alive", "root", "path", ...} for the object `text` names."""
     now = time.time() if now is None else now
-    with stores.meta.reader() as txn, stores.source.reading() as objects:
+    with backends.meta.reader() as txn, backends.source.reading() as objects:
         try:
             target = resolve_object(objects, text)
             file_id = None
         except UnknownObject:
-            file = resolve_file(stores, objects, text)
+            file = resolve_file(backends, objects, text)
             if file is None:
                 raise
             file_id, target = file  # a file of several chunks lives as long as its chunk list
@@ -133,7 +133,7 @@ def explain(stores: Stores, text: str, now: float | None = None, grace: int = DE
                     doc.update(alive=True, root={"kind": "signature", "checkpoint": bytes(key[:32]).hex()},
                                path=_path(parents, target.raw))
                     return doc
-        for info in stores.blobs.list():
+        for info in backends.blobs.list():
             key = info.key
             if info.kind is not None:
                 young_kind, when = info.kind, info.written_at

@@ -38,12 +38,12 @@ from typing import Any
 import lmdb
 
 from agentcas.cas import encoding, framing, packs
-from agentcas.cas.backends import Stores
+from agentcas.cas.backends import Backends
 from agentcas.cas.digest import Digest
 from agentcas.cas.leases import LeaseRow
 from agentcas.cas.lmdb_pages import damaged_pages
 from agentcas.cas.lmdb_store import DATA_FILE, StoreCorrupt
-from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.metastore.base import MetaTxn
 from agentcas.cas.objects import Checkpoint, ChunkList, HistoryPosition, Segment, Tree
 from agentcas.cas.sealed import unseal
 from agentcas.cas.source import ObjectSource, load_object, verify_object
@@ -120,7 +120,7 @@ class _FsckWalker(Walker):
 class Fsck:
     """One fsck run over a metadata snapshot and an object source; `problems` collects findings."""
 
-    def __init__(self, txn: Txn, source: ObjectSource, local=None, progress=None,
+    def __init__(self, txn: MetaTxn, source: ObjectSource, local=None, progress=None,
                  pages: PageReleaser | None = None, listed: MarkSet | None = None):
         self.txn = txn
         self.listed = listed  # a shared store: every key the object pass read from the bucket
@@ -380,15 +380,15 @@ def check_pages(store_dir: str) -> None:
                            f"the store at {store_dir} safely")
 
 
-def fsck(stores: Stores, progress=None) -> dict:
+def fsck(backends: Backends, progress=None) -> dict:
     """{"ok", "objects", "rows", "roots", "problems": [...]} for the whole store."""
-    if stores.path is not None and os.path.isfile(os.path.join(stores.path, DATA_FILE)):
-        check_pages(stores.path)
-    listed = MarkSet() if stores.shared else None
+    if backends.path is not None and os.path.isfile(os.path.join(backends.path, DATA_FILE)):
+        check_pages(backends.path)
+    listed = MarkSet() if backends.shared else None
     try:
-        with stores.meta.reader() as txn, stores.source.reading() as objects:
-            return Fsck(txn, objects, stores.local, progress, PageReleaser(stores), listed).run(
-                embedded=stores.embedded is not None, packed=stores.packed)
+        with backends.meta.reader() as txn, backends.source.reading() as objects:
+            return Fsck(txn, objects, backends.local, progress, PageReleaser(backends), listed).run(
+                embedded=backends.embedded is not None, packed=backends.packed)
     except lmdb.Error as exc:
         raise StoreCorrupt(f"store database is corrupt: {exc}") from None
     finally:

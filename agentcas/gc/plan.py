@@ -1,6 +1,6 @@
 """Plan a garbage collection: mark from the roots, then classify every stored object.
 
-`plan_gc(stores, now, grace, expire_reflog) -> GcPlan` reads the metadata in one snapshot:
+`plan_gc(backends, now, grace, expire_reflog) -> GcPlan` reads the metadata in one snapshot:
 1. Roots (roots.py): every thread ref, the reflog entries that will be kept, and
    signature objects of live checkpoints. A `MarkWalker` marks their closures into one
    shared `MarkSet` of raw 32-byte digests (markset.py: packed in memory up to a fixed
@@ -17,7 +17,7 @@
 3. Sweep levels put referrers before what they refer to (checkpoints and signatures,
    then trees and segments, then chunk lists, then chunks), so even a gc killed
    half-way never leaves a stored object whose own references are gone.
-The plan is inspectable and JSON-able (`to_json`); `sweep.execute(stores, plan)`
+The plan is inspectable and JSON-able (`to_json`); `sweep.execute(backends, plan)`
 deletes in batches fenced against leases, re-checking refs and ages in every batch.
 Objects and refs are not read in one snapshot: whatever lands after the roots were
 read is caught by the sweep's ref comparison (and by the grace re-check).
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from agentcas.cas import framing
-from agentcas.cas.backends import Stores
+from agentcas.cas.backends import Backends
 from agentcas.cas.digest import Digest
 from agentcas.cas.metastore.base import MetaTxn
 from agentcas.errors import IntegrityError, UsageError
@@ -176,7 +176,7 @@ def _pairs(spool: KeySpool):
             yield keys[index * KEY_SIZE:(index + 1) * KEY_SIZE], number
 
 
-def plan_gc(stores: Stores, now: float | None = None, grace: int = DEFAULT_GRACE,
+def plan_gc(backends: Backends, now: float | None = None, grace: int = DEFAULT_GRACE,
             expire_reflog: int = DEFAULT_EXPIRE_REFLOG) -> GcPlan:
     """Mark from every root and classify every object; deletes nothing.
 
@@ -187,7 +187,7 @@ def plan_gc(stores: Stores, now: float | None = None, grace: int = DEFAULT_GRACE
     now = time.time() if now is None else now
     grace_cutoff = now - grace
     # An embedded store counts its objects at no cost: the mark table starts that large.
-    seen = MarkSet(expected=0 if stores.shared else stores.blobs.count())
+    seen = MarkSet(expected=0 if backends.shared else backends.blobs.count())
     notes: list[str] = []
     live, held, reclaimable = _tally(), _tally(), _tally()
     held.update(oldest_written_at=None, newest_written_at=None)
@@ -198,8 +198,8 @@ def plan_gc(stores: Stores, now: float | None = None, grace: int = DEFAULT_GRACE
     def young(written_at: int) -> bool:
         return written_at > grace_cutoff
 
-    pages = PageReleaser(stores)
-    with stores.meta.reader() as meta_txn, stores.source.reading() as objects:
+    pages = PageReleaser(backends)
+    with backends.meta.reader() as meta_txn, backends.source.reading() as objects:
         txn = cast(MetaTxn, TickingReads(meta_txn, pages))  # scans tick `pages` per row
         tracking = {"generation": threads.ref_generation(txn),
                     "refs": {bytes(k[len(threads.PREFIX):]).decode("utf-8"): bytes(v)
@@ -212,7 +212,7 @@ def plan_gc(stores: Stores, now: float | None = None, grace: int = DEFAULT_GRACE
         signatures = mark_signatures(txn, objects, seen)
 
         young_interior = KeySpool()  # (key, kind)
-        for info, header in _with_headers(objects, _ticking(stores.blobs.list(), pages), seen):
+        for info, header in _with_headers(objects, _ticking(backends.blobs.list(), pages), seen):
             key = info.key
             total += 1
             if key in seen:
@@ -278,7 +278,7 @@ def plan_gc(stores: Stores, now: float | None = None, grace: int = DEFAULT_GRACE
                    "reflog": reflog_entries - expiring,  # entries kept, as `agentcas reflog` counts
                    "signature": signatures, "recent": recent_roots,
                    "pin": len(live_pins)}
-    return GcPlan(store=stores.url, now=now, grace=grace, expire_reflog=expire_reflog,
+    return GcPlan(store=backends.url, now=now, grace=grace, expire_reflog=expire_reflog,
                   roots=root_counts, reflog={"entries": reflog_entries, "expiring": expiring},
                   pins=pins, objects=total, live=live, held_by_grace=held,
                   reclaimable=dict(reclaimable, by_kind={k: v for k, v in by_kind.items() if v["objects"]}),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentcas.cas.backends import Stores
+from agentcas.cas.backends import Backends
 from agentcas.cas.digest import Digest
 from agentcas.errors import IntegrityError, UsageError
 from agentcas.gc.markset import KEY_SIZE, KeySizes, KeySpool, MarkSet
@@ -48,15 +48,15 @@ def _prefix_pinned(history: rollout.History, state, names: set) -> dict | None:
     return doc
 
 
-def build_report(stores: Stores, plan: GcPlan, result: dict | None = None) -> dict:
+def build_report(backends: Backends, plan: GcPlan, result: dict | None = None) -> dict:
     """The report as a JSON-able dict (see docs/GC.md, "Report")."""
     rows: list[dict[str, Any]] = []
     first, shared = MarkSet(), MarkSet()
     firsts = KeySpool()  # (id, size << THREAD_BITS | index of the thread that reached it first)
-    sizes = KeySizes() if stores.shared else None
+    sizes = KeySizes() if backends.shared else None
     threaded_objects = threaded_bytes = 0
     try:
-        with stores.meta.reader() as txn, stores.source.reading() as objects:
+        with backends.meta.reader() as txn, backends.source.reading() as objects:
             states = threads.list_threads(txn)
             if len(states) >= 1 << THREAD_BITS:
                 raise UsageError(f"a gc report covers at most {(1 << THREAD_BITS) - 1:,} threads")
@@ -64,7 +64,7 @@ def build_report(stores: Stores, plan: GcPlan, result: dict | None = None) -> di
             history = rollout.History(objects)
             # Stored sizes: from the memory map of an embedded store, from one listing of a shared one.
             if sizes is not None:
-                sizes.update((info.key, info.size) for info in stores.blobs.list())
+                sizes.update((info.key, info.size) for info in backends.blobs.list())
 
             def stored_size(raw: bytes) -> int:
                 return sizes.get(raw) if sizes is not None else len(objects.raw(Digest(raw)))

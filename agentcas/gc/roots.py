@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from agentcas.cas import framing
 from agentcas.cas.digest import Digest
 from agentcas.cas.leases import LeaseRow, read_leases
-from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.metastore.base import MetaTxn
 from agentcas.cas.objects import EMPTY_POSITION, ChunkList, HistoryPosition, Segment, Tree
 from agentcas.cas.source import ObjectSource, load_object
 from agentcas.errors import IntegrityError
@@ -73,7 +73,7 @@ class Root:
         return f"{what} {self.name}{' (the checkpoint it left)' if self.left else ''}"
 
 
-def read_pins(txn: Txn) -> list[LeaseRow]:
+def read_pins(txn: MetaTxn) -> list[LeaseRow]:
     """Every lease row; a damaged row aborts gc (we cannot tell whether its writer is alive)."""
     try:
         return read_leases(txn)
@@ -98,12 +98,12 @@ def entry_roots(name: str, index: int, entry, older_kept: bool = False) -> list[
     return roots
 
 
-def thread_roots(txn: Txn) -> Iterator[Root]:
+def thread_roots(txn: MetaTxn) -> Iterator[Root]:
     for name, state in threads.list_threads(txn):
         yield from state_roots("thread", name, name, state)
 
 
-def reflog_roots(txn: Txn, reflog_cutoff: float) -> tuple[list[Root], int, int]:
+def reflog_roots(txn: MetaTxn, reflog_cutoff: float) -> tuple[list[Root], int, int]:
     """Roots from the reflog entries gc keeps; also (entries, entries that will expire).
 
     An entry is kept if it is younger than the cutoff or is the newest of its thread.
@@ -140,7 +140,7 @@ def reflog_roots(txn: Txn, reflog_cutoff: float) -> tuple[list[Root], int, int]:
     return roots, total, expiring
 
 
-def all_roots(txn: Txn, reflog_cutoff: float) -> tuple[list[Root], int, int]:
+def all_roots(txn: MetaTxn, reflog_cutoff: float) -> tuple[list[Root], int, int]:
     """Thread roots then reflog roots; (roots, reflog entries, reflog entries expiring)."""
     try:
         roots = list(thread_roots(txn))
@@ -270,7 +270,7 @@ def mark_root(walker: MarkWalker, root: Root) -> int:
     return count
 
 
-def mark_signatures(txn: Txn, objects: ObjectSource, seen: MarkSetLike) -> int:
+def mark_signatures(txn: MetaTxn, objects: ObjectSource, seen: MarkSetLike) -> int:
     """Mark signature objects whose checkpoint is marked; the number newly marked."""
     count = 0
     for key, _ in txn.scan("signatures"):

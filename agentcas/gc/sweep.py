@@ -34,10 +34,9 @@ from functools import partial
 
 from agentcas import testing_hooks
 from agentcas.cas import encoding, framing
-from agentcas.cas.backends import Stores
+from agentcas.cas.backends import Backends
 from agentcas.cas.leases import SWEEP_WINDOW, begin_sweep, end_sweep
-from agentcas.cas.metastore.base import MetadataUnavailable
-from agentcas.cas.metastore.base import MetaTxn as Txn
+from agentcas.cas.metastore.base import MetadataUnavailable, MetaTxn
 from agentcas.cas.packs import delete as delete_packed_object
 from agentcas.cas.sealed import seal
 from agentcas.cas.source import ObjectSource
@@ -63,7 +62,7 @@ class _Batch:
     expired: bool = False
 
 
-def expire_reflog(txn: Txn, cutoff: float) -> int:
+def expire_reflog(txn: MetaTxn, cutoff: float) -> int:
     """Delete reflog entries older than `cutoff`, never a thread's newest; the count."""
     doomed: list[bytes] = []
     previous: tuple[str, bytes, float] | None = None
@@ -80,7 +79,7 @@ def expire_reflog(txn: Txn, cutoff: float) -> int:
     return len(doomed)
 
 
-def remark_moved_threads(txn: Txn, objects: ObjectSource, plan: GcPlan) -> int:
+def remark_moved_threads(txn: MetaTxn, objects: ObjectSource, plan: GcPlan) -> int:
     """Mark the closures of threads that moved since `plan` was made; objects newly marked.
 
     Every ref move writes a fresh generation token (refs/threads.generation_row), so an
@@ -111,22 +110,22 @@ def remark_moved_threads(txn: Txn, objects: ObjectSource, plan: GcPlan) -> int:
 WINDOW_MARGIN = 5.0
 
 
-def sweep_batch(stores: Stores, plan: GcPlan, keys: bytes, level: int,
+def sweep_batch(backends: Backends, plan: GcPlan, keys: bytes, level: int,
                 pages: PageReleaser | None = None, sizes=None) -> _Batch:
     """One fenced sweep batch over packed candidate keys (see the module docstring)."""
     result = _Batch()
     began = time.time()
-    live, result.dropped_pins = stores.meta.write(lambda txn: begin_sweep(txn, time.time()))
+    live, result.dropped_pins = backends.meta.write(lambda txn: begin_sweep(txn, time.time()))
     if live:
         result.busy = tuple(live)
         return result
     unanswered = False
     try:
-        with stores.meta.reader() as txn, stores.source.reading() as objects:
+        with backends.meta.reader() as txn, backends.source.reading() as objects:
             result.remarked = remark_moved_threads(txn, objects, plan)
             if SWEEP_LEVELS[level][0] == framing.KIND_CHECKPOINT:
                 result.remarked += mark_signatures(txn, objects, plan.marked)
-            window = HEADER_WINDOW if stores.shared or pages is None else pages.every
+            window = HEADER_WINDOW if backends.shared or pages is None else pages.every
             doomed, freed = _doomed(objects, plan, keys, pages, sizes, window)
         testing_hooks.reached("gc.sweep.in_batch")
         if time.time() > began + SWEEP_WINDOW - WINDOW_MARGIN:
@@ -134,8 +133,8 @@ def sweep_batch(stores: Stores, plan: GcPlan, keys: bytes, level: int,
             result.expired = True
             return result
         if doomed and SWEEP_LEVELS[level][0] == framing.KIND_CHECKPOINT:
-            stores.meta.write(lambda txn: _delete_signature_rows(txn, doomed))
-        result.deleted = _delete(stores, doomed, pages)
+            backends.meta.write(lambda txn: _delete_signature_rows(txn, doomed))
+        result.deleted = _delete(backends, doomed, pages)
         result.freed = freed
     except MetadataUnavailable:
         # No end_sweep: the store just stopped answering, and the fence ends by itself
@@ -144,7 +143,7 @@ def sweep_batch(stores: Stores, plan: GcPlan, keys: bytes, level: int,
         raise
     finally:
         if not unanswered:
-            stores.meta.write(end_sweep)
+            backends.meta.write(end_sweep)
     return result
 
 
@@ -184,18 +183,18 @@ def _doomed(objects: ObjectSource, plan: GcPlan, keys: bytes, pages, sizes=None,
 EMBEDDED_DELETES = 256  # objects an embedded store deletes per write transaction (each maps ~200 KiB)
 
 
-def _delete(stores: Stores, doomed: list[bytes], pages) -> int:
+def _delete(backends: Backends, doomed: list[bytes], pages) -> int:
     """Delete `doomed`; the number deleted. An embedded (LMDB) store's write transaction
     holds every page it dirties in memory and maps every page it reads, so it deletes in
     transactions of EMBEDDED_DELETES, ticking `pages` per object deleted (a look inside
     the transaction drops only read-only mapped pages: the dirty ones are LMDB's own
     copies); a shared store takes the whole batch at once (its deletes are requests,
     batched by the server)."""
-    if stores.shared or stores.embedded is None:
-        return stores.blobs.delete_many(doomed)
+    if backends.shared or backends.embedded is None:
+        return backends.blobs.delete_many(doomed)
     deleted = 0
     for start in range(0, len(doomed), EMBEDDED_DELETES):
-        deleted += stores.embedded.write(partial(_delete_packed, keys=doomed[start:start + EMBEDDED_DELETES],
+        deleted += backends.embedded.write(partial(_delete_packed, keys=doomed[start:start + EMBEDDED_DELETES],
                                                  pages=pages))
         if pages is not None:
             pages.tick(pages.every)  # a look now
@@ -211,46 +210,46 @@ def _delete_packed(txn, keys: list[bytes], pages) -> int:
     return deleted
 
 
-def sweep_unnamed_packs(stores: Stores, plan: GcPlan) -> dict:
+def sweep_unnamed_packs(backends: Backends, plan: GcPlan) -> dict:
     """A shared store's pack objects that no index row names (a writer killed before its
     rows landed, a sweep killed before its delete) and older than the grace cutoff, deleted
     in a fenced batch of their own: no writer then holds a lease, so none is between its
     pack upload and its rows. {"unnamed", "unnamed_bytes"}, or {"skipped": "writers"}."""
-    assert stores.packed is not None
-    live, _ = stores.meta.write(lambda txn: begin_sweep(txn, time.time()))
+    assert backends.packed is not None
+    live, _ = backends.meta.write(lambda txn: begin_sweep(txn, time.time()))
     if live:
         return {"skipped": "writers"}
     try:
-        packs, size = stores.packed.sweep_unnamed_packs(plan.grace_cutoff)
+        packs, size = backends.packed.sweep_unnamed_packs(plan.grace_cutoff)
     finally:
-        stores.meta.write(end_sweep)
+        backends.meta.write(end_sweep)
     return {"unnamed": packs, "unnamed_bytes": size}
 
 
-def _delete_signature_rows(txn: Txn, checkpoints: list[bytes]) -> None:
+def _delete_signature_rows(txn: MetaTxn, checkpoints: list[bytes]) -> None:
     for raw in checkpoints:
         for sig_key, _ in list(txn.scan("signatures", raw)):
             txn.delete("signatures", sig_key)
 
 
-def _put_last_gc(txn: Txn, sealed: bytes) -> None:
+def _put_last_gc(txn: MetaTxn, sealed: bytes) -> None:
     txn.put("meta", LAST_GC_KEY, sealed)
 
 
-def settle(stores: Stores, doc: dict) -> None:
+def settle(backends: Backends, doc: dict) -> None:
     """Two small write transactions so the next write can reuse the pages just freed."""
     for step in (1, 2):
         sealed = seal("meta", LAST_GC_KEY, encoding.encode(dict(doc, settle=step)))
-        stores.meta.write(partial(_put_last_gc, sealed=sealed))
+        backends.meta.write(partial(_put_last_gc, sealed=sealed))
 
 
-def execute(stores: Stores, plan: GcPlan, wait: float = DEFAULT_WAIT,
+def execute(backends: Backends, plan: GcPlan, wait: float = DEFAULT_WAIT,
             batch: int = BATCH_DELETES, progress=None) -> dict:
     """Carry out `plan`; returns what was deleted and whether the sweep completed.
 
     Raises GcAborted (exit 4) if a ref that moved during gc reaches a missing object.
     """
-    def start_txn(txn: Txn):
+    def start_txn(txn: MetaTxn):
         gone = 0
         for pin in read_pins(txn):
             if not pin.live():
@@ -258,21 +257,21 @@ def execute(stores: Stores, plan: GcPlan, wait: float = DEFAULT_WAIT,
                 gone += 1
         return expire_reflog(txn, plan.reflog_cutoff), gone
 
-    expired, dropped = stores.meta.write(start_txn)
+    expired, dropped = backends.meta.write(start_txn)
     deleted = freed = remarked = batches = 0
     blocked: tuple = ()
     waited_since = None
     complete = True
     total = sum(len(spool) for spool in plan.candidates)
     done = 0
-    pages = PageReleaser(stores)
+    pages = PageReleaser(backends)
     for level, spool in enumerate(plan.candidates):
         if not complete:
             break
         for chunk, sizes in spool.batches(batch):
             while True:
                 testing_hooks.reached("gc.sweep.before_batch")
-                outcome = sweep_batch(stores, plan, chunk, level, pages, sizes)
+                outcome = sweep_batch(backends, plan, chunk, level, pages, sizes)
                 dropped += outcome.dropped_pins
                 if not (outcome.busy or outcome.expired):
                     break
@@ -295,10 +294,10 @@ def execute(stores: Stores, plan: GcPlan, wait: float = DEFAULT_WAIT,
     result = {"deleted": {"objects": deleted, "bytes": freed}, "reflog_expired": expired,
               "pins_dropped": dropped, "remarked": remarked, "batches": batches,
               "complete": complete, "blocked_by": [p.to_doc() for p in blocked]}
-    if stores.embedded is not None:
-        result["repack"] = repack_store(stores.embedded, pages=pages).to_json()
-    if stores.packed is not None:
-        result["packs"] = dict(sweep_unnamed_packs(stores, plan) if complete else {"skipped": "incomplete"},
-                               deleted=stores.packed.packs_deleted)
-    settle(stores, {"at": int(plan.now), "deleted": deleted, "bytes": freed, "complete": complete})
+    if backends.embedded is not None:
+        result["repack"] = repack_store(backends.embedded, pages=pages).to_json()
+    if backends.packed is not None:
+        result["packs"] = dict(sweep_unnamed_packs(backends, plan) if complete else {"skipped": "incomplete"},
+                               deleted=backends.packed.packs_deleted)
+    settle(backends, {"at": int(plan.now), "deleted": deleted, "bytes": freed, "complete": complete})
     return result

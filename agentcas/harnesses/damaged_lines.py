@@ -3,7 +3,7 @@
 Replay's `skipped_lines` lists every line of the file up to the record asked for that is
 not a JSON object (records.parse_line is None), not only the lines the reducer happened
 to read. Finding them means parsing every record once; what was found is kept as one
-cache row per thread in this machine's stat cache (`statcache` of `Stores.local`, key
+cache row per thread in this machine's stat cache (`statcache` of `Backends.local`, key
 DAMAGED_KEY + thread name, sealed): the HistoryPosition the row covers and the seqs of
 the damaged records before it. A position names an immutable prefix, so a row stays true
 for its prefix forever, and for the first `at` records of a history `head`:
@@ -86,7 +86,7 @@ def damaged_lines(store, rev: str, head: HistoryPosition, at: int, thread: str, 
     """1-based line numbers of the damaged records among the first `at` records of `head`
     (the history `rev` names; `thread` the line whose row to use, `is_head` whether `head`
     is that thread's current head, so the row may move to it)."""
-    local = store.stores.local
+    local = store.backends.local
     row = read_row(local, thread)
     history = History(store.source)
 

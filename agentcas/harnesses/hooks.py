@@ -236,7 +236,7 @@ def run_hook(store, event: HookEvent) -> HookOutcome:
     notes = [f"left out {text} (it looks like a credential; commit --allow-secret stores it)"
              for text in result.skipped_secrets]
     if result.refused is None and reader.seen is not None and event.session_path is not None:
-        state = IngestState(store.stores.local, event.harness)
+        state = IngestState(store.backends.local, event.harness)
         st, prefix = reader.seen
         if reader.stored_to + reader.appended_bytes == result.history.offset:
             state.record(os.path.abspath(event.session_path), st, event.thread, result.history.to_doc(), 0,
@@ -293,7 +293,7 @@ class SessionLines:
                                  "not ingested")
         view = memoryview(data)   # slices of a long transcript without copies
         if stored.seq:
-            state_row = IngestState(self.store.stores.local, event.harness)
+            state_row = IngestState(self.store.backends.local, event.harness)
             key = os.path.abspath(path)
             state_row.load([key])
             entry = state_row.entries.get(key)

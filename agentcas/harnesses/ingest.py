@@ -85,7 +85,7 @@ class FileReport:
 class IngestState:
     """Per-file ingest state (size, mtime, inode, bytes ingested, thread, head digest): a cache.
 
-    Rows of this machine's stat cache (`statcache` of `Stores.local`, beside the workspace
+    Rows of this machine's stat cache (`statcache` of `Backends.local`, beside the workspace
     snapshot's rows, sealed like them), keyed by the file's absolute path: the LMDB
     environment of a directory store, this machine's cache of a shared store, the memory
     of a `memory://` store (so a `--watch` there stats only, too). A stat describes a file
@@ -215,7 +215,7 @@ class Ingest:
         self.thread = thread
         if thread is not None:
             check_thread_name(thread)
-        self.state = IngestState(store.stores.local, harness, named=thread is not None)
+        self.state = IngestState(store.backends.local, harness, named=thread is not None)
         self._inflight: Any = None  # (executor, future) of the batch landing in the background
         self._moved: list | None = []   # files whose thread moved under them (another ingest): planned again once
         self._workers: Any = None  # packing_workers.PackingWorkers of a large run
@@ -556,12 +556,12 @@ class Ingest:
         rows = []
         for item, result in zip(batch, results):
             # The damaged lines of what landed, for replay's skipped_lines (damaged_lines.py).
-            row = damaged_lines.advance(self.store.stores.local, item.append.thread, item.append.based_on,
+            row = damaged_lines.advance(self.store.backends.local, item.append.thread, item.append.based_on,
                                         result.history,
                                         [line - 1 for line in item.report.skipped_lines])
             if row is not None:
                 rows.append(row)
-        damaged_lines.write_rows(self.store.stores.local, rows)
+        damaged_lines.write_rows(self.store.backends.local, rows)
         for item, result in zip(batch, results):
             report = item.report
             report.status = "ingested"

@@ -86,19 +86,19 @@ def session_checkpoint(store, workspace: str, thread: str, reason: str, new_line
     store_dir = os.path.realpath(store.path) if store.path else None
     if store_dir and (real == store_dir or real.startswith(store_dir.rstrip("/") + "/")):
         raise UsageError(f"workspace {workspace} is the store itself, or inside it; nothing was committed")
-    stores = store.stores
+    backends = store.backends
     who, runtime = author or default_author(), dict(runtime_description(), workspace=real)
-    with Lease(stores.meta, f"checkpoint {thread}") as lease:
-        with stores.meta.reader() as txn:
+    with Lease(backends.meta, f"checkpoint {thread}") as lease:
+        with backends.meta.reader() as txn:
             epoch = sweeps_begun(txn).to_bytes(8, "big")
         snapper: list = []
-        tree, stats, needed = snapshot(stores.source, stores.local, workspace, (), None,
-                                       [store.path] if store.path else [], skip_files, lease, stores.known,
+        tree, stats, needed = snapshot(backends.source, backends.local, workspace, (), None,
+                                       [store.path] if store.path else [], skip_files, lease, backends.known,
                                        git_aware=True, skip_secrets=True, snapshotter=snapper,
                                        dir_cache_epoch=epoch)
         refused = None
         for _ in range(SESSION_ATTEMPTS):
-            with stores.meta.reader() as txn:
+            with backends.meta.reader() as txn:
                 state = threads.read_thread(txn, thread)
             origin = copies = None
             try:
@@ -109,16 +109,16 @@ def session_checkpoint(store, workspace: str, thread: str, reason: str, new_line
                 data, origin, copies = lines.data, lines.origin, lines.copies
             else:
                 data = lines
-            writer = BatchWriter(stores.source, lease=lease)
+            writer = BatchWriter(backends.source, lease=lease)
             if copies is not None:
                 from agentcas.lineage.rollout import History, prepare_with_copies
-                segments = prepare_with_copies(History(stores.source), data, copies, writer.add, INGEST_ZSTD)
+                segments = prepare_with_copies(History(backends.source), data, copies, writer.add, INGEST_ZSTD)
                 writer.flush()
             else:
                 segments = prepare_raw([data], writer, INGEST_ZSTD)[0]
             testing_hooks.reached("session.before_land")
             try:
-                result = append_with_marks(stores, lease, thread, segments, [(data.count(b"\n"), reason)],
+                result = append_with_marks(backends, lease, thread, segments, [(data.count(b"\n"), reason)],
                                            None if state is None else state.history, origin, who, utc_now(),
                                            runtime, tree, frozenset(needed))
             except ConflictError:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agentcas.cas.backends import Stores
+from agentcas.cas.backends import Backends
 from agentcas.cas.objects import EMPTY_POSITION, HistoryPosition
 from agentcas.cas.writer import BatchWriter
 from agentcas.lineage import rollout
@@ -32,12 +32,12 @@ class AppendResult(Result):
     history: HistoryPosition
 
 
-def append_records(stores: Stores, thread: str, data: bytes,
+def append_records(backends: Backends, thread: str, data: bytes,
                    guard: Callable[[ThreadState | None], None] | None = None) -> AppendResult:
     """Append JSONL records to `thread`'s history (creating the thread if new)."""
     check_thread_name(thread)
-    with lease_for(stores, f"append {thread}", thread) as lease:
-        writer = BatchWriter(stores.source, lease=lease)
+    with lease_for(backends, f"append {thread}", thread) as lease:
+        writer = BatchWriter(backends.source, lease=lease)
         prepared = rollout.prepare(data, writer.add)
         writer.flush()
 
@@ -45,7 +45,7 @@ def append_records(stores: Stores, thread: str, data: bytes,
             if guard is not None:
                 guard(state)
             base = EMPTY_POSITION if state is None else state.history
-            head, segments = rollout.link_segments(stores.source, base, prepared)
+            head, segments = rollout.link_segments(backends.source, base, prepared)
             if state is not None and head == base:  # nothing to append: no ref move
                 return None
             new = ThreadState(None if state is None else state.checkpoint, head,
@@ -53,7 +53,7 @@ def append_records(stores: Stores, thread: str, data: bytes,
             return Move(new, "append", f"append {head.seq - base.seq} records", segments,
                         result=(base, head))
 
-        state, move = move_thread(stores, lease, thread, plan)
+        state, move = move_thread(backends, lease, thread, plan)
     if move is None:
         assert state is not None  # no move only when the thread exists and nothing was new
         return AppendResult(thread, 0, state.history.seq, state.history)

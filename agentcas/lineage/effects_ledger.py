@@ -19,7 +19,7 @@ import sqlite3
 from dataclasses import dataclass
 
 from agentcas import testing_hooks
-from agentcas.cas.backends import Stores
+from agentcas.cas.backends import Backends
 from agentcas.cas.objects import EMPTY_POSITION, HistoryPosition
 from agentcas.cas.store_format import utc_now
 from agentcas.errors import ConflictError, NotFound, UsageError
@@ -76,8 +76,8 @@ class OpenEffects(Result):
 class EffectsLedger:
     """The effects of one store's histories: append records, read pages through the index."""
 
-    def __init__(self, stores: Stores, segments: rollout.SegmentCache, index_dir: str | None):
-        self.stores = stores
+    def __init__(self, backends: Backends, segments: rollout.SegmentCache, index_dir: str | None):
+        self.backends = backends
         self.segments = segments
         self.index_dir = index_dir
         self._index: EffectsIndex | None = None
@@ -93,7 +93,7 @@ class EffectsLedger:
         if effect_id is not None:
             effects.check_id(effect_id)
         existing = None
-        with self.stores.meta.reader() as txn:
+        with self.backends.meta.reader() as txn:
             looked_up = threads.read_thread(txn, thread)
         read_at = EMPTY_POSITION if looked_up is None else looked_up.history
         if looked_up is not None and effect_id is not None:
@@ -119,7 +119,7 @@ class EffectsLedger:
             record = effects.new_effect(effect_id or effects.new_effect_id(), kind, target, state, rollback,
                                         provider, operation, utc_now())
         guard = None if effect_id is None else self._guard(thread, effect_id, read_at)
-        appended = append_records(self.stores, thread, record.to_line(), guard)
+        appended = append_records(self.backends, thread, record.to_line(), guard)
         return EffectAdded(thread, record.id, record.state, record.is_new, appended.first_seq,
                            record.to_record(), appended.history)
 
@@ -194,9 +194,9 @@ class EffectsLedger:
 
     def after_checkpoint(self, rev: str) -> OpenEffects | None:
         """Open effects recorded after checkpoint `rev` on its thread's current head, or None."""
-        with self.stores.meta.reader() as txn:
-            digest = revisions.resolve(txn, self.stores.source, rev)
-            cp = revisions.load_checkpoint(self.stores.source, digest)
+        with self.backends.meta.reader() as txn:
+            digest = revisions.resolve(txn, self.backends.source, rev)
+            cp = revisions.load_checkpoint(self.backends.source, digest)
             name = revisions.named_thread(txn, rev) or cp.thread
             state = threads.read_thread(txn, name) if is_thread_name(name) else None
         if state is None:
@@ -214,9 +214,9 @@ class EffectsLedger:
 
     def _source(self, rev: str) -> tuple[HistoryPosition, str, bool]:
         """(history, index line name, whether it is a thread's head) that `rev` names."""
-        with self.stores.meta.reader() as txn:
+        with self.backends.meta.reader() as txn:
             try:
-                head, _, thread = revisions.source_state(txn, self.stores.source, rev)
+                head, _, thread = revisions.source_state(txn, self.backends.source, rev)
             except NotFound:
                 raise NotFound(f"no thread or checkpoint named {rev!r}") from None
             is_thread = revisions.named_thread(txn, rev) is not None
@@ -229,8 +229,8 @@ class EffectsLedger:
         return self.index().sync(line_name, head, source, may_truncate=is_thread)
 
     def _history(self) -> rollout.History:
-        return rollout.History(self.stores.source, self.segments)
+        return rollout.History(self.backends.source, self.segments)
 
     def _read(self, head: HistoryPosition, start: int):
-        with self.stores.source.reading(buffers=True) as objects:
+        with self.backends.source.reading(buffers=True) as objects:
             yield from rollout.History(objects, self.segments).read(head, start, None, True)

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 
 from agentcas.cas import framing
-from agentcas.cas.backends import Stores
+from agentcas.cas.backends import Backends
 from agentcas.cas.digest import Digest, hash_blob
 from agentcas.cas.leases import Lease, SweepWatch
 from agentcas.cas.objects import Checkpoint, ChunkList, ChunkRef, HistoryPosition, Tree, TreeEntry
@@ -166,10 +166,10 @@ class GroupWriter:
 
     optimistic = True  # go without a lease where one transaction holds objects and refs
 
-    def __init__(self, stores: Stores, what: str, author_runtime: Callable[[], tuple[str, dict]]):
-        self.stores = stores
-        self.lease = Lease(stores.meta, what)
-        self.mover = Mover(stores, self.lease)  # its watch is set while the writer goes without a lease
+    def __init__(self, backends: Backends, what: str, author_runtime: Callable[[], tuple[str, dict]]):
+        self.backends = backends
+        self.lease = Lease(backends.meta, what)
+        self.mover = Mover(backends, self.lease)  # its watch is set while the writer goes without a lease
         self.author_runtime = author_runtime
         self.waiting: dict[bytes, bytes] = {}
         self._waiting_bytes = 0
@@ -177,9 +177,9 @@ class GroupWriter:
 
     def __enter__(self) -> GroupWriter:
         # Taken before anything stored is looked at, as every writer's lease (Lease.__enter__).
-        if self.optimistic and self.stores.embedded is not None:
+        if self.optimistic and self.backends.embedded is not None:
             watch = SweepWatch()
-            with self.stores.meta.reader() as txn:
+            with self.backends.meta.reader() as txn:
                 if watch.start(txn):
                     self.mover.watch = watch
                     return self
@@ -200,7 +200,7 @@ class GroupWriter:
     def _flush(self) -> None:
         self.mover.hold_lease()  # objects stored before the landing are a lease's to protect
         self.lease.refresh()
-        self.stores.source.put_many(self.waiting)
+        self.backends.source.put_many(self.waiting)
         self.needed.update(self.waiting)  # stored early: gc must not have taken them by the landing
         self.waiting, self._waiting_bytes = {}, 0
     def store_tree(self, files: dict) -> Digest:
@@ -259,8 +259,8 @@ class GroupWriter:
 
         def attempt(lost: LostRace | None) -> Landing:
             waiting = dict(content)
-            with self.stores.meta.reader() as txn:
-                view = GroupView(txn, _Overlay(self.stores.source, waiting), self.author_runtime)
+            with self.backends.meta.reader() as txn:
+                view = GroupView(txn, _Overlay(self.backends.source, waiting), self.author_runtime)
                 result = plan(view)
             return Landing(view.moves, waiting, self.needed | view.needed, "write", unchanged=view.read,
                            result=result)

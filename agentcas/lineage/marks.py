@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 
 from agentcas.cas import framing
-from agentcas.cas.backends import Stores
+from agentcas.cas.backends import Backends
 from agentcas.cas.digest import Digest
 from agentcas.cas.leases import Lease
 from agentcas.cas.objects import EMPTY_POSITION, CheckpointSeries, HistoryPosition, Tree
@@ -79,7 +79,7 @@ def prepare_raw(datas: list, writer: BatchWriter, level: int | framing.SmallTabl
     return prepared
 
 
-def append_with_marks(stores: Stores, lease: Lease, thread: str, segments: list, marks,
+def append_with_marks(backends: Backends, lease: Lease, thread: str, segments: list, marks,
                       based_on: HistoryPosition | None, forked_from: ForkOrigin | None,
                       who: str, created_at: str, runtime: dict, tree: Digest | None = None,
                       needed: frozenset = frozenset()) -> IngestedThread:
@@ -88,23 +88,23 @@ def append_with_marks(stores: Stores, lease: Lease, thread: str, segments: list,
     `tree`: the checkpoints' tree, already stored (a workspace snapshot: the harness hooks),
     instead of the empty tree; `needed`: the stored objects it relies on (checked before
     the move lands, as a commit checks its snapshot's)."""
-    plan = _marks_plan(stores, thread, segments, marks, based_on, forked_from, who, created_at, runtime,
+    plan = _marks_plan(backends, thread, segments, marks, based_on, forked_from, who, created_at, runtime,
                        tree, needed)
-    state, move = move_thread(stores, lease, thread, plan, keep_lease=True)
+    state, move = move_thread(backends, lease, thread, plan, keep_lease=True)
     return _landed(thread, state, move)
 
 
-def append_many_with_marks(stores: Stores, lease: Lease, items: list, who: str, created_at: str,
+def append_many_with_marks(backends: Backends, lease: Lease, items: list, who: str, created_at: str,
                            runtime: dict) -> list[IngestedThread]:
     """`append_with_marks` of several threads, landing in one move (lineage/moves.move_threads).
 
     `items`: (thread, segments, marks, based_on, forked_from). All land or none; a thread
     no longer at its `based_on` raises ConflictError for the batch.
     """
-    plans = [(thread, _marks_plan(stores, thread, segments, marks, based_on, forked_from, who, created_at,
+    plans = [(thread, _marks_plan(backends, thread, segments, marks, based_on, forked_from, who, created_at,
                                   runtime))
              for thread, segments, marks, based_on, forked_from in items]
-    landed = move_threads(stores, lease, plans, keep_lease=True)
+    landed = move_threads(backends, lease, plans, keep_lease=True)
     return [_landed(thread, state, move) for (thread, _), (state, move) in zip(plans, landed)]
 
 
@@ -115,7 +115,7 @@ def _landed(thread: str, state, move) -> IngestedThread:
     return move.result
 
 
-def _marks_plan(stores: Stores, thread: str, segments: list, marks, based_on: HistoryPosition | None,
+def _marks_plan(backends: Backends, thread: str, segments: list, marks, based_on: HistoryPosition | None,
                 forked_from: ForkOrigin | None, who: str, created_at: str, runtime: dict,
                 tree: Digest | None = None, needed: frozenset = frozenset()):
     """The move plan of `append_with_marks` (see there)."""
@@ -126,7 +126,7 @@ def _marks_plan(stores: Stores, thread: str, segments: list, marks, based_on: Hi
             raise ConflictError(f"thread {thread!r} moved while its session file was read; "
                                 "nothing was ingested, retry")
         base = EMPTY_POSITION if state is None else state.history
-        head, new_objects, positions = rollout.link_segments_at(stores.source, base, segments,
+        head, new_objects, positions = rollout.link_segments_at(backends.source, base, segments,
                                                                 [m for m, _ in marks])
         current = None if state is None else state.checkpoint
         made: list = []
@@ -134,7 +134,7 @@ def _marks_plan(stores: Stores, thread: str, segments: list, marks, based_on: Hi
         by_generation: dict = {}  # generation -> id, of the checkpoints made here (one first-parent chain)
 
         def load(digest: Digest):  # one made here is not stored yet: its index, else the stored one
-            return indexed.get(digest.raw) or load_checkpoint(stores.source, digest)
+            return indexed.get(digest.raw) or load_checkpoint(backends.source, digest)
 
         def index(parent: Digest | None) -> tuple[int, Digest | None]:
             """checkpoints.index_for_child, without its skip-list walk when the skip target
@@ -147,7 +147,7 @@ def _marks_plan(stores: Stores, thread: str, segments: list, marks, based_on: Hi
                 skip = by_generation.get(rollout.skip_index(generation))
                 if skip is not None:
                     return generation, skip
-            return checkpoints.index_for_child(stores.source, parent, load)
+            return checkpoints.index_for_child(backends.source, parent, load)
         if positions and tree is None:
             new_objects[tree_id.raw] = framing.frame(framing.KIND_TREE, EMPTY_TREE.encode())
         if positions:

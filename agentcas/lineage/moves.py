@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from agentcas import testing_hooks
-from agentcas.cas.backends import Stores
+from agentcas.cas.backends import Backends
 from agentcas.cas.digest import Digest
 from agentcas.cas.leases import Lease, SweepWatch, SweptMeanwhile
 from agentcas.cas.metastore.base import Read
@@ -105,8 +105,8 @@ class Mover:
     embedded store, lets the writer go without one (see the module doc) until a sweep
     begins."""
 
-    def __init__(self, stores: Stores, lease: Lease, keep_lease: bool = False, watch: SweepWatch | None = None):
-        self.stores = stores
+    def __init__(self, backends: Backends, lease: Lease, keep_lease: bool = False, watch: SweepWatch | None = None):
+        self.backends = backends
         self.lease = lease
         self.keep_lease = keep_lease
         self.watch = watch
@@ -144,21 +144,21 @@ class Mover:
         if self.watch is not None:
             if point is not None:
                 testing_hooks.reached(point)
-            self.stores.meta.write(partial(self._land_at_once, landing=landing))
+            self.backends.meta.write(partial(self._land_at_once, landing=landing))
             return
         self.lease.refresh()
-        staged = store_objects(self.stores, landing.objects, landing.needed - landing.objects.keys(),
+        staged = store_objects(self.backends, landing.objects, landing.needed - landing.objects.keys(),
                                landing.action)
         if not landing.moves:
             if staged:
-                self.stores.meta.exchange(writes=staged)
+                self.backends.meta.exchange(writes=staged)
             return
         if point is not None:
             testing_hooks.reached(point)
         if landing.base is not None:
             self._exchange(landing, staged)
         else:
-            self.stores.meta.write(partial(self._final, landing=landing, staged=staged))
+            self.backends.meta.write(partial(self._final, landing=landing, staged=staged))
 
     def _final(self, txn, landing: Landing, staged: list[tuple]) -> None:
         """The landing transaction of a leased writer (with the rows of its staged objects)."""
@@ -199,7 +199,7 @@ class Mover:
         if not self.keep_lease:
             writes.append(("leases", self.lease.key, None))
         reads = [Read("leases", self.lease.key)] + threads.base_reads(name)
-        applied, values = self.stores.meta.exchange(reads=reads, expect=expect, writes=writes)
+        applied, values = self.backends.meta.exchange(reads=reads, expect=expect, writes=writes)
         if applied:
             if not self.keep_lease:
                 self.lease.released = True
@@ -221,13 +221,13 @@ def move_refs(txn, landing: Landing) -> None:
             raise LostRace(name)
 
 
-def store_objects(stores: Stores, objects: dict, needed: set, action: str) -> list[tuple]:
+def store_objects(backends: Backends, objects: dict, needed: set, action: str) -> list[tuple]:
     """Step 2 of a move: store its new objects, then check that what it relies on is
     stored; VanishedObject (nothing moved) if a concurrent gc took any. Returns the
     metadata writes that make the new objects stored, for the landing to carry, where the
     store staged them (see the module doc; usually none: stored now)."""
-    staged = stores.source.stage_many(objects)
-    missing = stores.source.missing(needed)
+    staged = backends.source.stage_many(objects)
+    missing = backends.source.missing(needed)
     if missing:
         nothing = "nothing was committed" if action == "commit" else "nothing was changed"
         raise VanishedObject(f"object {sorted(missing)[0].hex()} vanished before the {action} "
@@ -235,20 +235,20 @@ def store_objects(stores: Stores, objects: dict, needed: set, action: str) -> li
     return staged
 
 
-def read_state(stores: Stores, thread: str, lease: Lease | None = None) -> ThreadState | None:
+def read_state(backends: Backends, thread: str, lease: Lease | None = None) -> ThreadState | None:
     """`thread`'s state: as a lease from `lease_for(..., thread)` found it (no request;
     `move_thread` checks it again when it lands), else read now."""
     if lease is not None and lease.prefetched is not None and lease.reads == threads.base_reads(thread):
         return threads.decode_base(thread, lease.prefetched).state
-    return threads.read_base(stores.meta, thread).state
+    return threads.read_base(backends.meta, thread).state
 
 
-def lease_for(stores: Stores, what: str, thread: str) -> Lease:
+def lease_for(backends: Backends, what: str, thread: str) -> Lease:
     """A lease that also fetches `thread` for the move it will make (one request)."""
-    return Lease(stores.meta, what, reads=threads.base_reads(thread))
+    return Lease(backends.meta, what, reads=threads.base_reads(thread))
 
 
-def move_thread(stores: Stores, lease: Lease, thread: str,
+def move_thread(backends: Backends, lease: Lease, thread: str,
                 plan: Callable[[ThreadState | None], Move | None],
                 keep_lease: bool = False) -> tuple[ThreadState | None, Move | None]:
     """Move one thread as `plan(its current state)` says; re-plan on a lost race.
@@ -271,7 +271,7 @@ def move_thread(stores: Stores, lease: Lease, thread: str,
         if lost is not None:
             base, early = lost.now, False
         if base is None:
-            base = threads.read_base(stores.meta, thread)
+            base = threads.read_base(backends.meta, thread)
         try:
             planned = plan(base.state)
         except ConflictError:
@@ -286,12 +286,12 @@ def move_thread(stores: Stores, lease: Lease, thread: str,
         return Landing([(thread, base.state, move.new, move.action, move.message, move.history_implied)],
                        move.objects, move.needed, move.action, base=base if move.new is not None else None)
 
-    Mover(stores, lease, keep_lease).run(attempt, f"thread {thread!r}")
+    Mover(backends, lease, keep_lease).run(attempt, f"thread {thread!r}")
     assert base is not None  # every attempt reads it
     return base.state, planned
 
 
-def move_threads(stores: Stores, lease: Lease, plans: list, keep_lease: bool = False) -> list:
+def move_threads(backends: Backends, lease: Lease, plans: list, keep_lease: bool = False) -> list:
     """`move_thread` for several threads at once: [(thread, plan)] -> [(state read, move or None)].
 
     The threads' moves land in one metadata transaction or not at all; a lost race on any
@@ -306,7 +306,7 @@ def move_threads(stores: Stores, lease: Lease, plans: list, keep_lease: bool = F
 
     def attempt(lost: LostRace | None) -> Landing | None:
         nonlocal outcome
-        with stores.meta.reader() as txn:
+        with backends.meta.reader() as txn:
             states = [threads.read_thread(txn, name) for name in names]
         outcome = [(state, plan(state)) for (_, plan), state in zip(plans, states)]
         landing = [(name, state, move) for name, (state, move) in zip(names, outcome) if move is not None]
@@ -322,5 +322,5 @@ def move_threads(stores: Stores, lease: Lease, plans: list, keep_lease: bool = F
                        objects, needed, landing[0][2].action if len(landing) == 1 else "moves")
 
     shown = ", ".join(repr(n) for n in names[:3]) + (" ..." if len(names) > 3 else "")
-    Mover(stores, lease, keep_lease).run(attempt, f"thread{'s' if len(names) > 1 else ''} {shown}")
+    Mover(backends, lease, keep_lease).run(attempt, f"thread{'s' if len(names) > 1 else ''} {shown}")
     return outcome

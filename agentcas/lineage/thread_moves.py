@@ -16,7 +16,7 @@ move checks they still are before it lands (a concurrent gc may have taken them)
 
 from __future__ import annotations
 
-from agentcas.cas.backends import Stores
+from agentcas.cas.backends import Backends
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import HistoryPosition
 from agentcas.errors import ConflictError, NotFound, UsageError
@@ -32,20 +32,20 @@ def _state_objects(checkpoint: Digest | None, history: HistoryPosition) -> set[b
     return {d.raw for d in (checkpoint, history.segment) if d is not None}
 
 
-def _move(stores: Stores, thread: str, what: str, plan):
-    with lease_for(stores, what, thread) as lease:
-        return move_thread(stores, lease, thread, plan)
+def _move(backends: Backends, thread: str, what: str, plan):
+    with lease_for(backends, what, thread) as lease:
+        return move_thread(backends, lease, thread, plan)
 
 
-def branch_thread(stores: Stores, name: str, rev: str | None) -> Digest:
+def branch_thread(backends: Backends, name: str, rev: str | None) -> Digest:
     """Make thread `name` at checkpoint `rev` (default: main's head); the checkpoint's id."""
     check_thread_name(name)
-    source = stores.source
+    source = backends.source
 
     def plan(state):
         if state is not None:
             raise ConflictError(f"thread {name!r} already exists")
-        with stores.meta.reader() as txn:
+        with backends.meta.reader() as txn:
             digest = revisions.resolve(txn, source, rev or "main")
             entry = revisions.reflog_state(txn, source, rev)  # THREAD@{N}: with records appended after its checkpoint
         cp = revisions.load_checkpoint(source, digest)
@@ -53,11 +53,11 @@ def branch_thread(stores: Stores, name: str, rev: str | None) -> Digest:
         return Move(ThreadState(digest, history), "branch", f"branch from {rev or 'main'}",
                     needed=_state_objects(digest, history), result=digest)
 
-    _, move = _move(stores, name, f"branch {name}", plan)
+    _, move = _move(backends, name, f"branch {name}", plan)
     return move.result
 
 
-def delete_thread(stores: Stores, name: str) -> ThreadState:
+def delete_thread(backends: Backends, name: str) -> ThreadState:
     """Delete thread `name` and its reflog; the state it had."""
     check_thread_name(name)
 
@@ -66,7 +66,7 @@ def delete_thread(stores: Stores, name: str) -> ThreadState:
             raise NotFound(f"no thread named {name!r}")
         return Move(None, "delete")
 
-    state, _ = _move(stores, name, f"delete {name}", plan)
+    state, _ = _move(backends, name, f"delete {name}", plan)
     return state
 
 
@@ -81,16 +81,16 @@ def fork_state(objects, history: rollout.History, head: HistoryPosition, tip: Di
             f"fork of {source} at {position.seq}")
 
 
-def fork_thread(stores: Stores, history: rollout.History, source: str, name: str,
+def fork_thread(backends: Backends, history: rollout.History, source: str, name: str,
                 at: int | None) -> ThreadState:
     """Make thread `name` sharing the first `at` records (default: all) of `source`'s history."""
     check_thread_name(name)
     if at is not None and at < 0:
         raise UsageError(f"--at must not be negative: {at}")
-    objects = stores.source
+    objects = backends.source
 
     def plan(state):
-        with stores.meta.reader() as txn:
+        with backends.meta.reader() as txn:
             head, tip, origin = revisions.source_state(txn, objects, source)
         if at is not None and at > head.seq:
             raise UsageError(f"--at {at} is beyond the end of the history of {source!r} "
@@ -100,20 +100,20 @@ def fork_thread(stores: Stores, history: rollout.History, source: str, name: str
         new, message = fork_state(objects, history, head, tip, origin, source, at)
         return Move(new, "fork", message, needed=_state_objects(new.checkpoint, new.history), result=new)
 
-    _, move = _move(stores, name, f"fork {name}", plan)
+    _, move = _move(backends, name, f"fork {name}", plan)
     return move.result
 
 
-def revert_thread(stores: Stores, thread: str, rev: str,
+def revert_thread(backends: Backends, thread: str, rev: str,
                   expect: str | None) -> tuple[ThreadState, ThreadState, bool]:
     """Move `thread` to checkpoint `rev` (only if at `expect`, when given): (old state, new state, related)."""
     check_thread_name(thread)
-    objects = stores.source
+    objects = backends.source
 
     def plan(state):
         if state is None:
             raise NotFound(f"no thread named {thread!r}")
-        with stores.meta.reader() as txn:
+        with backends.meta.reader() as txn:
             if expect is not None:
                 expected = revisions.resolve(txn, objects, expect)
                 if state.checkpoint != expected:
@@ -128,6 +128,6 @@ def revert_thread(stores: Stores, thread: str, rev: str,
         return Move(new, "revert", f"revert to {rev}", needed=_state_objects(target, history),
                     result=(new, related))
 
-    old, move = _move(stores, thread, f"revert {thread}", plan)
+    old, move = _move(backends, thread, f"revert {thread}", plan)
     new, related = move.result
     return old, new, related

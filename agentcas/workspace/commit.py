@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 
 from agentcas import testing_hooks
-from agentcas.cas.backends import Stores
+from agentcas.cas.backends import Backends
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import EMPTY_POSITION, check_reason
 from agentcas.cas.store_format import utc_now
@@ -39,7 +39,7 @@ def _within(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
-def commit_workspace(stores: Stores, store_path: str | None, workspace: str, reason: str, thread: str = "main",
+def commit_workspace(backends: Backends, store_path: str | None, workspace: str, reason: str, thread: str = "main",
                      rollout_file: str | None = None, expect: str | None = None, allow_secrets=(),
                      author: str | None = None, progress=None) -> CommitResult:
     """Snapshot `workspace` (and the new tail of `rollout_file`) as a checkpoint on `thread`."""
@@ -47,8 +47,8 @@ def commit_workspace(stores: Stores, store_path: str | None, workspace: str, rea
     from agentcas.workspace.snapshot import check_reason_secret, snapshot  # lazy: only commit reads a workspace
     check_reason_secret(reason, allow_secrets)
     check_thread_name(thread)
-    source = stores.source
-    expected = _resolve(stores, expect) if expect else None
+    source = backends.source
+    expected = _resolve(backends, expect) if expect else None
     if not os.path.isdir(workspace):
         raise UsageError(f"workspace is not a directory: {workspace}")
     if store_path and _within(os.path.realpath(workspace), os.path.realpath(store_path)):
@@ -56,26 +56,26 @@ def commit_workspace(stores: Stores, store_path: str | None, workspace: str, rea
     if expect is not None:
         # Refuse a stale --expect before storing anything; the plan checks again, for a
         # thread that moves while we snapshot.
-        _check_expected(stores, thread, expected, expect)
-    with lease_for(stores, f"commit {thread}", thread) as lease:
+        _check_expected(backends, thread, expected, expect)
+    with lease_for(backends, f"commit {thread}", thread) as lease:
         skip = [store_path] if store_path else []
         # A rollout file inside the workspace is stored once, as history, not as a file too.
         skip_files = [rollout_file] if rollout_file else []
-        known = stores.known
-        head = read_state(stores, thread, lease)  # only counts unchanged files: may be stale
+        known = backends.known
+        head = read_state(backends, thread, lease)  # only counts unchanged files: may be stale
         previous_tree = None if head is None or head.checkpoint is None else \
             revisions.load_checkpoint(source, head.checkpoint).tree  # to count unchanged files
         # On a shared store the last batch of new objects (the snapshot's, the tail's) is
         # held back and stored by the move itself: one pack, one upload, for a small step.
-        held: dict[bytes, bytes] | None = {} if stores.packed is not None else None
-        tail_held: dict[bytes, bytes] | None = {} if stores.packed is not None else None
-        tree, stats, needed = snapshot(source, stores.local, workspace, allow_secrets,
+        held: dict[bytes, bytes] | None = {} if backends.packed is not None else None
+        tail_held: dict[bytes, bytes] | None = {} if backends.packed is not None else None
+        tree, stats, needed = snapshot(source, backends.local, workspace, allow_secrets,
                                        progress, skip, skip_files, lease, known, previous_tree, held=held)
         tail = file_path = None
         if rollout_file is not None:
             from agentcas.lineage.tail import prepare_tail, workspace_path
             writer = BatchWriter(source, lease=lease, held=tail_held)
-            state = read_state(stores, thread)
+            state = read_state(backends, thread)
             mark = None if state is None or state.checkpoint is None else \
                 revisions.load_checkpoint(source, state.checkpoint).rollout_file  # where it stands in the file
             tail = prepare_tail(source, writer, thread, state, rollout_file, mark)
@@ -113,7 +113,7 @@ def commit_workspace(stores: Stores, store_path: str | None, workspace: str, rea
 
         testing_hooks.reached("commit.before_land")
         try:
-            _, move = move_thread(stores, lease, thread, plan)
+            _, move = move_thread(backends, lease, thread, plan)
         except VanishedObject:
             if known is None:
                 raise
@@ -123,9 +123,9 @@ def commit_workspace(stores: Stores, store_path: str | None, workspace: str, rea
             known = None
             if held is not None:
                 held.clear()
-            tree, stats, needed = snapshot(source, stores.local, workspace, allow_secrets,
+            tree, stats, needed = snapshot(source, backends.local, workspace, allow_secrets,
                                            progress, skip, skip_files, lease, known, previous_tree, held=held)
-            _, move = move_thread(stores, lease, thread, plan)
+            _, move = move_thread(backends, lease, thread, plan)
     assert move is not None and isinstance(move.result, tuple)  # a commit always moves its thread
     digest, cp, appended = move.result
     return CommitResult(digest.hex(), tree.hex(), thread, [p.hex() for p in cp.parents], cp.history,
@@ -133,15 +133,15 @@ def commit_workspace(stores: Stores, store_path: str | None, workspace: str, rea
                         appended, stats.unchanged_files)
 
 
-def _resolve(stores: Stores, rev: str) -> Digest:
-    with stores.meta.reader() as txn:
-        digest = revisions.resolve(txn, stores.source, rev)
-    revisions.load_checkpoint(stores.source, digest)
+def _resolve(backends: Backends, rev: str) -> Digest:
+    with backends.meta.reader() as txn:
+        digest = revisions.resolve(txn, backends.source, rev)
+    revisions.load_checkpoint(backends.source, digest)
     return digest
 
 
-def _check_expected(stores: Stores, thread: str, expected: Digest | None, expect: str) -> None:
-    with stores.meta.reader() as txn:
+def _check_expected(backends: Backends, thread: str, expected: Digest | None, expect: str) -> None:
+    with backends.meta.reader() as txn:
         state = threads.read_thread(txn, thread)
     if (None if state is None else state.checkpoint) != expected:
         raise ConflictError(f"thread {thread!r} is not at {expect!r}; nothing was committed")

@@ -169,10 +169,10 @@ def observe(store_path: str, refs: str | None = None) -> dict:
             "threads": threads}
 
 
-def observe_all(stores: list, dest: str | None = None, bundle: str | None = None) -> dict:
+def observe_all(backends: list, dest: str | None = None, bundle: str | None = None) -> dict:
     """`observe` of each store, plus the files a command writes: DEST's {path: [sha, mode]}
     (or None if absent) and a bundle's full check (or None if absent)."""
-    doc = {"stores": {path: observe(path) for path in stores}}
+    doc = {"stores": {path: observe(path) for path in backends}}
     if dest is not None:
         doc["dest"] = None
         if os.path.lexists(dest):
@@ -197,17 +197,17 @@ def thread_states(observed: dict) -> dict:
             for path, doc in observed["stores"].items()}
 
 
-def observe_retry_observe(stores: list, argv: list, dest=None, bundle=None, skip_retry_if=None) -> dict:
+def observe_retry_observe(backends: list, argv: list, dest=None, bundle=None, skip_retry_if=None) -> dict:
     """After a crash: observe; run the command again (unless the stores already hold
     `skip_retry_if`, for a command that must not be repeated once it landed); observe."""
     from agentcas import cli
-    after = observe_all(stores, dest, bundle)
+    after = observe_all(backends, dest, bundle)
     retry = None
     if skip_retry_if is None or thread_states(after) != skip_retry_if:
         code = cli.main(argv)
         sys.stdout.flush()
         retry = {"code": code}
-    return {"after": after, "retry": retry, "final": observe_all(stores, dest, bundle)}
+    return {"after": after, "retry": retry, "final": observe_all(backends, dest, bundle)}
 
 
 def check_bundle_file(path: str) -> dict:
@@ -215,7 +215,7 @@ def check_bundle_file(path: str) -> dict:
     from agentcas import Store
     from agentcas.exchange import bundle
     with bundle.open_bundle(path) as handle:
-        checked = bundle.check_bundle(Store.memory().stores, handle)
+        checked = bundle.check_bundle(Store.memory().backends, handle)
     return {"checkpoint": checked.manifest.checkpoint.hex(), "objects": checked.manifest.object_count}
 
 

@@ -64,7 +64,7 @@ class Scenario:
     name: str
     setup: Callable            # setup(forks, W): build the base state at W
     argv: list                 # the command; "{W}" is replaced by the work directory
-    stores: tuple = ("store",)  # stores under W whose threads must be old or new
+    backends: tuple = ("store",)  # stores under W whose threads must be old or new
     dest: str | None = None     # a directory the command creates (checkout)
     bundle: str | None = None   # a bundle file the command creates (export)
     retry_ok: tuple = (0,)      # exit codes a retry may give once the command had landed
@@ -248,9 +248,9 @@ SCENARIOS = [
     Scenario("gc", setup_gc, ["--store", "{W}/store", "gc", "--grace", "0s", "--expire-reflog", "now",
                               "--batch", "1"], same_objects=True),
     Scenario("import", setup_import, ["--store", "{W}/other", "import", "{W}/main.bundle", "--as", "theirs",
-                                      "--allow-unsigned"], stores=("other",)),
-    Scenario("push", setup_push, ["--store", "{W}/store", "push", "backup", "main"], stores=("store", "remote")),
-    Scenario("pull", setup_pull, ["--store", "{W}/store", "pull", "backup", "main"], stores=("store", "remote")),
+                                      "--allow-unsigned"], backends=("other",)),
+    Scenario("push", setup_push, ["--store", "{W}/store", "push", "backup", "main"], backends=("store", "remote")),
+    Scenario("pull", setup_pull, ["--store", "{W}/store", "pull", "backup", "main"], backends=("store", "remote")),
     Scenario("checkout", setup_checkout, ["--store", "{W}/store", "checkout", "main", "{W}/out"], dest="out"),
     Scenario("export", setup_export, ["--store", "{W}/store", "export", "main", "-o", "{W}/out.bundle"],
              bundle="out.bundle"),
@@ -276,13 +276,13 @@ class Walk:
         self.base = tmp / "base"
         self.W.mkdir()
         scenario.setup(forks, self.W)
-        used = " ".join(scenario.argv + ["{W}/" + name for name in scenario.stores])
+        used = " ".join(scenario.argv + ["{W}/" + name for name in scenario.backends])
         for entry in os.listdir(self.W):  # what only the set-up needed is not copied per point
             if "{W}/" + entry not in used:
                 shutil.rmtree(self.W / entry) if (self.W / entry).is_dir() else os.unlink(self.W / entry)
         os.rename(self.W, self.base)
         self.argv = [a.replace("{W}", str(self.W)) for a in scenario.argv]
-        self.stores = [str(self.W / name) for name in scenario.stores]
+        self.backends = [str(self.W / name) for name in scenario.backends]
         self.dest = str(self.W / scenario.dest) if scenario.dest else None
         self.bundle = str(self.W / scenario.bundle) if scenario.bundle else None
 
@@ -292,7 +292,7 @@ class Walk:
         shutil.copytree(self.base, self.W, symlinks=True)
 
     def observe(self) -> dict:
-        return ok(self.forks.call("support.cli_forks:observe_all", self.stores, self.dest, self.bundle)).value
+        return ok(self.forks.call("support.cli_forks:observe_all", self.backends, self.dest, self.bundle)).value
 
     def assert_clean(self, doc: dict, point: str) -> None:
         for path, store in doc["stores"].items():
@@ -315,7 +315,7 @@ class Walk:
             self.reset()
             killed = self.forks.run(*self.argv, env={"AGENTCAS_CRASH_AT": str(number)})
             assert killed.code == -9, f"{self.s.name} {point}: not killed: {killed}"
-            checked = ok(self.forks.call("support.cli_forks:observe_retry_observe", self.stores, self.argv, self.dest,
+            checked = ok(self.forks.call("support.cli_forks:observe_retry_observe", self.backends, self.argv, self.dest,
                                          self.bundle, None if self.s.again else new_states))
             after, retry, final = checked.value["after"], checked.value["retry"], checked.value["final"]
             self.assert_clean(after, point)
