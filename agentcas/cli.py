@@ -135,10 +135,9 @@ def init(ctx, directory):
     from agentcas.repository import STORE_DIR, Store  # lazy, as in Context.store
     path = directory or ctx.store_path or os.environ.get("AGENTCAS_STORE") or STORE_DIR
     ctx.check_refs(path)
-    store, created = Store.init(path, refs=ctx.refs)
-    where = store.path or store.url
-    ctx.emit({"store": where, "created": created},
-             f"{'Initialised empty' if created else 'Reinitialised existing'} agentcas store in {where}")
+    made = Store.init(path, refs=ctx.refs)
+    ctx.emit(made, f"{'Initialised empty' if made.created else 'Reinitialised existing'} agentcas store in "
+                   f"{made.location}")
 
 
 @cli.command()
@@ -374,8 +373,8 @@ def effects(ctx, rev, since, states, limit, cursor):
 
     def counts(table):
         return ", ".join(f"{k or '-'} {v}" for k, v in sorted(table.items())) or "none"
-    lines += [f"{t['effects']} effects; by state: {counts(t['by_state'])}; by rollback: {counts(t['by_rollback'])}; "
-              f"by provider: {counts(t['by_provider'])}"]
+    lines += [f"{t.effects} effects; by state: {counts(t.by_state)}; by rollback: {counts(t.by_rollback)}; "
+              f"by provider: {counts(t.by_provider)}"]
     if doc.has_more:
         lines.append(f"more: --cursor {doc.next_cursor}")
     lines.append(f"note: {doc.note}")
@@ -728,7 +727,6 @@ def gc_command(click_ctx, dry_run, grace, expire_reflog, report_file, wait, batc
     with Progress("gc") as progress:
         done = store.gc.run(grace_s, expire_s, dry_run=dry_run, report=bool(report_file),
                             wait=wait_s, progress=progress, batch=batch)
-    doc = {"dry_run": done.dry_run, "plan": done.plan, "result": done.result}
     if report_file:
         as_json = ctx.as_json or report_file.endswith(".json")
         text = (json.dumps(done.report, indent=2, sort_keys=True) + "\n" if as_json
@@ -738,27 +736,27 @@ def gc_command(click_ctx, dry_run, grace, expire_reflog, report_file, wait, batc
                 handle.write(text)
         except OSError as exc:
             raise AgentcasError(f"cannot write report {report_file}: {exc.strerror}") from None
-        doc["report_file"] = os.path.abspath(report_file)
+        done = done.with_report_file(os.path.abspath(report_file))
     plan, result = done.plan, done.result
-    rec, held, live = plan["reclaimable"], plan["held_by_grace"], plan["live"]
-    lines = [f"{plan['objects']} objects: {live['objects']} live ({live['bytes']} bytes), "
-             f"{rec['objects']} reclaimable ({rec['bytes']} bytes), {held['objects']} held by grace "
-             f"({held['bytes']} bytes)",
-             "roots: " + ", ".join(f"{n} {kind}" for kind, n in plan["roots"].items()),
-             f"reflog: {plan['reflog']['expiring']} of {plan['reflog']['entries']} entries expire"]
-    if dry_run:
+    rec, held, live = plan.reclaimable, plan.held_by_grace, plan.live
+    lines = [f"{plan.objects} objects: {live.objects} live ({live.bytes} bytes), "
+             f"{rec.objects} reclaimable ({rec.bytes} bytes), {held.objects} held by grace "
+             f"({held.bytes} bytes)",
+             "roots: " + ", ".join(f"{n} {kind}" for kind, n in plan.roots.items()),
+             f"reflog: {plan.reflog.expiring} of {plan.reflog.entries} entries expire"]
+    if result is None:
         lines.append("dry run: nothing deleted")
     else:
         lines.append(f"deleted {result.deleted_objects} objects ({result.deleted_bytes} bytes), "
                      f"expired {result.reflog_expired} reflog entries")
         if result.repack is not None:
-            lines.append(f"repacked {result.repack['packs_rewritten']} packs ({result.repack['objects_moved']} "
-                         f"objects moved), {result.repack['bytes_reclaimed']} bytes reclaimed")
+            lines.append(f"repacked {result.repack.packs_rewritten} packs ({result.repack.objects_moved} "
+                         f"objects moved), {result.repack.bytes_reclaimed} bytes reclaimed")
         if not result.complete:
             click.echo(f"agentcas: note: gc stopped early: {len(result.blocked_by)} write(s) still in "
                        "progress; run gc again later", err=True)
-    lines += [f"note: {note}" for note in plan["notes"]]
-    ctx.emit(doc, "\n".join(lines))
+    lines += [f"note: {note}" for note in plan.notes]
+    ctx.emit(done, "\n".join(lines))
 
 
 @gc_command.command("explain")
@@ -803,7 +801,7 @@ def fsck_command(ctx):
         doc = store.gc.fsck(progress)
     ctx.emit(doc, gc_fsck.render_text(doc.to_json()))
     if not doc.ok:
-        first = doc.problems[0]["message"]
+        first = doc.problems[0].message
         more = len(doc.problems) - 1
         raise gc_fsck.FsckFailed(f"fsck found {len(doc.problems)} problem(s): {first}"
                                  + (f" (and {more} more)" if more else ""))
@@ -940,8 +938,8 @@ def scan_cmd(ctx, rev, as_json):
     """Report likely secrets in REV's files and rollout history (exit 1 if any)."""
     ctx.as_json = ctx.as_json or as_json
     doc = ctx.store().checkpoints.scan(rev)
-    lines = [f"{f['path']}:{f['line']}: looks like a {f['rule']}" for f in doc.files]
-    lines += [f"rollout {r['thread']} seq {r['seq']}: looks like a {r['rule']}" for r in doc.history]
+    lines = [f"{f.path}:{f.line}: looks like a {f.rule}" for f in doc.files]
+    lines += [f"rollout {r.thread} seq {r.seq}: looks like a {r.rule}" for r in doc.history]
     found = len(doc.files) + len(doc.history)
     lines.append(f"scan: {'clean' if not found else f'{found} likely secret(s)'} in "
                  f"{'checkpoint ' + doc.checkpoint[:12] if doc.checkpoint else 'no checkpoint'} "

@@ -25,6 +25,7 @@ from agentcas.api.checkpoints import Checkpoints
 from agentcas.api.gc import Gc
 from agentcas.api.history import Histories
 from agentcas.api.remotes import Remotes
+from agentcas.api.results import StoreInit
 from agentcas.api.sessions import Sessions
 from agentcas.api.threads import Threads
 from agentcas.api.trust import Trust
@@ -92,19 +93,19 @@ class Store:
 
     # -- opening ------------------------------------------------------------------------------
     @classmethod
-    def init(cls, path: str, refs: str | None = None) -> tuple[Store, bool]:
-        """Create a store at `path` (a directory, or s3://... with `refs`); (store, created)."""
+    def init(cls, path: str, refs: str | None = None) -> StoreInit:
+        """Create a store at `path` (a directory, or s3://... with `refs`): (store, created)."""
         address = parse_store_url(path)
         if address.shared:
             return cls._init_shared(address, refs)
         if address.memory:
-            return cls.memory(), True
+            return StoreInit(cls.memory(), True)
         assert address.path is not None  # neither shared nor memory: a directory
         path = address.path
         if os.path.exists(path) and not os.path.isdir(path):
             raise StoreUnavailable(f"store path is a file, not a directory: {path}")
         if os.path.isfile(os.path.join(path, "data.mdb")):
-            return cls.open(path), False
+            return StoreInit(cls.open(path), False)
         if os.path.isdir(path) and os.listdir(path):
             raise ConflictError(f"directory exists and is not empty: {path}")
         existed = os.path.isdir(path)
@@ -132,10 +133,10 @@ class Store:
                 except OSError:
                     pass
             raise
-        return cls(backends, path), True
+        return StoreInit(cls(backends, path), True)
 
     @classmethod
-    def _init_shared(cls, address: StoreAddress, refs: str | None) -> tuple[Store, bool]:
+    def _init_shared(cls, address: StoreAddress, refs: str | None) -> StoreInit:
         backends = shared_backends(address.url, refs, create=True)
         try:
             binding = claim_prefix(backends)  # refuses another store's prefix or database first
@@ -145,7 +146,7 @@ class Store:
         except BaseException:
             backends.close()
             raise
-        return cls(backends, None), created
+        return StoreInit(cls(backends, None), created)
 
     @classmethod
     def open(cls, path: str, refs: str | None = None) -> Store:

@@ -19,6 +19,7 @@ from agentcas.api.results import (
     FileSize,
     RecordsDiff,
     ScanReport,
+    SecretInFile,
 )
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import Checkpoint
@@ -136,5 +137,4 @@ class Checkpoints:
             records = history_findings(objects, history, thread)
         return ScanReport(None if digest is None else digest.hex(), thread, history.seq,
                           not files and not records,
-                          [{"path": f.path, "line": f.line, "rule": f.rule} for f in files],
-                          [r.to_json() for r in records])
+                          [SecretInFile(f.path, f.line, f.rule) for f in files], list(records))

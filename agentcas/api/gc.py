@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from agentcas.api.results import FsckReport, GcExplanation, GcReport, GcResult
+from agentcas.api.results import FsckReport, GcExplanation, GcPlanSummary, GcReport, GcResult
 from agentcas.gc_defaults import BATCH_DELETES, DEFAULT_EXPIRE_REFLOG, DEFAULT_GRACE, DEFAULT_WAIT
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ class Gc:
             result = None if dry_run else self.execute(plan, wait, progress, batch)
             lineage = build_report(self._backends, plan, None if result is None else result.to_json()) \
                 if report else None
-            return GcReport(dry_run, plan.to_json(), result, lineage)
+            return GcReport(dry_run, GcPlanSummary.from_doc(plan.to_json()), result, lineage)
         finally:
             plan.close()  # its marks and candidates may hold temporary files
 
@@ -58,4 +58,4 @@ class Gc:
     def fsck(self, progress=None) -> FsckReport:
         """Verify every object, row, position and closure."""
         from agentcas.gc.fsck import fsck
-        return FsckReport(**fsck(self._backends, progress))
+        return FsckReport.from_doc(fsck(self._backends, progress))

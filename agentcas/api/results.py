@@ -9,8 +9,8 @@ value is rendered by `json_value`: ids stay 64-hex strings, a `HistoryPosition` 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, NamedTuple
 
 from agentcas.cas.objects import HistoryPosition
 from agentcas.lineage.appends import AppendResult
@@ -21,6 +21,31 @@ from agentcas.lineage.fork_tree import Lineage, LineageNode
 from agentcas.lineage.marks import IngestedThread
 from agentcas.refs.threads import ForkOrigin, ReflogEntry
 from agentcas.result import Result, json_value
+
+if TYPE_CHECKING:
+    from agentcas.exchange.remote import Remote
+    from agentcas.exchange.secret_scan import RecordFinding
+    from agentcas.repository import Store
+    from agentcas.signing.envelope import Verdict
+    from agentcas.signing.trust import TrustEntry
+
+
+# -- the store -----------------------------------------------------------------------------------
+class StoreInit(NamedTuple):
+    """`Store.init`: the store, and whether it was created (False: one was already there).
+
+    A named tuple, so `store, created = Store.init(path)` reads it as well as `.store`."""
+
+    store: Store
+    created: bool
+
+    @property
+    def location(self) -> str | None:
+        """The store's directory, or its URL."""
+        return self.store.path or self.store.url
+
+    def to_json(self) -> dict:
+        return {"store": self.location, "created": self.created}
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
@@ -127,6 +152,15 @@ class CheckoutResult(Result):
 
 
 @dataclass(frozen=True)
+class SecretInFile(Result):
+    """A likely secret in a checkpoint's file: the file, the line, the rule (never the secret)."""
+
+    path: str
+    line: int
+    rule: str
+
+
+@dataclass(frozen=True)
 class ScanReport(Result):
     """Likely secrets in a revision's files and history (the secrets themselves not shown)."""
 
@@ -134,8 +168,8 @@ class ScanReport(Result):
     thread: str
     records: int
     clean: bool
-    files: list[dict]
-    history: list[dict]
+    files: list[SecretInFile]
+    history: list[RecordFinding]
 
 
 # -- threads -------------------------------------------------------------------------------------
@@ -205,6 +239,132 @@ class RevertResult(Result):
 
 # -- gc and fsck ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class Tally(Result):
+    """A count of objects and their stored bytes."""
+
+    objects: int
+    bytes: int
+
+    @classmethod
+    def from_doc(cls, doc: dict) -> Tally:
+        return cls(doc["objects"], doc["bytes"])
+
+
+@dataclass(frozen=True)
+class HeldByGrace(Result):
+    """Unreachable objects kept because they were written less than the grace ago; when any
+    are, how many seconds until the first and the last of them may go."""
+
+    OMIT_NONE = frozenset({"releases_from_seconds", "releases_by_seconds"})
+
+    objects: int
+    bytes: int
+    oldest_written_at: int | None
+    newest_written_at: int | None
+    releases_from_seconds: int | None = None
+    releases_by_seconds: int | None = None
+
+    @classmethod
+    def from_doc(cls, doc: dict) -> HeldByGrace:
+        return cls(doc["objects"], doc["bytes"], doc["oldest_written_at"], doc["newest_written_at"],
+                   doc.get("releases_from_seconds"), doc.get("releases_by_seconds"))
+
+
+@dataclass(frozen=True)
+class Reclaimable(Result):
+    """What a sweep would delete, in all and by object kind."""
+
+    objects: int
+    bytes: int
+    by_kind: dict[str, Tally]
+
+    @classmethod
+    def from_doc(cls, doc: dict) -> Reclaimable:
+        return cls(doc["objects"], doc["bytes"], {k: Tally.from_doc(v) for k, v in doc["by_kind"].items()})
+
+
+@dataclass(frozen=True)
+class ReflogExpiry(Result):
+    """The reflog entries kept so far and how many of them this gc expires."""
+
+    entries: int
+    expiring: int
+
+
+@dataclass(frozen=True)
+class WriteInProgress(Result):
+    """A write's lease as gc read it: a write in progress (while `live`) that gc waits for."""
+
+    what: str
+    host: str
+    pid: int
+    started_at: int
+    expires_at: int
+    live: bool
+
+    @classmethod
+    def from_doc(cls, doc: dict) -> WriteInProgress:
+        return cls(doc["what"], doc["host"], doc["pid"], doc["started_at"], doc["expires_at"], doc["live"])
+
+
+@dataclass(frozen=True)
+class GcPlanSummary(Result):
+    """A gc plan as reported (`gc --dry-run`): roots, reflog, objects live, held and reclaimable.
+
+    The plan itself (gc.plan.GcPlan) also holds its marks and candidates; this is what it
+    found, read from its `to_json()`."""
+
+    store: str
+    now: int
+    grace_seconds: int
+    expire_reflog_seconds: int
+    roots: dict[str, int]              # root kind -> how many
+    reflog: ReflogExpiry
+    pins: list[WriteInProgress]
+    objects: int
+    live: Tally
+    held_by_grace: HeldByGrace
+    reclaimable: Reclaimable
+    notes: list[str]
+
+    @classmethod
+    def from_doc(cls, doc: dict) -> GcPlanSummary:
+        """From the document a GcPlan's `to_json` returns."""
+        return cls(doc["store"], doc["now"], doc["grace_seconds"], doc["expire_reflog_seconds"], dict(doc["roots"]),
+                   ReflogExpiry(doc["reflog"]["entries"], doc["reflog"]["expiring"]),
+                   [WriteInProgress.from_doc(p) for p in doc["pins"]], doc["objects"], Tally.from_doc(doc["live"]),
+                   HeldByGrace.from_doc(doc["held_by_grace"]), Reclaimable.from_doc(doc["reclaimable"]),
+                   list(doc["notes"]))
+
+
+@dataclass(frozen=True)
+class RepackSummary(Result):
+    """An embedded store's repack after a sweep: packs rewritten, objects moved, bytes reclaimed."""
+
+    packs_rewritten: int
+    bytes_reclaimed: int
+    objects_moved: int
+
+
+@dataclass(frozen=True)
+class PackSweep(Result):
+    """A shared store's packs after a sweep: `deleted`, packs left with nothing live; then
+    `unnamed` (and `unnamed_bytes`), packs no index row named (a writer or sweep killed
+    midway), or `skipped` ("writers": a writer held a lease; "incomplete": the sweep was)."""
+
+    OMIT_NONE = frozenset({"unnamed", "unnamed_bytes", "skipped"})
+
+    deleted: int
+    unnamed: int | None = None
+    unnamed_bytes: int | None = None
+    skipped: str | None = None
+
+    @classmethod
+    def from_doc(cls, doc: dict) -> PackSweep:
+        return cls(doc["deleted"], doc.get("unnamed"), doc.get("unnamed_bytes"), doc.get("skipped"))
+
+
+@dataclass(frozen=True)
 class GcResult(Result):
     """What a gc sweep did."""
 
@@ -215,41 +375,55 @@ class GcResult(Result):
     remarked: int
     batches: int
     complete: bool
-    blocked_by: list[dict]
-    repack: dict | None = None  # an embedded store: {"packs_rewritten", "objects_moved", "bytes_reclaimed"}
-    # a shared store: {"deleted": packs left with nothing live, "unnamed": packs no index row
-    # named (a writer or sweep killed midway), "unnamed_bytes"}, or {"skipped": "writers"}
-    packs: dict | None = None
+    blocked_by: list[WriteInProgress]
+    repack: RepackSummary | None = None  # an embedded store
+    packs: PackSweep | None = None       # a shared store
 
     @classmethod
     def from_doc(cls, doc: dict) -> GcResult:
         """From the document gc/sweep.py's `execute` returns."""
+        repack, packs = doc.get("repack"), doc.get("packs")
         return cls(doc["deleted"]["objects"], doc["deleted"]["bytes"], doc["reflog_expired"], doc["pins_dropped"],
-                   doc["remarked"], doc["batches"], doc["complete"], doc["blocked_by"], doc.get("repack"),
-                   doc.get("packs"))
+                   doc["remarked"], doc["batches"], doc["complete"],
+                   [WriteInProgress.from_doc(p) for p in doc["blocked_by"]],
+                   None if repack is None else RepackSummary(**repack),
+                   None if packs is None else PackSweep.from_doc(packs))
 
     def to_json(self) -> dict:
         doc = {"deleted": {"objects": self.deleted_objects, "bytes": self.deleted_bytes},
                "reflog_expired": self.reflog_expired, "pins_dropped": self.pins_dropped,
                "remarked": self.remarked, "batches": self.batches, "complete": self.complete,
-               "blocked_by": list(self.blocked_by)}
+               "blocked_by": json_value(self.blocked_by)}
         if self.repack is not None:
-            doc["repack"] = dict(self.repack)
+            doc["repack"] = self.repack.to_json()
         if self.packs is not None:
-            doc["packs"] = dict(self.packs)
+            doc["packs"] = self.packs.to_json()
         return doc
 
 
 @dataclass(frozen=True)
 class GcReport(Result):
-    """A gc: its plan (as JSON), what the sweep did (None for a dry run), the lineage report if asked."""
+    """A gc: its plan, what the sweep did (None for a dry run), and with `report` asked for,
+    the lineage report (gc/report.py).
 
-    OMIT_NONE = frozenset({"report"})
+    The JSON is {"dry_run", "plan", "result"}, and "report_file" once the report was written
+    to a file (`with_report_file`): the report is a document of its own, not part of this one."""
 
     dry_run: bool
-    plan: dict
+    plan: GcPlanSummary
     result: GcResult | None
     report: dict | None = None
+    report_file: str | None = None
+
+    def with_report_file(self, path: str) -> GcReport:
+        """This report, saying that its lineage report was written to `path`."""
+        return replace(self, report_file=path)
+
+    def to_json(self) -> dict:
+        doc = {"dry_run": self.dry_run, "plan": self.plan.to_json(), "result": json_value(self.result)}
+        if self.report_file is not None:
+            doc["report_file"] = self.report_file
+        return doc
 
 
 @dataclass(frozen=True)
@@ -263,6 +437,39 @@ class GcExplanation(Result):
 
 
 @dataclass(frozen=True)
+class FsckProblem(Result):
+    """One thing fsck found wrong: `what` (row, corrupt, missing, position, closure, pack, ...),
+    a message, and where, as far as known (the rest left out of the JSON): the object `id`,
+    its `kind` and the object that names it (`referenced_by`), the `table` and `key` of a
+    row, the `pack`, the `root` that reaches it."""
+
+    OMIT_NONE = frozenset({"id", "kind", "referenced_by", "table", "key", "pack", "root"})
+
+    what: str
+    message: str
+    id: str | None = None
+    kind: str | None = None
+    referenced_by: str | None = None
+    table: str | None = None
+    key: str | None = None
+    pack: str | None = None
+    root: str | None = None
+
+    @classmethod
+    def from_doc(cls, doc: dict) -> FsckProblem:
+        return cls(**doc)
+
+
+@dataclass(frozen=True)
+class PackUsage(Result):
+    """A store's packs: how many, their bytes, and the bytes a repack would reclaim."""
+
+    count: int
+    bytes: int
+    reclaimable_bytes: int
+
+
+@dataclass(frozen=True)
 class FsckReport(Result):
     """The result of verifying every object, row, position and closure."""
 
@@ -272,8 +479,15 @@ class FsckReport(Result):
     objects: int
     rows: int
     roots: int
-    problems: list[dict]
-    packs: dict | None = None  # an embedded store: {"count", "bytes", "reclaimable_bytes"}
+    problems: list[FsckProblem]
+    packs: PackUsage | None = None  # a store of packs (embedded, or shared on S3)
+
+    @classmethod
+    def from_doc(cls, doc: dict) -> FsckReport:
+        """From the document gc/fsck.py's `fsck` returns."""
+        packs = doc.get("packs")
+        return cls(doc["ok"], doc["objects"], doc["rows"], doc["roots"],
+                   [FsckProblem.from_doc(p) for p in doc["problems"]], None if packs is None else PackUsage(**packs))
 
 
 # -- signing, bundles, remotes ----------------------------------------------------------------------
@@ -281,7 +495,7 @@ class FsckReport(Result):
 class TrustRemoved(Result):
     """A signer no longer trusted."""
 
-    entry: Any  # signing.trust.TrustEntry
+    entry: TrustEntry
 
     def to_json(self) -> dict:
         return dict(self.entry.to_doc(), removed=True)
@@ -308,7 +522,7 @@ class VerifyResult(Result):
     signature: str
     reason: str
     verified: bool
-    signatures: list[dict]
+    signatures: list[Verdict]  # every stored signature's verdict
 
 
 @dataclass(frozen=True)
@@ -389,7 +603,7 @@ class BundleImport(BundleDocument):
 class RemoteAdded(Result):
     """A remote recorded; `created` when an empty store was made for it at a new or empty path."""
 
-    remote: Any  # exchange.remote.Remote
+    remote: Remote
     created: bool = False
 
     @property
@@ -408,7 +622,7 @@ class RemoteAdded(Result):
 class RemoteRemoved(Result):
     """A remote forgotten (the remote store itself untouched)."""
 
-    remote: Any  # exchange.remote.Remote
+    remote: Remote
 
     def to_json(self) -> dict:
         return dict(self.remote.to_doc(), removed=True)

@@ -85,4 +85,4 @@ class Trust:
         status, reason = envelope.summarize(verdicts)
         if status != envelope.VALID:
             raise SignatureRejected(status, f"checkpoint {digest.short()}: signature {status}: {reason}")
-        return VerifyResult(digest.hex(), thread, status, reason, True, [v.to_json() for v in verdicts])
+        return VerifyResult(digest.hex(), thread, status, reason, True, list(verdicts))

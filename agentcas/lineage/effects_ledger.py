@@ -46,6 +46,28 @@ class EffectAdded(Result):
 
 
 @dataclass(frozen=True)
+class EffectTotals(Result):
+    """How many effects a history's window holds, by latest state, rollback class and provider
+    (an effect without a provider counts under "")."""
+
+    effects: int
+    by_state: dict[str, int]
+    by_rollback: dict[str, int]
+    by_provider: dict[str, int]
+
+    @classmethod
+    def from_counts(cls, counts: dict) -> EffectTotals:
+        """From the effects index's totals row."""
+        return cls(counts["effects"], dict(counts["by_state"]), dict(counts["by_rollback"]),
+                   dict(counts["by_provider"]))
+
+    @property
+    def open(self) -> int:
+        """The effects whose latest state is pending or unknown."""
+        return sum(self.by_state.get(s, 0) for s in effects.OPEN_STATES)
+
+
+@dataclass(frozen=True)
 class EffectsPage(Result):
     """A page of the effects in a revision's history, newest activity first, and totals."""
 
@@ -53,7 +75,7 @@ class EffectsPage(Result):
     history_seq: int
     since_seq: int
     states: list[str] | None
-    totals: dict | None
+    totals: EffectTotals | None
     effects: list[EffectState]
     returned_count: int
     has_more: bool
@@ -177,7 +199,7 @@ class EffectsLedger:
         items, more = index.page(line, head.seq, since_seq, states, before,
                                  limit if limit is not None else max(head.seq, 1))
         return EffectsPage(rev, head.seq, since_seq, list(states) if states else None,
-                           index.totals(line, head.seq, since_seq) if totals else None,
+                           EffectTotals.from_counts(index.totals(line, head.seq, since_seq)) if totals else None,
                            items, len(items), more, items[-1].state_seq if more else None,
                            effects.NOT_UNDONE_NOTE)
 
@@ -188,8 +210,7 @@ class EffectsLedger:
         since = rollout.common_prefix(self._history(), head, target)
         page = self.page(head, line_name, is_thread, since, effects.OPEN_STATES, limit, None)
         assert page.totals is not None  # a page counts its totals unless told not to
-        counts = page.totals["by_state"]
-        return OpenEffects(since, head.seq, sum(counts.get(s, 0) for s in effects.OPEN_STATES),
+        return OpenEffects(since, head.seq, page.totals.open,
                            page.effects, page.has_more, page.note)
 
     def after_checkpoint(self, rev: str) -> OpenEffects | None:

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from agentcas.errors import AgentcasError, NotFound, UsageError
-from agentcas.lineage.effects import NOT_UNDONE_NOTE, OPEN_STATES
+from agentcas.lineage.effects import NOT_UNDONE_NOTE
 
 if TYPE_CHECKING:
     from agentcas.cas.objects import Checkpoint
@@ -488,15 +488,14 @@ class ToolHost:
         items = self._bounded_items(page.effects, effects_budget)
         more = page.has_more or len(items) < len(page.effects)
         return {"from": old, "to": new, "files": files, "records": d.records.to_json(),
-                "effects_page": {"count": totals["effects"], "items": items, "returned_count": len(items),
+                "effects_page": {"count": totals.effects, "items": items, "returned_count": len(items),
                                  "has_more": more, "next_cursor": self.seal("diff_checkpoint", f"{old}..{new}",
                                                                             items[-1]["state_seq"])
                                  if more and items else None},
-                "effect_summary": {"total": totals["effects"], "since_seq": page.since_seq,
-                                   "open": sum(totals["by_state"].get(s, 0) for s in OPEN_STATES),
-                                   "by_state": self._bounded_map(totals["by_state"], SUMMARY_KEYS_CAP),
-                                   "by_rollback": self._bounded_map(totals["by_rollback"], SUMMARY_KEYS_CAP),
-                                   "by_provider": self._bounded_map(totals["by_provider"], SUMMARY_KEYS_CAP),
+                "effect_summary": {"total": totals.effects, "since_seq": page.since_seq, "open": totals.open,
+                                   "by_state": self._bounded_map(totals.by_state, SUMMARY_KEYS_CAP),
+                                   "by_rollback": self._bounded_map(totals.by_rollback, SUMMARY_KEYS_CAP),
+                                   "by_provider": self._bounded_map(totals.by_provider, SUMMARY_KEYS_CAP),
                                    "restore_policy": "report_only"},
                 "note": NOT_UNDONE_NOTE}
 
