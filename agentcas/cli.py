@@ -30,6 +30,7 @@ class Context:
         # the failure's `error` and `exit_code` in it if the command failed after making it
         # (scan's findings, ingest's refusals, fsck's problems), so stdout holds one document.
         self.document = None
+        self.ascii_only = False
         self.configure(store_path, as_json, refs)
 
     def configure(self, store_path: str | None, as_json: bool, refs: str | None) -> None:
@@ -65,15 +66,18 @@ class Context:
             self._store = Store.open(path, refs=self.refs)
         return self._store
 
-    def emit(self, doc, text: str | None = None) -> None:
+    def emit(self, doc, text: str | None = None, ascii_only: bool = False) -> None:
         """Print `doc` (a typed result, or a document of them) as JSON with --json (when
         the command ends: see `document`), else `text`.
 
         The one place a command's result becomes output: its JSON is the result's
-        `to_json()` (agentcas/result.py), its text what the command rendered from its fields."""
+        `to_json()` (agentcas/result.py), its text what the command rendered from its fields.
+        `ascii_only`: non-ASCII characters escaped in the JSON (text quoted from a log may
+        hold lone surrogates, which stdout cannot encode)."""
         if self.as_json:
             from agentcas.result import json_value
             self.document = json_value(doc)
+            self.ascii_only = ascii_only
         elif text is not None:
             click.echo(escape_controls(text, lines=True))
 
@@ -476,26 +480,24 @@ def ingest(ctx, harness, paths, thread, watch):
                                            + f"  [{r.path}]"))
 
     if watch:
-        totals = {"passes": 0, "appended": 0, "checkpoints": 0}
+        passes: list = []
 
         def on_run(reports):
-            totals["passes"] += 1
-            totals["appended"] += sum(r.appended for r in reports)
-            totals["checkpoints"] += sum(len(r.checkpoints) for r in reports)
+            passes.append((sum(r.appended for r in reports), sum(len(r.checkpoints) for r in reports)))
             show(reports)
 
         reports = ingest_module.watch(run, lambda: bool(stopped), on_run)
-        doc = dict(ingest_module.summary(reports), watch=totals)
-        ctx.emit(doc, f"stopped after {totals['passes']} passes: {totals['appended']} records, "
-                      f"{totals['checkpoints']} checkpoints ingested")
+        totals = ingest_module.WatchTotals(len(passes), sum(a for a, _ in passes), sum(c for _, c in passes))
+        ctx.emit(ingest_module.summary(reports, totals),
+                 f"stopped after {totals.passes} passes: {totals.appended} records, "
+                 f"{totals.checkpoints} checkpoints ingested")
         return
     reports = run.run()
     show(reports)
-    doc = ingest_module.summary(reports)
-    ctx.emit(doc)
-    if doc["refused"]:
-        raise ingest_module.SessionRefused(f"{len(doc['refused'])} file(s) refused: "
-                                           + ", ".join(doc["refused"][:5]))
+    done = ingest_module.summary(reports)
+    ctx.emit(done)
+    if done.refused:
+        raise ingest_module.SessionRefused(f"{len(done.refused)} file(s) refused: " + ", ".join(done.refused[:5]))
 
 
 @cli.command()
@@ -507,11 +509,8 @@ def replay(ctx, rev, at, fmt):
     """What the model saw at record SEQ of REV, rebuilt by the harness's own resume rules (never executes)."""
     from agentcas.harnesses import replay as replay_module
     doc, records = replay_module.replay_records(ctx.store(), rev, at, fmt)
-    if ctx.as_json:
-        # ASCII escapes: a log's text may hold lone surrogates that stdout cannot encode.
-        click.echo(json.dumps(doc, indent=2, ensure_ascii=True, sort_keys=True))
-    else:
-        click.echo(replay_module.render_text(doc, records).encode("utf-8", "replace").decode("utf-8"))
+    # ASCII escapes: a log's text may hold lone surrogates that stdout cannot encode.
+    ctx.emit(doc, replay_module.render_text(doc, records), ascii_only=True)
 
 
 # --- harness hooks, rewind and resume (harnesses/hooks.py, hook_settings.py, rewind.py) -------
@@ -647,12 +646,6 @@ def _session_store(ctx: Context, directory: str | None):
     return ctx.store()
 
 
-def _session_doc(undo, workspace, placement) -> dict:
-    return {"undo": undo, "workspace": workspace,
-            "session": None if placement is None else {"id": placement.id, "path": placement.path,
-                                                       "resume": placement.resume}}
-
-
 def _session_text(placement) -> str:
     if placement is None:
         return ""
@@ -671,8 +664,6 @@ def rewind_cmd(ctx, thread, rev, only, workspace):
     """Files and conversation back to REV: the workspace checkpointed first (undo), then made equal
     to REV's files; a forked session the harness resumes."""
     result = _session_store(ctx, workspace).sessions.rewind(thread, rev, only, workspace)
-    doc = dict(_session_doc(result.undo, result.workspace, result.session), target=result.target,
-               files_written=list(result.written), files_removed=list(result.removed))
     lines = []
     if result.undo:
         lines.append(f"rewound {result.workspace} to {result.target[:12]}: {len(result.written)} files written, "
@@ -680,7 +671,7 @@ def rewind_cmd(ctx, thread, rev, only, workspace):
                      "--only code")
     if result.session:
         lines.append(_session_text(result.session))
-    ctx.emit(doc, "\n".join(lines))
+    ctx.emit(result, "\n".join(lines))
 
 
 @cli.command("resume")
@@ -693,8 +684,9 @@ def rewind_cmd(ctx, thread, rev, only, workspace):
 def resume_cmd(ctx, thread, at, cwd):
     """Write THREAD's stored session where this machine's harness finds it, byte for byte, same id
     (the same file there: exit 0; a different one: exit 3, nothing written)."""
+    from agentcas.api.results import SessionResumed
     placement = _session_store(ctx, cwd).sessions.resume(thread, at, cwd)
-    ctx.emit(_session_doc(None, os.path.abspath(cwd) if cwd else None, placement), _session_text(placement))
+    ctx.emit(SessionResumed(os.path.abspath(cwd) if cwd else None, placement), _session_text(placement))
 
 
 # --- commands of later layers register below ------------------------------------------------
@@ -819,8 +811,8 @@ def keygen(ctx, name, out_dir):
     """Create an Ed25519 key pair: NAME.key (mode 0600; $AGENTCAS_KEY_PASSPHRASE encrypts it) and NAME.pub."""
     from agentcas.signing.keys import write_keypair
     result = write_keypair(name, out_dir)
-    ctx.emit(result, f"{result['key_id']}\nWrote {result['private_key']} (private, 0600"
-                     f"{', encrypted' if result['encrypted'] else ''}) and {result['public_key']}")
+    ctx.emit(result, f"{result.key_id}\nWrote {result.private_key} (private, 0600"
+                     f"{', encrypted' if result.encrypted else ''}) and {result.public_key}")
 
 
 @cli.group("trust", invoke_without_command=True)
@@ -1142,7 +1134,7 @@ def main(argv=None) -> int:
         document = dict(document, **failure) if isinstance(document, dict) else failure
     if context.as_json and document is not None:
         try:
-            click.echo(json.dumps(document, indent=2, ensure_ascii=False, sort_keys=True))
+            click.echo(json.dumps(document, indent=2, ensure_ascii=context.ascii_only, sort_keys=True))
         except BrokenPipeError:
             pass
     return code

@@ -173,12 +173,12 @@ def run_drill(echo=print, keep: bool = False) -> DrillReport:
 
         def export():
             made = keys.write_keypair("drill", key_dir)
-            memo["key_id"] = made["key_id"]
+            memo["key_id"] = made.key_id
             store = Store.open(store_dir)
             os.makedirs(os.path.dirname(bundle))
-            result = store.remotes.export_bundle("main", bundle, made["private_key"])
+            result = store.remotes.export_bundle("main", bundle, made.private_key)
             store.close()
-            return f"{result.bytes} bytes, {result.objects} objects, signed by key {made['key_id']}"
+            return f"{result.bytes} bytes, {result.objects} objects, signed by key {made.key_id}"
 
         stages.run("export signed bundle", export)
 
@@ -284,10 +284,10 @@ def run_checkpoint_drill(store: Store, rev: str, echo=print, keep: bool = False)
     try:
         def export():
             made = keys.write_keypair("drill", os.path.join(root, "keys"))
-            memo["pub"] = made["public_key"]
+            memo["pub"] = made.public_key
             # The bundle stays in this temporary directory: files the user allowed past the
             # secret scan at commit time are exported as they are.
-            result = store.remotes.export_bundle(digest.hex(), bundle, made["private_key"], allow_secrets=("*",))
+            result = store.remotes.export_bundle(digest.hex(), bundle, made.private_key, allow_secrets=("*",))
             memo["thread"] = result.thread
             return f"{digest.hex()[:12]}: {result.bytes} bytes, {result.objects} objects"
 

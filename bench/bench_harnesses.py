@@ -114,8 +114,8 @@ else:
     for _ in range(5):
         start = time.perf_counter(); doc = replay.replay(store, sys.argv[3]); times.append(time.perf_counter() - start)
     times.sort()
-    print(json.dumps({"seconds": times[2], "items": len(doc["items"]), "compaction_line": doc["compaction_line"],
-                      "at": doc["at"]}))
+    print(json.dumps({"seconds": times[2], "items": len(doc.items), "compaction_line": doc.compaction_line,
+                      "at": doc.at}))
 """
 
 

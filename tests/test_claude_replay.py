@@ -9,7 +9,7 @@ from support.harness_samples import ClaudeSession
 
 
 def replay(session: ClaudeSession) -> dict:
-    return replay_claude(parse_records(session.data()))
+    return replay_claude(parse_records(session.data())).to_json()
 
 
 def test_linear_session_chain_visible_and_messages():
@@ -165,7 +165,7 @@ def test_system_records_are_dropped_from_messages():
 
 def test_empty_transcript():
     doc = replay_claude([])
-    assert doc["leaf"] is None and doc["chain"] == [] and doc["messages"] == [] and doc["session_id"] is None
+    assert doc.leaf is None and doc.chain == [] and doc.messages == [] and doc.session_id is None
 
 
 def test_a_parent_uuid_that_is_not_a_string_makes_a_root_never_a_failure():

@@ -11,7 +11,7 @@ from support.harness_samples import CodexSession, dumps, env_context, text_item
 
 
 def replay(session: CodexSession) -> dict:
-    return replay_codex(parse_records(session.data()))
+    return replay_codex(parse_records(session.data())).to_json()
 
 
 def texts(doc) -> list[str]:
@@ -308,7 +308,7 @@ def test_replay_reads_only_the_tail_after_the_newest_compaction():
     s.turn("after", model="m-after")
     records = CountingRecords(parse_records(s.data()))
     doc = replay_codex(records, damaged_lines=[])   # a stored history's are known (damaged_lines.py)
-    assert doc["turn_context"]["model"] == "m-after"
+    assert doc.turn_context["model"] == "m-after"
     assert min(records.read - {0}) > len(s.lines) - 40     # line 1 for the id, then only the tail
 
 

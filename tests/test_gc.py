@@ -302,10 +302,10 @@ def test_a_signed_checkpoint_brought_back_during_gc_keeps_its_signature(any_stor
     from agentcas.signing import keys
     store = any_store
     made = keys.write_keypair("alice", str(tmp_path / "k"))
-    store.trust.add("alice", made["public_key"])
+    store.trust.add("alice", made.public_key)
     orphan = store.checkpoints.commit(write_files(tmp_path / "ws", {"a": os.urandom(20_000)}), "x",
                                       thread="t").to_json()["checkpoint"]
-    store.trust.sign(orphan, made["private_key"])
+    store.trust.sign(orphan, made.private_key)
     store.threads.delete("t")
     plan = store.gc.plan(grace=0, expire_reflog=0, now=later())
     assert plan.reclaimable["objects"] >= 4  # chunk, tree, checkpoint, signature

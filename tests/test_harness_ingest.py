@@ -244,10 +244,10 @@ def test_skipped_lines_are_every_damaged_line_up_to_the_record(run, store_dir, t
     store = Store.open(str(store_dir))
     # Ingest left the answer in the cache: replay at the head read only the tail.
     warm, records = replay.replay_records(store, THREAD)
-    assert warm["skipped_lines"] == [early, middle, late] and records.loaded_records < len(s.lines) // 4
+    assert warm.skipped_lines == [early, middle, late] and records.loaded_records < len(s.lines) // 4
     # A lost cache costs a scan, not the answer.
     store.backends.local.write(lambda txn: txn.delete("statcache", damaged_lines.DAMAGED_KEY + THREAD.encode()))
-    assert replay.replay(store, THREAD)["skipped_lines"] == [early, middle, late]
+    assert replay.replay(store, THREAD).skipped_lines == [early, middle, late]
     assert damaged_lines.read_row(store.backends.local, THREAD)[0].seq == len(s.lines)   # and rebuilds it
     # A checkpoint's prefix, and a fork (another thread, no row of its own yet).
     log = run("--json", "log", THREAD, store=store_dir).json()["checkpoints"]

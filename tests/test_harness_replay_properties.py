@@ -155,6 +155,6 @@ def test_replay_of_a_log_whose_values_have_unexpected_types_never_fails(fmt, cha
         lines[index] = _replaced(lines[index], places[place_pick % len(places)], new)
     records = parse_records(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
     doc = replay_codex(records) if fmt == "codex" else replay_claude(records)
-    assert doc["format"] == fmt and doc["at"] == len(lines)
+    assert doc.format == fmt and doc.at == len(lines)
     assert render_text(doc, records)
-    json.dumps(doc)
+    json.dumps(doc.to_json())

@@ -106,9 +106,9 @@ def test_keygen_needs_no_store_and_checks_the_name(tmp_path, run):
 def test_passphrase_encrypts_the_key(tmp_path, monkeypatch):
     monkeypatch.setenv(keys.PASSPHRASE_ENV, "correct horse")
     made = keys.write_keypair("enc", str(tmp_path))
-    assert made["encrypted"]
+    assert made.encrypted
     assert b"ENCRYPTED PRIVATE KEY" in (tmp_path / "enc.key").read_bytes()
-    assert keys.load_signing_key(str(tmp_path / "enc.key")).public.id == made["key_id"]
+    assert keys.load_signing_key(str(tmp_path / "enc.key")).public.id == made.key_id
     monkeypatch.setenv(keys.PASSPHRASE_ENV, "wrong")
     with pytest.raises(BadKey, match="passphrase"):
         keys.load_signing_key(str(tmp_path / "enc.key"))

@@ -7,7 +7,7 @@ A commit is workspace/commit.py's; a checkout restores a tree into a new directo
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, overload
 
 from agentcas.api.results import (
     CheckoutResult,
@@ -18,11 +18,12 @@ from agentcas.api.results import (
     FileResize,
     FileSize,
     RecordsDiff,
+    ResolvedCheckpoint,
     ScanReport,
     SecretInFile,
 )
 from agentcas.cas.digest import Digest
-from agentcas.cas.objects import Checkpoint
+from agentcas.cas.objects import TreeEntry
 from agentcas.errors import NotFound
 from agentcas.lineage import rollout
 from agentcas.lineage.checkpoints import default_author, runtime_description  # noqa: F401 - part of the API
@@ -47,11 +48,11 @@ class Checkpoints:
         return commit_workspace(self._backends, self._store.path, workspace, reason, thread, rollout_file, expect,
                                 allow_secrets, author, progress)
 
-    def get(self, rev: str) -> tuple[Digest, Checkpoint]:
+    def get(self, rev: str) -> ResolvedCheckpoint:
         """The checkpoint `rev` names: (id, verified Checkpoint)."""
         with self._backends.meta.reader() as txn:
             digest = revisions.resolve(txn, self._backends.source, rev)
-        return digest, revisions.load_checkpoint(self._backends.source, digest)
+        return ResolvedCheckpoint(digest, revisions.load_checkpoint(self._backends.source, digest))
 
     def show(self, rev: str, files: bool = False) -> CheckpointInfo:
         """A checkpoint's fields (with `files`, its files too)."""
@@ -68,7 +69,13 @@ class Checkpoints:
             return [FileInfo(path, entry.size, entry.mode, entry.id.hex())
                     for path, entry in list_files(objects, cp.tree) if entry.type == "file"]
 
-    def tree_files(self, tree: Digest, content: bool = True) -> dict:
+    @overload
+    def tree_files(self, tree: Digest, content: Literal[True] = True) -> dict[str, bytes]: ...
+
+    @overload
+    def tree_files(self, tree: Digest, content: Literal[False]) -> dict[str, TreeEntry]: ...
+
+    def tree_files(self, tree: Digest, content: bool = True) -> dict[str, bytes] | dict[str, TreeEntry]:
         """Every file under `tree` by '/'-separated path: its verified bytes, or (without
         `content`) its TreeEntry."""
         from agentcas.workspace.restore import list_files, read_file
@@ -76,7 +83,7 @@ class Checkpoints:
             return {path: read_file(objects, entry, path) if content else entry
                     for path, entry in list_files(objects, tree) if entry.type == "file"}
 
-    def reachable(self, heads, known=frozenset()) -> list[tuple[Digest, Checkpoint]]:
+    def reachable(self, heads, known=frozenset()) -> list[ResolvedCheckpoint]:
         """Checkpoints reachable from `heads` along all parents, stopping at `known` raw ids
         (only read, never copied); each once, verified."""
         out, seen = [], set()
@@ -88,7 +95,7 @@ class Checkpoints:
                     continue
                 seen.add(digest.raw)
                 cp = revisions.load_checkpoint(objects, digest)
-                out.append((digest, cp))
+                out.append(ResolvedCheckpoint(digest, cp))
                 stack.extend(p for p in reversed(cp.parents) if p.raw not in seen and p.raw not in known)
         return out
 

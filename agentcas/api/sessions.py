@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from agentcas.harnesses.rewind import RewindResult, SessionPlacement
+    from agentcas.api.results import RewindResult, SessionPlacement
     from agentcas.harnesses.session_checkpoint import SessionCheckpoint
     from agentcas.repository import Store
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from agentcas.api.results import SignResult, TrustRemoved, VerifyResult
-from agentcas.cas.digest import Digest
+from agentcas.api.results import SigningTarget, SignResult, TrustRemoved, VerifyResult
 from agentcas.refs import revisions
 
 if TYPE_CHECKING:
@@ -41,11 +40,11 @@ class Trust:
         from agentcas.signing import trust
         return TrustRemoved(self._backends.meta.write(lambda txn: trust.remove(txn, name)))
 
-    def signing_thread(self, rev: str) -> tuple[Digest, str]:
+    def signing_thread(self, rev: str) -> SigningTarget:
         """The checkpoint `rev` names and the thread a signature binds: the thread named, else its own."""
         digest, cp = self._store.checkpoints.get(rev)
         with self._backends.meta.reader() as txn:
-            return digest, revisions.named_thread(txn, rev) or cp.thread
+            return SigningTarget(digest, revisions.named_thread(txn, rev) or cp.thread)
 
     def sign(self, rev: str, key_file: str) -> SignResult:
         """Store a signature by the key in `key_file` over checkpoint `rev`."""

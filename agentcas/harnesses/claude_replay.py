@@ -32,7 +32,10 @@ records dropped, `isMeta` text kept (Claude Code sends it to the model; docs/HAR
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from agentcas.harnesses.records import record_type
+from agentcas.result import Result
 
 NODE_TYPES = frozenset({"user", "assistant", "progress", "system", "attachment"})
 
@@ -207,7 +210,7 @@ def _is_boundary(entry: dict) -> bool:
     return entry.get("type") == "system" and entry.get("subtype") == "compact_boundary"
 
 
-def _sidechains(entries: list[dict]) -> list[dict]:
+def _sidechains(entries: list[dict]) -> list[Sidechain]:
     side = [e for e in entries if e.get("isSidechain")]
     by_uuid = {e["uuid"]: e for e in side}
     position = {e["uuid"]: i for i, e in enumerate(entries)}
@@ -238,11 +241,53 @@ def _sidechains(entries: list[dict]) -> list[dict]:
         leaf = max(leaves, key=lambda u: position[u]) if leaves else e["uuid"]
         path = [n["uuid"] for n in _walk(by_uuid[leaf], by_uuid)]
         path.reverse()
-        out.append({"root": e["uuid"], "leaf": leaf, "uuids": path})
+        out.append(Sidechain(e["uuid"], leaf, path))
     return out
 
 
-def replay_claude(records) -> dict:
+@dataclass(frozen=True)
+class Sidechain(Result):
+    """A sidechain (a subagent's records inside the session): its root, its leaf, the path between."""
+
+    root: str
+    leaf: str
+    uuids: list[str]
+
+
+@dataclass(frozen=True)
+class Compaction(Result):
+    """The compaction boundary the chain starts at, and the record it logically follows."""
+
+    boundary: str
+    logical_parent: str | None
+
+
+@dataclass(frozen=True)
+class ClaudeReplay(Result):
+    """What Claude Code resumes after the first `at` records of a transcript (docs/HARNESSES.md):
+    the leaf, the chain to it, the records it shows, those abandoned on branches not chosen,
+    the sidechains, the compaction the chain starts at, and the Messages-API view."""
+
+    session_id: str | None
+    at: int
+    leaf: str | None
+    chain: list[str]
+    visible: list[str]
+    abandoned: list[str]
+    sidechains: list[Sidechain]
+    compaction: Compaction | None
+    messages: list[dict]
+    format: str = "claude"
+
+    def to_json(self) -> dict:  # the messages are the log's own JSON: no walk over them
+        return {"format": self.format, "session_id": self.session_id, "at": self.at, "leaf": self.leaf,
+                "chain": self.chain, "visible": self.visible, "abandoned": self.abandoned,
+                "sidechains": [side.to_json() for side in self.sidechains],
+                "compaction": None if self.compaction is None else self.compaction.to_json(),
+                "messages": self.messages}
+
+
+def replay_claude(records) -> ClaudeReplay:
     """The replay document (`replay --json`, format claude) of `records` (all of them)."""
     at = len(records)
     entries = []
@@ -266,10 +311,7 @@ def replay_claude(records) -> dict:
         visible = [e for e in chain if is_visible(e)]
     abandoned = _abandoned(entries, by_uuid, in_chain | replaced, include_sidechains=subagent)
     boundary = next((e for e in reversed(chain) if _is_boundary(e)), None)
-    compaction = None if boundary is None else {"boundary": boundary["uuid"],
-                                                "logical_parent": boundary.get("logicalParentUuid")}
-    return {"format": "claude", "session_id": session_id, "at": at,
-            "leaf": chain[-1]["uuid"] if chain else None, "chain": [e["uuid"] for e in chain],
-            "visible": [e["uuid"] for e in visible], "abandoned": abandoned,
-            "sidechains": [] if subagent else _sidechains(entries), "compaction": compaction,
-            "messages": messages_view(chain)}
+    compaction = None if boundary is None else Compaction(boundary["uuid"], boundary.get("logicalParentUuid"))
+    return ClaudeReplay(session_id, at, chain[-1]["uuid"] if chain else None, [e["uuid"] for e in chain],
+                        [e["uuid"] for e in visible], abandoned, [] if subagent else _sidechains(entries),
+                        compaction, messages_view(chain))

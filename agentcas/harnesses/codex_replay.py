@@ -37,9 +37,11 @@ lazily from the end.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from typing import Any
 
 from agentcas.harnesses.records import record_type
+from agentcas.result import Result
 
 SUMMARY_PREFIX = (
     "Another language model started to solve this problem and produced a summary of its thinking "
@@ -294,7 +296,30 @@ def _str_or_none(value):
     return value if isinstance(value, str) else None
 
 
-def replay_codex(records, damaged_lines=None) -> dict:
+@dataclass(frozen=True)
+class CodexReplay(Result):
+    """What Codex's model sees after the first `at` records of a rollout (docs/HARNESSES.md):
+    the history items exactly as in the file, each with its 1-based line, the turn context
+    in force, the compaction the history starts from, the turns rolled back, an unfinished
+    turn, and the damaged lines passed over."""
+
+    thread_id: str | None
+    at: int
+    items: list[dict]
+    item_lines: list[int]
+    turn_context: Any              # the turn_context payload in force (the log's JSON), or None
+    turn_context_line: int | None
+    compaction_line: int | None
+    rolled_back_turns: list[str]
+    interrupted_turn: str | None
+    skipped_lines: list[int]
+    format: str = "codex"
+
+    def to_json(self) -> dict:  # the fields are JSON already (the log's own items): no walk over them
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def replay_codex(records, damaged_lines=None) -> CodexReplay:
     """The replay document (`replay --json`, format codex) of `records` (all of them).
 
     `skipped_lines` are every damaged line among the records: `damaged_lines` when the
@@ -435,13 +460,11 @@ def replay_codex(records, damaged_lines=None) -> dict:
     if isinstance(reference, int) and not legacy:
         turn_context_line, record = records[reference]
         turn_context = record.get("payload")
-    return {"format": "codex", "thread_id": _thread_id(records), "at": at,
-            "items": [item for item, _ in history], "item_lines": [line for _, line in history],
-            "turn_context": turn_context, "turn_context_line": turn_context_line,
-            "compaction_line": compaction_line, "rolled_back_turns": list(reversed(rolled_back)),
-            "interrupted_turn": interrupted, "skipped_lines": sorted(skipped.union(
-                damaged_lines if damaged_lines is not None
-                else (line for line, record in (records[i] for i in range(at)) if record is None)))}
+    return CodexReplay(_thread_id(records), at, [item for item, _ in history], [line for _, line in history],
+                       turn_context, turn_context_line, compaction_line, list(reversed(rolled_back)), interrupted,
+                       sorted(skipped.union(damaged_lines if damaged_lines is not None
+                                            else (line for line, record in (records[i] for i in range(at))
+                                                  if record is None))))
 
 
 def _thread_id(records):

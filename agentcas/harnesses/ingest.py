@@ -42,6 +42,7 @@ from agentcas.harnesses.records import CLAUDE, CODEX, FORMATS, iter_lines, parse
 from agentcas.harnesses.turns import ClaudeTurns, turn_tracker
 from agentcas.refs.names import check_thread_name
 from agentcas.refs.threads import ForkOrigin
+from agentcas.result import Result
 
 STATE_KEY = b"\x01ingest\0"      # statcache rows of ingest (the snapshot's start with "/" or NUL)
 BATCH_BYTES = 64 * 1024 * 1024
@@ -630,15 +631,38 @@ def check_stored_prefix(path, handle, thread, based_on) -> None:
                              "rewritten or edited, not appended to); not ingested")
 
 
-def summary(reports: list[FileReport]) -> dict:
-    """The JSON document of an ingest run."""
-    counts: dict = {}
+@dataclass(frozen=True)
+class WatchTotals(Result):
+    """What `ingest --watch` did before it was stopped: passes run, records and checkpoints ingested."""
+
+    passes: int
+    appended: int
+    checkpoints: int
+
+
+@dataclass(frozen=True)
+class IngestSummary(Result):
+    """An ingest run: every file's report, counts by status, records and checkpoints ingested,
+    the files refused; with --watch, the totals over its passes (the reports are the last pass's)."""
+
+    OMIT_NONE = frozenset({"watch"})
+
+    files: list[FileReport]
+    counts: dict[str, int]     # status -> files
+    appended: int
+    checkpoints: int
+    refused: list[str]         # the refused files' paths
+    watch: WatchTotals | None = None
+
+
+def summary(reports: list[FileReport], watch: WatchTotals | None = None) -> IngestSummary:
+    """The summary of an ingest run (of a watch's last pass, with its totals)."""
+    counts: dict[str, int] = {}
     for report in reports:
         counts[report.status] = counts.get(report.status, 0) + 1
-    return {"files": [r.to_json() for r in reports], "counts": counts,
-            "appended": sum(r.appended for r in reports),
-            "checkpoints": sum(len(r.checkpoints) for r in reports),
-            "refused": [r.path for r in reports if r.status == "refused"]}
+    return IngestSummary(list(reports), counts, sum(r.appended for r in reports),
+                         sum(len(r.checkpoints) for r in reports),
+                         [r.path for r in reports if r.status == "refused"], watch)
 
 
 def watch(ingest: Ingest, stop, on_run, interval: float = 0.25) -> list[FileReport]:

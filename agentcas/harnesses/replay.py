@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from agentcas.errors import AgentcasError, UsageError
-from agentcas.harnesses.claude_replay import replay_claude
-from agentcas.harnesses.codex_replay import replay_codex
+from agentcas.harnesses.claude_replay import ClaudeReplay, replay_claude
+from agentcas.harnesses.codex_replay import CodexReplay, replay_codex
 from agentcas.harnesses.damaged_lines import damaged_lines
 from agentcas.harnesses.records import CODEX, detect_format, iter_lines, parse_line, preview
 
@@ -77,13 +77,14 @@ def history_length(store, rev: str) -> int:
     return rev_history(store, rev)[0].seq
 
 
-def replay(store, rev: str, at: int | None = None, fmt: str | None = None) -> dict:
+def replay(store, rev: str, at: int | None = None, fmt: str | None = None) -> CodexReplay | ClaudeReplay:
     """The replay document of `rev` at record `at` (default: its position)."""
     return replay_records(store, rev, at, fmt)[0]
 
 
-def replay_records(store, rev: str, at: int | None = None, fmt: str | None = None):
-    """(replay document, the StoredRecords it read) of `rev` at record `at`."""
+def replay_records(store, rev: str, at: int | None = None,
+                   fmt: str | None = None) -> tuple[CodexReplay | ClaudeReplay, StoredRecords]:
+    """(the replay, the StoredRecords it read) of `rev` at record `at`."""
     head, thread, is_head = rev_history(store, rev)
     length = head.seq
     if at is None:
@@ -134,42 +135,42 @@ def _item_text(item: dict) -> tuple[str, Any]:
     return str(kind), item
 
 
-def render_text(doc: dict, records=None, limit: int = 100) -> str:
+def render_text(doc: CodexReplay | ClaudeReplay, records=None, limit: int = 100) -> str:
     """A readable transcript with file line numbers and bounded previews (never executes)."""
-    if doc["format"] == CODEX:
-        lines = [f"codex thread {preview(doc['thread_id'], 80)} at record {doc['at']}: {len(doc['items'])} items"]
-        if doc["compaction_line"]:
-            lines.append(f"  (history from the compaction at line {doc['compaction_line']})")
-        for item, line in zip(doc["items"], doc["item_lines"]):
+    if isinstance(doc, CodexReplay):
+        lines = [f"codex thread {preview(doc.thread_id, 80)} at record {doc.at}: {len(doc.items)} items"]
+        if doc.compaction_line:
+            lines.append(f"  (history from the compaction at line {doc.compaction_line})")
+        for item, line in zip(doc.items, doc.item_lines):
             role, text = _item_text(item)
             lines.append(f"{line:>7}  {preview(role, 20):<10} {preview(text, limit)}")
-        context = doc["turn_context"]
+        context = doc.turn_context
         if isinstance(context, dict):
-            lines.append(f"turn context (line {doc['turn_context_line']}): model {preview(context.get('model'), 60)}, "
+            lines.append(f"turn context (line {doc.turn_context_line}): model {preview(context.get('model'), 60)}, "
                          f"approval {preview(context.get('approval_policy'), 40)}, "
                          f"cwd {preview(context.get('cwd'), 120)}")
         else:
             lines.append("turn context: none (the next turn re-injects the full context)")
-        if doc["rolled_back_turns"]:
-            lines.append("rolled back turns: " + preview(", ".join(doc["rolled_back_turns"]), 400))
-        if doc["interrupted_turn"]:
-            lines.append(f"unfinished turn {preview(doc['interrupted_turn'], 80)}: kept as it is (a dangling call is "
+        if doc.rolled_back_turns:
+            lines.append("rolled back turns: " + preview(", ".join(doc.rolled_back_turns), 400))
+        if doc.interrupted_turn:
+            lines.append(f"unfinished turn {preview(doc.interrupted_turn, 80)}: kept as it is (a dangling call is "
                          "answered \"aborted\" only at prompt time)")
-        if doc["skipped_lines"]:
-            lines.append("skipped damaged lines: " + ", ".join(map(str, doc["skipped_lines"][:50])))
+        if doc.skipped_lines:
+            lines.append("skipped damaged lines: " + ", ".join(map(str, doc.skipped_lines[:50])))
         return "\n".join(lines)
-    lines = [f"claude session {preview(doc['session_id'], 80)} at record {doc['at']}: leaf {preview(doc['leaf'], 80)}, "
-             f"{len(doc['chain'])} records in the chain, {len(doc['visible'])} visible"]
-    if doc["compaction"]:
-        lines.append(f"  (chain starts at compaction boundary {preview(doc['compaction']['boundary'], 80)}; "
-                     f"logical parent {preview(doc['compaction']['logical_parent'], 80)})")
+    lines = [f"claude session {preview(doc.session_id, 80)} at record {doc.at}: leaf {preview(doc.leaf, 80)}, "
+             f"{len(doc.chain)} records in the chain, {len(doc.visible)} visible"]
+    if doc.compaction:
+        lines.append(f"  (chain starts at compaction boundary {preview(doc.compaction.boundary, 80)}; "
+                     f"logical parent {preview(doc.compaction.logical_parent, 80)})")
     by_uuid = {}
     if records is not None:
         for index in range(len(records)):
             line, record = records[index]
             if record is not None and isinstance(record.get("uuid"), str):
                 by_uuid[record["uuid"]] = (line, record)
-    for uid in doc["visible"]:
+    for uid in doc.visible:
         line, record = by_uuid.get(uid, (0, {}))
         message = record.get("message") if isinstance(record.get("message"), dict) else {}
         content = message.get("content")
@@ -192,9 +193,9 @@ def render_text(doc: dict, records=None, limit: int = 100) -> str:
                     parts.append(f"[{preview(kind, 40)}]")
             content = " ".join(str(p) for p in parts)
         lines.append(f"{line:>7}  {preview(role, 20):<10} {preview(content, limit)}")
-    if doc["abandoned"]:
-        lines.append(f"abandoned: {len(doc['abandoned'])} records on branches not chosen")
-    for side in doc["sidechains"]:
-        lines.append(f"sidechain {preview(side['root'], 80)} -> {preview(side['leaf'], 80)} "
-                     f"({len(side['uuids'])} records)")
+    if doc.abandoned:
+        lines.append(f"abandoned: {len(doc.abandoned)} records on branches not chosen")
+    for side in doc.sidechains:
+        lines.append(f"sidechain {preview(side.root, 80)} -> {preview(side.leaf, 80)} "
+                     f"({len(side.uuids)} records)")
     return "\n".join(lines)

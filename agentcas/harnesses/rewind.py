@@ -30,43 +30,12 @@ import os
 import re
 from dataclasses import dataclass
 
+from agentcas.api.results import RewindResult, SessionPlacement
 from agentcas.errors import NotFound, UsageError
 from agentcas.harnesses import discovery, session_files
 from agentcas.harnesses.records import CLAUDE, CODEX, iter_lines, parse_line
 
 HEAD_RECORDS = 64
-
-
-@dataclass(frozen=True)
-class SessionPlacement:
-    """A session file written (or found already there) where its harness resumes it."""
-
-    harness: str
-    id: str
-    path: str
-    resume: str        # the command that continues it
-    written: bool      # False: the same file was already there
-
-    def to_json(self) -> dict:
-        return {"harness": self.harness, "id": self.id, "path": self.path, "resume": self.resume,
-                "written": self.written}
-
-
-@dataclass(frozen=True)
-class RewindResult:
-    """What a rewind did: the pre-rewind checkpoint, the files, the forked session."""
-
-    target: str
-    undo: str | None
-    workspace: str | None
-    session: SessionPlacement | None
-    written: tuple = ()
-    removed: tuple = ()
-
-    def to_json(self) -> dict:
-        return {"target": self.target, "undo": self.undo, "workspace": self.workspace,
-                "session": None if self.session is None else self.session.to_json(),
-                "files_written": list(self.written), "files_removed": list(self.removed)}
 
 
 @dataclass(frozen=True)

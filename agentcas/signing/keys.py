@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from agentcas.cas.system_errors import from_os_error
 from agentcas.errors import ConflictError, IntegrityError, UsageError
+from agentcas.result import Result
 from agentcas.signing.curve import BadPoint, check_public_key
 
 PASSPHRASE_ENV = "AGENTCAS_KEY_PASSPHRASE"
@@ -100,7 +101,18 @@ def _passphrase() -> bytes | None:
     return value.encode("utf-8") if value else None
 
 
-def write_keypair(name: str, out_dir: str, key: SigningKey | None = None) -> dict:
+@dataclass(frozen=True)
+class KeyPairFiles(Result):
+    """A key pair written (`keygen`): its signer name, key id and the two files' absolute paths."""
+
+    name: str
+    key_id: str
+    private_key: str   # NAME.key, mode 0600
+    public_key: str    # NAME.pub
+    encrypted: bool    # the private key is encrypted with $AGENTCAS_KEY_PASSPHRASE
+
+
+def write_keypair(name: str, out_dir: str, key: SigningKey | None = None) -> KeyPairFiles:
     """Write NAME.key (0600, never overwritten) and NAME.pub into `out_dir`.
 
     Whole or nothing: if a write fails (a full disk), both files and any directory this
@@ -146,8 +158,8 @@ def write_keypair(name: str, out_dir: str, key: SigningKey | None = None) -> dic
         if isinstance(exc, OSError):
             raise from_os_error(exc, f"writing {current}", "no key was written") from None
         raise
-    return {"name": name, "key_id": key.public.id, "private_key": os.path.abspath(private_path),
-            "public_key": os.path.abspath(public_path), "encrypted": passphrase is not None}
+    return KeyPairFiles(name, key.public.id, os.path.abspath(private_path), os.path.abspath(public_path),
+                        passphrase is not None)
 
 
 def _missing_directories(path: str) -> list[str]:
