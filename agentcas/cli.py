@@ -620,7 +620,7 @@ def hook_install_claude(ctx, project, uninstall):
     """Add `agentcas hook claude` to Claude Code's settings (PostToolUse, UserPromptSubmit, Stop)."""
     from agentcas.harnesses.hook_settings import install_claude
     result = install_claude(project, uninstall, ctx.store_path)
-    ctx.emit(result.to_json(), _install_text(result))
+    ctx.emit(result, _install_text(result))
 
 
 @hook_install.command("codex")
@@ -630,7 +630,7 @@ def hook_install_codex(ctx, uninstall):
     """Set Codex's notify (config.toml) to `agentcas hook codex`."""
     from agentcas.harnesses.hook_settings import install_codex
     result = install_codex(uninstall, ctx.store_path)
-    ctx.emit(result.to_json(), _install_text(result))
+    ctx.emit(result, _install_text(result))
 
 
 def _session_store(ctx: Context, directory: str | None):
@@ -1077,7 +1077,7 @@ def drill(ctx, rev, keep):
     else:
         report = run_checkpoint_drill(ctx.store(), rev, echo, keep)
     if ctx.as_json:
-        ctx.emit(report.to_json())
+        ctx.emit(report)
 
 
 def _without_subcommand(click_ctx, listing: str | None = None) -> None:
