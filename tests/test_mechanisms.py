@@ -482,7 +482,8 @@ def test_an_expired_lease_of_another_host_does_not_hold_gc_off(store, tmp_path):
 
 
 def test_a_landing_whose_own_lease_ran_out_raises_before_it_sends_anything(store, tmp_path, monkeypatch):
-    """Lease (g) (lineage/moves.py _land: `lease.check_clock()`): a writer paused past its own
+    """Lease (g) (lineage/moves.py: an embedded landing checks the lease in its transaction;
+    a shared one by its clock, tests/test_shared_store.py): a writer paused past its own
     lease's end, its row untouched in the store (gc may have judged it dead and swept
     without yet deleting it), fails with LeaseExpired without sending its exchange."""
     monkeypatch.setattr(leases, "LEASE_SECONDS", 1.0)
