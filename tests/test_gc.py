@@ -22,9 +22,9 @@ from agentcas.gc.roots import GcAborted
 from agentcas.gc.sweep import execute
 from agentcas.lineage import rollout
 
-from conftest import views
 from support import raw_objects
 from support.gc_stores import all_keys, closure_of_threads, later, records, write_files
+from support.store_state import views
 
 
 @pytest.fixture(params=["memory", "lmdb"])

@@ -34,8 +34,8 @@ from agentcas.cas.objects import Checkpoint, ChunkList, ChunkRef, Segment, Tree,
 from agentcas.errors import AgentcasError, ConflictError, IntegrityError
 from agentcas.gc import sweep
 
-from conftest import tree_bytes
 from support.bundles import Craft, good_craft, snapshot
+from support.store_state import tree_bytes
 
 CREATED = "2026-12-01T09:00:00.000000Z"
 

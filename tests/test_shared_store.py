@@ -13,9 +13,10 @@ import pytest
 
 from agentcas import Store
 
-from conftest import AGENTCAS, run_cli, tree_bytes
+from support.cli import AGENTCAS, run_cli
 from support.files import write
 from support.shared_packs import flip_byte
+from support.store_state import tree_bytes
 
 
 @pytest.fixture
