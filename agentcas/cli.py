@@ -728,7 +728,7 @@ def gc_command(click_ctx, dry_run, grace, expire_reflog, report_file, wait, batc
                 handle.write(text)
         except OSError as exc:
             raise AgentcasError(f"cannot write report {report_file}: {exc.strerror}") from None
-        done = done.with_report_file(os.path.abspath(report_file))
+        done = done.report_written_to(os.path.abspath(report_file))
     plan, result = done.plan, done.result
     rec, held, live = plan.reclaimable, plan.held_by_grace, plan.live
     lines = [f"{plan.objects} objects: {live.objects} live ({live.bytes} bytes), "

@@ -274,11 +274,11 @@ def test_a_dead_writers_lease_is_no_write_in_progress_in_the_plan(any_store, tmp
     row = LeaseRow(key, "crashed commit", this_host(), int(dead), time.time(), time.time() + 600)
     store.meta.write(lambda txn: txn.put("leases", key, row.encode()))
     plan = store.gc.run(grace=0, expire_reflog=0, dry_run=True, now=later()).plan
-    assert plan["roots"]["pin"] == 0
-    assert not any("in progress" in note for note in plan["notes"])
+    assert plan.roots["pin"] == 0
+    assert not any("in progress" in note for note in plan.notes)
     with Lease(store.meta, "live write"):
         plan = store.gc.run(grace=0, expire_reflog=0, dry_run=True, now=later()).plan
-    assert plan["roots"]["pin"] == 1 and any("1 write(s) in progress" in note for note in plan["notes"])
+    assert plan.roots["pin"] == 1 and any("1 write(s) in progress" in note for note in plan.notes)
 
 
 def test_ref_moved_during_gc_is_marked_before_sweeping(any_store, tmp_path):

@@ -463,10 +463,10 @@ class GcResult(Result):
 @dataclass(frozen=True)
 class GcReport(Result):
     """A gc: its plan, what the sweep did (None for a dry run), and with `report` asked for,
-    the lineage report (gc/report.py).
+    the lineage report (gc/report.py), or once that was written to a file, the file's path
+    (`report_written_to`: `gc --report FILE`)."""
 
-    The JSON is {"dry_run", "plan", "result"}, and "report_file" once the report was written
-    to a file (`with_report_file`): the report is a document of its own, not part of this one."""
+    OMIT_NONE = frozenset({"report", "report_file"})
 
     dry_run: bool
     plan: GcPlanSummary
@@ -474,15 +474,9 @@ class GcReport(Result):
     report: dict | None = None
     report_file: str | None = None
 
-    def with_report_file(self, path: str) -> GcReport:
-        """This report, saying that its lineage report was written to `path`."""
-        return replace(self, report_file=path)
-
-    def to_json(self) -> dict:
-        doc = {"dry_run": self.dry_run, "plan": self.plan.to_json(), "result": json_value(self.result)}
-        if self.report_file is not None:
-            doc["report_file"] = self.report_file
-        return doc
+    def report_written_to(self, path: str) -> GcReport:
+        """This gc, its lineage report written to the file `path`: named, no longer held."""
+        return replace(self, report=None, report_file=path)
 
 
 @dataclass(frozen=True)
