@@ -146,6 +146,15 @@ MUTATIONS = {
     # A shared store's fsck reads the bucket (here: this machine's cache, which may hold a good
     # copy of an object the bucket holds damaged), and a commit whose cache knew objects that gc
     # elsewhere deleted snapshots again asking the bucket (here: fails on every rerun).
+    # A compressed pack's frame carries zstd's checksum (cas/framing.py `compress_checked`):
+    # without it, a flipped bit that still decompresses reads as other records.
+    "Pz": ("agentcas/cas/framing.py", ["                                                             write_checksum=True)"],
+           ["                                                             write_checksum=False)"],
+           ["tests/test_packs.py::test_every_flipped_bit_of_a_compressed_pack_is_named_as_damage"]),
+    # Inflated packs are reused only for a pack of the very same bytes (cas/packs.py `plain`).
+    "Pi": ("agentcas/cas/packs.py", ["    if known is not None and known[0] == stored:\n"],
+           ["    if known is not None:\n"],
+           ["tests/test_packs.py::test_packs_of_the_same_number_in_two_stores_read_each_their_own"]),
     # A shared store's gc deletes packs no index row names only in a fenced batch (no writer
     # holds a lease, so none is between its pack upload and its rows); here: at once.
     "Pu": ("agentcas/gc/sweep.py", ["    if live:\n        return {\"skipped\": \"writers\"}\n"],
