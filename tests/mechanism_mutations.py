@@ -148,9 +148,14 @@ MUTATIONS = {
     # elsewhere deleted snapshots again asking the bucket (here: fails on every rerun).
     # A compressed pack's frame carries zstd's checksum (cas/framing.py `compress_checked`):
     # without it, a flipped bit that still decompresses reads as other records.
+    # (here: written without it, and read without asking for it).
     "Pz": ("agentcas/cas/framing.py", ["                                                             write_checksum=True)"],
            ["                                                             write_checksum=False)"],
-           ["tests/test_packs.py::test_every_flipped_bit_of_a_compressed_pack_is_named_as_damage"]),
+           ["tests/test_packs.py::test_every_flipped_bit_of_a_compressed_pack_is_named_as_damage",
+            "tests/test_packs.py::test_a_compressed_pack_whose_frame_has_no_checksum_is_refused"],
+           ("agentcas/cas/packs.py",
+            ["        if not zstandard.get_frame_parameters(stored[PACK_HEADER.size:]).has_checksum:\n"],
+            ["        if False:\n"])),
     # Inflated packs are reused only for a pack of the very same bytes (cas/packs.py `plain`).
     "Pi": ("agentcas/cas/packs.py", ["    if known is not None and known[0] == stored:\n"],
            ["    if known is not None:\n"],

@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -377,3 +378,20 @@ def test_any_writes_read_back_and_check_out_in_both_directions(batches, data):
             plain = packs.plain(number, pack)
             assert packs.plain_size(pack) == len(plain)
             assert pack[0] == packs.PACK_VERSION or len(pack) <= packs.small_pack_limit(packs.LEAF_BYTES)
+
+
+def test_a_compressed_pack_whose_frame_has_no_checksum_is_refused(env):
+    """The checksum is what stands for an id over a pack's bytes: a frame without one is damage."""
+    blobs = TableBlobStore(env)
+    raw = key(5)
+    blobs.put_many({raw: value(b"a record in a compressed pack " * 6)})
+
+    def strip(txn):
+        (number, stored), = ((packs.pack_number(k), bytes(v)) for k, v in txn.scan(packs.PACKS))
+        plain = packs.plain(number, stored)
+        bare = zstandard.ZstdCompressor(level=3, write_content_size=True, write_checksum=False)
+        txn.put(packs.PACKS, packs.pack_key(number), stored[:packs.PACK_HEADER.size]
+                + bare.compress(plain[packs.PACK_HEADER.size:]))
+    env.write(strip)
+    with pytest.raises(IntegrityError, match="no checksum"):
+        blobs.get(raw)

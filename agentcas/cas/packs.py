@@ -186,8 +186,10 @@ def plain(number: int, pack):
         return known[1]
     size = plain_size(stored) - PACK_HEADER.size
     try:
+        if not zstandard.get_frame_parameters(stored[PACK_HEADER.size:]).has_checksum:
+            raise framing.CorruptValue("its frame has no checksum")
         data = framing.decompress_bounded(stored[PACK_HEADER.size:], size)
-    except framing.CorruptValue as exc:
+    except (framing.CorruptValue, zstandard.ZstdError) as exc:
         raise CorruptPack(f"compressed pack is damaged: {exc}") from None
     out = bytes((PACK_VERSION,)) + stored[1:PACK_HEADER.size] + data
     if len(_INFLATED) >= INFLATED_PACKS:
