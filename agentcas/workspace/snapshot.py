@@ -25,13 +25,18 @@
    a window plus the writer's batch. A secret longer than the 64 KiB overlap that
    straddles two windows is missed where a whole-file scan would find it.
 5. Trees are built bottom-up and returned as the root tree id.
-6. Directory cache: each directory gets a stat digest, BLAKE3 over the names and stat
-   signatures (size, mtime, inode, ctime, mode, links) of its files and ignore files and
-   the stat digests of its subdirectories, so it changes when anything below it does. A
-   directory whose digest equals the one recorded with its tree id last time reuses that
-   tree whole: none of its files is looked up or read. Only the directories on the path to
-   a changed file are built again (a 100,000-file workspace with one edit: ~20 trees).
-   A directory holding a racy file (RACY_NS), an allowed or skipped secret is not cached.
+6. Directory cache: each directory's listing (every entry's name and stat signature:
+   mode, size, mtime, inode, ctime, links) is marshalled into one byte string on the
+   lister's thread; its own digest covers that, the stat signatures of the ignore files in
+   it and above it, and the snapshot's options. A directory whose own digest equals its
+   row's is not looked at entry by entry: its subdirectories and its counts are the row's
+   (a 100,000-file walk then costs little beyond the lstat of every entry). Its stat digest
+   adds its subdirectories' stat digests, so it changes when anything below it does; a
+   directory whose stat digest equals the row's reuses the row's tree whole. Only the
+   directories on the path to a changed file are built again (one edit in 100,000 files:
+   ~3 trees), their unchanged files taken from their listing and the stat cache.
+   A directory with an entry changed within RACY_NS, below an ignore file changed within
+   it, or holding (below it) an allowed or skipped secret gets no row.
 
 With `git_aware` (the harness hooks and rewind: the workspace as a git user sees it),
 `.git` is never entered or read and `.gitignore` files count as ignore files (a
