@@ -162,3 +162,20 @@ def test_version_1_rows_are_not_used_and_are_written_again_as_version_2(ws, monk
     assert all(snapshot.unseal("statcache", key, table[key])[:1] == b"\x02" for key in keys)
     looked_at.clear()
     assert checkpoint(store, ws) == first and looked_at == {}
+
+
+def test_a_skipped_path_counts_for_its_own_directory_only(ws, tmp_path, monkeypatch, looked_at):
+    """A hook skips its transcript (here outside the workspace), a rewind's checkpoint
+    skips nothing: they share the rows. A path skipped inside the workspace changes its
+    directory's key, so a later checkpoint that keeps it does not take the row."""
+    monkeypatch.setattr(snapshot, "RACY_NS", 0)
+    store = Store.memory()
+    transcript = tmp_path / "transcript.jsonl"
+    transcript.write_text("{}\n")
+    first = store.sessions.checkpoint(str(ws), THREAD, "hook", lambda state: b"", skip_files=[str(transcript)]).tree
+    looked_at.clear()
+    assert checkpoint(store, ws) == first and looked_at == {}
+    inside = ws / "a" / "deep" / "two.txt"
+    skipping = store.sessions.checkpoint(str(ws), THREAD, "hook", lambda state: b"", skip_files=[str(inside)]).tree
+    assert "a/deep/two.txt" not in paths(store, skipping)
+    assert checkpoint(store, ws) == first

@@ -82,7 +82,7 @@ GIT_IGNORE_FILE = ".gitignore"
 GIT_DIR = ".git"
 DIR_CACHE_KEY = b"\x03tree\0"   # statcache rows of the directory cache (files' start with "/" or NUL)
 _DIR_ROW = struct.Struct(">B32s32s32sQQ")   # version 2, own digest, stat digest, tree id, files, bytes; then subdirs
-_OWN_HEAD = struct.Struct(">II")   # the lengths of the options tag and the ignore context, before them
+_OWN_HEAD = struct.Struct(">III")   # the lengths of the options tag, ignore context and skipped names, before them
 # What a directory listing records of each entry (besides its name): a listing of equal
 # signatures is one the directory cache may take as unchanged.
 _STAT_SIG = operator.attrgetter("st_mode", "st_size", "st_mtime_ns", "st_ino", "st_ctime_ns", "st_nlink")
@@ -319,6 +319,7 @@ class Snapshotter:
         dirs: dict[str, list] = {}
         racy_before = self._started_ns - RACY_NS
         tag = self._options_tag()
+        skipped_in = self._skipped_in()
         lister.request(self.root, top=True)
         order = [""]   # directories in the order they were requested (found)
         # rel dir -> (the stat signatures of its and its ancestors' ignore files, any racy)
@@ -334,10 +335,11 @@ class Snapshotter:
             if ignore_stats:
                 context += marshal.dumps([_STAT_SIG(st) for st in ignore_stats], 2)
                 racy = racy or any(max(st.st_mtime_ns, st.st_ctime_ns) > racy_before for st in ignore_stats)
+            skipped = skipped_in.get(abs_dir, b"")
             if racy or listing.newest > racy_before:
                 self._uncacheable.add(rel_dir)
-            own = blake3.blake3(_OWN_HEAD.pack(len(tag), len(context)), max_threads=1)
-            for part in (tag, context, listing.key):
+            own = blake3.blake3(_OWN_HEAD.pack(len(tag), len(context), len(skipped)), max_threads=1)
+            for part in (tag, context, skipped, listing.key):
                 own.update(part)
             self._own_digests[rel_dir] = own.digest()
             row = self._dir_row(txn, rel_dir) if self.dir_cache_epoch is not None else None
@@ -665,9 +667,18 @@ class Snapshotter:
         """What else decides a tree besides the stats: the walk's rules and what it skips."""
         tag = [b"git" if self.git_aware else b"plain", b"skip" if self.skip_secrets else b"refuse",
                self.dir_cache_epoch or b""]
-        tag += sorted(os.fsencode(p) for p in self.skip_dirs | self.skip_files)
         tag += [b"allow:" + os.fsencode(glob) for glob in sorted(self.allow_secrets)]  # names checked under them
         return b"\0".join(tag)
+
+    def _skipped_in(self) -> dict[str, bytes]:
+        """{absolute directory: what it decides} of the skipped paths: each belongs to the key
+        of the directory holding it only (a hook skipping a transcript outside the workspace
+        and a rewind skipping none share their rows)."""
+        by_dir: dict[str, list] = {}
+        for path in self.skip_dirs | self.skip_files:
+            parent, name = os.path.split(path)
+            by_dir.setdefault(parent, []).append(os.fsencode(name) + (b"/" if path in self.skip_dirs else b""))
+        return {parent: b"\0".join(sorted(names)) for parent, names in by_dir.items()}
 
     def _reuse_trees(self, dirs: dict) -> tuple[dict, set, dict]:
         """({rel dir: tree id} of the topmost directories whose stat digest is unchanged,
