@@ -8,11 +8,12 @@ the work (agentcas/api/):
     store.threads      list, create, delete, fork, revert; log, reflog, lineage
     store.history      append records to a thread's history, read them back
     store.checkpoints  commit, show, files, diff, checkout, scan
-    store.effects      the external-effects ledger (add, list, open effects after a target)
+    store.effects      the external-effects ledger (add, list, open effects after a target;
+                       lineage/effects_ledger.py's EffectsLedger, not a group in api/)
     store.gc           plan, execute, explain, fsck
     store.trust        trusted signers, sign, verify
     store.remotes      remotes, push, pull, bundles
-    store.sessions     harness sessions: checkpoint (hooks), rewind, resume
+    store.sessions     harness sessions: a workspace and a session's new lines in one move (hooks)
 
 Results are typed (agentcas/api/results.py); each has `to_json()`, the CLI's --json.
 """

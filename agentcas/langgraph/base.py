@@ -13,9 +13,9 @@ Forks: a put whose parent is not the thread's head saves the head as `<thread>/b
 (forked_from = the parent, so `lineage` shows the split) and moves the thread onto the new
 checkpoint. Every write is a group move (lineage/group_moves.py, via store.threads.group_writer):
 objects stored first, then one metadata transaction that compare-and-swaps each ref it
-moves; a writer that lost the race reloads its index and retries (`_land`), so two children
-of one parent become two branches, both kept. Writing is writes.py, rewriting a thread
-(prune, delete_for_runs) prune.py.
+moves; a put that finds the thread moved since its index read it prepares its content
+again (`_land`, see `Retry`), so two children of one parent become two branches, both kept.
+Writing is writes.py, rewriting a thread (prune, delete_for_runs) prune.py.
 
 Reading: per agentcas thread an in-memory index (index.py: LangGraph id -> agentcas
 checkpoint) refreshed incrementally when a head moves. Values are LangGraph's own serde
@@ -80,7 +80,16 @@ def checkpoint_config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableCo
 
 
 class Retry(Exception):
-    """The thread moved between reading and landing: reload and try again."""
+    """The refs a put (or put_writes) read from the index moved: prepare its content again.
+
+    Not the move engine's `LostRace` (lineage/moves.py), which re-plans on a new snapshot
+    with the content already prepared: a put's content is cut against the line it read
+    before its group move began (the history it continues, so each record's place in it
+    (`from`, `rec`) and the earlier values a record repeats; the ref holding the parent;
+    whether the head is kept as a branch, a write sealed), so a different head needs
+    different content. `_land` starts such a write over from the index; a race lost after
+    the plan held is re-planned by the engine. A rewrite (prune.py) prepares no content: its
+    plan raises `LostRace`."""
 
 
 class Opened:
