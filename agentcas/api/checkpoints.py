@@ -87,20 +87,16 @@ class Checkpoints:
 
     def diff(self, rev1: str, rev2: str) -> DiffResult:
         """Files added, removed and changed, and how the two histories compare."""
-        from agentcas.workspace.restore import list_files  # lazy: restore pulls in shutil and threads
+        from agentcas.workspace.restore import compare_trees  # lazy: restore pulls in shutil and threads
         d1, c1 = self.get(rev1)
         d2, c2 = self.get(rev2)
         with self._backends.source.reading() as objects:
-            files1 = {p: e for p, e in list_files(objects, c1.tree) if e.type == "file"}
-            files2 = {p: e for p, e in list_files(objects, c2.tree) if e.type == "file"}
+            added, removed, changed = compare_trees(objects, c1.tree, c2.tree)
             common = rollout.common_prefix(self._store.history.history(objects), c1.history, c2.history)
-        added = [FileSize(p, files2[p].size) for p in sorted(files2.keys() - files1.keys())]
-        removed = [FileSize(p, files1[p].size) for p in sorted(files1.keys() - files2.keys())]
-        changed = [FileResize(p, files1[p].size, files2[p].size) for p in sorted(files1.keys() & files2.keys())
-                   if (files1[p].id, files1[p].mode) != (files2[p].id, files2[p].mode)]
         records = RecordsDiff(c1.history.seq, c2.history.seq, common, c2.history.seq - common,
                               [common, c2.history.seq], c1.history.seq - common)
-        return DiffResult(d1.hex(), d2.hex(), added, removed, changed, records)
+        return DiffResult(d1.hex(), d2.hex(), [FileSize(*f) for f in added], [FileSize(*f) for f in removed],
+                          [FileResize(*f) for f in changed], records)
 
     def checkout(self, rev: str, dest: str, progress: Progress | None = None) -> CheckoutResult:
         """Restore checkpoint `rev` into `dest`, which must not exist."""

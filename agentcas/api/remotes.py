@@ -43,26 +43,17 @@ class Remotes:
         add`); a directory holding anything else must be a store.
         """
         from agentcas.exchange import remote as remote_table
-        from agentcas.repository import Store
         remote_table.check_remote_name(name)
         url = remote_table.normalise_url(url)
         refs = remote_table.check_refs_dsn(refs, url)
         remote = remote_table.Remote(name, url, refs)
-        made, existed = False, True
-        if not remote.shared and _absent_or_empty(remote.path):
-            with self._backends.meta.reader() as txn:
+        if not remote.shared and remote_table.absent_or_empty(remote.path):
+            with self._backends.meta.reader() as txn:  # refused before a store is made for it
                 if any(r.name == name for r in remote_table.list_remotes(txn)):
                     raise ConflictError(f"remote {name!r} already exists (remove it first)")
-            existed = os.path.isdir(remote.path)
-            Store.init(remote.path)
-            made = True
-        try:
+        with remote_table.store_made_for(remote) as made:  # whole or nothing: it goes if the add fails
             self._open(remote)  # refused unless it opens as a store (not this one)
             added = self._backends.meta.write(lambda txn: remote_table.add_remote(txn, name, url, refs))
-        except BaseException:
-            if made:  # whole or nothing: the store made for it goes too
-                _remove_new_store(remote.path, existed)
-            raise
         return RemoteAdded(added, made)
 
     def list(self) -> list[Remote]:
@@ -169,17 +160,3 @@ def _transfer_result(direction: str, remote: Remote, result: transfer.TransferRe
                           checkpoint(result.new), None if result.old is None else result.old.history.seq,
                           result.new.history.seq, result.objects_total, result.up_to_date, result.forced,
                           result.objects, result.bytes)
-
-
-def _absent_or_empty(path: str) -> bool:
-    """Whether `path` does not exist or is an empty directory (a store can be made there)."""
-    return not os.path.lexists(path) or (os.path.isdir(path) and not os.path.islink(path)
-                                         and not os.listdir(path))
-
-
-def _remove_new_store(path: str, existed: bool) -> None:
-    """Undo `Store.init` of an empty store at `path` (its directory too, unless it `existed`)."""
-    for name in os.listdir(path):
-        os.unlink(os.path.join(path, name))
-    if not existed:
-        os.rmdir(path)

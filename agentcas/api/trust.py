@@ -70,15 +70,9 @@ class Trust:
         from agentcas.signing import envelope, trust
         digest, thread = self.signing_thread(rev)
         with self._backends.meta.reader() as txn:
-            trusted = trust.list_trusted(txn)
-            accepted = {thread}
             imported = read_import(txn, thread) if is_thread_name(thread) else None
-            if imported is not None and imported["checkpoint"] == digest.hex():
-                accepted.add(imported["thread"])
-            verdicts = [envelope.check(e, trusted, digest,
-                                       e.statement.thread if e.statement.thread in accepted else thread)
-                        for _, e in envelope.envelopes_for(txn, self._backends.source, digest)]
-        status, reason = envelope.summarize(verdicts)
+            also = imported["thread"] if imported is not None and imported["checkpoint"] == digest.hex() else None
+            status, reason, verdicts = trust.verify_signatures(txn, self._backends.source, digest, thread, also)
         if status != envelope.VALID:
             raise SignatureRejected(status, f"checkpoint {digest.short()}: signature {status}: {reason}")
         return VerifyResult(digest.hex(), thread, status, reason, True, [v.to_json() for v in verdicts])

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import re
 import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from agentcas.cas import encoding
@@ -127,6 +129,35 @@ def check_refs_dsn(dsn: str | None, url: str) -> str | None:
         raise BadRemote("--refs must not hold a password (use PGPASSWORD or ~/.pgpass): it would be "
                         "stored in this store's remotes table")
     return dsn
+
+
+@contextmanager
+def store_made_for(remote: Remote) -> Iterator[bool]:
+    """For a remote at a path that does not exist or is an empty directory: an empty store
+    made there (like `git init --bare` before `git remote add`); yields whether one was made.
+    If the block raises, the store made goes again (its directory too, unless it existed)."""
+    if remote.shared or not absent_or_empty(remote.path):
+        yield False
+        return
+    from agentcas.cas.store_format import init_embedded
+    existed = os.path.isdir(remote.path)
+    backends = init_embedded(remote.path)
+    assert backends is not None  # the path held no store
+    backends.close()
+    try:
+        yield True
+    except BaseException:
+        for name in os.listdir(remote.path):
+            os.unlink(os.path.join(remote.path, name))
+        if not existed:
+            os.rmdir(remote.path)
+        raise
+
+
+def absent_or_empty(path: str) -> bool:
+    """Whether `path` does not exist or is an empty directory (a store can be made there)."""
+    return not os.path.lexists(path) or (os.path.isdir(path) and not os.path.islink(path)
+                                         and not os.listdir(path))
 
 
 def url_path(url: str) -> str:

@@ -17,6 +17,10 @@ a branch, a copy of every ref of a thread, a rewrite):
    the plan runs again on a new snapshot, as it does when the plan itself raises
    `LostRace` (it saw a state it cannot build on).
 
+Content cut against what the writer read before the plan (the LangGraph saver's put: its
+records carry their places in the history they continue) lands with `prepare_and_land`:
+each attempt, the first and every one after a lost race, prepares the content again.
+
 On an embedded store the writer starts with a `SweepWatch` instead of a lease (the
 engine then lands objects and refs in one transaction); content large enough to be
 stored early makes it take the lease.
