@@ -131,7 +131,7 @@ def append_with_marks(backends: Backends, lease: Lease, thread: str, segments: l
     instead of the empty tree; `needed`: the stored objects it relies on (checked before
     the move lands, as a commit checks its snapshot's)."""
     plan = marks_plan(backends, thread, segments, marks, based_on, forked_from, who, created_at, runtime,
-                       tree, needed)
+                      tree, needed)
     state, move = move_thread(backends, lease, thread, plan, keep_lease=True)
     return _landed(thread, state, move)
 
