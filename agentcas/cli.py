@@ -663,7 +663,8 @@ def _session_text(placement) -> str:
 def rewind_cmd(ctx, thread, rev, only, workspace):
     """Files and conversation back to REV: the workspace checkpointed first (undo), then made equal
     to REV's files; a forked session the harness resumes."""
-    result = _session_store(ctx, workspace).sessions.rewind(thread, rev, only, workspace)
+    from agentcas.harnesses.rewind import rewind
+    result = rewind(_session_store(ctx, workspace), thread, rev, only, workspace)
     lines = []
     if result.undo:
         lines.append(f"rewound {result.workspace} to {result.target[:12]}: {len(result.written)} files written, "
@@ -684,8 +685,8 @@ def rewind_cmd(ctx, thread, rev, only, workspace):
 def resume_cmd(ctx, thread, at, cwd):
     """Write THREAD's stored session where this machine's harness finds it, byte for byte, same id
     (the same file there: exit 0; a different one: exit 3, nothing written)."""
-    from agentcas.api.results import SessionResumed
-    placement = _session_store(ctx, cwd).sessions.resume(thread, at, cwd)
+    from agentcas.harnesses.rewind import SessionResumed, resume
+    placement = resume(_session_store(ctx, cwd), thread, at, cwd)
     ctx.emit(SessionResumed(os.path.abspath(cwd) if cwd else None, placement), _session_text(placement))
 
 

@@ -27,27 +27,8 @@ if TYPE_CHECKING:
     from agentcas.cas.objects import Checkpoint
     from agentcas.exchange.remote import Remote
     from agentcas.exchange.secret_scan import RecordFinding
-    from agentcas.repository import Store
     from agentcas.signing.envelope import Verdict
     from agentcas.signing.trust import TrustEntry
-
-
-# -- the store -----------------------------------------------------------------------------------
-class StoreInit(NamedTuple):
-    """`Store.init`: the store, and whether it was created (False: one was already there).
-
-    A named tuple, so `store, created = Store.init(path)` reads it as well as `.store`."""
-
-    store: Store
-    created: bool
-
-    @property
-    def location(self) -> str | None:
-        """The store's directory, or its URL."""
-        return self.store.path or self.store.url
-
-    def to_json(self) -> dict:
-        return {"store": self.location, "created": self.created}
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
@@ -250,48 +231,6 @@ class RevertResult(Result):
     related: bool
     notes: list[str]
     effects: OpenEffects | None
-
-
-# -- harness sessions ----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SessionPlacement(Result):
-    """A session file written (or found already there) where its harness resumes it."""
-
-    harness: str
-    id: str
-    path: str
-    resume: str        # the command that continues it
-    written: bool      # False: the same file was already there
-
-
-@dataclass(frozen=True)
-class RewindResult(Result):
-    """What a rewind did: the checkpoint of the workspace before it (`undo`), the files
-    written and removed to make it equal to `target`'s, the forked session."""
-
-    target: str
-    undo: str | None
-    workspace: str | None
-    session: SessionPlacement | None
-    written: tuple[str, ...] = ()
-    removed: tuple[str, ...] = ()
-
-    def to_json(self) -> dict:
-        return {"target": self.target, "undo": self.undo, "workspace": self.workspace,
-                "session": json_value(self.session), "files_written": list(self.written),
-                "files_removed": list(self.removed)}
-
-
-@dataclass(frozen=True)
-class SessionResumed(Result):
-    """`resume`: the stored session placed for the harness; its JSON is a rewind's that
-    rewound no files (`undo` null), `workspace` the checkout it was placed for, if named."""
-
-    workspace: str | None
-    session: SessionPlacement
-
-    def to_json(self) -> dict:
-        return {"undo": None, "workspace": self.workspace, "session": self.session.to_json()}
 
 
 # -- histories, effects, the fork tree: defined in their layer (lineage/), imported above ---------

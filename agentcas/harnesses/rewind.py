@@ -30,12 +30,53 @@ import os
 import re
 from dataclasses import dataclass
 
-from agentcas.api.results import RewindResult, SessionPlacement
 from agentcas.errors import NotFound, UsageError
 from agentcas.harnesses import discovery, session_files
 from agentcas.harnesses.records import CLAUDE, CODEX, iter_lines, parse_line
+from agentcas.result import Result, json_value
 
 HEAD_RECORDS = 64
+
+
+@dataclass(frozen=True)
+class SessionPlacement(Result):
+    """A session file written (or found already there) where its harness resumes it."""
+
+    harness: str
+    id: str
+    path: str
+    resume: str        # the command that continues it
+    written: bool      # False: the same file was already there
+
+
+@dataclass(frozen=True)
+class RewindResult(Result):
+    """What a rewind did: the checkpoint of the workspace before it (`undo`), the files
+    written and removed to make it equal to `target`'s, the forked session."""
+
+    target: str
+    undo: str | None
+    workspace: str | None
+    session: SessionPlacement | None
+    written: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"target": self.target, "undo": self.undo, "workspace": self.workspace,
+                "session": json_value(self.session), "files_written": list(self.written),
+                "files_removed": list(self.removed)}
+
+
+@dataclass(frozen=True)
+class SessionResumed(Result):
+    """`resume`: the stored session placed for the harness; its JSON is a rewind's that
+    rewound no files (`undo` null), `workspace` the checkout it was placed for, if named."""
+
+    workspace: str | None
+    session: SessionPlacement
+
+    def to_json(self) -> dict:
+        return {"undo": None, "workspace": self.workspace, "session": self.session.to_json()}
 
 
 @dataclass(frozen=True)
