@@ -256,7 +256,7 @@ class CachedBlobStore(BlobStore):
             found = {key: bytes(value) for key in keys if (value := txn.get("objects", key)) is not None}
         missing = [k for k in keys if k not in found]
         if missing:
-            found.update(self.remote.get_many(missing))
+            found.update(self.remote.fetch_many(missing))
         return found
 
     def has_many(self, keys: Iterable[bytes]) -> set[bytes]:
