@@ -138,11 +138,11 @@ def build_packs(items: Mapping[bytes, bytes], pack_bytes: int = PACK_BYTES):
 def _pack(group: list[tuple[bytes, bytes]]):
     body, entries, offset = [], [], 0
     for key, value in group:
-        body.append(bytes(value))
+        body.append(value)
         entries.append((key, offset, len(value), bytes(value[:framing.HEADER_SIZE])))
         offset += len(value)
-    trailer = b"".join(_TRAILER_ENTRY.pack(key, at, length) for key, at, length, _ in entries)
-    data = b"".join(body) + trailer + _TRAILER_END.pack(len(entries), PACK_MAGIC)
+    body += [_TRAILER_ENTRY.pack(key, at, length) for key, at, length, _ in entries]
+    data = b"".join(body + [_TRAILER_END.pack(len(entries), PACK_MAGIC)])  # one copy of the values
     name = blake3.blake3(data).digest()
     return name, data, {key: Location(name, at, length, header) for key, at, length, header in entries}
 
