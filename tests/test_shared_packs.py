@@ -131,7 +131,7 @@ def test_a_batchs_trees_and_chunk_lists_lie_together_after_its_chunks(shared, tm
         store.close()
     assert tree_bytes(tmp_path / "out") == tree_bytes(ws)
     # the checkpoint, the root tree, the three trees below it at once, the six chunk lists
-    # at once, then the 15 MB of chunks in ranges of at most 4 MiB
+    # at once, then the 15 MB of chunks in ranges of at most 8 MiB
     assert gets <= 11
 
 

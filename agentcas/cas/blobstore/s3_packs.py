@@ -55,7 +55,7 @@ from agentcas.errors import IntegrityError
 
 PACK_BYTES = 16 * 1024 * 1024  # restic's default pack size: 1 GiB is ~64 PUTs
 GAP_BYTES = 64 * 1024          # wanted objects this close together in a pack are one ranged GET
-RUN_BYTES = 4 * 1024 * 1024    # ... up to this many bytes a GET, so a big read runs on every connection
+RUN_BYTES = 8 * 1024 * 1024    # ... up to this many bytes a GET (a restore window of 32 MiB: 4 GETs)
 INDEX = "s3index"
 PACKS = "s3packs"
 _LOCATION = struct.Struct(">32sQI")
