@@ -14,7 +14,7 @@ import tomllib
 from agentcas import Store, testing_hooks
 from agentcas.harnesses import hooks
 
-from conftest import AGENTCAS, run_cli
+from support.cli import AGENTCAS, run_cli
 from support.harness_machine import CLAUDE_ID, CODEX_ID, Machine, history_bytes, log, stored_files
 from support.harness_samples import ClaudeSession, CodexSession
 
