@@ -5,12 +5,13 @@ of damaged packs, and a store made before packs (one S3 object per id) read and 
 from __future__ import annotations
 
 import os
+import random
 
 import pytest
 
 from agentcas import Store
 from agentcas.cas import encoding, framing
-from agentcas.cas.blobstore.s3_packs import INDEX, PACKS, build_packs, pack_members
+from agentcas.cas.blobstore.s3_packs import INDEX, PACK_BYTES, PACKS, build_packs, pack_members
 from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.store_format import FORMAT_KEY
 
@@ -134,6 +135,23 @@ def test_a_batchs_trees_and_chunk_lists_lie_together_after_its_chunks(shared, tm
     # the checkpoint, the root tree, the three trees below it at once, the six chunk lists
     # at once, then the 15 MB of chunks in ranges of at most 8 MiB
     assert gets <= 11
+
+
+def test_a_batch_is_cut_into_even_packs_with_its_small_values_in_the_last():
+    rng = random.Random(0)
+    items, total = {}, 0
+    while total < 64 << 20:  # a writer's batch: chunks of 512 KiB to 8 MiB, then small values
+        size = int(min(8 << 20, max(512 << 10, rng.expovariate(1 / (1 << 20)))))
+        items[rng.randbytes(32)] = bytes([framing.KIND_CHUNK]) + bytes(size - 1)
+        total += size
+    for _ in range(300):
+        items[rng.randbytes(32)] = bytes([framing.KIND_CHUNKLIST]) + bytes(rng.randint(150, 600))
+    packs = build_packs(items)
+    assert len(packs) == 4  # not four and a fifth of small values alone
+    assert all(len(data) <= 1.5 * PACK_BYTES for _, data, _ in packs)
+    kinds = [[data[offset] for _, offset, _ in pack_members(data)] for _, data, _ in packs]
+    assert all(kind == framing.KIND_CHUNK for pack in kinds[:-1] for kind in pack)
+    assert kinds[-1].count(framing.KIND_CHUNKLIST) == 300
 
 
 def test_gc_deletes_the_packs_of_dead_objects_and_keeps_the_rest(shared, tmp_path, s3_server):

@@ -125,7 +125,10 @@ def build_packs(items: Mapping[bytes, bytes], pack_bytes: int = PACK_BYTES):
     ordered = [item for item in items.items() if item[1][0] == framing.KIND_CHUNK]
     ordered += [item for item in items.items() if item[1][0] != framing.KIND_CHUNK]
     for key, value in ordered:
-        if group and size + len(value) > target + len(value) / 2:
+        # A value that would overfill the pack opens the next, with a slack of half of it
+        # or of a quarter pack, whichever is more: the small values at a batch's end
+        # never spill into a pack of their own.
+        if group and size + len(value) > target + max(len(value), target / 4) / 2:
             packs.append(_pack(group))
             group, size = [], 0
         group.append((bytes(key), value))
