@@ -213,8 +213,8 @@ MUTATIONS = {
     "M1": ("agentcas/mcp/server.py", ["        item = _bounded_echo(item)\n"], [""],
            ["tests/test_mcp.py::test_an_unknown_method_is_answered_without_echoing_its_whole_name"]),
     "M2": ("agentcas/workspace/snapshot.py",
-           ["                            or os.path.isfile(os.path.join(path, RESTORED_MARKER))):"],
-           ["                            ):"],
+           ["                        or os.path.isfile(os.path.join(path, RESTORED_MARKER))):"],
+           ["                        ):"],
            ["tests/test_mcp.py::test_a_restored_copy_inside_the_workspace_is_left_out_of_later_checkpoints"]),
     "M3": ("agentcas/mcp/tools.py", ["        if doc[0] != tool or doc[1] != key:"], ["        if doc[0] != tool:"],
            ["tests/test_mcp.py::test_a_cursor_issued_for_one_thread_or_checkpoint_is_refused_for_another"]),
@@ -304,6 +304,27 @@ MUTATIONS = {
            ["                if memoryview(piece)[at + record_head(piece, at, end):end] == memoryview(data)[mine:ends[line]]:\n"],
            ["                if True:\n"],
            ["tests/test_rollout_copies.py::test_an_edited_copy_is_stored_as_bytes"]),
+    # The directory cache (workspace/snapshot.py): a directory with a racy entry, or below a
+    # racy ignore file, gets no row; the ignore files above a directory are part of its key;
+    # a directory whose key matches its row is taken from it.
+    "Dr": ("agentcas/workspace/snapshot.py", ["            if racy or listing.newest > racy_before:\n"],
+           ["            if racy:\n"],
+           ["tests/test_directory_cache.py::test_a_rewrite_in_the_same_clock_tick_is_seen"]),
+    "Di": ("agentcas/workspace/snapshot.py",
+           ["                racy = racy or any(max(st.st_mtime_ns, st.st_ctime_ns) > racy_before for st in ignore_stats)\n"],
+           [""],
+           ["tests/test_directory_cache.py::test_an_ignore_file_rewritten_in_the_same_clock_tick_reaches_its_subdirectories"]),
+    "Dc": ("agentcas/workspace/snapshot.py", ["            for part in (tag, context, skipped, listing.key):\n"],
+           ["            for part in (tag, skipped, listing.key):\n"],
+           ["tests/test_directory_cache.py::test_an_ancestors_ignore_file_reaches_directories_that_did_not_change"]),
+    "Ds": ("agentcas/workspace/snapshot.py",
+           ["len(context), len(skipped)), max_threads=1)\n", "            for part in (tag, context, skipped, listing.key):\n"],
+           ["len(context), 0), max_threads=1)\n", "            for part in (tag, context, listing.key):\n"],
+           ["tests/test_directory_cache.py::test_a_skipped_path_counts_for_its_own_directory_only"]),
+    "Dh": ("agentcas/workspace/snapshot.py",
+           ["            if row is not None and row[1] == self._own_digests[rel_dir]:\n"], ["            if False:\n"],
+           ["tests/test_directory_cache.py::"
+            "test_an_unchanged_directory_is_taken_from_its_row_and_only_the_changed_path_is_looked_at"]),
     # A session change (record_threads.py) lands only on the states its build read, else is rebuilt.
     "Sr": ("agentcas/record_threads.py", ["                    if view.thread(name) != state:\n"],
            ["                    if False:\n"],
