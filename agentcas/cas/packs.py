@@ -1,4 +1,4 @@
-"""Packed objects (store format 3): objects appended into packs, found through a compact index.
+"""Packed objects (store formats 3 and 4): objects appended into packs, found through a compact index.
 
 An embedded store used to keep one B-tree row per object under its random 32-byte id; the
 pages of such a tree are about 60% full, and every object paid its key and a 22-byte header.
