@@ -8,8 +8,8 @@ import time
 import pytest
 
 from agentcas.cas import framing, packs
-from agentcas.cas.lmdb_store import open_lmdb
 from agentcas.cas import store as store_module
+from agentcas.cas.lmdb_store import open_lmdb
 from agentcas.cas.store import MemoryEnvironment, TableBlobStore
 from agentcas.errors import IntegrityError
 
