@@ -169,6 +169,15 @@ MUTATIONS = {
            ["            pass\n"],
            ["tests/test_gc_markset.py::test_markset_spills_past_its_budget_and_finds_every_id_in_both_tables",
             "tests/test_gc_markset.py::test_gc_with_a_tiny_memory_budget_deletes_exactly_the_garbage_on_lmdb"]),
+    # The spilled mark table's Bloom filter not told of the ids moved to disk: marked ids are
+    # taken for unmarked (gc would delete live objects), or, always "maybe", every lookup reads the disk.
+    "Gb": ("agentcas/gc/markset.py", ["        for raw in batch:\n            self._remember_on_disk(raw)\n"],
+           ["        pass\n"],
+           ["tests/test_gc_markset.py::test_markset_spills_past_its_budget_and_finds_every_id_in_both_tables",
+            "tests/test_gc_markset.py::test_gc_with_a_tiny_memory_budget_deletes_exactly_the_garbage_on_lmdb"]),
+    "Gf": ("agentcas/gc/markset.py", ["        if self._reader is None or not self._maybe_on_disk(raw):\n"],
+           ["        if self._reader is None:\n"],
+           ["tests/test_gc_markset.py::test_a_spilled_markset_reads_its_on_disk_table_for_few_absent_ids"]),
     # A listing in pack order that takes every record for an object: the dead records of a
     # partly dead pack are listed (gc would count them, and plan deletes of what is gone).
     "Gp": ("agentcas/cas/packs.py", ["            if all_live or _indexed_at(txn, raw, number, at):\n"],
