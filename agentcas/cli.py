@@ -671,7 +671,8 @@ def _session_text(placement) -> str:
 def rewind_cmd(ctx, thread, rev, only, workspace):
     """Files and conversation back to REV: the workspace checkpointed first (undo), then made equal
     to REV's files; a forked session the harness resumes."""
-    result = _session_store(ctx, workspace).sessions.rewind(thread, rev, only, workspace)
+    from agentcas.harnesses.rewind import rewind
+    result = rewind(_session_store(ctx, workspace), thread, rev, only, workspace)
     doc = dict(_session_doc(result.undo, result.workspace, result.session), target=result.target,
                files_written=list(result.written), files_removed=list(result.removed))
     lines = []
@@ -694,7 +695,8 @@ def rewind_cmd(ctx, thread, rev, only, workspace):
 def resume_cmd(ctx, thread, at, cwd):
     """Write THREAD's stored session where this machine's harness finds it, byte for byte, same id
     (the same file there: exit 0; a different one: exit 3, nothing written)."""
-    placement = _session_store(ctx, cwd).sessions.resume(thread, at, cwd)
+    from agentcas.harnesses.rewind import resume
+    placement = resume(_session_store(ctx, cwd), thread, at, cwd)
     ctx.emit(_session_doc(None, os.path.abspath(cwd) if cwd else None, placement), _session_text(placement))
 
 

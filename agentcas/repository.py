@@ -8,11 +8,12 @@ the work (agentcas/api/):
     store.threads      list, create, delete, fork, revert; log, reflog, lineage
     store.history      append records to a thread's history, read them back
     store.checkpoints  commit, show, files, diff, checkout, scan
-    store.effects      the external-effects ledger (add, list, open effects after a target)
+    store.effects      the external-effects ledger (add, list, open effects after a target;
+                       lineage/effects_ledger.py's EffectsLedger, not a group in api/)
     store.gc           plan, execute, explain, fsck
     store.trust        trusted signers, sign, verify
     store.remotes      remotes, push, pull, bundles
-    store.sessions     harness sessions: checkpoint (hooks), rewind, resume
+    store.sessions     harness sessions: a workspace and a session's new lines in one move (hooks)
 
 Results are typed (agentcas/api/results.py); each has `to_json()`, the CLI's --json.
 """
@@ -42,16 +43,11 @@ from agentcas.cas.backends import (
 from agentcas.cas.digest import Digest
 from agentcas.cas.lmdb_store import StoreUnavailable, open_lmdb
 from agentcas.cas.metastore.base import Read
-from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.source import ObjectSource
-from agentcas.cas.store_format import check_format, write_format
-from agentcas.cas.system_errors import from_os_error
-from agentcas.errors import ConflictError
+from agentcas.cas.store_format import check_format, init_embedded, token_key, write_format
 from agentcas.lineage.effects_ledger import EffectsLedger
-from agentcas.refs import revisions
 
 STORE_DIR = ".agentcas"
-TOKEN_KEY_PREFIX = b"token-key/"
 
 
 def find_store(start: str | None = None) -> str | None:
@@ -100,39 +96,10 @@ class Store:
         if address.memory:
             return cls.memory(), True
         assert address.path is not None  # neither shared nor memory: a directory
-        path = address.path
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise StoreUnavailable(f"store path is a file, not a directory: {path}")
-        if os.path.isfile(os.path.join(path, "data.mdb")):
-            return cls.open(path), False
-        if os.path.isdir(path) and os.listdir(path):
-            raise ConflictError(f"directory exists and is not empty: {path}")
-        existed = os.path.isdir(path)
-        try:
-            os.makedirs(path, exist_ok=True)
-        except OSError as exc:
-            raise from_os_error(exc, f"creating a store in {path}", "nothing was created") from None
-        env = None
-        try:
-            env = open_lmdb(path, create=True)
-            backends = embedded_backends(env, path)
-            write_format(backends)
-        except BaseException:
-            # Whole or nothing: a store that could not be initialised leaves no files behind.
-            if env is not None:
-                env.close()
-            for name in ("data.mdb", "lock.mdb"):
-                try:
-                    os.unlink(os.path.join(path, name))
-                except OSError:
-                    pass
-            if not existed:
-                try:
-                    os.rmdir(path)
-                except OSError:
-                    pass
-            raise
-        return cls(backends, path), True
+        backends = init_embedded(address.path)
+        if backends is None:
+            return cls.open(address.path), False
+        return cls(backends, address.path), True
 
     @classmethod
     def _init_shared(cls, address: StoreAddress, refs: str | None) -> tuple[Store, bool]:
@@ -172,11 +139,8 @@ class Store:
 
     # -- reading ------------------------------------------------------------------------------
     def resolve(self, rev: str) -> Digest:
-        """The id of the checkpoint `rev` names (loaded and verified)."""
-        with self.meta.reader() as txn:
-            digest = revisions.resolve(txn, self.source, rev)
-        revisions.load_checkpoint(self.source, digest)
-        return digest
+        """The id of the checkpoint `rev` names (loaded and verified: `checkpoints.get`)."""
+        return self.checkpoints.get(rev)[0]
 
     def token_key(self, purpose: str) -> bytes:
         """A random 32-byte key kept in the store's metadata for `purpose`, made on first use.
@@ -185,13 +149,4 @@ class Store:
         this store and across restarts (MCP cursors). It guards against a client that only
         sees the tokens, not against anyone who can read the store itself.
         """
-        import secrets
-        key = TOKEN_KEY_PREFIX + purpose.encode("utf-8")
-        with self.meta.reader() as txn:
-            value = txn.get("meta", key)
-        if value is None:
-            fresh = seal("meta", key, secrets.token_bytes(32))
-            self.meta.write(lambda txn: txn.put_new("meta", key, fresh))   # the first writer's key wins
-            with self.meta.reader() as txn:
-                value = txn.get("meta", key)
-        return unseal("meta", key, value)
+        return token_key(self.meta, purpose)

@@ -6,7 +6,7 @@ Each step appends one ~300-byte chat message and checkpoints:
   `graph.invoke({"messages": [HumanMessage/AIMessage]}, thread)` (three checkpoints per
   invoke, as LangGraph writes them) with SqliteSaver. Twice: the default channel, and the
   beta `DeltaChannel` (langgraph.channels.delta, present in 1.2.22) with the same reducer.
-- agentcas: the message is appended to a JSONL rollout file and `Store.commit(workspace,
+- agentcas: the message is appended to a JSONL rollout file and `store.checkpoints.commit(workspace,
   --rollout FILE)` runs through the Python API in this process (2,000 CLI runs would
   measure 2,000 Python start-ups; a few CLI steps are timed separately). The workspace is
   an empty directory: LangGraph's state here holds only the messages.
@@ -434,7 +434,7 @@ def report(n: int, a: dict, lg: dict, msg_bytes: int) -> None:
              f"{next(iter(lg.values()))['checkpoints'] // n} checkpoints per invoke. agentcas steps through the "
              f"CLI (Python start-up included): {', '.join(h.fmt_time(t) for t in a['cli_step_times'])}."])
 
-    rows = [["agentcas Store.fork --at (in-process)", f"{h.fmt_bytes(a['fork_bytes'])} ({h.fmt_bytes(a['fork_pages'])} of new pages)",
+    rows = [["agentcas threads.fork --at (in-process)", f"{h.fmt_bytes(a['fork_bytes'])} ({h.fmt_bytes(a['fork_pages'])} of new pages)",
              h.fmt_time(a["fork_time"])]]
     for name, r in lg.items():
         rows.append([f"LangGraph {name}: update_state on step {n // 2}'s checkpoint (branch in the thread)",
@@ -448,7 +448,7 @@ def report(n: int, a: dict, lg: dict, msg_bytes: int) -> None:
 
     rows = [[f"agentcas log main ({a['log_len']} checkpoints, CLI, text)", h.fmt_time(a["log_cli_time"])],
             ["agentcas --json log main (CLI)", h.fmt_time(a["log_cli_json_time"])],
-            ["agentcas Store.log (in-process)", h.fmt_time(a["log_inproc_time"])]]
+            ["agentcas threads.log (in-process)", h.fmt_time(a["log_inproc_time"])]]
     for name, r in lg.items():
         for key, what in (("history", "graph.get_state_history"), ("list", "checkpointer.list")):
             t, count, finished = r[key]

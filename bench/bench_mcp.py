@@ -7,7 +7,7 @@ One thread with N checkpoints (100,000; --quick 10,000) and N effects in its his
     failed and unknown.
   - checkpoints: the oldest is a real commit made before the effects (history seq 0),
     the newest records the whole history, the ones between its first 10 records;
-    built through a lower-level path, not N `Store.commit` calls (which
+    built through a lower-level path, not N `store.checkpoints.commit` calls (which
     would re-snapshot the workspace N times): one real commit snapshots a 2,000-file
     workspace, then N Checkpoint objects sharing that tree are written straight into
     the store (cas.objects.Checkpoint, framed and saved in batches of 5,000 per

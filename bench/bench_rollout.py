@@ -1,7 +1,7 @@
 """Rollout numbers: rollouts (append, fork, snapshots of a growing JSONL file, cat).
 
 1. Append 1 KiB to a 100 MB rollout vs to a 1 MB rollout: new storage and time.
-2. Fork of a thread with 100 MB of history: new storage, in-process time (Store.fork).
+2. Fork of a thread with 100 MB of history: new storage, in-process time (store.threads.fork).
 3. A 200 MB JSONL rollout snapshotted 11 times, 1 MB appended between snapshots
    (`commit --rollout`), vs restic, borg and git on the same sequence of files.
 4. `rollout cat` of 100 MB vs `cat` of the same file.
@@ -260,9 +260,9 @@ def report(r: dict, s: dict) -> None:
              f"segment, ref, reflog entry)."])
 
     f = r["fork"]
-    rows = [["agentcas Store.fork (whole history)", h.fmt_time(statistics.median(f["times"])),
+    rows = [["agentcas threads.fork (whole history)", h.fmt_time(statistics.median(f["times"])),
              h.fmt_time(max(f["times"])), h.fmt_bytes(max(f["used_deltas"])), h.fmt_bytes(max(f["payload_deltas"]))],
-            [f"agentcas Store.fork --at {f['seq'] // 2}", h.fmt_time(statistics.median(f["mid_times"])),
+            [f"agentcas threads.fork --at {f['seq'] // 2}", h.fmt_time(statistics.median(f["mid_times"])),
              h.fmt_time(max(f["mid_times"])), "-", "-"],
             ["agentcas fork (CLI)", h.fmt_time(f["cli_time"]), "-", h.fmt_bytes(f["cli_used"]), "-"],
             ["a copy of the rollout file", "-", "-", h.fmt_bytes(r["big_initial"]["bytes"]), ""]]

@@ -6,7 +6,7 @@
    `Store` held open), and git (`git add -A && git commit`, the rollout being a tracked
    file). Growth is what `du` shows: data.mdb against the .git directory.
 2. Start-up and the unchanged recommit of 1,000 files: `agentcas commit` (CLI) and
-   `Store.commit` (API, store held open) against `git add -A && git commit` on the same tree.
+   `store.checkpoints.commit` (API, store held open) against `git add -A && git commit` on the same tree.
    `--help` and `--version` beside `python -c pass`.
 3. Reading history: `rollout cat` of a ~100 MB history against `zstd -dc` of the same bytes
    compressed at the same level piped into `b3sum`; a `--from/--to` slice of 1% of it.
@@ -224,7 +224,7 @@ def bench_recommit(work: str, rounds: int) -> dict:
                            (CLICK, [h.PYTHON, "-c", "import click"])):
             times[label].append(timed(label, cmd, env=env))
     api = json.loads(h.output([h.PYTHON, "-c", API_RECOMMIT, store, data, str(3 * rounds)], env=env))
-    times["agentcas Store.commit (API, store open)"] = api["times"]
+    times["agentcas checkpoints.commit (API, store open)"] = api["times"]
     return {"times": times, "cached": api["cached"], "files": api["files"]}
 
 
@@ -238,7 +238,7 @@ def report_recommit(r: dict) -> dict:
             for label, v in r["times"].items()]
     h.table(f"Unchanged recommit of {r['files']} files (4 MiB of text), and start-up",
             ["command", "time (median)", "range", "time / git", "CPU (median)", "CPU / git"], rows,
-            [f"The API row is Store.commit in a process holding the store open ({r['cached']} of "
+            [f"The API row is checkpoints.commit in a process holding the store open ({r['cached']} of "
              f"{r['files']} files from the stat cache; its time is wall time in that process); the "
              "others are whole processes. CPU = user + sys of the process and its children. Rounds "
              "alternate which of agentcas and git goes first."])
@@ -348,8 +348,8 @@ def main(argv: list[str]) -> int:
                ["... in CPU time (user + sys)", f"{h.fmt_time(cpu_cli)} vs {h.fmt_time(cpu_git)} "
                 f"({h.fmt_ratio(cpu_cli / cpu_git)})", h.verdict(cpu_cli <= 4 * cpu_git)],
                ["unchanged recommit (API, store open) ≤ git's whole process",
-                f"{h.fmt_time(rc['agentcas Store.commit (API, store open)'])} vs {h.fmt_time(git)}",
-                h.verdict(rc["agentcas Store.commit (API, store open)"] <= git)],
+                f"{h.fmt_time(rc['agentcas checkpoints.commit (API, store open)'])} vs {h.fmt_time(git)}",
+                h.verdict(rc["agentcas checkpoints.commit (API, store open)"] <= git)],
                ["rollout cat ≤ zstd -dc \\| b3sum", f"{h.fmt_time(cat)} vs {h.fmt_time(floor)} "
                 f"({h.fmt_ratio(cat / floor)})", h.verdict(cat <= floor)],
                ["... in CPU time (user + sys)", f"{h.fmt_time(cpu_cat)} vs {h.fmt_time(cpu_floor)} "

@@ -164,7 +164,7 @@ with s.environment.reader() as txn:
     for table in TABLES:
         for key, value in txn.scan(table):
             payload += len(key) + len(value)
-for info in s.stores.source.blobs.list():  # the objects, in packs (format 3) or rows
+for info in s.source.blobs.list():  # the objects, in packs (format 3) or rows
     count += 1
     size += info.size
 print(json.dumps({"used_bytes": s.environment.used_bytes(), "objects": count, "object_bytes": size,

@@ -289,7 +289,7 @@ MUTATIONS = {
     "Lf": ("agentcas/cas/leases.py", ["        if self.expires_at + CLOCK_MARGIN < now:\n            return False\n"], [""],
            [M + "test_an_expired_lease_of_another_host_does_not_hold_gc_off"]),
     "Lg": ("agentcas/lineage/moves.py", ["        self.lease.check_clock()\n"], [""],
-           [M + "test_a_landing_whose_own_lease_ran_out_raises_before_it_sends_anything"]),
+           ["tests/test_shared_store.py::test_a_landing_whose_own_lease_ran_out_by_the_clock_sends_nothing"]),
     "Lh": ("agentcas/cas/writer.py", ["            with self._lock:\n                self.lease.refresh()\n"],
            ["            with self._lock:\n                pass\n"],
            [M + "test_a_long_commit_refreshes_its_lease_and_lands_while_gc_runs"]),

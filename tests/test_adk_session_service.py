@@ -28,7 +28,7 @@ from agentcas import Store  # noqa: E402
 from agentcas.adk import AgentcasSessionService, session_thread  # noqa: E402
 from agentcas.cas.store import TABLES  # noqa: E402
 
-from conftest import run_cli  # noqa: E402
+from support.cli import run_cli  # noqa: E402
 from support.processes import start_together  # noqa: E402
 
 

@@ -21,9 +21,9 @@ from agentcas.errors import ConflictError, IntegrityError
 from agentcas.exchange import bundle_format as bf
 from agentcas.signing import envelope, keys
 
-from conftest import store_rows, tree_bytes, views
 from support import raw_objects
 from support.bundles import ALICE, CREATED, IDENTITY, MALLORY, Craft, good_craft, snapshot
+from support.store_state import store_rows, tree_bytes, views
 
 
 def refused(store: Store, data: bytes, tmp_path, fragment: str, **options) -> str:
@@ -763,7 +763,7 @@ def test_segment_chunk_sizes_that_lie_are_refused(sizes, receiver, tmp_path):
 
 def test_cli_import_of_a_lying_chunk_list_writes_nothing(run, tmp_path):
     """The probe's case through the real command: exit 4, not one row changed."""
-    from conftest import store_rows
+    from support.store_state import store_rows
     store_dir = tmp_path / "cli-store"
     assert run("init", store_dir).code == 0
     (tmp_path / "alice.pub").write_text(ALICE.public.to_line("alice"))

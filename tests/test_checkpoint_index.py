@@ -9,7 +9,7 @@ from agentcas.cas.objects import Checkpoint
 from agentcas.lineage.checkpoints import ancestor_at, newest_at_or_before
 from agentcas.refs.revisions import load_checkpoint
 
-from conftest import views
+from support.store_state import views
 
 
 def naive_newest(txn, tip, seq):

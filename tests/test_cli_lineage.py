@@ -25,7 +25,8 @@ from agentcas.lineage import rollout
 from agentcas.lineage.closure import Walker
 from agentcas.refs import threads
 
-from conftest import AGENTCAS, run_cli, store_rows, views
+from support.cli import AGENTCAS, run_cli
+from support.store_state import store_rows, views
 
 
 def without_pins(rows: dict) -> dict:

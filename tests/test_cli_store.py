@@ -19,8 +19,9 @@ import time
 import blake3
 import pytest
 
-from conftest import AGENTCAS, run_cli, store_rows, tree_bytes
 from support import raw_objects
+from support.cli import AGENTCAS, run_cli
+from support.store_state import store_rows, tree_bytes
 
 HEX64 = re.compile(r"[0-9a-f]{64}")
 TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")

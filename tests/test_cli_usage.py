@@ -12,7 +12,8 @@ import json
 
 import pytest
 
-from conftest import run_cli, store_rows
+from support.cli import run_cli
+from support.store_state import store_rows
 
 GROUPS_THAT_LIST = {"trust": ("trust", "list"), "remote": ("remote", "list")}
 GROUPS_WITHOUT_A_LIST = ("rollout", "effect")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import AGENTCAS, run_cli
+from support.cli import AGENTCAS, run_cli
 from support.crash_walk import SCENARIOS, Walk
 
 pytestmark = pytest.mark.crash

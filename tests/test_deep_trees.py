@@ -20,8 +20,9 @@ from agentcas.cas import encoding, framing
 from agentcas.cas.objects import MAX_PATH_BYTES
 from agentcas.workspace.restore import remove_tree
 
-from conftest import run_cli, store_rows
 from support.bundles import ALICE, Craft
+from support.cli import run_cli
+from support.store_state import store_rows
 
 PATH_MAX = os.pathconf("/", "PC_PATH_MAX")
 

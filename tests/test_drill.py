@@ -11,7 +11,7 @@ from agentcas import drill
 from agentcas.api.checkpoints import Checkpoints
 from agentcas.repository import Store
 
-from conftest import store_rows
+from support.store_state import store_rows
 
 
 def test_drill_cli_passes_without_a_store(run, tmp_path):

@@ -13,7 +13,8 @@ from agentcas.errors import ConflictError, NotFound, UsageError
 from agentcas.lineage import effects
 from agentcas.lineage.effects_index import INDEX_FILE
 
-from conftest import run_cli, store_rows
+from support.cli import run_cli
+from support.store_state import store_rows
 
 
 def add(store, thread, **kw):

@@ -14,7 +14,7 @@ from agentcas.cas.lmdb_store import LmdbEnvironment, StoreUnavailable
 from agentcas.cas.store import TABLES, MemoryEnvironment, save_object
 from agentcas.errors import IntegrityError
 
-from conftest import objects_of
+from support.store_state import objects_of
 
 
 @pytest.fixture(params=["memory", "lmdb"])

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import tree_bytes
 from support.cli_forks import CliForks, thread_states
 from support.crash_walk import SCENARIOS, SERVER_ENV, Walk, make_workspace, records
+from support.store_state import tree_bytes
 
 ERRNOS = ("EIO", "ENOSPC")
 

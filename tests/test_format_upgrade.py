@@ -188,7 +188,7 @@ def test_an_older_agentcas_stops_at_an_upgraded_store(v2_store, monkeypatch):
 def test_an_upgrade_killed_at_every_step_resumes_and_loses_nothing(v2_store, tmp_path):
     """SIGKILL at every durable step of the upgrade (the format mark, each batch of objects
     moved): the store reads as before at every point, fsck passes, and the next open finishes."""
-    from conftest import run_cli
+    from support.cli import run_cli
     pristine = tmp_path / "pristine"
     shutil.copytree(v2_store, pristine)
     env = {"AGENTCAS_CRASH_BATCH": "16"}

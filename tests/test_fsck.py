@@ -14,8 +14,9 @@ from agentcas.cas.objects import ChunkRef, HistoryPosition, Segment
 from agentcas.cas.store import TABLES, save_object
 from agentcas.refs import threads
 
-from conftest import run_cli, store_rows, views
 from support import raw_objects
+from support.cli import run_cli
+from support.store_state import store_rows, views
 
 
 def build(tmp_path, rollout: bool = True) -> tuple:
@@ -279,7 +280,7 @@ def test_fsck_finds_objects_that_lie_so_a_clean_store_checks_out(kind, tmp_path)
 
 @pytest.mark.parametrize("kind", sorted(LIES))
 def test_pull_from_a_store_whose_objects_lie_is_refused_and_writes_nothing(kind, tmp_path):
-    from conftest import store_rows
+    from support.store_state import store_rows
     src, _ = Store.init(str(tmp_path / "src"))
     plant_lie(src, kind)
     src.environment.close()

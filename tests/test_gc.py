@@ -22,9 +22,9 @@ from agentcas.gc.roots import GcAborted
 from agentcas.gc.sweep import execute
 from agentcas.lineage import rollout
 
-from conftest import views
 from support import raw_objects
 from support.gc_stores import all_keys, closure_of_threads, later, records, write_files
+from support.store_state import views
 
 
 @pytest.fixture(params=["memory", "lmdb"])
@@ -455,8 +455,8 @@ def test_report_splits_unique_and_shared_bytes_per_thread(any_store, tmp_path):
 
 
 def test_report_memory_does_not_grow_with_the_objects_it_counts(tmp_path, monkeypatch):
-    # The report used to hold a dict of every live object (its owner thread); now its marks
-    # and spool are gc's bounded structures. With a 64 KiB budget, 12,000 live objects
+    # The report's marks and spool are gc's bounded structures, not a dict of every live
+    # object and its owner thread. With a 64 KiB budget, 12,000 live objects
     # (a dict of them: over 1 MiB of Python objects) must fit in well under that.
     import tracemalloc
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import os
 
-from conftest import run_cli, store_rows
 from support import raw_objects
+from support.cli import run_cli
+from support.store_state import store_rows
 
 
 def setup_store(tmp_path):

@@ -9,7 +9,8 @@ import subprocess
 import sys
 import time
 
-from conftest import AGENTCAS, run_cli, tree_bytes
+from support.cli import AGENTCAS, run_cli
+from support.store_state import tree_bytes
 
 WRITER = r"""
 import json, os, sys, time

@@ -13,7 +13,7 @@ from agentcas import Store
 from agentcas.gc import markset
 from agentcas.gc.markset import KeySpool, MarkSet
 
-from conftest import run_cli
+from support.cli import run_cli
 from support.gc_stores import all_keys, closure_of_threads, later, records, write_files
 
 TINY = 4096  # bytes: the in-memory table is moved to disk every ~48 ids (64 slots, 3/4 full)

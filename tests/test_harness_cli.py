@@ -12,7 +12,7 @@ import signal
 import subprocess
 import time
 
-from conftest import AGENTCAS
+from support.cli import AGENTCAS
 from support.spec_sessions import Claude, Codex
 
 

@@ -14,7 +14,7 @@ import tomllib
 from agentcas import Store, testing_hooks
 from agentcas.harnesses import hooks
 
-from conftest import AGENTCAS, run_cli
+from support.cli import AGENTCAS, run_cli
 from support.harness_machine import CLAUDE_ID, CODEX_ID, Machine, history_bytes, log, stored_files
 from support.harness_samples import ClaudeSession, CodexSession
 
@@ -213,7 +213,7 @@ def test_rewritten_transcript_is_refused_by_name_and_the_workspace_still_checkpo
 
 def test_parallel_hooks_on_one_session_both_land(tmp_path):
     """Two hooks race: the one that loses the compare-and-swap reads the session again after
-    the winner's lines and lands after it (the retry in Store.session_checkpoint)."""
+    the winner's lines and lands after it (the move engine re-plans `commit_session`)."""
     Store.init(str(tmp_path / "store"))
     store = Store.open(str(tmp_path / "store"))
     ws = tmp_path / "ws"

@@ -16,7 +16,7 @@ import pytest
 from agentcas import Store
 from agentcas.harnesses.ingest import Ingest
 
-from conftest import AGENTCAS
+from support.cli import AGENTCAS
 from support.harness_samples import ClaudeSession, CodexSession, dumps
 
 CODEX_ID = "0199a0b1-0000-7000-8000-000000000001"

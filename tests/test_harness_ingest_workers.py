@@ -22,7 +22,7 @@ from agentcas import Store
 from agentcas.harnesses import ingest, packing_workers
 from agentcas.harnesses.ingest import Ingest
 
-from conftest import AGENTCAS
+from support.cli import AGENTCAS
 from support.harness_samples import ClaudeSession, CodexSession
 
 

@@ -9,6 +9,7 @@ import os
 import pytest
 
 from agentcas import Store
+from agentcas.harnesses.rewind import rewind
 
 from support import raw_objects
 from support.harness_machine import CLAUDE_ID, CODEX_ID, Machine, history_bytes, log
@@ -288,7 +289,7 @@ def test_rewind_verifies_every_file_before_writing_one(tmp_path):
     b1 = next(f for f in store.checkpoints.files(first.checkpoint) if f.path == "b.txt").id
     store.environment.write(lambda txn: raw_objects.edit(txn, bytes.fromhex(b1), lambda value: None))
     with pytest.raises(IntegrityError):
-        store.sessions.rewind("claude/x", first.checkpoint, only="code", workspace=str(ws))
+        rewind(store, "claude/x", first.checkpoint, only="code", workspace=str(ws))
     assert (ws / "a.txt").read_text() == "a2" and (ws / "b.txt").read_text() == "b2"
     assert [e.reason for e in store.threads.log("claude/x")][0].startswith("before rewind to ")
 

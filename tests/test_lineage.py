@@ -14,7 +14,7 @@ from agentcas.lineage import rollout
 from agentcas.lineage.closure import Walker
 from agentcas.refs import threads
 
-from conftest import views
+from support.store_state import views
 
 # The worked replay example of a Codex-style rollout: 25 records, the last turn rolled back.
 REPLAY_25 = [

@@ -17,7 +17,7 @@ import pytest
 
 from agentcas.cas.lmdb_pages import DamagedPage, damaged_pages
 
-from conftest import run_cli
+from support.cli import run_cli
 
 PAGE = 4096
 

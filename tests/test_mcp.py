@@ -22,7 +22,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
 from agentcas import Store  # noqa: E402
 from agentcas.mcp.tools import MAX_ANSWER_BYTES, TRUNCATED  # noqa: E402
 
-from conftest import AGENTCAS, run_cli  # noqa: E402
+from support.cli import AGENTCAS, run_cli  # noqa: E402
 
 TOOLS = {"create_checkpoint", "list_checkpoints", "inspect_checkpoint", "diff_checkpoint", "fork_checkpoint",
          "restore_checkpoint", "revert_thread", "rewind_session", "resume_session"}

@@ -34,8 +34,8 @@ from agentcas.cas.objects import Checkpoint, ChunkList, ChunkRef, Segment, Tree,
 from agentcas.errors import AgentcasError, ConflictError, IntegrityError
 from agentcas.gc import sweep
 
-from conftest import tree_bytes
 from support.bundles import Craft, good_craft, snapshot
+from support.store_state import tree_bytes
 
 CREATED = "2026-12-01T09:00:00.000000Z"
 
@@ -482,7 +482,8 @@ def test_an_expired_lease_of_another_host_does_not_hold_gc_off(store, tmp_path):
 
 
 def test_a_landing_whose_own_lease_ran_out_raises_before_it_sends_anything(store, tmp_path, monkeypatch):
-    """Lease (g) (lineage/moves.py _land: `lease.check_clock()`): a writer paused past its own
+    """Lease (g) (lineage/moves.py: an embedded landing checks the lease in its transaction;
+    a shared one by its clock, tests/test_shared_store.py): a writer paused past its own
     lease's end, its row untouched in the store (gc may have judged it dead and swept
     without yet deleting it), fails with LeaseExpired without sending its exchange."""
     monkeypatch.setattr(leases, "LEASE_SECONDS", 1.0)

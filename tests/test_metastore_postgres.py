@@ -17,7 +17,7 @@ from agentcas import Store, testing_hooks
 from agentcas.cas.metastore.base import MetadataUnavailable, Read
 from agentcas.cas.metastore.postgres import SCHEMA_VERSION, PostgresMetadataStore, SchemaMissing, SchemaTooNew
 
-from conftest import run_cli
+from support.cli import run_cli
 from support.services import PG_PASSWORD, PostgresServer
 
 

@@ -23,7 +23,7 @@ from agentcas.cas.store import TABLES  # noqa: E402
 from agentcas.errors import ConflictError  # noqa: E402
 from agentcas.openai_agents import AgentcasSession, thread_name  # noqa: E402
 
-from conftest import run_cli  # noqa: E402
+from support.cli import run_cli  # noqa: E402
 from support.processes import start_together  # noqa: E402
 
 

@@ -225,7 +225,7 @@ def test_gc_rewrites_mostly_dead_packs_and_keeps_every_live_object(tmp_path):
 
 @pytest.mark.parametrize("how", ["SIGKILL", "ENOSPC"])
 def test_a_repack_killed_or_out_of_space_loses_nothing_and_the_next_gc_finishes(tmp_path, how):
-    from conftest import run_cli
+    from support.cli import run_cli
     store, ws = half_dead_store(tmp_path)
     expected = {f.name: f.read_bytes() for f in ws.iterdir()}
     store.close()

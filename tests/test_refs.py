@@ -11,7 +11,7 @@ from agentcas.refs.names import BadThreadName, check_thread_name
 from agentcas.refs.revisions import AmbiguousRevision, UnknownRevision, load_checkpoint, resolve
 from agentcas.refs.threads import ThreadState, list_threads, read_reflog, read_thread, set_if_equals
 
-from conftest import objects_of
+from support.store_state import objects_of
 
 TREE = Tree(()).digest()
 

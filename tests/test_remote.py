@@ -22,8 +22,8 @@ from agentcas.exchange import remote as remote_table
 from agentcas.exchange.transfer import CorruptTransfer, LocalStoreEndpoint, NotFastForward, restamp, transfer
 from agentcas.lineage.closure import Walker
 
-from conftest import tree_bytes, views
 from support import raw_objects
+from support.store_state import tree_bytes, views
 
 
 def rows(store: Store) -> dict:

@@ -14,8 +14,9 @@ import pytest
 
 from agentcas.cas import framing
 
-from conftest import AGENTCAS, run_cli, store_rows
 from support import raw_objects
+from support.cli import AGENTCAS, run_cli
+from support.store_state import store_rows
 
 
 def jsonl(count: int, size: int, tag: str) -> str:

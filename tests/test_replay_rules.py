@@ -28,7 +28,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from conftest import AGENTCAS
+from support.cli import AGENTCAS
 
 CODEX_KEYS = {"format", "thread_id", "at", "items", "item_lines", "turn_context", "turn_context_line",
               "compaction_line", "rolled_back_turns", "interrupted_turn", "skipped_lines"}

@@ -20,8 +20,8 @@ from agentcas.errors import IntegrityError, UsageError
 from agentcas.lineage import rollout
 from agentcas.refs import threads
 
-from conftest import views
 from support import raw_objects
+from support.store_state import views
 
 
 def records(count: int, start: int = 0, size: int = 0, tag: str = "m") -> list[bytes]:

@@ -20,8 +20,8 @@ from agentcas.lineage import rollout
 from agentcas.lineage.rollout import CopyClaim, History
 from agentcas.refs import threads
 
-from conftest import run_cli
 from support import raw_objects
+from support.cli import run_cli
 from support.harness_machine import Machine
 from support.harness_samples import CodexSession, dumps
 

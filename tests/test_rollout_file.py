@@ -9,7 +9,8 @@ import random
 
 import pytest
 
-from conftest import run_cli, store_rows, tree_bytes
+from support.cli import run_cli
+from support.store_state import store_rows, tree_bytes
 
 
 def record(n: int) -> bytes:

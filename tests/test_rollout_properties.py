@@ -28,7 +28,7 @@ from agentcas.lineage.closure import Walker
 from agentcas.refs import revisions
 from agentcas.refs import threads as refs_threads
 
-from conftest import views
+from support.store_state import views
 
 # --- the model ----------------------------------------------------------------------------
 

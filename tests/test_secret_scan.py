@@ -12,7 +12,8 @@ import pytest
 
 from agentcas.exchange.secret_scan import findings_in
 
-from conftest import run_cli, store_rows
+from support.cli import run_cli
+from support.store_state import store_rows
 
 TOKEN = "ghp_" + "aB3dE5fG7hJ9kL1mN2pQ4rS6tU8vW0xY2zA4"
 KEY_BLOCK = "-----BEGIN OPENSSH PRIVATE KEY-----"

@@ -14,9 +14,10 @@ from agentcas.cas.blobstore.s3_packs import INDEX, PACKS, build_packs
 from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.store_format import FORMAT_KEY
 
-from conftest import run_cli, tree_bytes
+from support.cli import run_cli
 from support.files import write
 from support.services import S3_BUCKET
+from support.store_state import tree_bytes
 
 
 @pytest.fixture

@@ -13,9 +13,10 @@ import pytest
 
 from agentcas import Store
 
-from conftest import AGENTCAS, run_cli, tree_bytes
+from support.cli import AGENTCAS, run_cli
 from support.files import write
 from support.shared_packs import flip_byte
+from support.store_state import tree_bytes
 
 
 @pytest.fixture
@@ -331,3 +332,42 @@ def test_a_second_machine_committing_what_the_first_stored_hashes_it_once(shared
     assert again.code == 0, again
     assert again.json()["cached_files"] == again.json()["files"] == 12
     assert b("--json", "fsck").json()["ok"]
+
+
+def test_a_landing_whose_own_lease_ran_out_by_the_clock_sends_nothing(shared, workspace, monkeypatch):
+    """A shared store's move lands in one exchange that expects the lease row as written; a
+    writer that outlives its lease while uploading (its row still there: gc may have judged
+    it dead and swept without deleting it yet) must fail by its own clock before it sends
+    the exchange."""
+    from agentcas.cas import leases
+    from agentcas.cas.leases import LeaseExpired, read_leases
+
+    s3_url, refs = shared.urls
+    monkeypatch.setenv("AGENTCAS_CACHE_DIR", shared.env["AGENTCAS_CACHE_DIR"])
+    monkeypatch.setattr(leases, "LEASE_SECONDS", 1.0)
+    store = Store.open(s3_url, refs=refs)
+    store.checkpoints.commit(str(workspace), "one")
+    before = ([t.to_json() for t in store.threads.list()], [e.to_json() for e in store.threads.reflog("main")])
+    write(workspace, {"task.md": b"two\n"})
+    sent: list = []
+    source, exchange = store.backends.source, store.meta.exchange
+    check_stored = source.missing
+
+    def outlive_the_lease(needed):
+        # Reached in the landing after its lease refresh and the upload, before the exchange.
+        if not sent:
+            with store.meta.reader() as txn:
+                (row,) = read_leases(txn)
+            while time.time() <= row.expires_at + 0.05:
+                time.sleep(0.05)
+            sent.append("paused")
+            monkeypatch.setattr(store.meta, "exchange", lambda *a, **kw: sent.append(kw) or exchange(*a, **kw))
+        return check_stored(needed)
+
+    monkeypatch.setattr(source, "missing", outlive_the_lease)
+    with pytest.raises(LeaseExpired) as info:
+        store.checkpoints.commit(str(workspace), "two")
+    assert "took longer than its lease" in str(info.value)
+    assert sent == ["paused"]
+    after = ([t.to_json() for t in store.threads.list()], [e.to_json() for e in store.threads.reflog("main")])
+    assert after == before

@@ -12,10 +12,11 @@ import uuid
 
 import pytest
 
-from conftest import run_cli, tree_bytes
+from support.cli import run_cli
 from support.files import write
 from support.services import PG_PASSWORD, S3_SECRET_KEY
 from support.shared_packs import flip_byte, lose_object
+from support.store_state import tree_bytes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from conftest import run_cli
+from support.cli import run_cli
 
 # -- a shared store's two URLs belong together -------------------------------------------
 

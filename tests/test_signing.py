@@ -244,7 +244,7 @@ def test_trust_add_list_remove(signed_store, run, tmp_path):
 
 
 def test_trust_add_refuses_malformed_and_small_order_keys_and_writes_nothing(signed_store, run, tmp_path):
-    from conftest import store_rows
+    from support.store_state import store_rows
     store, _ = signed_store
     bad = tmp_path / "bad.pub"
     before = store_rows(store)
@@ -283,7 +283,7 @@ def test_sign_and_verify_rev(signed_store, run):
 
 
 def test_tampered_stored_signature_is_detected(signed_store, run):
-    from conftest import store_rows
+    from support.store_state import store_rows
     store, k = signed_store
     assert run("sign", "main", "--key", k / "alice.key", store=store).code == 0
     assert run("trust", "add", "alice", k / "alice.pub", store=store).code == 0

@@ -19,7 +19,8 @@ import pytest
 from agentcas.cas import system_errors
 from agentcas.cas.lmdb_store import store_failure
 
-from conftest import run_cli, store_rows
+from support.cli import run_cli
+from support.store_state import store_rows
 
 
 def _mount(path, *options) -> None:

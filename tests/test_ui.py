@@ -18,8 +18,9 @@ from markupsafe import escape
 
 from agentcas import Store
 
-from conftest import run_cli, store_rows
+from support.cli import run_cli
 from support.harness_samples import ClaudeSession
+from support.store_state import store_rows
 from support.ui_server import UiServer, wait_closed
 
 HOSTILE_THREAD = "<script>alert(1)</script>"

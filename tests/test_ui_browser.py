@@ -14,7 +14,7 @@ import pytest
 
 from agentcas import Store
 
-from conftest import run_cli
+from support.cli import run_cli
 from support.harness_samples import ClaudeSession
 from support.ui_server import UiServer
 

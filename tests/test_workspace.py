@@ -12,7 +12,8 @@ from agentcas.cas import packs
 from agentcas.workspace import secrets, snapshot
 from agentcas.workspace.snapshot import FileChanged, SecretFound, WorkspaceError
 
-from conftest import run_cli, store_rows, tree_bytes, views
+from support.cli import run_cli
+from support.store_state import store_rows, tree_bytes, views
 
 
 def rows(store):

@@ -7,6 +7,7 @@ A commit is workspace/commit.py's; a checkout restores a tree into a new directo
 from __future__ import annotations
 
 import os
+from collections.abc import Container, Iterable
 from typing import TYPE_CHECKING
 
 from agentcas.api.results import (
@@ -28,19 +29,20 @@ from agentcas.lineage.checkpoints import default_author, runtime_description  # 
 from agentcas.refs import revisions
 
 if TYPE_CHECKING:
+    from agentcas.api import Progress
     from agentcas.repository import Store
 
 
 class Checkpoints:
     """The checkpoints of a store (`store.checkpoints`)."""
 
-    def __init__(self, store: Store):
+    def __init__(self, store: Store) -> None:
         self._store = store
         self._backends = store.backends
 
     def commit(self, workspace: str, reason: str, thread: str = "main", rollout_file: str | None = None,
-               expect: str | None = None, allow_secrets=(), author: str | None = None,
-               progress=None) -> CommitResult:
+               expect: str | None = None, allow_secrets: Iterable[str] = (), author: str | None = None,
+               progress: Progress | None = None) -> CommitResult:
         """Snapshot `workspace` (and the new tail of `rollout_file`) as a checkpoint on `thread`."""
         from agentcas.workspace.commit import commit_workspace
         return commit_workspace(self._backends, self._store.path, workspace, reason, thread, rollout_file, expect,
@@ -75,40 +77,28 @@ class Checkpoints:
             return {path: read_file(objects, entry, path) if content else entry
                     for path, entry in list_files(objects, tree) if entry.type == "file"}
 
-    def reachable(self, heads, known=frozenset()) -> list[tuple[Digest, Checkpoint]]:
+    def reachable(self, heads: Iterable[Digest | None],
+                  known: Container[bytes] = frozenset()) -> list[tuple[Digest, Checkpoint]]:
         """Checkpoints reachable from `heads` along all parents, stopping at `known` raw ids
         (only read, never copied); each once, verified."""
-        out, seen = [], set()
+        from agentcas.lineage.checkpoints import reachable
         with self._backends.source.reading() as objects:
-            stack = [h for h in heads if h is not None and h.raw not in known]
-            while stack:
-                digest = stack.pop()
-                if digest.raw in seen:
-                    continue
-                seen.add(digest.raw)
-                cp = revisions.load_checkpoint(objects, digest)
-                out.append((digest, cp))
-                stack.extend(p for p in reversed(cp.parents) if p.raw not in seen and p.raw not in known)
-        return out
+            return reachable(objects, heads, known)
 
     def diff(self, rev1: str, rev2: str) -> DiffResult:
         """Files added, removed and changed, and how the two histories compare."""
-        from agentcas.workspace.restore import list_files  # lazy: restore pulls in shutil and threads
+        from agentcas.workspace.restore import compare_trees  # lazy: restore pulls in shutil and threads
         d1, c1 = self.get(rev1)
         d2, c2 = self.get(rev2)
         with self._backends.source.reading() as objects:
-            files1 = {p: e for p, e in list_files(objects, c1.tree) if e.type == "file"}
-            files2 = {p: e for p, e in list_files(objects, c2.tree) if e.type == "file"}
+            added, removed, changed = compare_trees(objects, c1.tree, c2.tree)
             common = rollout.common_prefix(self._store.history.history(objects), c1.history, c2.history)
-        added = [FileSize(p, files2[p].size) for p in sorted(files2.keys() - files1.keys())]
-        removed = [FileSize(p, files1[p].size) for p in sorted(files1.keys() - files2.keys())]
-        changed = [FileResize(p, files1[p].size, files2[p].size) for p in sorted(files1.keys() & files2.keys())
-                   if (files1[p].id, files1[p].mode) != (files2[p].id, files2[p].mode)]
         records = RecordsDiff(c1.history.seq, c2.history.seq, common, c2.history.seq - common,
                               [common, c2.history.seq], c1.history.seq - common)
-        return DiffResult(d1.hex(), d2.hex(), added, removed, changed, records)
+        return DiffResult(d1.hex(), d2.hex(), [FileSize(*f) for f in added], [FileSize(*f) for f in removed],
+                          [FileResize(*f) for f in changed], records)
 
-    def checkout(self, rev: str, dest: str, progress=None) -> CheckoutResult:
+    def checkout(self, rev: str, dest: str, progress: Progress | None = None) -> CheckoutResult:
         """Restore checkpoint `rev` into `dest`, which must not exist."""
         from agentcas.lineage.tail import rollout_file_pieces
         from agentcas.workspace.restore import restore_tree  # lazy: only checkout writes files

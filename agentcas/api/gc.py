@@ -13,6 +13,7 @@ from agentcas.api.results import FsckReport, GcExplanation, GcReport, GcResult
 from agentcas.gc_defaults import BATCH_DELETES, DEFAULT_EXPIRE_REFLOG, DEFAULT_GRACE, DEFAULT_WAIT
 
 if TYPE_CHECKING:
+    from agentcas.api import Progress
     from agentcas.gc.plan import GcPlan
     from agentcas.repository import Store
 
@@ -29,14 +30,15 @@ class Gc:
         from agentcas.gc.plan import plan_gc
         return plan_gc(self._backends, now, grace, expire_reflog)
 
-    def execute(self, plan: GcPlan, wait: float = DEFAULT_WAIT, progress=None,
+    def execute(self, plan: GcPlan, wait: float = DEFAULT_WAIT, progress: Progress | None = None,
                 batch: int = BATCH_DELETES) -> GcResult:
         """Carry out a GcPlan (gc/sweep.py): expire reflog entries, delete garbage, settle."""
         from agentcas.gc.sweep import execute
         return GcResult.from_doc(execute(self._backends, plan, wait=wait, batch=batch, progress=progress))
 
     def run(self, grace: int = DEFAULT_GRACE, expire_reflog: int = DEFAULT_EXPIRE_REFLOG,
-            dry_run: bool = False, report: bool = False, wait: float = DEFAULT_WAIT, progress=None,
+            dry_run: bool = False, report: bool = False, wait: float = DEFAULT_WAIT,
+            progress: Progress | None = None,
             now: float | None = None, batch: int = BATCH_DELETES) -> GcReport:
         """Plan and (unless dry_run) execute a gc; with `report`, the lineage report too."""
         from agentcas.gc.report import build_report
@@ -55,7 +57,7 @@ class Gc:
         from agentcas.gc.explain import explain
         return GcExplanation(explain(self._backends, object_id, grace=grace, expire_reflog=expire_reflog))
 
-    def fsck(self, progress=None) -> FsckReport:
+    def fsck(self, progress: Progress | None = None) -> FsckReport:
         """Verify every object, row, position and closure."""
         from agentcas.gc.fsck import fsck
         return FsckReport(**fsck(self._backends, progress))

@@ -7,44 +7,23 @@ Appends are lineage/appends.py's ref moves; reads walk lineage/rollout.py's segm
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agentcas.cas import framing
-from agentcas.cas.leases import Lease
 from agentcas.cas.objects import HistoryPosition
-from agentcas.cas.writer import BatchWriter
 from agentcas.errors import NotFound, UsageError
 from agentcas.lineage import rollout
 from agentcas.lineage.appends import AppendResult, append_records
+from agentcas.lineage.marks import SessionAppend  # noqa: F401 - part of the API (`ingest`'s argument)
 from agentcas.refs import revisions
-from agentcas.refs.names import check_thread_name
-from agentcas.refs.threads import ForkOrigin
 
 if TYPE_CHECKING:
+    from agentcas.cas.source import ObjectSource
     from agentcas.lineage.marks import IngestedThread
     from agentcas.repository import Store
 
 # Harness logs: level 3 (small tables), 4x faster than the rollout level 7, ~3% larger.
 INGEST_ZSTD_LEVEL = framing.INGEST_ZSTD
-
-
-@dataclass(frozen=True)
-class SessionAppend:
-    """One thread's part of `store.history.ingest`: new complete lines and where to checkpoint."""
-
-    thread: str
-    data: bytes
-    marks: tuple[tuple[int, str], ...] = ()
-    based_on: HistoryPosition | None = None
-    forked_from: ForkOrigin | None = None
-    # `data` prepared ahead (rollout.pack_raw_lines at INGEST_ZSTD_LEVEL, chained from
-    # `based_on`'s digest at these marks), e.g. in an ingest worker; `data` may then be empty.
-    packed: rollout.PackedLines | None = None
-    # Lines of `data` that copy another history's records (a Codex fork's copy of its
-    # parent): those that are copies are stored as copies (rollout.prepare_with_copies),
-    # `packed` is then not used.
-    copies: rollout.CopyClaim | None = None
 
 
 class Histories:
@@ -55,7 +34,7 @@ class Histories:
         self._backends = store.backends
         self.segments = rollout.SegmentCache()  # decoded segments, kept across reads
 
-    def history(self, objects=None) -> rollout.History:
+    def history(self, objects: ObjectSource | None = None) -> rollout.History:
         """A reader of histories over this store's objects (or `objects`, a pinned reader)."""
         return rollout.History(objects or self._backends.source, self.segments)
 
@@ -92,7 +71,8 @@ class Histories:
         """The verified bytes of records start <= seq < stop of the history ending at `position`."""
         return b"".join(self._read(position, start, stop))
 
-    def _read(self, head: HistoryPosition, start: int, stop: int | None, whole_records: bool = True):
+    def _read(self, head: HistoryPosition, start: int, stop: int | None,
+              whole_records: bool = True) -> Iterator[bytes]:
         # buffers=True: chunk values are views into the map (LMDB), decompressed from there by
         # the workers, instead of a copy of every compressed chunk made in this thread first.
         with self._backends.source.reading(buffers=True) as objects:
@@ -107,21 +87,5 @@ class Histories:
         together or not at all, in one metadata transaction (lineage/marks.py); a thread
         no longer at `based_on` (None: must not exist) raises ConflictError and nothing lands.
         """
-        from agentcas.cas.store_format import utc_now
-        from agentcas.lineage.checkpoints import default_author, runtime_description
-        from agentcas.lineage.marks import append_many_with_marks, prepare_raw
-        for item in appends:   # reasons are checked by Checkpoint itself, in the plan
-            check_thread_name(item.thread)
-        who, created_at, runtime = author or default_author(), utc_now(), runtime_description()
-        with Lease(self._backends.meta, "ingest") as lease:
-            writer = BatchWriter(self._backends.source, lease=lease)
-            prepared = prepare_raw([b"" if item.copies is not None else item.data if item.packed is None
-                                    else item.packed for item in appends], writer, INGEST_ZSTD_LEVEL)
-            for number, item in enumerate(appends):
-                if item.copies is not None:
-                    prepared[number] = rollout.prepare_with_copies(self.history(), item.data, item.copies,
-                                                                   writer.add, INGEST_ZSTD_LEVEL)
-            writer.flush()
-            return append_many_with_marks(
-                self._backends, lease, [(item.thread, segments, item.marks, item.based_on, item.forked_from)
-                                      for item, segments in zip(appends, prepared)], who, created_at, runtime)
+        from agentcas.lineage.marks import ingest_sessions
+        return ingest_sessions(self._backends, self.history(), appends, author)

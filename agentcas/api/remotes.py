@@ -7,6 +7,7 @@ group opens the other store (refusing this store itself) and shapes the results.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from agentcas.api.results import BundleCheck, BundleExport, BundleImport, RemoteAdded, RemoteRemoved, TransferResult
@@ -16,7 +17,12 @@ from agentcas.errors import ConflictError, UsageError
 from agentcas.refs.names import check_thread_name
 
 if TYPE_CHECKING:
+    from agentcas.api import Progress
+    from agentcas.cas.digest import Digest
+    from agentcas.exchange import transfer
     from agentcas.exchange.remote import Remote
+    from agentcas.exchange.transfer import LocalStoreEndpoint
+    from agentcas.refs.threads import ThreadState
     from agentcas.repository import Store
 
 
@@ -37,26 +43,17 @@ class Remotes:
         add`); a directory holding anything else must be a store.
         """
         from agentcas.exchange import remote as remote_table
-        from agentcas.repository import Store
         remote_table.check_remote_name(name)
         url = remote_table.normalise_url(url)
         refs = remote_table.check_refs_dsn(refs, url)
         remote = remote_table.Remote(name, url, refs)
-        made, existed = False, True
-        if not remote.shared and _absent_or_empty(remote.path):
-            with self._backends.meta.reader() as txn:
+        if not remote.shared and remote_table.absent_or_empty(remote.path):
+            with self._backends.meta.reader() as txn:  # refused before a store is made for it
                 if any(r.name == name for r in remote_table.list_remotes(txn)):
                     raise ConflictError(f"remote {name!r} already exists (remove it first)")
-            existed = os.path.isdir(remote.path)
-            Store.init(remote.path)
-            made = True
-        try:
+        with remote_table.store_made_for(remote) as made:  # whole or nothing: it goes if the add fails
             self._open(remote)  # refused unless it opens as a store (not this one)
             added = self._backends.meta.write(lambda txn: remote_table.add_remote(txn, name, url, refs))
-        except BaseException:
-            if made:  # whole or nothing: the store made for it goes too
-                _remove_new_store(remote.path, existed)
-            raise
         return RemoteAdded(added, made)
 
     def list(self) -> list[Remote]:
@@ -85,7 +82,7 @@ class Remotes:
         except StoreUnavailable as exc:
             raise StoreUnavailable(f"remote {remote.name!r}: {exc}") from None
 
-    def _endpoints(self, name: str):
+    def _endpoints(self, name: str) -> tuple[Remote, LocalStoreEndpoint, LocalStoreEndpoint]:
         """(remote, local endpoint, remote endpoint) for a push or pull."""
         from agentcas.exchange import remote as remote_table
         from agentcas.exchange.transfer import LocalStoreEndpoint
@@ -97,8 +94,8 @@ class Remotes:
         return remote, here, LocalStoreEndpoint(other.backends, remote.url)
 
     # -- push and pull ---------------------------------------------------------------------------
-    def push(self, remote: str, thread: str, force: bool = False, progress=None,
-             allow_rollout_secrets: bool = False, allow_secrets=()) -> TransferResult:
+    def push(self, remote: str, thread: str, force: bool = False, progress: Progress | None = None,
+             allow_rollout_secrets: bool = False, allow_secrets: Iterable[str] = ()) -> TransferResult:
         """Send THREAD to the remote: missing objects, then its ref by compare-and-swap.
 
         The rollout segments the remote lacks are scanned for secrets first (refused
@@ -109,7 +106,7 @@ class Remotes:
         check_thread_name(thread)
         info, here, there = self._endpoints(remote)
 
-        def check_outgoing(objects):
+        def check_outgoing(objects: list[tuple[Digest, int]]) -> None:
             with self._backends.source.reading() as source:
                 refuse_rollout_secrets(source, [d for d, kind in objects if kind == framing.KIND_SEGMENT], thread,
                                        "push", "nothing was sent", allow_rollout_secrets,
@@ -120,7 +117,8 @@ class Remotes:
                           check_outgoing)
         return _transfer_result("push", info, result)
 
-    def pull(self, remote: str, thread: str, force: bool = False, progress=None) -> TransferResult:
+    def pull(self, remote: str, thread: str, force: bool = False,
+             progress: Progress | None = None) -> TransferResult:
         """Fetch THREAD from the remote into this store (creating the thread if absent)."""
         from agentcas.exchange.transfer import transfer
         check_thread_name(thread)
@@ -130,8 +128,9 @@ class Remotes:
         return _transfer_result("pull", info, result)
 
     # -- bundles ---------------------------------------------------------------------------------
-    def export_bundle(self, rev: str, out_path: str, key_file: str | None = None, allow_secrets=(),
-                      progress=None, allow_rollout_secrets: bool = False) -> BundleExport:
+    def export_bundle(self, rev: str, out_path: str, key_file: str | None = None,
+                      allow_secrets: Iterable[str] = (), progress: Progress | None = None,
+                      allow_rollout_secrets: bool = False) -> BundleExport:
         """Write checkpoint `rev` (ancestry, files, history) as one bundle file, optionally signed."""
         from agentcas.exchange import bundle
         from agentcas.signing import keys
@@ -140,38 +139,24 @@ class Remotes:
         return BundleExport(**bundle.export_bundle(self._backends, digest, thread, out_path, key, allow_secrets,
                                                    progress, allow_rollout_secrets=allow_rollout_secrets))
 
-    def verify_bundle(self, path: str, progress=None) -> BundleCheck:
+    def verify_bundle(self, path: str, progress: Progress | None = None) -> BundleCheck:
         """Verify a bundle completely: every hash, the closure, the length, the signatures."""
         from agentcas.exchange import bundle
         return BundleCheck(bundle.verify_bundle(self._backends, path, progress))
 
     def import_bundle(self, path: str, as_thread: str | None = None, allow_unsigned: bool = False,
-                      allow_rollback: bool = False, progress=None) -> BundleImport:
+                      allow_rollback: bool = False, progress: Progress | None = None) -> BundleImport:
         """Verify a bundle completely, then land it as a new thread or a fast-forward."""
         from agentcas.exchange import bundle
         return BundleImport(bundle.import_bundle(self._backends, path, as_thread, allow_unsigned, allow_rollback,
                                                  progress))
 
 
-def _transfer_result(direction: str, remote: Remote, result) -> TransferResult:
+def _transfer_result(direction: str, remote: Remote, result: transfer.TransferResult) -> TransferResult:
     """The report of a push or pull."""
-    def checkpoint(state):
+    def checkpoint(state: ThreadState | None) -> str | None:
         return None if state is None or state.checkpoint is None else state.checkpoint.hex()
     return TransferResult(direction, remote.name, remote.url, result.thread, checkpoint(result.old),
                           checkpoint(result.new), None if result.old is None else result.old.history.seq,
                           result.new.history.seq, result.objects_total, result.up_to_date, result.forced,
                           result.objects, result.bytes)
-
-
-def _absent_or_empty(path: str) -> bool:
-    """Whether `path` does not exist or is an empty directory (a store can be made there)."""
-    return not os.path.lexists(path) or (os.path.isdir(path) and not os.path.islink(path)
-                                         and not os.listdir(path))
-
-
-def _remove_new_store(path: str, existed: bool) -> None:
-    """Undo `Store.init` of an empty store at `path` (its directory too, unless it `existed`)."""
-    for name in os.listdir(path):
-        os.unlink(os.path.join(path, name))
-    if not existed:
-        os.rmdir(path)

@@ -28,7 +28,7 @@ WORLD_NOTE = ("revert moves the thread's pointer only: files written, requests s
               "by the agent are not undone")
 
 
-def _hex(digest) -> str | None:
+def _hex(digest: Digest | None) -> str | None:
     return None if digest is None else digest.hex()
 
 

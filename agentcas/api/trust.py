@@ -6,6 +6,7 @@ the thread a signature binds, and stores or checks the envelopes.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from agentcas.api.results import SignResult, TrustRemoved, VerifyResult
@@ -20,11 +21,11 @@ if TYPE_CHECKING:
 class Trust:
     """Trusted signers and checkpoint signatures (`store.trust`)."""
 
-    def __init__(self, store: Store):
+    def __init__(self, store: Store) -> None:
         self._store = store
         self._backends = store.backends
 
-    def add(self, name: str, public_key_file: str, namespaces=()) -> TrustEntry:
+    def add(self, name: str, public_key_file: str, namespaces: Iterable[str] = ()) -> TrustEntry:
         """Trust the key in `public_key_file` as signer `name` for `namespaces`."""
         from agentcas.signing import keys, trust
         public = keys.load_public_key(public_key_file)
@@ -49,15 +50,10 @@ class Trust:
 
     def sign(self, rev: str, key_file: str) -> SignResult:
         """Store a signature by the key in `key_file` over checkpoint `rev`."""
-        from agentcas.cas.leases import Lease, land
         from agentcas.signing import envelope, keys
         key = keys.load_signing_key(key_file)
         digest, thread = self.signing_thread(rev)
-        signed = envelope.sign(key, digest, thread)
-        envelope_id, framed = envelope.envelope_object(signed)
-        with Lease(self._backends.meta, f"sign {digest.short()}") as lease:
-            self._backends.source.put_many({envelope_id.raw: framed})
-            land(self._backends.meta, lease, lambda txn: envelope.save_index_row(txn, signed, envelope_id))
+        signed, envelope_id = envelope.store_signature(self._backends, key, digest, thread)
         return SignResult(digest.hex(), thread, envelope_id.hex(), key.public.id, signed.statement.signed_at,
                           signed.statement.namespace)
 
@@ -74,15 +70,9 @@ class Trust:
         from agentcas.signing import envelope, trust
         digest, thread = self.signing_thread(rev)
         with self._backends.meta.reader() as txn:
-            trusted = trust.list_trusted(txn)
-            accepted = {thread}
             imported = read_import(txn, thread) if is_thread_name(thread) else None
-            if imported is not None and imported["checkpoint"] == digest.hex():
-                accepted.add(imported["thread"])
-            verdicts = [envelope.check(e, trusted, digest,
-                                       e.statement.thread if e.statement.thread in accepted else thread)
-                        for _, e in envelope.envelopes_for(txn, self._backends.source, digest)]
-        status, reason = envelope.summarize(verdicts)
+            also = imported["thread"] if imported is not None and imported["checkpoint"] == digest.hex() else None
+            status, reason, verdicts = trust.verify_signatures(txn, self._backends.source, digest, thread, also)
         if status != envelope.VALID:
             raise SignatureRejected(status, f"checkpoint {digest.short()}: signature {status}: {reason}")
         return VerifyResult(digest.hex(), thread, status, reason, True, [v.to_json() for v in verdicts])

@@ -98,12 +98,14 @@ class StoreAddress:
     """Which backend a store location names: `parse_store_url`'s answer.
 
     `kind` is "memory", "lmdb" (a directory: `path`, absolute) or "s3" (a shared store
-    at `url`, whose bucket and prefix the S3 blob store checks when it opens).
+    at `url`, as given: `bucket` and `prefix`, the prefix without slashes at its ends).
     """
 
     kind: str
     url: str
     path: str | None = None
+    bucket: str | None = None
+    prefix: str = ""
 
     @property
     def shared(self) -> bool:
@@ -113,15 +115,45 @@ class StoreAddress:
     def memory(self) -> bool:
         return self.kind == "memory"
 
+    @property
+    def canonical(self) -> str:
+        """The location in one spelling: `s3://BUCKET/PREFIX` (no slashes at the prefix's
+        ends), the absolute directory, or memory://."""
+        if self.bucket is not None:
+            return f"{SHARED_SCHEME}{self.bucket}/{self.prefix}" if self.prefix else f"{SHARED_SCHEME}{self.bucket}"
+        return self.path or self.url
+
+
+_BUCKET_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_")
+
+
+def valid_bucket(bucket: str) -> bool:
+    """Whether boto3 would take `bucket` as a bucket name."""
+    return 0 < len(bucket) <= 255 and set(bucket) <= _BUCKET_CHARACTERS
+
 
 def parse_store_url(location: str) -> StoreAddress:
     """The one parser from a store location to its backend (as tvix's `from_addr`):
-    memory://, s3://BUCKET/PREFIX, lmdb://DIR, or a plain directory path."""
+    memory://, s3://BUCKET/PREFIX, lmdb://DIR, or a plain directory path.
+
+    An s3:// bucket is checked as boto3 would check it (letters, digits, '.', '-', '_'; at
+    most 255), so a malformed one is a usage error here instead of a client exception
+    later; a URL with user information (`s3://KEY:SECRET@bucket`) is refused without
+    repeating it."""
     location = str(location)
     if location.startswith(MEMORY_SCHEME):
         return StoreAddress("memory", MEMORY_SCHEME)
     if location.startswith(SHARED_SCHEME):
-        return StoreAddress("s3", location)
+        bucket, _, prefix = location[len(SHARED_SCHEME):].partition("/")
+        if not bucket:
+            raise UsageError(f"an S3 store URL names a bucket: s3://BUCKET/PREFIX, not {location}")
+        if "@" in bucket:
+            raise UsageError("an S3 store URL holds no credentials: s3://BUCKET/PREFIX (credentials come from "
+                             "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, the endpoint from AWS_ENDPOINT_URL)")
+        if not valid_bucket(bucket):
+            raise UsageError(f"not a valid S3 bucket name: {bucket[:64]!r} (s3://BUCKET/PREFIX; a bucket name "
+                             "has letters, digits, '.', '-' and '_' only)")
+        return StoreAddress("s3", location, None, bucket, prefix.strip("/"))
     if location.startswith(LMDB_SCHEME):
         location = location[len(LMDB_SCHEME):]
     path = os.path.abspath(location)
@@ -133,13 +165,19 @@ def is_shared_url(url: str | None) -> bool:
     return bool(url) and str(url).startswith(SHARED_SCHEME)
 
 
-def shared_backends(store_url: str, refs_url: str | None, create: bool = False) -> Backends:
-    """Objects in S3 (through a local cache), metadata in PostgreSQL."""
+def check_refs_url(refs_url: str | None) -> str:
+    """A shared store's refs database URL: given, and postgresql://."""
     if not refs_url:
         raise UsageError("a shared store needs its refs database too: --refs postgresql://... "
                          "(or $AGENTCAS_REFS)")
     if not refs_url.startswith(("postgresql://", "postgres://")):
         raise UsageError(f"--refs must be a postgresql:// URL, not {refs_url.split(':', 1)[0]}:")
+    return refs_url
+
+
+def shared_backends(store_url: str, refs_url: str | None, create: bool = False) -> Backends:
+    """Objects in S3 (through a local cache), metadata in PostgreSQL."""
+    refs_url = check_refs_url(refs_url)
     import hashlib
 
     from agentcas.cas import settings

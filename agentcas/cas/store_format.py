@@ -21,7 +21,7 @@ from agentcas.cas import encoding, packs
 from agentcas.cas.backends import STORE_KEY, Backends, check_binding
 from agentcas.cas.leases import sweep_active
 from agentcas.cas.lmdb_store import StoreUnavailable
-from agentcas.cas.metastore.base import MetaTxn, Read
+from agentcas.cas.metastore.base import MetadataStore, MetaTxn, Read
 from agentcas.cas.sealed import seal, unseal
 from agentcas.errors import IntegrityError
 
@@ -97,3 +97,64 @@ def _upgrade_format(backends: Backends, doc: dict, target: int) -> None:
             txn.put("meta", FORMAT_KEY, seal("meta", FORMAT_KEY, upgraded))
 
     backends.meta.write(mark)
+
+
+def init_embedded(path: str) -> Backends | None:
+    """A new embedded store in directory `path` (made if absent, else it must be empty), its
+    format record written; None if a store is there already. Whole or nothing: a store that
+    could not be made leaves no files behind (nor the directory, unless it existed)."""
+    import os
+
+    from agentcas.cas.backends import embedded_backends
+    from agentcas.cas.lmdb_store import open_lmdb
+    from agentcas.cas.system_errors import from_os_error
+    from agentcas.errors import ConflictError
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise StoreUnavailable(f"store path is a file, not a directory: {path}")
+    if os.path.isfile(os.path.join(path, "data.mdb")):
+        return None
+    if os.path.isdir(path) and os.listdir(path):
+        raise ConflictError(f"directory exists and is not empty: {path}")
+    existed = os.path.isdir(path)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise from_os_error(exc, f"creating a store in {path}", "nothing was created") from None
+    env = None
+    try:
+        env = open_lmdb(path, create=True)
+        backends = embedded_backends(env, path)
+        write_format(backends)
+    except BaseException:
+        if env is not None:
+            env.close()
+        for name in ("data.mdb", "lock.mdb"):
+            try:
+                os.unlink(os.path.join(path, name))
+            except OSError:
+                pass
+        if not existed:
+            try:
+                os.rmdir(path)
+            except OSError:
+                pass
+        raise
+    return backends
+
+
+TOKEN_KEY_PREFIX = b"token-key/"  # meta rows: a store's keys for the tokens it hands out
+
+
+def token_key(meta: MetadataStore, purpose: str) -> bytes:
+    """A random 32-byte key kept in the store's metadata for `purpose`, made on first use
+    (the first writer's key wins); `Store.token_key`."""
+    import secrets
+    key = TOKEN_KEY_PREFIX + purpose.encode("utf-8")
+    with meta.reader() as txn:
+        value = txn.get("meta", key)
+    if value is None:
+        fresh = seal("meta", key, secrets.token_bytes(32))
+        meta.write(lambda txn: txn.put_new("meta", key, fresh))
+        with meta.reader() as txn:
+            value = txn.get("meta", key)
+    return unseal("meta", key, value)

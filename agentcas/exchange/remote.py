@@ -12,10 +12,12 @@ from __future__ import annotations
 import os
 import re
 import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from agentcas.cas import encoding
-from agentcas.cas.backends import is_shared_url
+from agentcas.cas.backends import check_refs_url, is_shared_url, parse_store_url
 from agentcas.cas.metastore.base import MetaTxn
 from agentcas.cas.sealed import seal, unseal
 from agentcas.errors import ConflictError, IntegrityError, NotFound, UsageError
@@ -93,35 +95,69 @@ def normalise_url(url: str, cwd: str | None = None) -> str:
 
 
 def normalise_s3_url(url: str) -> str:
-    """`s3://BUCKET/PREFIX` with no credentials, query or fragment, and a bucket name that
-    `--store` accepts too (the S3 blob store's own check: a remote is a store's URL)."""
-    from agentcas.cas.blobstore.s3 import valid_bucket
+    """`s3://BUCKET/PREFIX` as `--store` reads it (cas/backends.py parse_store_url: a remote
+    is a store's URL), with no query or fragment."""
     parts = urllib.parse.urlsplit(url)
-    if "@" in parts.netloc or parts.query or parts.fragment or not valid_bucket(parts.netloc):
+    try:
+        address = parse_store_url(url)
+    except UsageError:
+        address = None
+    if address is None or parts.query or parts.fragment:
         # A URL with user information is not repeated: its password would be printed.
         shown = "" if "@" in parts.netloc else f" {url!r}"
         raise BadRemote(f"invalid s3:// URL{shown}: use s3://BUCKET/PREFIX (credentials come from the "
                         "AWS environment, never from the URL)")
-    prefix = parts.path.strip("/")
-    return f"s3://{parts.netloc}/{prefix}" if prefix else f"s3://{parts.netloc}"
+    return address.canonical
 
 
 def check_refs_dsn(dsn: str | None, url: str) -> str | None:
-    """A shared remote's refs database URL, without a password (libpq's PGPASSWORD or
-    ~/.pgpass supply it), so no credential is ever written into the store."""
+    """A shared remote's refs database URL (cas/backends.py check_refs_url), without a
+    password (libpq's PGPASSWORD or ~/.pgpass supply it), so no credential is ever written
+    into the store."""
     if not is_shared_url(url):
         if dsn:
             raise BadRemote("--refs is only for an s3:// remote")
         return None
     if not dsn:
         raise BadRemote("an s3:// remote needs its refs database: --refs postgresql://USER@HOST:PORT/DB")
+    try:
+        check_refs_url(dsn)
+    except UsageError as exc:
+        raise BadRemote(str(exc)) from None
     parts = urllib.parse.urlsplit(dsn)
-    if parts.scheme not in ("postgresql", "postgres"):
-        raise BadRemote(f"--refs must be a postgresql:// URL, not {parts.scheme or dsn!r}")
     if parts.password is not None or "password" in parts.query.lower():
         raise BadRemote("--refs must not hold a password (use PGPASSWORD or ~/.pgpass): it would be "
                         "stored in this store's remotes table")
     return dsn
+
+
+@contextmanager
+def store_made_for(remote: Remote) -> Iterator[bool]:
+    """For a remote at a path that does not exist or is an empty directory: an empty store
+    made there (like `git init --bare` before `git remote add`); yields whether one was made.
+    If the block raises, the store made goes again (its directory too, unless it existed)."""
+    if remote.shared or not absent_or_empty(remote.path):
+        yield False
+        return
+    from agentcas.cas.store_format import init_embedded
+    existed = os.path.isdir(remote.path)
+    backends = init_embedded(remote.path)
+    assert backends is not None  # the path held no store
+    backends.close()
+    try:
+        yield True
+    except BaseException:
+        for name in os.listdir(remote.path):
+            os.unlink(os.path.join(remote.path, name))
+        if not existed:
+            os.rmdir(remote.path)
+        raise
+
+
+def absent_or_empty(path: str) -> bool:
+    """Whether `path` does not exist or is an empty directory (a store can be made there)."""
+    return not os.path.lexists(path) or (os.path.isdir(path) and not os.path.islink(path)
+                                         and not os.listdir(path))
 
 
 def url_path(url: str) -> str:

@@ -39,7 +39,7 @@ from agentcas.harnesses import discovery, session_files
 from agentcas.harnesses.records import CLAUDE, CODEX, preview
 
 if TYPE_CHECKING:
-    from agentcas.harnesses.session_checkpoint import SessionCheckpoint
+    from agentcas.lineage.checkpoints import SessionCheckpoint
 
 MAX_EVENT_BYTES = 64 * 1024 * 1024
 CLAUDE_CHECKPOINT_EVENTS = frozenset({"PostToolUse", "UserPromptSubmit", "Stop"})
@@ -194,19 +194,25 @@ def hook_store_path(flag: str | None, workspace: str | None, env=os.environ) -> 
 
 
 def open_hook_store(path: str, refs: str | None = None):
+    from agentcas.cas.backends import parse_store_url
     from agentcas.repository import Store
-    if path.startswith(("s3://", "memory://", "lmdb://")) or os.path.isfile(os.path.join(path, "data.mdb")):
+    directory = parse_store_url(path).path   # None: memory:// or s3://, never made here
+    if directory is None or os.path.isfile(os.path.join(directory, "data.mdb")):
         return Store.open(path, refs=refs)
-    if os.path.exists(path) and os.listdir(path):
+    if os.path.exists(directory) and os.listdir(directory):
         return Store.open(path, refs=refs)   # refused clearly there: not a store
     return Store.init(path)[0]
 
 
 def log_path_for(store_path: str | None, env=os.environ) -> str:
-    if store_path and not store_path.startswith(("s3://", "memory://")):
-        directory = store_path[len("lmdb://"):] if store_path.startswith("lmdb://") else store_path
-        if os.path.isfile(os.path.join(directory, "data.mdb")):
-            return os.path.join(directory, LOG_NAME)
+    from agentcas.cas.backends import parse_store_url
+    from agentcas.errors import UsageError
+    try:
+        directory = parse_store_url(store_path).path if store_path else None   # None: not a directory
+    except UsageError:
+        directory = None   # a malformed s3:// URL: its error is logged with the user's
+    if directory is not None and os.path.isfile(os.path.join(directory, "data.mdb")):
+        return os.path.join(directory, LOG_NAME)
     return user_log_path(env)
 
 
@@ -315,7 +321,7 @@ class SessionLines:
         (as `ingest` stores them)."""
         from agentcas.errors import UsageError
         from agentcas.harnesses.ingest import codex_fork_copy
-        from agentcas.harnesses.session_checkpoint import ForkLines
+        from agentcas.lineage.marks import ForkLines
         from agentcas.refs.names import check_thread_name
         from agentcas.refs.threads import ForkOrigin
         try:

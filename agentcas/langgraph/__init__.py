@@ -116,8 +116,7 @@ class AgentcasSaver(AsyncSaverMethods, SaverRewrites, SaverWrites):
             # one segment), unless they stop the graph: those are sealed by put_writes.
             inline = early if not any(stops_the_graph(w) for w, _, _ in early) else []
             try:
-                self._land(f"put {checkpoint['id']}", lambda: self._put_once(
-                    name, thread_id, ns, parent_id, checkpoint, metadata, new_versions, inline))
+                self._put_once(name, thread_id, ns, parent_id, checkpoint, metadata, new_versions, inline)
             except BaseException:
                 if early:
                     self._early[(name, checkpoint["id"])] = early
@@ -142,8 +141,7 @@ class AgentcasSaver(AsyncSaverMethods, SaverRewrites, SaverWrites):
                 while len(self._early) > MAX_EARLY:  # a put that never came: drop the oldest
                     del self._early[next(iter(self._early))]
                 return
-            self._land(f"put_writes {checkpoint_id}",
-                       lambda: self._put_writes_once(name, checkpoint_id, writes, task_id, task_path))
+            self._put_writes_once(name, checkpoint_id, writes, task_id, task_path)
 
     # -- whole threads --------------------------------------------------------------------------
     def delete_thread(self, thread_id: str) -> None:

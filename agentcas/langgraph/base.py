@@ -13,9 +13,10 @@ Forks: a put whose parent is not the thread's head saves the head as `<thread>/b
 (forked_from = the parent, so `lineage` shows the split) and moves the thread onto the new
 checkpoint. Every write is a group move (lineage/group_moves.py, via store.threads.group_writer):
 objects stored first, then one metadata transaction that compare-and-swaps each ref it
-moves; a writer that lost the race reloads its index and retries (`_land`), so two children
-of one parent become two branches, both kept. Writing is writes.py, rewriting a thread
-(prune, delete_for_runs) prune.py.
+moves; a put that finds the thread moved since its index read it is a lost race, which the
+move engine re-plans, the put's content prepared again from the index (writes.py), so two
+children of one parent become two branches, both kept.
+Writing is writes.py, rewriting a thread (prune, delete_for_runs) prune.py.
 
 Reading: per agentcas thread an in-memory index (index.py: LangGraph id -> agentcas
 checkpoint) refreshed incrementally when a head moves. Values are LangGraph's own serde
@@ -38,7 +39,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple, writ
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from agentcas.cas.objects import HistoryPosition, Tree, TreeEntry
-from agentcas.errors import ConflictError, IntegrityError
+from agentcas.errors import IntegrityError
 from agentcas.langgraph.index import CheckpointIndex, Line, Node
 from agentcas.langgraph.names import (
     BRANCHES,
@@ -66,8 +67,6 @@ if TYPE_CHECKING:
     from agentcas.repository import Store
 
 EMPTY_TREE = Tree.of([]).digest()  # a checkpoint with no value stored as a file
-MAX_RETRIES = 64
-_T = TypeVar("_T")
 _S = TypeVar("_S", bound="BaseAgentcasSaver")
 
 # (record document, values files, values entries) of a checkpoint, as `_record` reads it.
@@ -77,10 +76,6 @@ RecordRead = tuple[dict, dict[str, bytes], dict[str, TreeEntry]]
 def checkpoint_config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
     """The config naming one checkpoint, as LangGraph hands it back."""
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
-
-
-class Retry(Exception):
-    """The thread moved between reading and landing: reload and try again."""
 
 
 class Opened:
@@ -148,16 +143,6 @@ class BaseAgentcasSaver(BaseCheckpointSaver[int]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # -- landing a group move -------------------------------------------------------------------
-    def _land(self, what: str, build: Callable[[], _T]) -> _T:
-        """Run `build()` (one group move) again until its plan holds (no Retry)."""
-        for _ in range(MAX_RETRIES):
-            try:
-                return build()
-            except Retry:
-                continue
-        raise ConflictError(f"{what}: the thread kept moving under {MAX_RETRIES} attempts; nothing was written")
 
     # -- reading a checkpoint -------------------------------------------------------------------
     def _record(self, line: Line, node: Node, entries: bool = False, records: LineRecords | None = None,

@@ -5,8 +5,9 @@ The dropped checkpoints leave every ref and reflog (their records stay in the hi
 kept ones share), so gc reclaims what no other thread (a copy, a fork) still shares. A
 rewrite walks the line's commits parents first, maps each dropped commit to its nearest kept
 ancestor and re-commits each kept one whose parent changed; then every ref moves to its
-nearest kept checkpoint (or goes), all in one group move that checks each ref still holds
-what the plan read (else Retry).
+nearest kept checkpoint (or goes), all in one group move whose plan checks each ref still holds
+what the line read showed (else the move engine's LostRace: lineage/moves.py re-plans it,
+and a ref that stays moved ends in its ConflictError).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from agentcas.cas.digest import Digest
-from agentcas.langgraph.base import BaseAgentcasSaver, Retry
+from agentcas.langgraph.base import BaseAgentcasSaver
 from agentcas.langgraph.index import Line, Node
+from agentcas.lineage.moves import LostRace
 from agentcas.refs.threads import ThreadState
 
 
@@ -77,7 +79,7 @@ class SaverRewrites(BaseAgentcasSaver):
             expected = dict(observed)
             for ref, state in expected.items():
                 if view.thread(ref) != state:
-                    raise Retry()
+                    raise LostRace(ref)
             mapped: dict[bytes, Digest | None] = {}  # old id -> its nearest kept (new) checkpoint
             for raw in order:
                 parents = line.parents.get(raw, ())
@@ -114,9 +116,6 @@ class SaverRewrites(BaseAgentcasSaver):
                                                        expected[name].forked_from), "langgraph-rewrite",
                                 "langgraph rewrite: kept checkpoints re-committed onto kept parents")
 
-        self._land(f"rewrite {name}", lambda: self._rewrite_once(name, final))
-        self._index.forget(name)
-
-    def _rewrite_once(self, name: str, final: Any) -> None:
         with self.store.threads.group_writer(f"langgraph rewrite {name}") as writer:
             writer.land(final)
+        self._index.forget(name)

@@ -7,7 +7,9 @@ the checkpoint's `cp` record (records.py). A value whose bytes an earlier record
 history holds (a message is its input's value, then a write, then an item) is stored as a
 reference to them. The records, the tree and the checkpoint land as one group move
 (lineage/group_moves.py) that compare-and-swaps the thread (and, when the put forks, keeps
-the old head as a branch); a lost race raises Retry and the saver plans again.
+the old head as a branch); a thread that moved since the index read it is a lost race
+(LostRace): the move engine re-plans, preparing the put's content again from the index
+(lineage/group_moves.py `prepare_and_land`), since that content is cut against the head read.
 
 put_writes appends a task's writes (deduplicated by (task, idx) as LangGraph's savers do) to
 a line through their checkpoint; writes that stop the graph (an interrupt, an error) are
@@ -17,7 +19,7 @@ sealed into a new version of the checkpoint so that export and sign carry them.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +28,7 @@ from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 
 from agentcas.cas.digest import Digest
 from agentcas.cas.objects import EMPTY_POSITION, HistoryPosition
-from agentcas.langgraph.base import BaseAgentcasSaver, Retry
+from agentcas.langgraph.base import BaseAgentcasSaver
 from agentcas.langgraph.index import Line, Node
 from agentcas.langgraph.names import checkpoint_reason, sealed_reason, value_file
 from agentcas.langgraph.records import (
@@ -41,6 +43,7 @@ from agentcas.langgraph.records import (
     value_bytes,
     value_fields,
 )
+from agentcas.lineage.moves import LostRace
 from agentcas.refs.threads import ForkOrigin, ThreadState
 
 CACHED_CHECKPOINTS = 4
@@ -119,72 +122,79 @@ class SaverWrites(BaseAgentcasSaver):
 
     def _put_once(self, name: str, thread_id: str, ns: str, parent_id: str | None, checkpoint: Checkpoint,
                   metadata: CheckpointMetadata, new_versions: ChannelVersions, early: WriteBatches = ()) -> Digest:
-        """Plan and land one put on the thread as the index now has it (Retry if it moved)."""
-        line = self._index.refresh(name)
-        expected = line.head()
-        parent_raw = line.by_id.get(parent_id) if parent_id else None
-        parent = line.nodes.get(parent_raw) if parent_raw is not None else None
-        parent_channels, parent_lists, parent_entries = self._parent_values(line, parent)
-        # The new history continues the line that holds the parent (the thread, or a branch it
-        # folds back), so the parent's pending writes on that line stay on a line.
-        holder = None
-        if parent is not None:
-            holder = next((ref for ref in sorted(line.refs, key=lambda r: (r != name, r))
-                           if line.refs[ref].checkpoint == parent.digest), None)
-        held = line.refs.get(holder) if holder is not None else None
-        base = held.history if held is not None else parent.history if parent is not None else EMPTY_POSITION
-        recent: list[list[tuple[int, bytes]]] = []
-        own: list[tuple[int, bytes]] = []  # this put's value records
+        """Plan and land one put on the thread as the index has it: if the thread moved since,
+        the move engine runs `prepare` again (GroupWriter.prepare_and_land), which cuts the
+        content from the index anew."""
+        cut: dict[str, Any] = {}  # what the attempt that landed prepared
 
-        def earlier() -> list[tuple[int, bytes]]:  # the history read only when a value may repeat one
-            if not recent:
-                recent.append(self._recent_values(base, parent) if parent is not None else [])
-            return own + recent[0]
-        plan = _ChannelPlan(base.seq, own)
-        self._plan_channels(plan, checkpoint, new_versions, parent_channels, parent_lists, parent_entries, earlier)
-        channels, files, lists, records = plan.channels, plan.files, plan.lists, plan.records
-        # link() appends exactly these records onto `base`, and the move lands only if the
-        # thread is still at `expected`, so the new history's seq is known here.
-        end_seq = base.seq + len(records)
-        for how in channels.values():
-            if "items" in how and how["items"]["from"] is None:
-                how["items"] = {"from": end_seq, "base": how["items"]["base"]}
-        ck_kind, ck_data = self.serde.dumps_typed({k: v for k, v in checkpoint.items() if k != "channel_values"})
-        md_kind, md_data = self.serde.dumps_typed(metadata)
-        doc: dict[str, Any] = {
-            "format": FORMAT, "thread_id": str(thread_id), "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"],
-            "parent_checkpoint_id": parent_id, "channels": channels,
-            "checkpoint": {"t": ck_kind, "v": ck_data}, "metadata": {"t": md_kind, "v": md_data}}
-        filed = {part for part in SERDE_FILES if len(doc[part]["v"]) > RECORD_VALUE_BYTES}
-        for part in filed:
-            files[SERDE_FILES[part]] = doc[part]["v"]
-        records.append(checkpoint_record(doc, filed))
-        step, source = metadata.get("step", "?"), metadata.get("source", "?")
-        reason = checkpoint_reason(step, source, checkpoint["id"])
-        parents = (parent.digest,) if parent is not None else ()
-        items = len(records)
-        records += self._write_records(checkpoint["id"], early, earlier=earlier)
+        def prepare() -> Callable[[Any], Digest]:
+            line = self._index.refresh(name)
+            expected = line.head()
+            parent_raw = line.by_id.get(parent_id) if parent_id else None
+            parent = line.nodes.get(parent_raw) if parent_raw is not None else None
+            parent_channels, parent_lists, parent_entries = self._parent_values(line, parent)
+            # The new history continues the line that holds the parent (the thread, or a branch it
+            # folds back), so the parent's pending writes on that line stay on a line.
+            holder = None
+            if parent is not None:
+                holder = next((ref for ref in sorted(line.refs, key=lambda r: (r != name, r))
+                               if line.refs[ref].checkpoint == parent.digest), None)
+            held = line.refs.get(holder) if holder is not None else None
+            base = held.history if held is not None else parent.history if parent is not None else EMPTY_POSITION
+            recent: list[list[tuple[int, bytes]]] = []
+            own: list[tuple[int, bytes]] = []  # this put's value records
 
-        with self.store.threads.group_writer(f"langgraph put {name}") as writer:
+            def earlier() -> list[tuple[int, bytes]]:  # the history read only when a value may repeat one
+                if not recent:
+                    recent.append(self._recent_values(base, parent) if parent is not None else [])
+                return own + recent[0]
+            plan = _ChannelPlan(base.seq, own)
+            self._plan_channels(plan, checkpoint, new_versions, parent_channels, parent_lists, parent_entries, earlier)
+            channels, files, lists, records = plan.channels, plan.files, plan.lists, plan.records
+            # link() appends exactly these records onto `base`, and the move lands only if the
+            # thread is still at `expected`, so the new history's seq is known here.
+            end_seq = base.seq + len(records)
+            for how in channels.values():
+                if "items" in how and how["items"]["from"] is None:
+                    how["items"] = {"from": end_seq, "base": how["items"]["base"]}
+            ck_kind, ck_data = self.serde.dumps_typed({k: v for k, v in checkpoint.items() if k != "channel_values"})
+            md_kind, md_data = self.serde.dumps_typed(metadata)
+            doc: dict[str, Any] = {
+                "format": FORMAT, "thread_id": str(thread_id), "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"],
+                "parent_checkpoint_id": parent_id, "channels": channels,
+                "checkpoint": {"t": ck_kind, "v": ck_data}, "metadata": {"t": md_kind, "v": md_data}}
+            filed = {part for part in SERDE_FILES if len(doc[part]["v"]) > RECORD_VALUE_BYTES}
+            for part in filed:
+                files[SERDE_FILES[part]] = doc[part]["v"]
+            records.append(checkpoint_record(doc, filed))
+            step, source = metadata.get("step", "?"), metadata.get("source", "?")
+            reason = checkpoint_reason(step, source, checkpoint["id"])
+            parents = (parent.digest,) if parent is not None else ()
+            items = len(records)
+            records += self._write_records(checkpoint["id"], early, earlier=earlier)
+
             prepared = writer.prepare_records(b"".join(records)) if records else []
             tree = writer.store_tree(files)
+            cut.update(base=base, records=records, channels=channels, lists=lists, doc=doc, tree=tree, files=files)
 
             def final(view: Any) -> Digest:
                 state = view.thread(name)
                 if state != expected or (holder not in (None, name) and view.thread(holder) != held):
-                    raise Retry()
+                    raise LostRace(name)
                 # The checkpoint's own position ends its items; the writes that came early follow it.
                 history, (position,) = view.link_marked(base, prepared, (items,))
                 digest = view.commit(name, tree, parents, reason, position, self.author)
                 self._move(view, name, state, parent, ThreadState(
                     digest, history, state.forked_from if state is not None else None), f"step {step}",
                     history == position)
-                landed[:] = [history]
+                cut["history"] = history
                 return digest
+            return final
 
-            landed: list[HistoryPosition] = []
-            digest = writer.land(final)
-            self._remember_tail(base, landed[0], records)
+        with self.store.threads.group_writer(f"langgraph put {name}") as writer:
+            digest = writer.prepare_and_land(prepare)
+        tree, files, channels, lists, doc = cut["tree"], cut["files"], cut["channels"], cut["lists"], cut["doc"]
+        self._remember_tail(cut["base"], cut["history"], cut["records"])
         entries = {k[len(VALUES) + 1:]: v for k, v in self.store.checkpoints.tree_files(tree, content=False).items()
                    if k.startswith(VALUES + "/")} if files else {}
         self._values[digest.raw] = (channels, lists, entries)
@@ -271,38 +281,42 @@ class SaverWrites(BaseAgentcasSaver):
                 if parent_raw is not None and bstate.checkpoint is not None and bstate.checkpoint.raw == parent_raw:
                     view.set_thread(branch, bstate, None, "langgraph-branch", "the thread moved onto this branch")
         if not view.set_thread(name, state, new, "langgraph", reason, history_implied):
-            raise Retry()
+            raise LostRace(name)
 
     def _put_writes_once(self, name: str, checkpoint_id: str, writes: Sequence[tuple[str, Any]], task_id: str,
                          task_path: str) -> None:
-        """Plan and land one task's writes on a line through their checkpoint (Retry if it moved)."""
-        line = self._index.refresh(name)
-        node = line.nodes[line.by_id[checkpoint_id]]
-        ref, expected = line.lines_through(node)[0]
-        recent: list[list[tuple[int, bytes]]] = []
+        """Plan and land one task's writes on a line through their checkpoint, as the index has
+        it: if the line moved since, the move engine runs `prepare` again (as `_put_once`)."""
+        cut: dict[str, Any] = {}  # what the attempt that landed prepared
 
-        def earlier() -> list[tuple[int, bytes]]:
-            if not recent:
-                recent.append(self._recent_values(expected.history, node))
-            return recent[0]
-        records = self._write_records(checkpoint_id, [(writes, task_id, task_path)], self._write_keys(line, node),
-                                      earlier)
-        if not records:
-            return
-        # Writes that stop the graph (an interrupt, an error) are sealed into a new version of the
-        # checkpoint, so that export/sign (which carry a checkpoint's own history) carry them;
-        # other writes ride on the ref until the next put's checkpoint covers them.
-        on_head = expected.checkpoint == node.digest
-        seal = on_head and (stops_the_graph(writes) or node is not line.first_version(node))
-        with self.store.threads.group_writer(f"langgraph writes {name}") as writer:
+        def prepare() -> Callable[[Any], Digest | None]:
+            line = self._index.refresh(name)
+            node = line.nodes[line.by_id[checkpoint_id]]
+            ref, expected = line.lines_through(node)[0]
+            recent: list[list[tuple[int, bytes]]] = []
+
+            def earlier() -> list[tuple[int, bytes]]:
+                if not recent:
+                    recent.append(self._recent_values(expected.history, node))
+                return recent[0]
+            records = self._write_records(checkpoint_id, [(writes, task_id, task_path)],
+                                          self._write_keys(line, node), earlier)
+            cut.clear()
+            if not records:
+                return lambda view: None  # every write is stored already: nothing lands
+            # Writes that stop the graph (an interrupt, an error) are sealed into a new version of the
+            # checkpoint, so that export/sign (which carry a checkpoint's own history) carry them;
+            # other writes ride on the ref until the next put's checkpoint covers them.
+            on_head = expected.checkpoint == node.digest
+            seal = on_head and (stops_the_graph(writes) or node is not line.first_version(node))
             prepared = writer.prepare_records(b"".join(records))
 
             def final(view: Any) -> Digest | None:
                 state = view.thread(ref)
                 if state != expected:
-                    raise Retry()
+                    raise LostRace(ref)
                 history = view.link(state.history, prepared)
-                landed[:] = [state.history, history]
+                cut.update(base=state.history, history=history, records=records, node=node, seal=seal)
                 message = f"{len(records)} writes"
                 checkpoint = state.checkpoint
                 if seal:
@@ -311,13 +325,17 @@ class SaverWrites(BaseAgentcasSaver):
                     checkpoint = view.commit(cp.thread, cp.tree, (node.digest,), reason, history, self.author)
                 if not view.set_thread(ref, state, ThreadState(checkpoint, history, state.forked_from),
                                        "langgraph-writes", message):
-                    raise Retry()
+                    raise LostRace(ref)
                 return checkpoint
+            return final
 
-            landed: list[HistoryPosition] = []
-            sealed = writer.land(final)
-            self._remember_tail(landed[0], landed[1], records)
-        if seal and sealed is not None:  # the new version reads like the one it seals
+        with self.store.threads.group_writer(f"langgraph writes {name}") as writer:
+            sealed = writer.prepare_and_land(prepare)
+        if not cut:
+            return
+        self._remember_tail(cut["base"], cut["history"], cut["records"])
+        node = cut["node"]
+        if cut["seal"] and sealed is not None:  # the new version reads like the one it seals
             if node.digest.raw in self._values:
                 self._values[sealed.raw] = self._values[node.digest.raw]
             if node.digest.raw in self._docs:

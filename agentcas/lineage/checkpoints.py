@@ -13,6 +13,7 @@ Checkpoints without an index (generation 0) are walked parent by parent.
 from __future__ import annotations
 
 import os
+from collections.abc import Container, Iterable
 from dataclasses import dataclass
 
 from agentcas import __version__
@@ -42,6 +43,31 @@ class CommitResult(Result):
     new_bytes: int
     appended_records: int
     unchanged_files: int = 0  # the cached ones and those read again that equal the previous tree's
+
+@dataclass(frozen=True)
+class SessionCheckpoint:
+    """A harness session's checkpoint that landed (workspace/commit.py `commit_session`):
+    the workspace's tree and the session's new lines, in one move."""
+
+    checkpoint: str
+    tree: str
+    thread: str
+    appended: int                     # session lines appended with it
+    history: HistoryPosition
+    files: int
+    cached_files: int
+    new_bytes: int
+    skipped_secrets: tuple = ()       # "path: why" of files left out as likely credentials
+    refused: str | None = None        # why the session's lines were not appended (the workspace was)
+    workspace: str = ""
+
+    def to_json(self) -> dict:
+        return {"checkpoint": self.checkpoint, "tree": self.tree, "thread": self.thread,
+                "appended": self.appended, "history": self.history.to_doc(), "files": self.files,
+                "cached_files": self.cached_files, "new_bytes": self.new_bytes,
+                "skipped_secrets": list(self.skipped_secrets), "refused": self.refused,
+                "workspace": self.workspace}
+
 
 CHECKPOINT_LINKS = SkipLinks()  # checkpoints: (generation, skip, first parent)
 
@@ -162,3 +188,21 @@ def check_index(objects: ObjectSource, digest: Digest, checkpoint: Checkpoint, c
         raise IntegrityError(f"checkpoint {digest.hex()} has generation {checkpoint.generation} and skip "
                              f"{checkpoint.skip.hex() if checkpoint.skip else None}, but its first parent "
                              f"implies {expected[0]} and {expected[1].hex() if expected[1] else None}")
+
+
+def reachable(objects: ObjectSource, heads: Iterable[Digest | None],
+              known: Container[bytes] = frozenset()) -> list[tuple[Digest, Checkpoint]]:
+    """Checkpoints reachable from `heads` along all parents, stopping at `known` raw ids;
+    each once, verified, a head before its parents."""
+    out: list[tuple[Digest, Checkpoint]] = []
+    seen: set[bytes] = set()
+    stack = [h for h in heads if h is not None and h.raw not in known]
+    while stack:
+        digest = stack.pop()
+        if digest.raw in seen:
+            continue
+        seen.add(digest.raw)
+        cp = load_checkpoint(objects, digest)
+        out.append((digest, cp))
+        stack.extend(p for p in reversed(cp.parents) if p.raw not in seen and p.raw not in known)
+    return out

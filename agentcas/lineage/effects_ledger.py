@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from agentcas import testing_hooks
@@ -123,7 +124,7 @@ class EffectsLedger:
         return EffectAdded(thread, record.id, record.state, record.is_new, appended.first_seq,
                            record.to_record(), appended.history)
 
-    def _guard(self, thread: str, effect_id: str, read_at: HistoryPosition):
+    def _guard(self, thread: str, effect_id: str, read_at: HistoryPosition) -> Callable[[ThreadState | None], None]:
         """The compare of `effect add --id` (see the module doc): ConflictError (exit 3),
         nothing written, if the history moved away or the effect got a state since `read_at`."""
         def guard(state: ThreadState | None) -> None:
@@ -147,7 +148,7 @@ class EffectsLedger:
         return guard
 
     # -- reading ---------------------------------------------------------------------------------
-    def list(self, rev: str, since: str | None = None, states=None, limit: int | None = None,
+    def list(self, rev: str, since: str | None = None, states: Iterable[str] | None = None, limit: int | None = None,
              before: int | None = None, totals: bool = True) -> EffectsPage:
         """The effects in REV's history with their latest states, newest activity first, and totals.
 
@@ -169,7 +170,8 @@ class EffectsLedger:
             since_seq = rollout.common_prefix(self._history(), head, since_head)
         return self.page(head, line_name, is_thread, since_seq, states, limit, before, rev=rev, totals=totals)
 
-    def page(self, head: HistoryPosition, line_name: str, is_thread: bool, since_seq: int, states,
+    def page(self, head: HistoryPosition, line_name: str, is_thread: bool, since_seq: int,
+             states: Iterable[str] | None,
              limit: int | None, before: int | None, rev: str | None = None, totals: bool = True) -> EffectsPage:
         """A page of the effects in the history `head` (index line `line_name`) after `since_seq`."""
         index = self.index()
@@ -231,6 +233,6 @@ class EffectsLedger:
     def _history(self) -> rollout.History:
         return rollout.History(self.backends.source, self.segments)
 
-    def _read(self, head: HistoryPosition, start: int):
+    def _read(self, head: HistoryPosition, start: int) -> Iterator[bytes]:
         with self.backends.source.reading(buffers=True) as objects:
             yield from rollout.History(objects, self.segments).read(head, start, None, True)

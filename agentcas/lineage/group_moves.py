@@ -17,6 +17,10 @@ a branch, a copy of every ref of a thread, a rewrite):
    the plan runs again on a new snapshot, as it does when the plan itself raises
    `LostRace` (it saw a state it cannot build on).
 
+Content cut against what the writer read before the plan (the LangGraph saver's put: its
+records carry their places in the history they continue) lands with `prepare_and_land`:
+each attempt, the first and every one after a lost race, prepares the content again.
+
 On an embedded store the writer starts with a `SweepWatch` instead of a lease (the
 engine then lands objects and refs in one transaction); content large enough to be
 stored early makes it take the lease.
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import contextmanager
+from typing import TypeVar
 
 from agentcas.cas import framing
 from agentcas.cas.backends import Backends
@@ -40,6 +45,8 @@ from agentcas.refs import threads
 from agentcas.refs.names import check_thread_name
 from agentcas.refs.revisions import load_checkpoint
 from agentcas.refs.threads import ThreadState
+
+_R = TypeVar("_R")
 
 
 class _Overlay(ObjectSource):
@@ -268,3 +275,22 @@ class GroupWriter:
         landed = self.mover.run(attempt, f"{self.lease.what}: the refs", point="group.before_land")
         assert landed is not None  # a group attempt always lands (its objects, if no ref moves)
         return landed.result
+
+    def prepare_and_land(self, prepare: Callable[[], Callable[[GroupView], _R]]) -> _R:
+        """`land`, with content cut against what it read: each attempt runs `prepare()`,
+        which reads what it needs, prepares its content through this writer and returns the
+        plan. A lost race (the plan raising LostRace, the refs having moved since `prepare`
+        read them, or a lost landing) runs `prepare` again: the content is never reused."""
+        def attempt(lost: LostRace | None) -> Landing:
+            self.waiting, self._waiting_bytes = {}, 0
+            plan = prepare()
+            waiting = self.waiting
+            with self.backends.meta.reader() as txn:
+                view = GroupView(txn, _Overlay(self.backends.source, waiting), self.author_runtime)
+                result = plan(view)
+            return Landing(view.moves, waiting, self.needed | view.needed, "write", unchanged=view.read,
+                           result=result)
+
+        landed = self.mover.run(attempt, f"{self.lease.what}: the refs", point="group.before_land")
+        assert landed is not None  # a group attempt always lands (its objects, if no ref moves)
+        return landed.result  # type: ignore[return-value]  # what `plan` returned

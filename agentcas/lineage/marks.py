@@ -14,6 +14,7 @@ object write and one metadata transaction for all of them.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from agentcas.cas import framing
@@ -46,6 +47,47 @@ class IngestedThread(Result):
     first_seq: int
     checkpoints: list[str]   # ids of the checkpoints made at the marks, oldest first
     history: HistoryPosition
+
+
+@dataclass(frozen=True)
+class SessionAppend:
+    """One thread's part of `store.history.ingest`: new complete lines and where to checkpoint."""
+
+    thread: str
+    data: bytes
+    marks: tuple[tuple[int, str], ...] = ()
+    based_on: HistoryPosition | None = None
+    forked_from: ForkOrigin | None = None
+    # `data` prepared ahead (rollout.pack_raw_lines at framing.INGEST_ZSTD, chained from
+    # `based_on`'s digest at these marks), e.g. in an ingest worker; `data` may then be empty.
+    packed: rollout.PackedLines | None = None
+    # Lines of `data` that copy another history's records (a Codex fork's copy of its
+    # parent): those that are copies are stored as copies (rollout.prepare_with_copies),
+    # `packed` is then not used.
+    copies: rollout.CopyClaim | None = None
+
+
+def ingest_sessions(backends: Backends, history: rollout.History, appends: list[SessionAppend],
+                    author: str | None = None) -> list[IngestedThread]:
+    """`store.history.ingest`: each append's lines stored raw (prepared ahead, or copies as
+    copies), then all threads landed together with their checkpoints (`append_many_with_marks`)."""
+    from agentcas.cas.store_format import utc_now
+    from agentcas.refs.names import check_thread_name
+    for item in appends:   # reasons are checked by Checkpoint itself, in the plan
+        check_thread_name(item.thread)
+    who, created_at, runtime = author or checkpoints.default_author(), utc_now(), checkpoints.runtime_description()
+    with Lease(backends.meta, "ingest") as lease:
+        writer = BatchWriter(backends.source, lease=lease)
+        prepared = prepare_raw([b"" if item.copies is not None else item.data if item.packed is None
+                                else item.packed for item in appends], writer, framing.INGEST_ZSTD)
+        for number, item in enumerate(appends):
+            if item.copies is not None:
+                prepared[number] = rollout.prepare_with_copies(history, item.data, item.copies, writer.add,
+                                                               framing.INGEST_ZSTD)
+        writer.flush()
+        return append_many_with_marks(
+            backends, lease, [(item.thread, segments, item.marks, item.based_on, item.forked_from)
+                              for item, segments in zip(appends, prepared)], who, created_at, runtime)
 
 
 def prepare_raw(datas: list, writer: BatchWriter, level: int | framing.SmallTables) -> list[list]:
@@ -88,8 +130,8 @@ def append_with_marks(backends: Backends, lease: Lease, thread: str, segments: l
     `tree`: the checkpoints' tree, already stored (a workspace snapshot: the harness hooks),
     instead of the empty tree; `needed`: the stored objects it relies on (checked before
     the move lands, as a commit checks its snapshot's)."""
-    plan = _marks_plan(backends, thread, segments, marks, based_on, forked_from, who, created_at, runtime,
-                       tree, needed)
+    plan = marks_plan(backends, thread, segments, marks, based_on, forked_from, who, created_at, runtime,
+                      tree, needed)
     state, move = move_thread(backends, lease, thread, plan, keep_lease=True)
     return _landed(thread, state, move)
 
@@ -101,11 +143,38 @@ def append_many_with_marks(backends: Backends, lease: Lease, items: list, who: s
     `items`: (thread, segments, marks, based_on, forked_from). All land or none; a thread
     no longer at its `based_on` raises ConflictError for the batch.
     """
-    plans = [(thread, _marks_plan(backends, thread, segments, marks, based_on, forked_from, who, created_at,
-                                  runtime))
+    plans = [(thread, marks_plan(backends, thread, segments, marks, based_on, forked_from, who, created_at,
+                                 runtime))
              for thread, segments, marks, based_on, forked_from in items]
     landed = move_threads(backends, lease, plans, keep_lease=True)
     return [_landed(thread, state, move) for (thread, _), (state, move) in zip(plans, landed)]
+
+
+@dataclass(frozen=True)
+class ForkLines:
+    """A session's first lines when it forks another thread (a Codex fork): the lines, the
+    thread's fork origin, and the claim of the lines that copy the origin's records
+    (rollout.CopyClaim, or None), stored as copies as ingest stores them."""
+
+    data: bytes
+    origin: ForkOrigin
+    copies: rollout.CopyClaim | None = None
+
+
+def prepare_lines(backends: Backends, lease: Lease, lines: bytes | ForkLines) -> tuple[bytes, ForkOrigin | None, list]:
+    """(the lines, the fork origin or None, their prepared segments) of a session's new
+    lines, stored raw (copies as copies), their chunks written under `lease`."""
+    writer = BatchWriter(backends.source, lease=lease)
+    if isinstance(lines, ForkLines) and lines.copies is not None:
+        segments = rollout.prepare_with_copies(rollout.History(backends.source), lines.data, lines.copies,
+                                               writer.add, framing.INGEST_ZSTD)
+        writer.flush()
+    else:
+        data = lines.data if isinstance(lines, ForkLines) else lines
+        segments = prepare_raw([data], writer, framing.INGEST_ZSTD)[0]
+    if isinstance(lines, ForkLines):
+        return lines.data, lines.origin, segments
+    return lines, None, segments
 
 
 def _landed(thread: str, state, move) -> IngestedThread:
@@ -115,9 +184,10 @@ def _landed(thread: str, state, move) -> IngestedThread:
     return move.result
 
 
-def _marks_plan(backends: Backends, thread: str, segments: list, marks, based_on: HistoryPosition | None,
-                forked_from: ForkOrigin | None, who: str, created_at: str, runtime: dict,
-                tree: Digest | None = None, needed: frozenset = frozenset()):
+def marks_plan(backends: Backends, thread: str, segments: list, marks, based_on: HistoryPosition | None,
+               forked_from: ForkOrigin | None, who: str, created_at: str, runtime: dict,
+               tree: Digest | None = None, needed: frozenset = frozenset()) -> Callable[[ThreadState | None],
+                                                                                         Move | None]:
     """The move plan of `append_with_marks` (see there)."""
     tree_id = EMPTY_TREE.digest() if tree is None else tree
 

@@ -580,7 +580,8 @@ class ToolHost:
         if not self.allow_restore:
             return {"performed": False, "status": "host_decision", "message": HOST_DECISION,
                     "host_command": command, "open_effects": open_effects, "result": None, "note": RESTORE_NOTE}
-        result = self.store.sessions.rewind(thread, full, only, workspace)
+        from agentcas.harnesses.rewind import rewind
+        result = rewind(self.store, thread, full, only, workspace)
         doc = result.to_json()
         doc["files_written"], doc["files_removed"] = len(result.written), len(result.removed)
         return {"performed": True, "status": "rewound", "message": "files and session rewound; effects not undone",
@@ -598,7 +599,8 @@ class ToolHost:
         if not self.allow_restore:
             return {"performed": False, "status": "host_decision", "message": HOST_DECISION,
                     "host_command": command, "open_effects": empty, "result": None, "note": RESTORE_NOTE}
-        placement = self.store.sessions.resume(thread, checkpoint_id, cwd)
+        from agentcas.harnesses.rewind import resume
+        placement = resume(self.store, thread, checkpoint_id, cwd)
         return {"performed": True, "status": "resumed" if placement.written else "already_there",
                 "message": f"continue with: {placement.resume}", "host_command": command,
                 "open_effects": empty, "result": placement.to_json(), "note": RESTORE_NOTE}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cryptography.exceptions import InvalidSignature
 
@@ -25,6 +26,9 @@ from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.source import ObjectSource, load_object
 from agentcas.errors import IntegrityError
 from agentcas.signing.keys import BadKey, PublicKey, SigningKey, key_id
+
+if TYPE_CHECKING:
+    from agentcas.cas.backends import Backends
 
 NAMESPACE_CHECKPOINT = "agentcas-checkpoint-v1"
 MESSAGE_PREFIX = b"agentcas signed statement v1\n"
@@ -232,6 +236,18 @@ def save_index_row(txn: MetaTxn, envelope: Envelope, digest: Digest) -> Digest:
            "namespace": envelope.statement.namespace}
     txn.put("signatures", key, seal("signatures", key, encoding.encode(doc)))
     return digest
+
+
+def store_signature(backends: Backends, key: SigningKey, checkpoint: Digest, thread: str) -> tuple[Envelope, Digest]:
+    """Sign `checkpoint` for `thread` and store the envelope with its index row, under a
+    lease (the envelope first, the row last); (the envelope, its id)."""
+    from agentcas.cas.leases import Lease, land
+    signed = sign(key, checkpoint, thread)
+    envelope_id, framed = envelope_object(signed)
+    with Lease(backends.meta, f"sign {checkpoint.short()}") as lease:
+        backends.source.put_many({envelope_id.raw: framed})
+        land(backends.meta, lease, lambda txn: save_index_row(txn, signed, envelope_id))
+    return signed, envelope_id
 
 
 def envelopes_for(txn: MetaTxn, objects: ObjectSource, checkpoint: Digest) -> list[tuple[Digest, Envelope]]:

@@ -12,10 +12,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agentcas.cas import encoding
+from agentcas.cas.digest import Digest
 from agentcas.cas.metastore.base import MetaTxn
 from agentcas.cas.sealed import seal, unseal
+from agentcas.cas.source import ObjectSource
 from agentcas.errors import ConflictError, IntegrityError, NotFound
-from agentcas.signing.envelope import NAMESPACE_CHECKPOINT, check_namespace, utc_now
+from agentcas.signing.envelope import (
+    NAMESPACE_CHECKPOINT,
+    Verdict,
+    check,
+    check_namespace,
+    envelopes_for,
+    summarize,
+    utc_now,
+)
 from agentcas.signing.keys import BadKey, PublicKey, check_key_name
 
 MAX_NAMESPACES = 32
@@ -97,3 +107,16 @@ def remove(txn: MetaTxn, name: str) -> TrustEntry:
     entry = _decode(_key(name), value)
     txn.delete("trust", _key(name))
     return entry
+
+
+def verify_signatures(txn: MetaTxn, objects: ObjectSource, checkpoint: Digest, thread: str,
+                      also: str | None = None) -> tuple[str, str, list[Verdict]]:
+    """The stored signatures of `checkpoint` checked against the trusted signers, each for
+    `thread` (or for `also`, another thread the checkpoint is accepted under, when it names
+    that one): (status, reason, verdicts), as `envelope.summarize` gives them."""
+    trusted = list_trusted(txn)
+    accepted = {thread} if also is None else {thread, also}
+    verdicts = [check(e, trusted, checkpoint, e.statement.thread if e.statement.thread in accepted else thread)
+                for _, e in envelopes_for(txn, objects, checkpoint)]
+    status, reason = summarize(verdicts)
+    return status, reason, verdicts

@@ -13,11 +13,27 @@
    checkpoint, checks that every reused object is still stored and lands by
    compare-and-swap. A shared store's cache may believe in objects another machine's gc
    deleted: then the snapshot runs once more asking the bucket.
+
+A harness session's checkpoint (`commit_session`: what `agentcas hook claude|codex`
+lands, and `rewind` before it rewinds) is the same walk with the session's lines instead
+of a rollout tail:
+1. Under a lease, the workspace is snapshot as a git user sees it (`.git` never read,
+   `.gitignore` and `.agentcasignore` honoured; workspace/snapshot.py `git_aware`), a file
+   that looks like a credential left out and named (`skip_secrets`), with the directory
+   cache keyed by the gc epoch (the sweep batches begun).
+2. The move's plan reads `new_lines(state)`, the session's complete lines after the
+   thread's stored history (it may raise an AgentcasError, e.g. ingest's SessionRefused:
+   the workspace then lands alone and the refusal is reported; for a new thread forking
+   another, lineage/marks.py ForkLines), stores them, and builds one checkpoint at their
+   end whose tree is the workspace's (lineage/marks.py `marks_plan`). A lost race (a
+   parallel tool call's hook appended meanwhile) re-plans on the new head: the snapshot
+   is kept, the lines are read again, so both checkpoints land.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 
 from agentcas import testing_hooks
 from agentcas.cas.backends import Backends
@@ -25,9 +41,10 @@ from agentcas.cas.digest import Digest
 from agentcas.cas.objects import EMPTY_POSITION, check_reason
 from agentcas.cas.store_format import utc_now
 from agentcas.cas.writer import BatchWriter
-from agentcas.errors import ConflictError, UsageError
+from agentcas.errors import AgentcasError, ConflictError, UsageError
 from agentcas.lineage import checkpoints, rollout
-from agentcas.lineage.checkpoints import CommitResult, default_author, runtime_description
+from agentcas.lineage.checkpoints import CommitResult, SessionCheckpoint, default_author, runtime_description
+from agentcas.lineage.marks import ForkLines, IngestedThread, marks_plan, prepare_lines
 from agentcas.lineage.moves import Move, VanishedObject, lease_for, move_thread, read_state
 from agentcas.refs import revisions, threads
 from agentcas.refs.names import check_thread_name
@@ -131,6 +148,54 @@ def commit_workspace(backends: Backends, store_path: str | None, workspace: str,
     return CommitResult(digest.hex(), tree.hex(), thread, [p.hex() for p in cp.parents], cp.history,
                         stats.files, stats.bytes, stats.cached_files, stats.new_objects, stats.new_bytes,
                         appended, stats.unchanged_files)
+
+
+NewLines = Callable[[ThreadState | None], "bytes | ForkLines"]
+
+
+def commit_session(backends: Backends, store_path: str | None, workspace: str, thread: str, reason: str,
+                   new_lines: NewLines, skip_files: Iterable[str] = (),
+                   author: str | None = None) -> SessionCheckpoint:
+    """Checkpoint `workspace` with `new_lines(state)` at the head of `thread` (see the module doc)."""
+    from agentcas.cas.leases import Lease, sweeps_begun
+    from agentcas.workspace.snapshot import snapshot  # lazy: only a commit reads a workspace
+    check_reason(reason)
+    check_thread_name(thread)
+    if not os.path.isdir(workspace):
+        raise UsageError(f"workspace is not a directory: {workspace}")
+    real = os.path.realpath(workspace)
+    if store_path and _within(real, os.path.realpath(store_path)):
+        raise UsageError(f"workspace {workspace} is the store itself, or inside it; nothing was committed")
+    who, runtime = author or default_author(), dict(runtime_description(), workspace=real)
+    with Lease(backends.meta, f"checkpoint {thread}") as lease:
+        with backends.meta.reader() as txn:
+            epoch = sweeps_begun(txn).to_bytes(8, "big")
+        snapper: list = []
+        tree, stats, needed = snapshot(backends.source, backends.local, workspace, (), None,
+                                       [store_path] if store_path else [], skip_files, lease, backends.known,
+                                       git_aware=True, skip_secrets=True, snapshotter=snapper,
+                                       dir_cache_epoch=epoch)
+        refused: list[str] = []  # why the session's lines were refused (then every attempt lands none)
+
+        def plan(state: ThreadState | None) -> Move | None:
+            try:
+                lines = b"" if refused else new_lines(state)
+            except AgentcasError as exc:
+                refused.append(str(exc))
+                lines = b""
+            data, origin, segments = prepare_lines(backends, lease, lines)
+            testing_hooks.reached("session.before_land")
+            return marks_plan(backends, thread, segments, [(data.count(b"\n"), reason)],
+                              None if state is None else state.history, origin, who, utc_now(), runtime,
+                              tree, frozenset(needed))(state)
+
+        _, move = move_thread(backends, lease, thread, plan, keep_lease=True)
+    assert move is not None  # a mark at the lines' end always makes a checkpoint
+    landed = move.result
+    assert isinstance(landed, IngestedThread)
+    return SessionCheckpoint(landed.checkpoints[-1], tree.hex(), thread, landed.appended, landed.history,
+                             stats.files, stats.cached_files, stats.new_bytes,
+                             tuple(snapper[0].skipped_secrets), refused[0] if refused else None, real)
 
 
 def _resolve(backends: Backends, rev: str) -> Digest:

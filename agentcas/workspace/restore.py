@@ -51,6 +51,20 @@ def _load(txn, digest: Digest, kind: int, what: str) -> bytes:
     return data
 
 
+def compare_trees(objects: ObjectSource, old: Digest, new: Digest) -> tuple[list[tuple[str, int]],
+                                                                          list[tuple[str, int]],
+                                                                          list[tuple[str, int, int]]]:
+    """The files of tree `new` that `old` lacks, those of `old` that `new` lacks, as (path,
+    size), and those whose content or mode differ, as (path, old size, new size); by path."""
+    files1 = {p: e for p, e in list_files(objects, old) if e.type == "file"}
+    files2 = {p: e for p, e in list_files(objects, new) if e.type == "file"}
+    added = [(p, files2[p].size) for p in sorted(files2.keys() - files1.keys())]
+    removed = [(p, files1[p].size) for p in sorted(files1.keys() - files2.keys())]
+    changed = [(p, files1[p].size, files2[p].size) for p in sorted(files1.keys() & files2.keys())
+               if (files1[p].id, files1[p].mode) != (files2[p].id, files2[p].mode)]
+    return added, removed, changed
+
+
 def list_files(txn, tree_id: Digest, prefix: str = ""):
     """Yield (relative path, TreeEntry) for every file under a tree, depth first, verified.
 

@@ -13,7 +13,7 @@ from agentcas.cas.store import TABLES
 from agentcas.exchange import bundle_format as bf
 from agentcas.signing import envelope, keys
 
-from conftest import views
+from support.store_state import views
 
 ALICE = keys.generate()
 MALLORY = keys.generate()

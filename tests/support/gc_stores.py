@@ -9,8 +9,8 @@ from agentcas import Store
 from agentcas.lineage.closure import Walker
 from agentcas.refs import threads
 
-from conftest import views
 from support import raw_objects
+from support.store_state import views
 
 LATER = 5  # seconds: plan "now" this far ahead, so objects just written are past a 0s grace
 

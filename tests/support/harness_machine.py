@@ -9,7 +9,7 @@ from pathlib import Path
 
 from agentcas import Store
 
-from conftest import run_cli
+from support.cli import run_cli
 from support.harness_samples import ClaudeSession
 
 CLAUDE_ID = "5f0c2a7e-1111-4222-8333-444455556666"

@@ -15,7 +15,7 @@ import subprocess
 import time
 from urllib.parse import parse_qs, urlsplit
 
-from conftest import AGENTCAS
+from support.cli import AGENTCAS
 
 
 class UiServer:

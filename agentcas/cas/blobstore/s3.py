@@ -102,33 +102,15 @@ def _whole_object(size: int | None) -> bool:
     return size is not None and size >= framing.HEADER_SIZE
 
 
-_BUCKET_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_")
-
-
-def valid_bucket(bucket: str) -> bool:
-    """Whether boto3 would take `bucket` as a bucket name."""
-    return 0 < len(bucket) <= 255 and set(bucket) <= _BUCKET_CHARACTERS
-
-
 def parse_url(url: str) -> tuple[str, str]:
-    """(bucket, prefix) of `s3://BUCKET/PREFIX` (the prefix without slashes at its ends).
-
-    The bucket is checked as boto3 would check it (letters, digits, '.', '-', '_'; at most
-    255), so a malformed one is a usage error here instead of a client exception later;
-    a URL with user information (`s3://KEY:SECRET@bucket`) is refused without repeating it.
-    """
-    if not url.startswith("s3://"):
+    """(bucket, prefix) of `s3://BUCKET/PREFIX` (the prefix without slashes at its ends), as
+    cas/backends.py `parse_store_url` reads and checks it."""
+    from agentcas.cas.backends import SHARED_SCHEME, parse_store_url
+    if not url.startswith(SHARED_SCHEME):
         raise UsageError("an S3 blob store URL starts with s3://")
-    bucket, _, prefix = url[len("s3://"):].partition("/")
-    if not bucket:
-        raise UsageError(f"an S3 store URL names a bucket: s3://BUCKET/PREFIX, not {url}")
-    if "@" in bucket:
-        raise UsageError("an S3 store URL holds no credentials: s3://BUCKET/PREFIX (credentials come from "
-                         "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, the endpoint from AWS_ENDPOINT_URL)")
-    if not valid_bucket(bucket):
-        raise UsageError(f"not a valid S3 bucket name: {bucket[:64]!r} (s3://BUCKET/PREFIX; a bucket name "
-                         "has letters, digits, '.', '-' and '_' only)")
-    return bucket, prefix.strip("/")
+    address = parse_store_url(url)
+    assert address.bucket is not None  # an s3:// address always names its bucket
+    return address.bucket, address.prefix
 
 
 def cap_malloc_arenas(arenas: int = 2) -> None:
