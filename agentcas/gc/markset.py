@@ -51,7 +51,7 @@ MEMORY_BUDGET = int(os.environ.get("AGENTCAS_GC_MEMORY", str(16 << 20)))  # byte
 # MEMORY_BUDGET/8 (4 MiB): the candidates of up to ~100,000 objects in memory, so gc's peak
 # grew ~40 B per stored object until then; the file's pages are the kernel's page cache.
 SPOOL_BUFFER = 256 << 10
-SPILL_BATCH = 512         # ids moved to the on-disk table per write transaction (a page written maps ~256 KiB)
+SPILL_BATCH = 128         # ids moved to the on-disk table per write transaction (a page written maps ~32-256 KiB)
 SPILL_MAP_SIZE = 1 << 36  # the on-disk table's address space (sparse): ~10^9 ids
 BLOOM_BITS_PER_ID = 10    # about 1% of absent ids still read the table (5 bits tested)
 _BLOOM_HASHES = 5
