@@ -20,15 +20,10 @@ Results are typed (agentcas/api/results.py); each has `to_json()`, the CLI's --j
 
 from __future__ import annotations
 
+import functools
 import os
+from typing import TYPE_CHECKING
 
-from agentcas.api.checkpoints import Checkpoints
-from agentcas.api.gc import Gc
-from agentcas.api.history import Histories
-from agentcas.api.remotes import Remotes
-from agentcas.api.sessions import Sessions
-from agentcas.api.threads import Threads
-from agentcas.api.trust import Trust
 from agentcas.cas.backends import (
     STORE_KEY,
     Backends,
@@ -45,7 +40,16 @@ from agentcas.cas.lmdb_store import StoreUnavailable, open_lmdb
 from agentcas.cas.metastore.base import Read
 from agentcas.cas.source import ObjectSource
 from agentcas.cas.store_format import check_format, init_embedded, token_key, write_format
-from agentcas.lineage.effects_ledger import EffectsLedger
+
+if TYPE_CHECKING:
+    from agentcas.api.checkpoints import Checkpoints
+    from agentcas.api.gc import Gc
+    from agentcas.api.history import Histories
+    from agentcas.api.remotes import Remotes
+    from agentcas.api.sessions import Sessions
+    from agentcas.api.threads import Threads
+    from agentcas.api.trust import Trust
+    from agentcas.lineage.effects_ledger import EffectsLedger
 
 STORE_DIR = ".agentcas"
 
@@ -77,14 +81,49 @@ class Store:
         # at raw tables; None for a shared store.
         self.environment = backends.embedded
         check_format(backends, path or self.url, readonly=getattr(self.environment, "readonly", False))
-        self.history = Histories(self)
-        self.threads = Threads(self)
-        self.checkpoints = Checkpoints(self)
-        self.effects = EffectsLedger(backends, self.history.segments, path)
-        self.gc = Gc(self)
-        self.trust = Trust(self)
-        self.remotes = Remotes(self)
-        self.sessions = Sessions(self)
+
+    # The API's parts are made (and their modules imported) when first used: a hook or a
+    # commit uses two or three of them, and importing all (with their result types) cost
+    # more than the rest of a small hook's start-up.
+    @functools.cached_property
+    def history(self) -> Histories:
+        from agentcas.api.history import Histories
+        return Histories(self)
+
+    @functools.cached_property
+    def threads(self) -> Threads:
+        from agentcas.api.threads import Threads
+        return Threads(self)
+
+    @functools.cached_property
+    def checkpoints(self) -> Checkpoints:
+        from agentcas.api.checkpoints import Checkpoints
+        return Checkpoints(self)
+
+    @functools.cached_property
+    def effects(self) -> EffectsLedger:
+        from agentcas.lineage.effects_ledger import EffectsLedger
+        return EffectsLedger(self.backends, self.history.segments, self.path)
+
+    @functools.cached_property
+    def gc(self) -> Gc:
+        from agentcas.api.gc import Gc
+        return Gc(self)
+
+    @functools.cached_property
+    def trust(self) -> Trust:
+        from agentcas.api.trust import Trust
+        return Trust(self)
+
+    @functools.cached_property
+    def remotes(self) -> Remotes:
+        from agentcas.api.remotes import Remotes
+        return Remotes(self)
+
+    @functools.cached_property
+    def sessions(self) -> Sessions:
+        from agentcas.api.sessions import Sessions
+        return Sessions(self)
 
     # -- opening ------------------------------------------------------------------------------
     @classmethod

@@ -146,6 +146,20 @@ MUTATIONS = {
     # A shared store's fsck reads the bucket (here: this machine's cache, which may hold a good
     # copy of an object the bucket holds damaged), and a commit whose cache knew objects that gc
     # elsewhere deleted snapshots again asking the bucket (here: fails on every rerun).
+    # A compressed pack's frame carries zstd's checksum (cas/framing.py `compress_checked`):
+    # without it, a flipped bit that still decompresses reads as other records.
+    # (here: written without it, and read without asking for it).
+    "Pz": ("agentcas/cas/framing.py", ["                                                             write_checksum=True)"],
+           ["                                                             write_checksum=False)"],
+           ["tests/test_packs.py::test_every_flipped_bit_of_a_compressed_pack_is_named_as_damage",
+            "tests/test_packs.py::test_a_compressed_pack_whose_frame_has_no_checksum_is_refused"],
+           ("agentcas/cas/packs.py",
+            ["        if not zstandard.get_frame_parameters(stored[PACK_HEADER.size:]).has_checksum:\n"],
+            ["        if False:\n"])),
+    # Inflated packs are reused only for a pack of the very same bytes (cas/packs.py `plain`).
+    "Pi": ("agentcas/cas/packs.py", ["    if known is not None and known[0] == stored:\n"],
+           ["    if known is not None:\n"],
+           ["tests/test_packs.py::test_packs_of_the_same_number_in_two_stores_read_each_their_own"]),
     # A shared store's gc deletes packs no index row names only in a fenced batch (no writer
     # holds a lease, so none is between its pack upload and its rows); here: at once.
     "Pu": ("agentcas/gc/sweep.py", ["    if live:\n        return {\"skipped\": \"writers\"}\n"],
@@ -227,8 +241,8 @@ MUTATIONS = {
     "M1": ("agentcas/mcp/server.py", ["        item = _bounded_echo(item)\n"], [""],
            ["tests/test_mcp.py::test_an_unknown_method_is_answered_without_echoing_its_whole_name"]),
     "M2": ("agentcas/workspace/snapshot.py",
-           ["                            or os.path.isfile(os.path.join(path, RESTORED_MARKER))):"],
-           ["                            ):"],
+           ["                        or os.path.isfile(os.path.join(path, RESTORED_MARKER))):"],
+           ["                        ):"],
            ["tests/test_mcp.py::test_a_restored_copy_inside_the_workspace_is_left_out_of_later_checkpoints"]),
     "M3": ("agentcas/mcp/tools.py", ["        if doc[0] != tool or doc[1] != key:"], ["        if doc[0] != tool:"],
            ["tests/test_mcp.py::test_a_cursor_issued_for_one_thread_or_checkpoint_is_refused_for_another"]),
@@ -318,6 +332,27 @@ MUTATIONS = {
            ["                if memoryview(piece)[at + record_head(piece, at, end):end] == memoryview(data)[mine:ends[line]]:\n"],
            ["                if True:\n"],
            ["tests/test_rollout_copies.py::test_an_edited_copy_is_stored_as_bytes"]),
+    # The directory cache (workspace/snapshot.py): a directory with a racy entry, or below a
+    # racy ignore file, gets no row; the ignore files above a directory are part of its key;
+    # a directory whose key matches its row is taken from it.
+    "Dr": ("agentcas/workspace/snapshot.py", ["            if racy or listing.newest > racy_before:\n"],
+           ["            if racy:\n"],
+           ["tests/test_directory_cache.py::test_a_rewrite_in_the_same_clock_tick_is_seen"]),
+    "Di": ("agentcas/workspace/snapshot.py",
+           ["                racy = racy or any(max(st.st_mtime_ns, st.st_ctime_ns) > racy_before for st in ignore_stats)\n"],
+           [""],
+           ["tests/test_directory_cache.py::test_an_ignore_file_rewritten_in_the_same_clock_tick_reaches_its_subdirectories"]),
+    "Dc": ("agentcas/workspace/snapshot.py", ["            for part in (tag, context, skipped, listing.key):\n"],
+           ["            for part in (tag, skipped, listing.key):\n"],
+           ["tests/test_directory_cache.py::test_an_ancestors_ignore_file_reaches_directories_that_did_not_change"]),
+    "Ds": ("agentcas/workspace/snapshot.py",
+           ["len(context), len(skipped)), max_threads=1)\n", "            for part in (tag, context, skipped, listing.key):\n"],
+           ["len(context), 0), max_threads=1)\n", "            for part in (tag, context, listing.key):\n"],
+           ["tests/test_directory_cache.py::test_a_skipped_path_counts_for_its_own_directory_only"]),
+    "Dh": ("agentcas/workspace/snapshot.py",
+           ["            if row is not None and row[1] == self._own_digests[rel_dir]:\n"], ["            if False:\n"],
+           ["tests/test_directory_cache.py::"
+            "test_an_unchanged_directory_is_taken_from_its_row_and_only_the_changed_path_is_looked_at"]),
     # A session change (record_threads.py) lands only on the states its build read, else is rebuilt.
     "Sr": ("agentcas/record_threads.py", ["                    if view.thread(name) != state:\n"],
            ["                    if False:\n"],

@@ -17,6 +17,7 @@ import pytest
 from agentcas import Store
 from agentcas.cas import encoding, framing, packs
 from agentcas.cas.sealed import unseal
+from agentcas.cas.store_format import STORE_FORMAT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MAIN = "dab635a3e35aceea72881e22fcd82966be116fa363a18cbbf9ce3c50a415d772"
@@ -49,7 +50,7 @@ def b3(pieces) -> str:
 
 def test_v1_store_reads_as_it_did(v1_store):
     store = Store.open(v1_store)
-    assert meta_format(store)["format"] == 3 and meta_format(store)["upgraded_from"] == 1
+    assert meta_format(store)["format"] == STORE_FORMAT and meta_format(store)["upgraded_from"] == 1
     assert {t["thread"]: t["checkpoint"] for t in [item.to_json() for item in store.threads.list()]} == {"main": MAIN, "old": MAIN, "explore": None}
     for rev, digest in ROLLOUTS.items():
         assert b3(store.history.read(rev)) == digest, rev
@@ -158,7 +159,7 @@ def read_only(path: str):
 
 def test_v2_store_upgrades_in_place_and_reads_as_it_did(v2_store):
     store = Store.open(v2_store)
-    assert meta_format(store)["format"] == 3 and meta_format(store)["upgraded_from"] == 2
+    assert meta_format(store)["format"] == STORE_FORMAT and meta_format(store)["upgraded_from"] == 2
     counts = raw_tables(store)
     assert counts["objects"] == 0 and counts["packindex"] == V2_OBJECTS
     assert counts["packs"] < V2_OBJECTS / 2  # small objects share packs
@@ -181,8 +182,37 @@ def test_an_older_agentcas_stops_at_an_upgraded_store(v2_store, monkeypatch):
     Store.open(v2_store).close()
     from agentcas.cas import store_format
     monkeypatch.setattr(store_format, "STORE_FORMAT", 2)
-    with pytest.raises(store_format.StoreFormatError, match="store format 3 is newer"):
+    with pytest.raises(store_format.StoreFormatError, match=f"store format {STORE_FORMAT} is newer"):
         Store.open(v2_store)
+
+
+def test_a_format_3_store_is_marked_4_so_an_agentcas_from_before_compressed_packs_stops(tmp_path, monkeypatch):
+    """Compressed packs are unreadable to an agentcas of format 3: the first writable open
+    marks the store before writing any, and that agentcas stops at the mark (exit 4),
+    instead of reading the new packs as damaged."""
+    from agentcas.cas import store_format
+    path = str(tmp_path / "s")
+    with monkeypatch.context() as old:
+        old.setattr(store_format, "STORE_FORMAT", 3)
+        Store.init(path)[0].close()
+        ws = tmp_path / "ws"
+        ws.mkdir()
+        (ws / "a.txt").write_text("one\n")
+        made = Store.open(path)
+        made.checkpoints.commit(str(ws), "made by format 3")
+        assert meta_format(made)["format"] == 3
+        made.close()
+    with read_only(path):  # a store this agentcas cannot write is read as it is, and keeps its format
+        unwritable = Store.open(path)
+        assert meta_format(unwritable)["format"] == 3
+        unwritable.close()
+    store = Store.open(path)
+    assert meta_format(store)["format"] == 4 and meta_format(store)["upgraded_from"] == 3
+    assert [e.to_json()["reason"] for e in store.threads.log("main")] == ["made by format 3"]
+    store.close()
+    monkeypatch.setattr(store_format, "STORE_FORMAT", 3)
+    with pytest.raises(store_format.StoreFormatError, match="store format 4 is newer than this agentcas reads \\(3\\)"):
+        Store.open(path)
 
 
 def test_an_upgrade_killed_at_every_step_resumes_and_loses_nothing(v2_store, tmp_path):
@@ -206,6 +236,6 @@ def test_an_upgrade_killed_at_every_step_resumes_and_loses_nothing(v2_store, tmp
             assert_v2_facts(halfway)
             halfway.close()
         store = Store.open(v2_store)  # finishes the upgrade
-        assert raw_tables(store)["objects"] == 0 and meta_format(store)["format"] == 3
+        assert raw_tables(store)["objects"] == 0 and meta_format(store)["format"] == STORE_FORMAT
         assert_v2_facts(store)
         store.close()

@@ -5,12 +5,13 @@ of damaged packs, and a store made before packs (one S3 object per id) read and 
 from __future__ import annotations
 
 import os
+import random
 
 import pytest
 
 from agentcas import Store
-from agentcas.cas import encoding
-from agentcas.cas.blobstore.s3_packs import INDEX, PACKS, build_packs
+from agentcas.cas import encoding, framing
+from agentcas.cas.blobstore.s3_packs import INDEX, PACK_BYTES, PACKS, build_packs, pack_members
 from agentcas.cas.sealed import seal, unseal
 from agentcas.cas.store_format import FORMAT_KEY
 
@@ -108,6 +109,49 @@ def test_a_checkout_on_another_machine_reads_ranges_of_packs(shared, tmp_path):
         store.close()
     assert tree_bytes(tmp_path / "out") == tree_bytes(tmp_path / "ws")
     assert gets <= 16  # the checkpoint and 8 trees one by one, then ~300 files' objects in a few ranged GETs
+
+
+def test_a_batchs_trees_and_chunk_lists_lie_together_after_its_chunks(shared, tmp_path, s3_server):
+    ws = tmp_path / "ws"
+    for d in range(3):  # files of several chunks (a chunk list each) in three directories
+        write(ws, {f"d{d}/big{i}.bin": os.urandom(2_500_000) for i in range(2)})
+        write(ws, {f"d{d}/note{i}.txt": f"note {d} {i}\n" for i in range(3)})
+    assert shared("commit", ws, "-m", "big files").code == 0
+    packs = s3_names(s3_server, shared.url, "packs")
+    assert len(packs) == 1
+    data = next(iter(packs.values()))
+    kinds = [data[offset] for _, offset, _ in sorted(pack_members(data), key=lambda member: member[1])]
+    small = [kind != framing.KIND_CHUNK for kind in kinds]
+    assert framing.KIND_CHUNKLIST in kinds and framing.KIND_TREE in kinds
+    assert small == sorted(small)  # every chunk, then every tree, chunk list and the checkpoint
+    store = shared.open("b")
+    try:
+        store.checkpoints.checkout("main", str(tmp_path / "out"))
+        gets = s3_requests(store).get("GetObject", 0)
+        print(f"\n[packs] checkout of 6 files of several chunks in 3 directories: {gets} GETs")
+    finally:
+        store.close()
+    assert tree_bytes(tmp_path / "out") == tree_bytes(ws)
+    # the checkpoint, the root tree, the three trees below it at once, the six chunk lists
+    # at once, then the 15 MB of chunks in ranges of at most 8 MiB
+    assert gets <= 11
+
+
+def test_a_batch_is_cut_into_even_packs_with_its_small_values_in_the_last():
+    rng = random.Random(0)
+    items, total = {}, 0
+    while total < 64 << 20:  # a writer's batch: chunks of 512 KiB to 8 MiB, then small values
+        size = int(min(8 << 20, max(512 << 10, rng.expovariate(1 / (1 << 20)))))
+        items[rng.randbytes(32)] = bytes([framing.KIND_CHUNK]) + bytes(size - 1)
+        total += size
+    for _ in range(300):
+        items[rng.randbytes(32)] = bytes([framing.KIND_CHUNKLIST]) + bytes(rng.randint(150, 600))
+    packs = build_packs(items)
+    assert len(packs) == 4  # not four and a fifth of small values alone
+    assert all(len(data) <= 1.5 * PACK_BYTES for _, data, _ in packs)
+    kinds = [[data[offset] for _, offset, _ in pack_members(data)] for _, data, _ in packs]
+    assert all(kind == framing.KIND_CHUNK for pack in kinds[:-1] for kind in pack)
+    assert kinds[-1].count(framing.KIND_CHUNKLIST) == 300
 
 
 def test_gc_deletes_the_packs_of_dead_objects_and_keeps_the_rest(shared, tmp_path, s3_server):

@@ -121,6 +121,19 @@ def frame(kind: int, data, compress: bool = True, written_at: int | None = None,
     return make_header(kind, codec, size, when) + body
 
 
+def compress_checked(data, level: int = ZSTD_LEVEL) -> bytes:
+    """One zstd frame of `data`, its content size declared and with zstd's checksum of it
+    (for bytes that no id covers: a damaged frame fails to decompress, never reads wrong)."""
+    cache = getattr(_LOCAL, "checked", None)
+    if cache is None:
+        cache = _LOCAL.checked = {}
+    compressor = cache.get(level)
+    if compressor is None:
+        compressor = cache[level] = zstandard.ZstdCompressor(level=level, write_content_size=True,
+                                                             write_checksum=True)
+    return compressor.compress(data)
+
+
 def make_header(kind: int, codec: int, size: int, written_at: int) -> bytes:
     """The 22-byte header of a stored value (its CRC computed here)."""
     head = _HEAD.pack(kind, codec, size, written_at)

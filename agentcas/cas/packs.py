@@ -1,11 +1,12 @@
-"""Packed objects (store format 3): objects appended into packs, found through a compact index.
+"""Packed objects (store formats 3 and 4): objects appended into packs, found through a compact index.
 
 An embedded store used to keep one B-tree row per object under its random 32-byte id; the
 pages of such a tree are about 60% full, and every object paid its key and a 22-byte header.
 Format 3 appends objects instead, and finds them through a small index (docs/FORMAT.md
 section 4.2, docs/PACKS.md):
 
-  packs      u64be pack number -> u8 3 | u64be base time | record*
+  packs      u64be pack number -> u8 3 | u64be base time | record*          (plain)
+                                or u8 4 | u64be base time | zstd(record*)    (compressed)
   packindex  the id's first INDEX_KEY bytes -> (varint pack, varint offset)+
   packlive   u64be pack number -> varint live records | varint live bytes
 
@@ -13,9 +14,12 @@ section 4.2, docs/PACKS.md):
             | varint body length | body
 
 Pack numbers only grow, and packs are written with LMDB's append mode, so their pages are
-full. A write transaction appends its small records to the last pack while that pack stays
-small enough to live inside a leaf page (`leaf_bytes`), and groups larger records into packs
-of about BIG_PACK_BYTES; each pack is one value, so a read is one index lookup and one slice.
+full. A write transaction appends its small records to the last pack while that pack,
+compressed as a whole, stays within one overflow page (`small_pack_limit`): a step's objects
+name each other's ids and repeat the previous step's fields, which one zstd frame over the
+records stores once (`plain` inflates such a pack; offsets are those of its plain form).
+Larger records go into plain packs of about BIG_PACK_BYTES; each pack is one value, so a
+read is one index lookup and one slice (and, for a compressed pack, one inflation, cached).
 An index row holds every location whose id starts with its key; a reader compares the full
 id stored in the record (a collision of short keys costs a second look, never a wrong
 object). `packlive` counts what the index still points at in each pack: a delete decrements
@@ -35,6 +39,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import zstandard
+
 from agentcas.cas import crashpoints, framing
 from agentcas.cas.blobstore.base import BlobInfo
 from agentcas.cas.encoding import NotCanonical
@@ -43,7 +49,12 @@ from agentcas.errors import IntegrityError
 
 PACKS, INDEX, LIVE, LEGACY = "packs", "packindex", "packlive", "objects"
 TABLES = (PACKS, INDEX, LIVE)
-PACK_VERSION = 3
+PACK_VERSION = 3                     # a plain pack: records as they are
+COMPRESSED_VERSION = 4               # a small pack: its records in one zstd frame
+SMALL_PACK_LEVEL = 3                 # zstd level of a compressed pack (rewritten per write)
+MAX_PLAIN_BYTES = 1 << 20            # a compressed pack's records inflate to at most this
+SMALL_PACK_PAGES = 1                 # LMDB pages a compressed pack fills (a read inflates it)
+INFLATED_PACKS = 256                 # compressed packs kept inflated (checked by their bytes)
 PACK_HEADER = struct.Struct(">BQ")   # version, base time (its first record's written_at)
 INDEX_KEY = 8                        # id bytes an index key keeps
 ID_SIZE = 32
@@ -151,9 +162,74 @@ def record_fields(pack, offset: int) -> tuple[int, int, int, int, int, int]:
 
 
 def pack_base(pack) -> int:
-    if len(pack) < PACK_HEADER.size or pack[0] != PACK_VERSION:
+    if len(pack) < PACK_HEADER.size or pack[0] not in (PACK_VERSION, COMPRESSED_VERSION):
         raise CorruptPack("pack header is damaged or of an unknown version")
     return PACK_HEADER.unpack_from(pack)[1]
+
+
+# Compressed packs inflated lately: pack number -> (stored bytes, plain form). An entry
+# serves only a pack whose stored bytes equal its own, so it is right for any store and
+# transaction; a writer extending the open pack, and readers of recent objects, inflate once.
+_INFLATED: dict[int, tuple[bytes, bytes]] = {}
+
+
+def plain(number: int, pack):
+    """The plain form (version 3) of pack `number`'s stored value: itself, or a compressed
+    pack inflated (its header with version 3, then its records); CorruptPack if damaged."""
+    if pack and pack[0] == PACK_VERSION:
+        return pack
+    if len(pack) < PACK_HEADER.size or pack[0] != COMPRESSED_VERSION:
+        raise CorruptPack("pack header is damaged or of an unknown version")
+    stored = bytes(pack)  # (a memoryview compares with bytes item by item: 50x slower)
+    known = _INFLATED.get(number)
+    if known is not None and known[0] == stored:
+        return known[1]
+    size = plain_size(stored) - PACK_HEADER.size
+    try:
+        if not zstandard.get_frame_parameters(stored[PACK_HEADER.size:]).has_checksum:
+            raise framing.CorruptValue("its frame has no checksum")
+        data = framing.decompress_bounded(stored[PACK_HEADER.size:], size)
+    except (framing.CorruptValue, zstandard.ZstdError) as exc:
+        raise CorruptPack(f"compressed pack is damaged: {exc}") from None
+    out = bytes((PACK_VERSION,)) + stored[1:PACK_HEADER.size] + data
+    if len(_INFLATED) >= INFLATED_PACKS:
+        _INFLATED.clear()
+    _INFLATED[number] = (stored, out)
+    return out
+
+
+def plain_size(pack) -> int:
+    """The length of a pack's plain form, read from its header (nothing inflated)."""
+    if len(pack) < PACK_HEADER.size or pack[0] not in (PACK_VERSION, COMPRESSED_VERSION):
+        raise CorruptPack("pack header is damaged or of an unknown version")
+    if pack[0] == PACK_VERSION:
+        return len(pack)
+    try:
+        size = zstandard.frame_content_size(pack[PACK_HEADER.size:])
+    except zstandard.ZstdError:
+        size = -1
+    if not 0 < size <= MAX_PLAIN_BYTES:
+        raise CorruptPack(f"compressed pack declares {size} bytes of records")
+    return PACK_HEADER.size + size
+
+
+def small_pack_limit(leaf_bytes: int) -> int:
+    """The most a compressed pack may take: SMALL_PACK_PAGES overflow pages less their
+    16-byte header (leaf_bytes is a little under half a page: lmdb_store.leaf_value_limit)."""
+    return SMALL_PACK_PAGES * (2 * (leaf_bytes + 24) + 16) - 16
+
+
+def stored_form(number: int, pack: bytes) -> bytes:
+    """What small pack `number` (its plain form) is stored as: compressed (version 4) when
+    that is shorter, and then kept inflated for the next write or read of it."""
+    squeezed = (bytes((COMPRESSED_VERSION,)) + pack[1:PACK_HEADER.size]
+                + framing.compress_checked(pack[PACK_HEADER.size:], SMALL_PACK_LEVEL))
+    if len(squeezed) >= len(pack):
+        return pack
+    if len(_INFLATED) >= INFLATED_PACKS:
+        _INFLATED.clear()
+    _INFLATED[number] = (squeezed, pack)
+    return squeezed
 
 
 def records(pack) -> Iterator[Record]:
@@ -221,6 +297,7 @@ def _find(txn, raw: bytes, fields: bool = True, recent: dict | None = None):
             pack = txn.get(PACKS, _U64.pack(number))
             if pack is None:
                 raise CorruptPack(f"the index names pack {number}, which is missing")
+            pack = plain(number, pack)
             if recent is not None:
                 if len(recent) >= RECENT_PACKS:
                     recent.clear()
@@ -304,8 +381,8 @@ def _list_packed(txn, start):
                 offset, at = _small_varint(row, at)
             except CorruptPack:
                 break  # fsck names the row; a listing lists what it can read
-            pack = txn.get(PACKS, _U64.pack(number))
             try:
+                pack = plain(number, txn.get(PACKS, _U64.pack(number)))
                 kind, _, _, written_at, body, stop = record_fields(pack, offset)
             except (CorruptPack, TypeError):
                 continue
@@ -331,6 +408,10 @@ def scan_packed(txn, after: tuple[int, int] | None = None) -> Iterator[tuple[tup
     start = None if after is None else _U64.pack(after[0])
     for key, pack in txn.scan(PACKS, start=start):
         number = pack_number(key)
+        try:
+            pack = plain(number, pack)
+        except CorruptPack:
+            continue
         at, size = PACK_HEADER.size, len(pack)
         if after is not None and number == after[0]:
             try:  # past the record at `after` (a pack only grows where it is)
@@ -383,8 +464,10 @@ def _add_location(txn, raw: bytes, number: int, offset: int) -> None:
 def put_new(txn, items, leaf_bytes: int = LEAF_BYTES) -> tuple[int, int]:
     """Store each {raw id: stored value} that is not stored yet: (objects written, their values' bytes).
 
-    Small records go to the last pack while it fits in a leaf page (else to new small packs),
-    larger ones into packs of about BIG_PACK_BYTES, so every page written is full.
+    Small records go to the last pack while, compressed, it fits one overflow page (else to
+    new small packs), larger ones into plain packs of about BIG_PACK_BYTES, so every page
+    written is full. A small record keeps its object's bytes uncompressed: the pack's one
+    frame compresses them together with the records around them.
     """
     new: dict[bytes, tuple[int, int, int, int, Any]] = {}  # raw -> kind, codec, size, written_at, body
     for raw, value in items.items():
@@ -400,71 +483,113 @@ def put_new(txn, items, leaf_bytes: int = LEAF_BYTES) -> tuple[int, int]:
     big = [(raw, fields) for raw, fields in new.items() if len(fields[4]) > small_limit]
     last = _last_pack(txn)
     next_number = 0 if last is None else last[0] + 1
-    groups: list[list[Any]] = []  # [number, existing pack bytes, base time, [(raw, record)]]
+    limit = small_pack_limit(leaf_bytes)
+    groups: list[_Group] = []
 
-    def start_group(base: int) -> list[Any]:
+    def start_group(base: int, small_pack: bool) -> _Group:
         nonlocal next_number
-        groups.append([next_number, b"", base, []])
+        groups.append(_Group(next_number, b"", base, small_pack, limit))
         next_number += 1
         return groups[-1]
 
-    group: list[Any] | None = None
-    if small and last is not None and len(last[1]) <= leaf_bytes:
-        group = [last[0], bytes(last[1]), pack_base(last[1]), []]  # the open pack, extended
+    group: _Group | None = None
+    if small and last is not None and len(last[1]) <= limit:
+        opened = plain(last[0], last[1])  # the open pack, extended
+        group = _Group(last[0], bytes(opened), pack_base(opened), True, limit, bytes(last[1]))
         groups.append(group)
-    for raw, fields in small:
+    for raw, (kind, codec, size, written_at, body) in small:
+        if codec == framing.CODEC_ZSTD and size <= small_limit:
+            body, codec = framing.decompress_bounded(body, size), framing.CODEC_RAW
         if group is None:
-            group = start_group(fields[3])
-        rec = encode_record(raw, *fields, group[2])
-        if _size(group) + len(rec) > leaf_bytes:
-            group = start_group(fields[3])
-            rec = encode_record(raw, *fields, group[2])
-        group[3].append((raw, rec))
+            group = start_group(written_at, True)
+        rec = encode_record(raw, kind, codec, size, written_at, body, group.base)
+        if not group.takes(rec):
+            group = start_group(written_at, True)
+            rec = encode_record(raw, kind, codec, size, written_at, body, group.base)
+        group.add(raw, rec)
     group = None
     for raw, fields in big:
-        if group is None or _size(group) >= BIG_PACK_BYTES:
-            group = start_group(fields[3])
-        group[3].append((raw, encode_record(raw, *fields, group[2])))
-    for number, existing, base, recs in groups:
-        _write_pack(txn, number, existing, recs, base)
+        if group is None or group.size() >= BIG_PACK_BYTES:
+            group = start_group(fields[3], False)
+        group.add(raw, encode_record(raw, *fields, group.base))
+    for group in groups:
+        _write_pack(txn, group)
     # Bytes as the BlobStore interface counts them: the stored values (section 3.1) written.
     return len(new), sum(framing.HEADER_SIZE + len(fields[4]) for fields in new.values())
 
 
+class _Group:
+    """The records one write transaction adds to one pack (the open pack or a new one), and
+    for a small pack its stored form as last measured, so that filling a pack to its limit
+    compresses it a few times, not once per record."""
+
+    def __init__(self, number: int, existing: bytes, base: int, small: bool, limit: int, stored: bytes = b""):
+        self.number, self.base, self.small, self.limit = number, base, small, limit
+        self.body = bytearray(existing or PACK_HEADER.pack(PACK_VERSION, base))
+        self.existing = len(existing)   # bytes of it already stored (0: a new pack)
+        self.recs: list[tuple[bytes, int]] = []  # (raw id, offset) of each record added
+        self.stored = stored or None    # the stored form of `body`, if known
+        self.measured: tuple[int, bytes] | None = None  # (body length, its stored form)
+        # Bytes that may still be added without measuring: a frame grows by at most what
+        # it is given, and a little (64: ample for a block header and a literals header).
+        self.room = limit - len(stored or self.body) - 64
+
+    def size(self) -> int:
+        return len(self.body)
+
+    def takes(self, rec: bytes) -> bool:
+        """Whether a small record still fits (a new pack takes its first one whatever it is)."""
+        if len(self.body) == PACK_HEADER.size:
+            return True
+        if len(self.body) + len(rec) > MAX_PLAIN_BYTES:
+            return False
+        if len(rec) <= self.room:
+            return True
+        stored = stored_form(self.number, bytes(self.body) + rec)
+        if len(stored) > self.limit:
+            return False
+        self.measured = (len(self.body) + len(rec), stored)
+        self.room = self.limit - len(stored) - 64 + len(rec)  # add() takes len(rec) off again
+        return True
+
+    def add(self, raw: bytes, rec: bytes) -> None:
+        self.recs.append((raw, len(self.body)))
+        self.body += rec
+        self.room -= len(rec)
+        measured = self.measured
+        self.stored = measured[1] if measured is not None and measured[0] == len(self.body) else None
+
+
 def append_pack(txn, recs: list[tuple[bytes, bytes]], base: int) -> int:
-    """Write `recs` ([(raw id, record made for `base`)]) as one new pack after the last and index
-    them; its number."""
+    """Write `recs` ([(raw id, record made for `base`)]) as one new plain pack after the last
+    and index them; its number."""
     last = _last_pack(txn)
     number = 0 if last is None else last[0] + 1
-    _write_pack(txn, number, b"", recs, base)
+    group = _Group(number, b"", base, False, 0)
+    for raw, rec in recs:
+        group.add(raw, rec)
+    _write_pack(txn, group)
     return number
 
 
-def _write_pack(txn, number: int, existing: bytes, recs, base: int) -> int:
-    """Write pack `number` (`existing` bytes extended by `recs`), its index rows and live row;
-    the record bytes written."""
-    body = bytearray(existing or PACK_HEADER.pack(PACK_VERSION, base))
+def _write_pack(txn, group: _Group) -> None:
+    """Write a group's pack (compressed if small and shorter so), its index rows and live row."""
+    number = group.number
     live_count, live_bytes = (0, 0)
-    if existing:
+    if group.existing:
         row = txn.get(LIVE, pack_key(number))
         live_count, live_bytes = (0, 0) if row is None else _live(row)
-    written = 0
-    for raw, rec in recs:
-        _add_location(txn, raw, number, len(body))
-        body += rec
-        live_count += 1
-        live_bytes += len(rec)
-        written += len(rec)
+    for raw, offset in group.recs:
+        _add_location(txn, raw, number, offset)
+    live_count += len(group.recs)
+    live_bytes += len(group.body) - max(group.existing, PACK_HEADER.size)
+    body = bytes(group.body)
+    value = group.stored if group.stored is not None else stored_form(number, body) if group.small else body
     # A new pack is appended; the open pack is overwritten where it is (measured: deleting
     # it and appending it again leaves one pack a page, overwriting keeps two).
-    store = txn.put if existing else txn.append
-    store(PACKS, pack_key(number), bytes(body))
+    store = txn.put if group.existing else txn.append
+    store(PACKS, pack_key(number), value)
     store(LIVE, pack_key(number), varint(live_count) + varint(live_bytes))
-    return written
-
-
-def _size(group) -> int:
-    return (len(group[1]) or PACK_HEADER.size) + sum(len(rec) for _, rec in group[3])
 
 
 def delete(txn, raw: bytes) -> bool:
@@ -478,7 +603,7 @@ def delete(txn, raw: bytes) -> bool:
     locations = decode_locations(row)
     for i, (number, offset) in enumerate(locations):
         pack = txn.get(PACKS, pack_key(number))
-        record = None if pack is None else read_record(pack, offset)
+        record = None if pack is None else read_record(plain(number, pack), offset)
         if record is None or record.id != raw:
             continue
         rest = locations[:i] + locations[i + 1:]
@@ -588,6 +713,11 @@ def stored_values(txn, check: PackCheck, values: bool = True) -> Iterator[tuple[
         check.pack_bytes += len(pack)
         live_count = live_bytes = 0
         damaged = False
+        try:
+            pack = plain(number, pack)
+        except CorruptPack as exc:
+            check.problems.append(("pack", f"pack {number}: {exc}", None))
+            continue
         at, size = PACK_HEADER.size, len(pack)
         while at < size:
             try:
@@ -642,6 +772,7 @@ def _check_index_rows(txn, found: PackCheck) -> None:
                 pack = txn.get(PACKS, pack_key(number))
                 if pack is None:
                     raise CorruptPack(f"names pack {number}, which is missing")
+                pack = plain(number, pack)
                 record_fields(pack, offset)
                 if pack[offset:offset + INDEX_KEY] != bytes(key):
                     raise CorruptPack(f"names pack {number} offset {offset}, which holds "
@@ -721,7 +852,10 @@ def repack_candidates(txn, start: bytes = b"", dead_share: float = REPACK_DEAD_S
         if pack is None:
             continue  # fsck names a live row without its pack
         count, live = _live(row)
-        total = len(pack) - PACK_HEADER.size
+        try:
+            total = plain_size(pack) - PACK_HEADER.size
+        except CorruptPack:
+            continue  # fsck names a damaged pack; a repack leaves it as it is
         dead = total - live
         if total > 0 and dead >= dead_share * total and dead > 0:
             found.numbers.append(number)
@@ -745,7 +879,7 @@ def repack(txn, numbers, leaf_bytes: int = LEAF_BYTES, tick=None) -> tuple[int, 
         pack = txn.get(PACKS, pack_key(number))
         if pack is None:
             continue
-        pack = bytes(pack)
+        pack = bytes(plain(number, pack))
         kept = [record for record in records(pack) if _indexed_at(txn, record.id, number, record.offset)]
         live = {record.id: record.framed() for record in kept}
         for raw in live:

@@ -1,6 +1,6 @@
 """The store's format record (`meta/format`, docs/FORMAT.md section 7) and its upgrade.
 
-Written once when a store is made: `{"format": ..., "created_at": ...}`: STORE_FORMAT (3)
+Written once when a store is made: `{"format": ..., "created_at": ...}`: STORE_FORMAT (4)
 for an embedded store, SHARED_STORE_FORMAT (3) for a shared one (objects in packs on S3,
 cas/blobstore/s3_packs.py). A reader refuses a store whose format is newer than it reads (StoreFormatError, exit 4);
 a writable open of an older store marks it current first (`upgraded_from`, `upgraded_at`), so
@@ -8,7 +8,8 @@ that an older agentcas stops at the record instead of misreading the new writes.
 added packed objects and compact reflog rows, which every reader here reads in both forms;
 format 3 keeps an embedded store's objects in packs, so after marking, its objects move
 there (cas/packs.upgrade_objects: resumable, each writable open finishes what a killed one
-left; reads fall back to the rows not yet moved). A shared store of format 2 keeps its
+left; reads fall back to the rows not yet moved). Format 4 (embedded) adds compressed
+packs: a format-3 store is only marked, its packs stay as they are. A shared store of format 2 keeps its
 objects where they are (one S3 object each) and writes new ones into packs: its reads look
 in both, for as long as its record says it was made before format 3.
 """
@@ -26,8 +27,8 @@ from agentcas.cas.sealed import seal, unseal
 from agentcas.errors import IntegrityError
 
 FORMAT_KEY = b"format"
-STORE_FORMAT = 3
-SHARED_STORE_FORMAT = 3
+STORE_FORMAT = 4
+SHARED_STORE_FORMAT = 4
 
 
 class StoreFormatError(IntegrityError):

@@ -11,14 +11,16 @@
    appears whole, verified, or not at all. (One pass: reading everything twice would
    double the time of a checkout, and the temporary directory is never visible as DEST.)
    Where many reads at once cost far less than one each (a shared store: packs read by
-   ranged GETs), a thread fetches the files' objects a window of PREFETCH_BYTES at a time,
-   at most PREFETCH_AHEAD windows ahead of the writers, which wait for their file's window
-   and take its chunks from memory (not through the cache: a checkout reads them once).
+   ranged GETs), FETCHERS threads fetch the files' objects a window of PREFETCH_BYTES at
+   a time (the chunk lists of the windows ahead first, many at once), at most
+   PREFETCH_AHEAD windows ahead of the writers, which wait for their file's window and
+   take its chunks from memory (not through the cache: a checkout reads them once).
 Nothing read from a checkpoint is ever executed.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 import queue
 import shutil
@@ -38,6 +40,8 @@ from agentcas.errors import ConflictError, IntegrityError
 WORKERS = 2
 PREFETCH_BYTES = 32 * 1024 * 1024  # a window of files fetched at once (one fetch_many)
 PREFETCH_AHEAD = 2                 # windows fetched ahead of the writers at most
+FETCHERS = 2                       # windows fetched at once
+LIST_BATCH = 4096                  # chunk lists (or trees) fetched at once
 
 
 class MissingObject(IntegrityError):
@@ -157,6 +161,28 @@ def remove_tree(root: str) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _fetch_trees(objects: ObjectSource, tree_id: Digest) -> None:
+    """Read the trees under `tree_id` a level at a time (one get_many each), so the walk
+    that verifies them (list_files) finds them in the cache instead of asking once per
+    directory. Each is checked here only as far as finding its subdirectories takes."""
+    level = [tree_id.raw]
+    seen = set(level)
+    while level:
+        below = []
+        for start in range(0, len(level), LIST_BATCH):
+            for value in objects.blobs.get_many(level[start:start + LIST_BATCH]).values():
+                try:
+                    kind, data = framing.unframe(value)
+                    tree = Tree.decode(data) if kind == framing.KIND_TREE else None
+                except (IntegrityError, ValueError):
+                    tree = None  # list_files reads it again and says what is wrong
+                for entry in tree.entries if tree is not None else ():
+                    if entry.type == "dir" and entry.id.raw not in seen:
+                        seen.add(entry.id.raw)
+                        below.append(entry.id.raw)
+        level = below
+
+
 def file_chunks(txn, entry: TreeEntry):
     """The chunk refs of a file entry: its chunk list, or the file itself as one chunk."""
     if entry.size == 0:
@@ -223,8 +249,13 @@ def write_verified(txn, path: str, entry: TreeEntry, target: str, dir_fd: int | 
 
 class _Prefetch:
     """Fetches the objects of `files` (in order, a window at a time) ahead of the writers;
-    `wait(index)` returns once file `index`'s window is in (or its fetch failed: the writer
-    then reads, and reports, on its own), and `take` hands over a fetched value once."""
+    `wait(index)` returns once file `index`'s window is in (or a fetch failed: the writer
+    then reads, and reports, on its own), and `take` hands over a fetched value once.
+
+    FETCHERS threads each take the next window, so one window's GETs start while another's
+    last ones finish and the connections stay busy. The chunk lists a window needs are
+    fetched before it, LIST_BATCH at a time for the windows ahead (a few requests for many
+    lists, which a commit stores together), so a window's fetch is its chunks alone."""
 
     def __init__(self, objects: ObjectSource, files: list, failed: threading.Event):
         self.objects, self.files, self.failed = objects, files, failed
@@ -238,19 +269,26 @@ class _Prefetch:
                 size = 0
         if not self.ends or self.ends[-1] != len(files):
             self.ends.append(len(files))
-        self.fetched = 0   # windows fetched
-        self.wanted = 0    # the furthest window a writer waited for
+        self.done: set[int] = set()   # windows fetched
+        self.broken = False           # a fetch failed: the writers read on their own
+        self.next_window = 0          # the next window a fetcher takes
+        self.wanted = 0               # the furthest window a writer waited for
         self.changed = threading.Condition()
-        self.thread = threading.Thread(target=self._run, daemon=True, name="agentcas-prefetch")
-        self.thread.start()
+        self.planned: dict[int, list[bytes]] = {}  # window -> its chunk ids (lists fetched)
+        self.planned_to = 0           # windows below this are planned
+        self.planning = threading.Lock()
+        self.threads = [threading.Thread(target=self._run, daemon=True, name=f"agentcas-prefetch-{n}")
+                        for n in range(FETCHERS)]
+        for thread in self.threads:
+            thread.start()
 
     def wait(self, index: int) -> None:
-        import bisect
         window = bisect.bisect_right(self.ends, index)
         with self.changed:
-            self.wanted = max(self.wanted, window)
-            self.changed.notify_all()
-            while self.fetched <= window and not self.failed.is_set():
+            if window > self.wanted:
+                self.wanted = window
+                self.changed.notify_all()
+            while window not in self.done and not self.broken and not self.failed.is_set():
                 self.changed.wait(0.1)
 
     def take(self, raw: bytes):
@@ -258,36 +296,59 @@ class _Prefetch:
             return self.values.pop(raw, None)
 
     def _run(self) -> None:
-        start = 0
         try:
-            for window, end in enumerate(self.ends):
+            while True:
                 with self.changed:
+                    window = self.next_window
+                    if window >= len(self.ends) or self.broken:
+                        return
+                    self.next_window += 1
                     while window > self.wanted + PREFETCH_AHEAD and not self.failed.is_set():
                         self.changed.wait(0.1)
                 if self.failed.is_set():
                     return
-                self._fetch([entry for _, entry in self.files[start:end]])
-                start = end
+                fetched = self.objects.blobs.fetch_many(self._chunks_of(window))  # the writers verify them
                 with self.changed:
-                    self.fetched = window + 1
+                    self.values.update(fetched)
+                    self.done.add(window)
                     self.changed.notify_all()
         except Exception:  # noqa: BLE001 - the writers read on their own and report it
-            pass
-        finally:
             with self.changed:
-                self.fetched = len(self.ends)
+                self.broken = True
                 self.changed.notify_all()
 
-    def _fetch(self, entries: list) -> None:
-        blobs = self.objects.blobs
-        lists = [entry.chunks.raw for entry in entries if entry.size and entry.chunks is not None]
-        chunks = [entry.id.raw for entry in entries if entry.size and entry.chunks is None]
-        for value in blobs.get_many(lists).values():  # chunk lists: small, cached as any read
+    def _files_of(self, window: int):
+        return self.files[self.ends[window - 1] if window else 0:self.ends[window]]
+
+    def _chunks_of(self, window: int) -> list[bytes]:
+        """The chunk ids of `window`'s files, planning it and the windows after it (their
+        chunk lists fetched together, up to LIST_BATCH) if that is not done yet."""
+        with self.planning:
+            while window >= self.planned_to:
+                self._plan(self.planned_to)
+            return self.planned.pop(window)
+
+    def _plan(self, first: int) -> None:
+        windows: list[int] = []
+        lists: list[bytes] = []
+        window = first
+        while window < len(self.ends) and (not windows or len(lists) < LIST_BATCH):
+            windows.append(window)
+            lists += [entry.chunks.raw for _, entry in self._files_of(window)
+                      if entry.size and entry.chunks is not None]
+            window += 1
+        chunk_ids = {}
+        for raw, value in self.objects.blobs.get_many(lists).items():  # cached as any read
             _, data = framing.unframe(value)
-            chunks += [ref.id.raw for ref in ChunkList.decode(data).chunks]
-        fetched = blobs.fetch_many(chunks)  # the writers verify what they take
-        with self.changed:
-            self.values.update(fetched)
+            chunk_ids[raw] = [ref.id.raw for ref in ChunkList.decode(data).chunks]
+        for window in windows:
+            chunks: list[bytes] = []
+            for _, entry in self._files_of(window):
+                if not entry.size:
+                    continue
+                chunks += [entry.id.raw] if entry.chunks is None else chunk_ids.get(entry.chunks.raw, [])
+            self.planned[window] = chunks
+        self.planned_to = windows[-1] + 1
 
 
 class _Prefetched:
@@ -326,6 +387,8 @@ def restore_tree(objects: ObjectSource, tree_id: Digest, dest: str, progress=Non
     dest = os.path.abspath(dest)
     if os.path.lexists(dest):
         raise ConflictError(f"destination already exists: {dest}")
+    if objects.blobs.batched_reads:
+        _fetch_trees(objects, tree_id)
     with objects.reading() as txn:
         entries = list(list_files(txn, tree_id))
     parent = os.path.dirname(dest)

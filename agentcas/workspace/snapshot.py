@@ -25,13 +25,18 @@
    a window plus the writer's batch. A secret longer than the 64 KiB overlap that
    straddles two windows is missed where a whole-file scan would find it.
 5. Trees are built bottom-up and returned as the root tree id.
-6. Directory cache: each directory gets a stat digest, BLAKE3 over the names and stat
-   signatures (size, mtime, inode, ctime, mode, links) of its files and ignore files and
-   the stat digests of its subdirectories, so it changes when anything below it does. A
-   directory whose digest equals the one recorded with its tree id last time reuses that
-   tree whole: none of its files is looked up or read. Only the directories on the path to
-   a changed file are built again (a 100,000-file workspace with one edit: ~20 trees).
-   A directory holding a racy file (RACY_NS), an allowed or skipped secret is not cached.
+6. Directory cache: each directory's listing (every entry's name and stat signature:
+   mode, size, mtime, inode, ctime, links) is marshalled into one byte string on the
+   lister's thread; its own digest covers that, the stat signatures of the ignore files in
+   it and above it, and the snapshot's options. A directory whose own digest equals its
+   row's is not looked at entry by entry: its subdirectories and its counts are the row's
+   (a 100,000-file walk then costs little beyond the lstat of every entry). Its stat digest
+   adds its subdirectories' stat digests, so it changes when anything below it does; a
+   directory whose stat digest equals the row's reuses the row's tree whole. Only the
+   directories on the path to a changed file are built again (one edit in 100,000 files:
+   ~3 trees), their unchanged files taken from their listing and the stat cache.
+   A directory with an entry changed within RACY_NS, below an ignore file changed within
+   it, or holding (below it) an allowed or skipped secret gets no row.
 
 With `git_aware` (the harness hooks and rewind: the workspace as a git user sees it),
 `.git` is never entered or read and `.gitignore` files count as ignore files (a
@@ -42,8 +47,10 @@ the tree and named in `skipped_secrets` instead of refusing the snapshot.
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
 import json
+import marshal
 import operator
 import os
 import stat
@@ -74,8 +81,14 @@ IGNORE_FILE = ".agentcasignore"
 GIT_IGNORE_FILE = ".gitignore"
 GIT_DIR = ".git"
 DIR_CACHE_KEY = b"\x03tree\0"   # statcache rows of the directory cache (files' start with "/" or NUL)
-_DIR_ROW = struct.Struct(">B32s32s32s")   # version 1, own digest, stat digest, tree id
-_FILE_SIG = struct.Struct(">BQqQqIQ")   # (after the name) 0, size, mtime_ns, inode, ctime_ns, st_mode, links
+_DIR_ROW = struct.Struct(">B32s32s32sQQ")   # version 2, own digest, stat digest, tree id, files, bytes; then subdirs
+_OWN_HEAD = struct.Struct(">III")   # the lengths of the options tag, ignore context and skipped names, before them
+# What a directory listing records of each entry (besides its name): a listing of equal
+# signatures is one the directory cache may take as unchanged.
+_STAT_SIG = operator.attrgetter("st_mode", "st_size", "st_mtime_ns", "st_ino", "st_ctime_ns", "st_nlink")
+_NAME = operator.attrgetter("name")
+_MTIME = operator.attrgetter("st_mtime_ns")
+_CTIME = operator.attrgetter("st_ctime_ns")
 RACY_NS = 2_000_000_000
 READ_TRIES = 3
 WORKERS = 2
@@ -227,7 +240,7 @@ class Snapshotter:
         # A shared store's writer uploads in the background while the workers go on hashing.
         # With `held`, its last batch is left there for the commit's move to store (writer.py).
         self.writer = BatchWriter(objects, lease=lease, known=known, background=known is not None, held=held)
-        self._ignores: dict[str, _IgnoreSpec] = {}  # directory rel path -> its ignore files' spec
+        self._ignores: dict[str, Any] = {}  # directory rel path -> its ignore files' spec (or lines, uncompiled)
         self.git_aware = git_aware
         # The directory cache is used only with an epoch (the gc sweeps begun: a sweep may
         # delete objects below a tree it has not reached yet, so any sweep retires the rows).
@@ -235,30 +248,38 @@ class Snapshotter:
         self.skip_secrets = skip_secrets
         self.skipped_secrets: list[str] = []   # "path: why" of files left out (skip_secrets)
         self._ignore_names = (GIT_IGNORE_FILE, IGNORE_FILE) if git_aware else (IGNORE_FILE,)
-        self._dir_sigs: dict[str, list] = {}   # rel dir -> stat signatures of its files and ignore files
+        self._counts: dict[str, tuple[int, int]] = {}   # rel dir -> (files, bytes) it holds, when looked at
+        self._unlooked: dict[str, _Listing] = {}  # rel dir -> listing of a directory taken from its row
         self._uncacheable: set[str] = set()    # dirs holding a racy file or a secret (not cached)
-        self._own_digests: dict[str, bytes] = {}   # rel dir -> digest of its own listing and stats
+        self._own_digests: dict[str, bytes] = {}   # rel dir -> digest of its listing, ignore files, options
         self._cached_rows: dict[str, tuple | None] = {}
         self._started_ns = time.time_ns()
         self._buffers = threading.local()  # one read buffer per worker thread
 
     # -- walk ---------------------------------------------------------------------------
-    def _load_ignore(self, rel_dir: str, names) -> None:
-        """Read `rel_dir`'s ignore files (.agentcasignore; with git_aware .gitignore first)."""
-        lines = []
+    def _load_ignore(self, rel_dir: str, listing: _Listing) -> list:
+        """Read `rel_dir`'s ignore files (.agentcasignore; with git_aware .gitignore first);
+        the listing's stats of those read. Their patterns are compiled when first needed
+        (`_spec`): a walk whose directories are all unchanged never needs pathspec."""
+        lines, read = [], []
         for file_name in self._ignore_names:
-            if file_name not in names:
-                continue
-            path = os.path.join(self.root, rel_dir, file_name)
-            st = os.lstat(path)
-            if not stat.S_ISREG(st.st_mode):
+            st = listing.stat_of(file_name)
+            if st is None or not stat.S_ISREG(st.st_mode):
                 continue  # a symlink or directory of that name is refused or walked as usual
-            self._dir_sigs.setdefault(rel_dir, []).append(_sig_bytes("\0" + file_name, st))
+            read.append(st)
+            path = os.path.join(self.root, rel_dir, file_name)
             with open(path, encoding="utf-8-sig", errors="replace") as handle:  # a BOM is not a pattern
                 lines += handle.read().splitlines()
         if lines:
-            import pathspec  # only when there is an ignore file: it costs ~10 ms to import
-            self._ignores[rel_dir] = _IgnoreSpec(pathspec.GitIgnoreSpec.from_lines(lines))
+            self._ignores[rel_dir] = lines
+        return read
+
+    def _spec(self, rel_dir: str) -> _IgnoreSpec | None:
+        spec = self._ignores.get(rel_dir)
+        if isinstance(spec, list):
+            import pathspec  # only when a changed directory needs it: it costs ~10 ms to import
+            spec = self._ignores[rel_dir] = _IgnoreSpec(pathspec.GitIgnoreSpec.from_lines(spec))
+        return spec
 
     def _ignored(self, rel: str, is_dir: bool) -> bool:
         """Whether the ignore files of `rel`'s ancestors exclude it (the deepest match decides)."""
@@ -266,7 +287,7 @@ class Snapshotter:
             return False
         parts = rel.split("/")
         for depth in range(len(parts) - 1, -1, -1):  # deepest directory first
-            spec = self._ignores.get("/".join(parts[:depth]))
+            spec = self._spec("/".join(parts[:depth]))
             if spec is None:
                 continue
             below = "/".join(parts[depth:]) + ("/" if is_dir else "")
@@ -291,75 +312,102 @@ class Snapshotter:
             return self._walk_listed(txn, lister)
 
     def _walk_listed(self, txn, lister: _DirectoryLister) -> dict[str, list]:
+        """A directory whose listing (every entry's name and stat), ignore files (its own
+        and its ancestors') and options are those its directory-cache row was written
+        from is not looked at entry by entry: its subdirectories are the row's, its files
+        are made FileItems only if its tree must be built again (`_file_items`)."""
         dirs: dict[str, list] = {}
-        is_dir_mode, is_reg_mode, pack_sig = stat.S_ISDIR, stat.S_ISREG, _FILE_SIG.pack
         racy_before = self._started_ns - RACY_NS
         tag = self._options_tag()
+        skipped_in = self._skipped_in()
         lister.request(self.root, top=True)
         order = [""]   # directories in the order they were requested (found)
+        # rel dir -> (the stat signatures of its and its ancestors' ignore files, any racy)
+        contexts: dict[str, tuple[bytes, bool]] = {"": (b"", False)}
         for rel_dir in order:
             abs_dir = os.path.join(self.root, rel_dir) if rel_dir else self.root
-            children: list[tuple[str, Any]] = []  # (name, "dir" or its FileItem)
             try:
-                entries = lister.result()
-                self._load_ignore(rel_dir, {name for name, _ in entries})
+                listing = lister.result()
+                ignore_stats = self._load_ignore(rel_dir, listing)
             except OSError as exc:
                 raise WorkspaceError(f"cannot read directory {abs_dir}: {exc.strerror}") from None
-            sigs = self._dir_sigs.setdefault(rel_dir, [])
-            prefix = f"{rel_dir}/" if rel_dir else ""
-            ignores = bool(self._ignores)
-            for name, st in entries:
-                if name == GIT_DIR and self.git_aware:
-                    continue  # never entered, never read
-                mode = st.st_mode
-                path = f"{abs_dir}/{name}"
-                if is_dir_mode(mode):
-                    # Skipped and ignored entries first: .agentcasignore can leave out a file
-                    # whose name could not be stored.
-                    # `path` is already canonical: the root is a real path and the walk
-                    # never enters a symlink (realpath here cost O(depth) lstats per entry).
-                    if (name == ".agentcas" or path in self.skip_dirs
-                            or os.path.isfile(os.path.join(path, RESTORED_MARKER))):
-                        continue
-                    if ignores and self._ignored(prefix + name, True):
-                        continue
-                    children.append((name, "dir"))
-                    order.append(prefix + name)
-                    lister.request(path)
-                    continue
-                if ignores and self._ignored(prefix + name, False):
-                    continue
-                if self.skip_files and path in self.skip_files:
-                    continue
-                if not is_reg_mode(mode):
-                    self._check_names(rel_dir, [name])   # a bad name is named first, as it always was
-                    if stat.S_ISLNK(mode):
-                        raise WorkspaceError(f"symlinks are not supported: {prefix + name}")
-                    raise WorkspaceError(f"not a regular file or directory (device, fifo or socket): {prefix + name}")
-                if st.st_nlink > 1:
-                    self._check_names(rel_dir, [name])
-                    raise WorkspaceError(f"hardlinked file (link count {st.st_nlink}) is not supported: "
-                                         f"{prefix + name}")
-                children.append((name, st))   # a FileItem only if the directory is not reused (run)
-                self.stats.files += 1
-                self.stats.bytes += st.st_size
-                sigs.append(name.encode("utf-8", "surrogateescape") + pack_sig(
-                    0, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns, mode, st.st_nlink))
-                if st.st_mtime_ns > racy_before or st.st_ctime_ns > racy_before:
-                    self._uncacheable.add(rel_dir)
-            # The names were checked when this directory's row was written, if they (and
-            # every stat) are as they were then: a directory of the same listing is not checked again.
-            own = blake3.blake3(tag, max_threads=1)
-            own.update(b"".join(sigs))
-            for name, item in children:
-                if item == "dir":
-                    own.update(b"d/" + name.encode("utf-8", "surrogateescape") + b"\0")
+            context, racy = contexts.pop(rel_dir)
+            if ignore_stats:
+                context += marshal.dumps([_STAT_SIG(st) for st in ignore_stats], 2)
+                racy = racy or any(max(st.st_mtime_ns, st.st_ctime_ns) > racy_before for st in ignore_stats)
+            skipped = skipped_in.get(abs_dir, b"")
+            if racy or listing.newest > racy_before:
+                self._uncacheable.add(rel_dir)
+            own = blake3.blake3(_OWN_HEAD.pack(len(tag), len(context), len(skipped)), max_threads=1)
+            for part in (tag, context, skipped, listing.key):
+                own.update(part)
             self._own_digests[rel_dir] = own.digest()
             row = self._dir_row(txn, rel_dir) if self.dir_cache_epoch is not None else None
-            if row is None or row[1] != self._own_digests[rel_dir]:
+            if row is not None and row[1] == self._own_digests[rel_dir]:
+                # The names were checked when the row was written, under the same rules.
+                children: list[tuple[str, Any]] = [(name, "dir") for name in row[6]]
+                self._unlooked[rel_dir] = listing
+                self.stats.files += row[4]
+                self.stats.bytes += row[5]
+            else:
+                children, files, size = self._children(rel_dir, abs_dir, listing)
                 self._check_names(rel_dir, [name for name, _ in children])
+                self._counts[rel_dir] = (files, size)
+                self.stats.files += files
+                self.stats.bytes += size
+            prefix = f"{rel_dir}/" if rel_dir else ""
+            for name, item in children:
+                if item == "dir":
+                    order.append(prefix + name)
+                    contexts[prefix + name] = (context, racy)
+                    lister.request(f"{abs_dir}/{name}")
             dirs[rel_dir] = children
         return dirs
+
+    def _children(self, rel_dir: str, abs_dir: str, listing: _Listing, files_only: bool = False):
+        """([(name, "dir" or os.stat_result)], files, bytes) of the entries of a directory
+        that enter the snapshot; with `files_only`, its files only."""
+        children: list[tuple[str, Any]] = []
+        files = size = 0
+        prefix = f"{rel_dir}/" if rel_dir else ""
+        ignores = bool(self._ignores)
+        is_dir_mode, is_reg_mode = stat.S_ISDIR, stat.S_ISREG
+        for name, st in zip(listing.names, listing.stats):
+            if name == GIT_DIR and self.git_aware:
+                continue  # never entered, never read
+            mode = st.st_mode
+            path = f"{abs_dir}/{name}"
+            if is_dir_mode(mode):
+                if files_only:
+                    continue
+                # Skipped and ignored entries first: .agentcasignore can leave out a file
+                # whose name could not be stored.
+                # `path` is already canonical: the root is a real path and the walk
+                # never enters a symlink (realpath here cost O(depth) lstats per entry).
+                if (name == ".agentcas" or path in self.skip_dirs
+                        or os.path.isfile(os.path.join(path, RESTORED_MARKER))):
+                    continue
+                if ignores and self._ignored(prefix + name, True):
+                    continue
+                children.append((name, "dir"))
+                continue
+            if ignores and self._ignored(prefix + name, False):
+                continue
+            if self.skip_files and path in self.skip_files:
+                continue
+            if not is_reg_mode(mode):
+                self._check_names(rel_dir, [name])   # a bad name is named first, as it always was
+                if stat.S_ISLNK(mode):
+                    raise WorkspaceError(f"symlinks are not supported: {prefix + name}")
+                raise WorkspaceError(f"not a regular file or directory (device, fifo or socket): {prefix + name}")
+            if st.st_nlink > 1:
+                self._check_names(rel_dir, [name])
+                raise WorkspaceError(f"hardlinked file (link count {st.st_nlink}) is not supported: "
+                                     f"{prefix + name}")
+            children.append((name, st))   # a FileItem only if the directory is not reused (run)
+            files += 1
+            size += st.st_size
+        return children, files, size
 
     def _check_names(self, rel_dir: str, names: list) -> None:
         prefix = f"{rel_dir}/" if rel_dir else ""
@@ -580,7 +628,7 @@ class Snapshotter:
         root, built = self._build_trees(dirs, reused, covered)
         self.writer.flush()
         self.stats.unchanged_files = self.stats.cached_files + self._same_as_before(todo)
-        rows = self._cache_rows(todo) + self._dir_rows(built, digests)
+        rows = self._cache_rows(todo) + self._dir_rows(dirs, built, digests)
         if rows:
             def put_rows(txn):
                 for key, value in rows:
@@ -596,16 +644,21 @@ class Snapshotter:
         return key if len(key) <= MAX_CACHE_KEY else DIR_CACHE_KEY + b"#" + blake3.blake3(key).digest()
 
     def _dir_row(self, txn, rel_dir: str) -> tuple | None:
-        """(version, own digest, stat digest, tree id) of the directory's cache row, or None."""
+        """(version, own digest, stat digest, tree id, files, bytes, [subdirectory names])
+        of the directory's cache row, or None (none, damaged, or a version-1 row: those
+        are written again as version 2 when the directory's tree is next built)."""
         key = self._dir_key(rel_dir)
         value = txn.get("statcache", key)
         row = None
         if value is not None:
             try:
-                row = _DIR_ROW.unpack(unseal("statcache", key, value))
-            except (IntegrityError, struct.error):
-                row = None
-            if row is not None and row[0] != 1:
+                payload = unseal("statcache", key, value)
+                if payload[:1] == b"\x02":
+                    head = _DIR_ROW.unpack_from(payload)
+                    names = payload[_DIR_ROW.size:]
+                    subdirs = names.decode("utf-8", "surrogateescape").split("\0") if names else []
+                    row = (*head, subdirs)
+            except (IntegrityError, struct.error, ValueError):
                 row = None
         self._cached_rows[rel_dir] = row
         return row
@@ -614,9 +667,18 @@ class Snapshotter:
         """What else decides a tree besides the stats: the walk's rules and what it skips."""
         tag = [b"git" if self.git_aware else b"plain", b"skip" if self.skip_secrets else b"refuse",
                self.dir_cache_epoch or b""]
-        tag += sorted(os.fsencode(p) for p in self.skip_dirs | self.skip_files)
         tag += [b"allow:" + os.fsencode(glob) for glob in sorted(self.allow_secrets)]  # names checked under them
         return b"\0".join(tag)
+
+    def _skipped_in(self) -> dict[str, bytes]:
+        """{absolute directory: what it decides} of the skipped paths: each belongs to the key
+        of the directory holding it only (a hook skipping a transcript outside the workspace
+        and a rewind skipping none share their rows)."""
+        by_dir: dict[str, list] = {}
+        for path in self.skip_dirs | self.skip_files:
+            parent, name = os.path.split(path)
+            by_dir.setdefault(parent, []).append(os.fsencode(name) + (b"/" if path in self.skip_dirs else b""))
+        return {parent: b"\0".join(sorted(names)) for parent, names in by_dir.items()}
 
     def _reuse_trees(self, dirs: dict) -> tuple[dict, set, dict]:
         """({rel dir: tree id} of the topmost directories whose stat digest is unchanged,
@@ -645,7 +707,7 @@ class Snapshotter:
                 covered.add(rel_dir)
         return reused, covered, digests
 
-    def _dir_rows(self, built: list, digests: dict) -> list[tuple[bytes, bytes]]:
+    def _dir_rows(self, dirs: dict, built: list, digests: dict) -> list[tuple[bytes, bytes]]:
         """Directory-cache rows of the trees built, but none above a racy file or a secret."""
         blocked = set()
         for rel_dir in self._uncacheable | {item.rsplit("/", 1)[0] if "/" in item else "" for item in
@@ -661,18 +723,26 @@ class Snapshotter:
             if rel_dir in blocked or self.dir_cache_epoch is None:
                 continue
             key = self._dir_key(rel_dir)
-            rows.append((key, seal("statcache", key, _DIR_ROW.pack(1, self._own_digests[rel_dir], digests[rel_dir],
-                                                                    tree.raw))))
+            subdirs = b"\0".join(name.encode("utf-8", "surrogateescape") for name, item in dirs[rel_dir]
+                                 if item == "dir")
+            rows.append((key, seal("statcache", key, _DIR_ROW.pack(2, self._own_digests[rel_dir], digests[rel_dir],
+                                                                    tree.raw, *self._counts[rel_dir]) + subdirs)))
         return rows
 
     def _file_items(self, dirs: dict, covered: set) -> list[FileItem]:
-        """The files of the directories not reused, as FileItems (in `dirs` too)."""
+        """The files of the directories not reused, as FileItems (in `dirs` too; a
+        directory taken from its row gets its files from its listing here)."""
         items = []
         for rel_dir, children in dirs.items():
             if rel_dir in covered:
                 continue
             prefix = f"{rel_dir}/" if rel_dir else ""
             base = os.path.join(self.root, rel_dir) if rel_dir else self.root
+            listing = self._unlooked.pop(rel_dir, None)
+            if listing is not None:   # taken from its row, but its tree is built again: its files too
+                files, count, size = self._children(rel_dir, base, listing, files_only=True)
+                self._counts[rel_dir] = (count, size)
+                children = files + children
             made = []
             for name, item in children:
                 if item != "dir":
@@ -1012,8 +1082,8 @@ class _DirectoryLister:
             thread.start()
             self._threads.append(thread)
 
-    def result(self) -> list[tuple[str, os.stat_result]]:
-        """The next requested directory's [(name, lstat)], sorted; raises its OSError."""
+    def result(self) -> _Listing:
+        """The next requested directory's listing; raises its OSError."""
         slot = self._requests[self._next]
         self._next += 1
         slot[0].wait()
@@ -1036,24 +1106,32 @@ class _DirectoryLister:
             slot[0].set()
 
 
-def _list_directory(path: str, top: bool) -> list[tuple[str, os.stat_result]]:
+class _Listing:
+    """A directory's entries sorted by name, their lstat, and `key`: the names and stat
+    signatures (_STAT_SIG) of all of them, marshalled, so two listings compare as bytes;
+    `newest`: the latest mtime or ctime among them."""
+
+    __slots__ = ("names", "stats", "key", "newest")
+
+    def __init__(self, names: list[str], stats: list[os.stat_result]):
+        self.names, self.stats = names, stats
+        self.key = marshal.dumps((names, list(map(_STAT_SIG, stats))), 2)  # version 2: no back-references
+        self.newest = max(max(map(_MTIME, stats)), max(map(_CTIME, stats))) if stats else 0
+
+    def stat_of(self, name: str) -> os.stat_result | None:
+        at = bisect.bisect_left(self.names, name)
+        return self.stats[at] if at < len(self.names) and self.names[at] == name else None
+
+
+def _list_directory(path: str, top: bool) -> _Listing:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | (0 if top else os.O_NOFOLLOW))
     try:
         with os.scandir(fd) as entries:
-            listed = [(entry.name, entry.stat(follow_symlinks=False)) for entry in entries]
+            ordered = sorted(entries, key=_NAME)
+        stats = [entry.stat(follow_symlinks=False) for entry in ordered]
     finally:
         os.close(fd)
-    listed.sort(key=_first)
-    return listed
-
-
-_first = operator.itemgetter(0)
-
-
-def _sig_bytes(name: str, st: os.stat_result) -> bytes:
-    """A directory-cache signature of one entry: its name and what its stat says."""
-    return name.encode("utf-8", "surrogateescape") + _FILE_SIG.pack(
-        0, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns, st.st_mode, st.st_nlink)
+    return _Listing(list(map(_NAME, ordered)), stats)
 
 
 def _mode(st: os.stat_result) -> int:

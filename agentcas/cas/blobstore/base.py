@@ -61,7 +61,8 @@ class BlobStore(ABC):
     def fetch_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
         """get_many for a one-pass bulk read (a restore): a cache in front of a remote store
         passes what it fetches through without keeping it (it would only evict what this
-        machine reads again)."""
+        machine reads again). Values may be read-only views (memoryview) into larger
+        buffers: a caller reads them, hashes them, writes them out."""
         return self.get_many(keys)
 
     @abstractmethod

@@ -3,8 +3,11 @@
 A write batch becomes a few pack objects, `PREFIX/packs/<64 hex of BLAKE3(pack)>`, each
 the batch's framed objects one after another (cas/framing.py) up to PACK_BYTES (16 MiB:
 restic's default; one object larger than that is a pack alone), then a trailer naming
-them (docs/FORMAT.md section 4.3). A pack is written once (create-if-absent) and never
-changed; it is deleted whole when nothing the index names lives in it.
+them (docs/FORMAT.md section 4.3). The batch's chunks come first, its small objects
+(trees, chunk lists, checkpoints) together at the end, as restic keeps tree blobs apart
+from data blobs: a restore reads all of a batch's chunk lists in one GET. A pack is
+written once (create-if-absent) and never changed; it is deleted whole when nothing the
+index names lives in it.
 
 The index lives in the metadata store (PostgreSQL), two tables of sealed rows:
 
@@ -40,6 +43,7 @@ import struct
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import blake3
 
@@ -51,7 +55,7 @@ from agentcas.errors import IntegrityError
 
 PACK_BYTES = 16 * 1024 * 1024  # restic's default pack size: 1 GiB is ~64 PUTs
 GAP_BYTES = 64 * 1024          # wanted objects this close together in a pack are one ranged GET
-RUN_BYTES = 4 * 1024 * 1024    # ... up to this many bytes a GET, so a big read runs on every connection
+RUN_BYTES = 8 * 1024 * 1024    # ... up to this many bytes a GET (a restore window of 32 MiB: 4 GETs)
 INDEX = "s3index"
 PACKS = "s3packs"
 _LOCATION = struct.Struct(">32sQI")
@@ -106,17 +110,25 @@ def pack_row_of(pack: bytes, value: bytes) -> PackRow:
 
 
 def build_packs(items: Mapping[bytes, bytes], pack_bytes: int = PACK_BYTES):
-    """Cut `items` ({id: framed value}) into packs of about `pack_bytes`, in the order given:
-    [(pack hash, pack bytes, {id: Location})]. The batch is shared evenly among the nearest
-    whole number of packs (a 64.5 MiB batch: four packs, not four and a small fifth), so a
-    pack is at most ~1.5 x `pack_bytes` (or one larger object alone)."""
+    """Cut `items` ({id: framed value}) into packs of about `pack_bytes`:
+    [(pack hash, pack bytes, {id: Location})]. Chunks come first in the order given, then
+    every other object (trees, chunk lists, checkpoints: small, and read before the chunks
+    they name), together at the end of the last pack, so a reader gets all of a batch's
+    in one ranged GET. The batch is shared evenly among the nearest whole number of packs
+    (a 64.5 MiB batch: four packs, not four and a small fifth), so a pack is at most
+    ~1.5 x `pack_bytes` (or one larger object alone)."""
     total = sum(len(value) for value in items.values())
     target = total / max(1, round(total / pack_bytes))
     packs = []
     group: list[tuple[bytes, bytes]] = []
     size = 0
-    for key, value in items.items():
-        if group and size + len(value) > target + len(value) / 2:
+    ordered = [item for item in items.items() if item[1][0] == framing.KIND_CHUNK]
+    ordered += [item for item in items.items() if item[1][0] != framing.KIND_CHUNK]
+    for key, value in ordered:
+        # A value that would overfill the pack opens the next, with a slack of half of it
+        # or of a quarter pack, whichever is more: the small values at a batch's end
+        # never spill into a pack of their own.
+        if group and size + len(value) > target + max(len(value), target / 4) / 2:
             packs.append(_pack(group))
             group, size = [], 0
         group.append((bytes(key), value))
@@ -129,11 +141,11 @@ def build_packs(items: Mapping[bytes, bytes], pack_bytes: int = PACK_BYTES):
 def _pack(group: list[tuple[bytes, bytes]]):
     body, entries, offset = [], [], 0
     for key, value in group:
-        body.append(bytes(value))
+        body.append(value)
         entries.append((key, offset, len(value), bytes(value[:framing.HEADER_SIZE])))
         offset += len(value)
-    trailer = b"".join(_TRAILER_ENTRY.pack(key, at, length) for key, at, length, _ in entries)
-    data = b"".join(body) + trailer + _TRAILER_END.pack(len(entries), PACK_MAGIC)
+    body += [_TRAILER_ENTRY.pack(key, at, length) for key, at, length, _ in entries]
+    data = b"".join(body + [_TRAILER_END.pack(len(entries), PACK_MAGIC)])  # one copy of the values
     name = blake3.blake3(data).digest()
     return name, data, {key: Location(name, at, length, header) for key, at, length, header in entries}
 
@@ -218,15 +230,21 @@ class PackedBlobStore(BlobStore):
     def get_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
         return self._fetch(keys, strict=True)
 
+    def fetch_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        """get_many whose values are read-only views into the GETs' bodies (a restore
+        checks and writes each once: no copy of every chunk)."""
+        return self._fetch(keys, strict=True, views=True)
+
     def get_many_stored(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
         """What the bucket holds, damaged or not (fsck judges; `check_packs` names the pack)."""
         return self._fetch(keys, strict=False)
 
-    def _fetch(self, keys: Sequence[bytes], strict: bool) -> dict[bytes, bytes]:
+    def _fetch(self, keys: Sequence[bytes], strict: bool, views: bool = False) -> dict[bytes, bytes]:
         """Values by id: the indexed ones by ranged GETs in parallel (a run of wanted objects
         close together in one pack, up to RUN_BYTES, is one GET), the rest from `objects/` if `legacy`. `strict`:
         a pack that is missing or cut short under an indexed object is an IntegrityError
-        naming it; else what was there is returned (short, or absent)."""
+        naming it; else what was there is returned (short, or absent). `views`: values are
+        memoryviews into the GETs' bodies instead of copies."""
         keys = list(dict.fromkeys(bytes(k) for k in keys))
         where = self.locations(keys)
         runs: list[list[tuple[bytes, Location]]] = []
@@ -250,9 +268,10 @@ class PackedBlobStore(BlobStore):
                      run[-1][1].offset + run[-1][1].length - run[0][1].offset) for run in runs]
         found: dict[bytes, bytes] = {}
         for run, request, data in zip(runs, requests, self.remote.read_pack_ranges(requests)):
+            body = data if data is None or not views else cast(bytes, memoryview(data))
             for key, location in run:
                 start = location.offset - request[1]
-                value = None if data is None else data[start:start + location.length]
+                value = None if body is None else body[start:start + location.length]
                 if value is not None and len(value) == location.length:
                     found[key] = value
                 elif strict:
