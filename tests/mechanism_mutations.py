@@ -183,6 +183,20 @@ MUTATIONS = {
            ["            pass\n"],
            ["tests/test_gc_markset.py::test_markset_spills_past_its_budget_and_finds_every_id_in_both_tables",
             "tests/test_gc_markset.py::test_gc_with_a_tiny_memory_budget_deletes_exactly_the_garbage_on_lmdb"]),
+    # The spilled mark table's Bloom filter not told of the ids moved to disk: marked ids are
+    # taken for unmarked (gc would delete live objects), or, always "maybe", every lookup reads the disk.
+    "Gb": ("agentcas/gc/markset.py", ["        for raw in batch:\n            self._remember_on_disk(raw)\n"],
+           ["        pass\n"],
+           ["tests/test_gc_markset.py::test_markset_spills_past_its_budget_and_finds_every_id_in_both_tables",
+            "tests/test_gc_markset.py::test_gc_with_a_tiny_memory_budget_deletes_exactly_the_garbage_on_lmdb"]),
+    "Gf": ("agentcas/gc/markset.py", ["        if self._reader is None or not self._maybe_on_disk(raw):\n"],
+           ["        if self._reader is None:\n"],
+           ["tests/test_gc_markset.py::test_a_spilled_markset_reads_its_on_disk_table_for_few_absent_ids"]),
+    # A listing in pack order that takes every record for an object: the dead records of a
+    # partly dead pack are listed (gc would count them, and plan deletes of what is gone).
+    "Gp": ("agentcas/cas/packs.py", ["            if all_live or _indexed_at(txn, raw, number, at):\n"],
+           ["            if True:\n"],
+           ["tests/test_packs.py::test_a_listing_in_pack_order_lists_exactly_what_the_id_order_listing_does"]),
     # `commit --rollout` passes over the effect records agentcas appended itself (lineage/tail.py):
     # take them for the file's, and an effect then refuses the next commit of the grown file.
     "Re": ("agentcas/lineage/tail.py", ["        elif parse_record(record) is None:  # not agentcas's own"],

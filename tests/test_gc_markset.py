@@ -62,6 +62,19 @@ def test_markset_spills_past_its_budget_and_finds_every_id_in_both_tables():
         marks.add(b"short")
 
 
+def test_a_spilled_markset_reads_its_on_disk_table_for_few_absent_ids():
+    marks = MarkSet(TINY)
+    added = [os.urandom(32) for _ in range(5000)]
+    for raw in added:
+        marks.add(raw)
+    assert marks.spilled
+    before = marks.disk_lookups
+    assert not any(os.urandom(32) in marks for _ in range(5000))
+    assert marks.disk_lookups - before < 100  # its Bloom filter answers the rest
+    assert all(raw in marks for raw in added)
+    marks.close()
+
+
 def test_markset_grows_in_memory_under_its_budget():
     marks = MarkSet(1 << 20)
     added = [os.urandom(32) for _ in range(10_000)]

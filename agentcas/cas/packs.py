@@ -368,7 +368,7 @@ def count(txn) -> int:
 
 def list_objects(txn, start: bytes | None = None) -> Iterator[BlobInfo]:
     """Every stored object from `start` on, in id order (packed ones and any not yet upgraded)."""
-    return heapq.merge(_list_packed(txn, start), _list_legacy(txn, start), key=lambda info: info.key)
+    return heapq.merge(_list_packed(txn, start), list_legacy(txn, start), key=lambda info: info.key)
 
 
 def _list_packed(txn, start):
@@ -395,7 +395,49 @@ def _list_packed(txn, start):
         yield from infos
 
 
-def _list_legacy(txn, start):
+def scan_packed(txn, after: tuple[int, int] | None = None) -> Iterator[tuple[tuple[int, int], BlobInfo]]:
+    """((pack number, offset), info) of every packed object after position `after`, in pack
+    order: each pack read once, front to back, so a whole-store pass reads the file
+    sequentially where a listing in id order reads one pack at random per object (gc's plan).
+
+    A record is an object where its index row names it (as `stored_values` decides); a pack
+    whose live row counts every record byte as live is all objects, with no index read. The
+    live row is only trusted to skip lookups: a record it wrongly calls live is one a sweep
+    re-reads through the index before deleting anything. A damaged pack or record is skipped
+    (fsck names it), as a listing lists what it can read."""
+    start = None if after is None else _U64.pack(after[0])
+    for key, pack in txn.scan(PACKS, start=start):
+        number = pack_number(key)
+        try:
+            pack = plain(number, pack)
+        except CorruptPack:
+            continue
+        at, size = PACK_HEADER.size, len(pack)
+        if after is not None and number == after[0]:
+            try:  # past the record at `after` (a pack only grows where it is)
+                at = record_fields(pack, after[1])[5]
+            except CorruptPack:
+                continue
+        row = txn.get(LIVE, key)
+        try:
+            all_live = row is not None and _live(row)[1] == size - PACK_HEADER.size
+        except (NotCanonical, IndexError):
+            all_live = False
+        while at < size:
+            try:
+                kind, _, _, written_at, body, end = record_fields(pack, at)
+            except CorruptPack:
+                break
+            raw = bytes(pack[at:at + ID_SIZE])
+            if all_live or _indexed_at(txn, raw, number, at):
+                # The size of its stored value (section 3.1), as a read returns it.
+                yield (number, at), BlobInfo(raw, framing.HEADER_SIZE + end - body, float(written_at), kind)
+            at = end
+
+
+def list_legacy(txn, start):
+    """Every object of a store being upgraded that is still in its `objects` table, from
+    `start` on, in id order."""
     for key, value in txn.scan(LEGACY, start=start):
         try:
             kind, _, _, written_at = framing.read_header(value)
@@ -715,7 +757,7 @@ def stored_values(txn, check: PackCheck, values: bool = True) -> Iterator[tuple[
     if suspect or locations != check.indexed:
         _check_index_rows(txn, check)
     if values:
-        for info in _list_legacy(txn, None):
+        for info in list_legacy(txn, None):
             value = txn.get(LEGACY, info.key)
             if value is not None:
                 yield info, bytes(value)

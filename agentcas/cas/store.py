@@ -251,6 +251,35 @@ class TableBlobStore(BlobStore):
                 return
             after, size = batch[-1].key + b"\0", min(size * 8, LIST_BATCH)
 
+    def list_unordered(self):
+        # Pack order (packs.scan_packed: the file read front to back), then the objects a
+        # store being upgraded still keeps in its `objects` table; in read transactions of
+        # LIST_BATCH objects each, as list_from.
+        after: tuple[int, int] | None = None
+        while True:
+            batch = []
+            with self.env.reader(buffers=True) as txn:
+                for position, info in packs.scan_packed(txn, after):
+                    batch.append(info)
+                    if len(batch) >= LIST_BATCH:
+                        after = position
+                        break
+            yield from batch
+            if len(batch) < LIST_BATCH:
+                break
+        start = None
+        while True:
+            batch = []
+            with self.env.reader(buffers=True) as txn:
+                for info in packs.list_legacy(txn, start):
+                    batch.append(info)
+                    if len(batch) >= LIST_BATCH:
+                        break
+            yield from batch
+            if len(batch) < LIST_BATCH:
+                return
+            start = batch[-1].key + b"\0"
+
     def count(self):
         with self.env.reader() as txn:
             return packs.count(txn)

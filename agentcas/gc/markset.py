@@ -14,7 +14,11 @@ so marking a million objects took ~100 MB. `MarkSet` holds the same ids packed:
   of its own under $TMPDIR, removed when the set is closed or collected, or by the next
   gc on this host if the process was killed) and the
   emptied table takes new ids again, moved in turn whenever it is full. An id is
-  marked if either table holds it; ids are never unmarked. The environment is mapped
+  marked if either table holds it; ids are never unmarked. A Bloom filter of the ids on
+  disk (BLOOM_BITS_PER_ID bits an id, at most an eighth of the budget) answers most
+  lookups of ids that are not there without reading the table: a walk asks about every
+  object before marking it, and gc's scan about every candidate, so about half the
+  lookups are misses, and each read of the table faults pages back in. The environment is mapped
   with writemap and never synced (it dies with gc), so its pages are file-backed: the
   kernel may write them out, and a PageReleaser drops them from gc's resident set
   when the file-backed total passes pages.MAPPED_BUDGET.
@@ -47,8 +51,12 @@ MEMORY_BUDGET = int(os.environ.get("AGENTCAS_GC_MEMORY", str(16 << 20)))  # byte
 # MEMORY_BUDGET/8 (4 MiB): the candidates of up to ~100,000 objects in memory, so gc's peak
 # grew ~40 B per stored object until then; the file's pages are the kernel's page cache.
 SPOOL_BUFFER = 256 << 10
-SPILL_BATCH = 512         # ids moved to the on-disk table per write transaction (a page written maps ~256 KiB)
+SPILL_BATCH = 128         # ids moved to the on-disk table per write transaction (a page written maps ~32-256 KiB)
 SPILL_MAP_SIZE = 1 << 36  # the on-disk table's address space (sparse): ~10^9 ids
+BLOOM_BITS_PER_ID = 10    # about 1% of absent ids still read the table (5 bits tested)
+_BLOOM_HASHES = 5
+_BLOOM_MIN_BITS = 1 << 16
+_BLOOM_MAX_SHIFT = 25      # five positions of 25 bits from 16 bytes of the id
 _MIN_SLOTS = 64
 _OVERFLOW_SLOTS = 256     # slots past the last home slot, so a run never wraps around
 _WINDOW = 64 * KEY_SIZE    # bytes searched at a time for a run's end
@@ -75,7 +83,11 @@ class MarkSet:
                 _table_bytes(capacity + capacity // 2) + _table_bytes(capacity) <= self.budget:
             capacity += capacity // 2
         self._capacity = capacity
+        self._expected = expected
         self._table = bytearray(_table_bytes(capacity))
+        self._bloom = bytearray()  # bits of the ids on disk (sized at the first spill)
+        self._bloom_shift = 0      # log2 of its bits
+        self.disk_lookups = 0      # reads of the on-disk table
         self._in_table = 0       # ids in the in-memory table
         self._env: Any = None     # the spill environment (lmdb), once the table spilled
         self._reader: Any = None  # its read transaction
@@ -117,11 +129,34 @@ class MarkSet:
         return found != -1
 
     def _on_disk(self, raw: bytes) -> bool:
-        if self._reader is None:
+        if self._reader is None or not self._maybe_on_disk(raw):
             return False
+        self.disk_lookups += 1
         if self._pages is not None:
             self._pages.tick()
         return self._reader.get(raw) is not None
+
+    def _maybe_on_disk(self, raw: bytes) -> bool:
+        """False if `raw` is certainly not in the on-disk table (its Bloom filter: bit
+        positions from the id's own bytes, which are a hash)."""
+        bits, shift = self._bloom, self._bloom_shift
+        mask = (1 << shift) - 1
+        positions = int.from_bytes(raw[8:24], "little")
+        for _ in range(_BLOOM_HASHES):
+            bit = positions & mask
+            if not bits[bit >> 3] >> (bit & 7) & 1:
+                return False
+            positions >>= shift
+        return True
+
+    def _remember_on_disk(self, raw: bytes) -> None:
+        bits, shift = self._bloom, self._bloom_shift
+        mask = (1 << shift) - 1
+        positions = int.from_bytes(raw[8:24], "little")
+        for _ in range(_BLOOM_HASHES):
+            bit = positions & mask
+            bits[bit >> 3] |= 1 << (bit & 7)
+            positions >>= shift
 
     def __contains__(self, raw) -> bool:
         raw = bytes(raw)
@@ -195,6 +230,12 @@ class MarkSet:
     def _spill(self) -> None:
         if self._env is None:
             self._dir, self._env, self._pages, self._finalizer = _scratch_table(self, "marks")
+            # Sized for the ids expected (or four tables' worth), within an eighth of the budget.
+            wanted = max(self._expected, 4 * self._in_table) * BLOOM_BITS_PER_ID
+            shift = min(_BLOOM_MAX_SHIFT, max(_BLOOM_MIN_BITS, wanted).bit_length())
+            while shift > 16 and (1 << shift) > self.budget:  # bits: an eighth of the budget in bytes
+                shift -= 1
+            self._bloom, self._bloom_shift = bytearray((1 << shift) // 8), shift
         if self._reader is not None:
             self._reader.abort()
             self._reader = None
@@ -216,6 +257,8 @@ class MarkSet:
         """Write a batch of ids to the on-disk table (sorted: neighbouring leaf pages), then
         let the releaser look: a write maps every page it touches."""
         batch.sort()
+        for raw in batch:
+            self._remember_on_disk(raw)
         with self._env.begin(write=True) as txn:
             txn.cursor().putmulti(((raw, b"") for raw in batch), overwrite=False)
         batch.clear()
@@ -239,6 +282,7 @@ class MarkSet:
             self._env = None
             self._finalizer()
         self._table = bytearray(_table_bytes(_MIN_SLOTS))
+        self._bloom, self._bloom_shift = bytearray(), 0
         self._capacity, self._in_table, self._count, self._has_zero = _MIN_SLOTS, 0, 0, False
         self._missed = None
 

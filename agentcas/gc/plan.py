@@ -6,9 +6,11 @@
    shared `MarkSet` of raw 32-byte digests (markset.py: packed in memory up to a fixed
    budget, then on disk, so marks cost bounded memory). A missing or damaged object
    reachable from a root aborts gc (GcAborted, exit 4) before anything is deleted.
-2. Scan: the blob store is listed in key order (kind and written_at from each
-   value's 22-byte header, read a window of objects at a time, or from the listing
-   where the backend gives them). An object is live (marked), held by grace (written less than
+2. Scan: every stored object is listed once, in the order the backend reads fastest
+   (`list_unordered`: an embedded store reads its packs front to back, where id order
+   would read one pack at random per object), with kind and written_at from the listing
+   where the backend gives them, else from each value's 22-byte header, read a window of
+   objects at a time. An object is live (marked), held by grace (written less than
    `grace` ago: a `recent` root whose closure is then marked too), or a candidate.
    Candidates (and the young interior objects, roots below) are kept in a `KeySpool`
    per sweep level: packed (key, stored size) pairs, in memory up to a fixed size and
@@ -212,7 +214,7 @@ def plan_gc(backends: Backends, now: float | None = None, grace: int = DEFAULT_G
         signatures = mark_signatures(txn, objects, seen)
 
         young_interior = KeySpool()  # (key, kind)
-        for info, header in _with_headers(objects, _ticking(backends.blobs.list(), pages), seen):
+        for info, header in _with_headers(objects, _ticking(backends.blobs.list_unordered(), pages), seen):
             key = info.key
             total += 1
             if key in seen:

@@ -97,6 +97,11 @@ class BlobStore(ABC):
     def list(self) -> Iterator[BlobInfo]:
         """Every stored object, streamed (in key order where the backend can)."""
 
+    def list_unordered(self) -> Iterator[BlobInfo]:
+        """Every stored object, streamed in whatever order the backend reads fastest (a
+        whole-store pass that needs no order: gc's plan); `list()` unless a backend knows better."""
+        return self.list()
+
     def header(self, key: bytes) -> bytes | None:
         """The first framing.HEADER_SIZE bytes of an object (kind, size, written_at), or None."""
         from agentcas.cas import framing
