@@ -263,9 +263,25 @@ class GroupWriter:
         """Plan on a snapshot, store, check, one compare-and-swap transaction; `plan`'s result.
         A lost race re-plans (the waiting content is kept; only what the plan built is redone)."""
         content = dict(self.waiting)
+        return self._land_attempts(lambda: (dict(content), plan))
 
+    def prepare_and_land(self, prepare: Callable[[], Callable[[GroupView], _R]]) -> _R:
+        """`land`, with content cut against what it read: each attempt runs `prepare()`,
+        which reads what it needs, prepares its content through this writer and returns the
+        plan. A lost race (the plan raising LostRace, the refs having moved since `prepare`
+        read them, or a lost landing) runs `prepare` again: the content is never reused."""
+        def fresh() -> tuple[dict, Callable[[GroupView], _R]]:
+            self.waiting, self._waiting_bytes = {}, 0
+            plan = prepare()
+            return self.waiting, plan
+
+        return self._land_attempts(fresh)  # what `plan` returned
+
+    def _land_attempts(self, content_and_plan: Callable[[], tuple[dict, Callable[[GroupView], object]]]):
+        """The move engine over attempts that each take (the objects to store, the plan) from
+        `content_and_plan()`, run the plan on a metadata snapshot and land what it moved."""
         def attempt(lost: LostRace | None) -> Landing:
-            waiting = dict(content)
+            waiting, plan = content_and_plan()
             with self.backends.meta.reader() as txn:
                 view = GroupView(txn, _Overlay(self.backends.source, waiting), self.author_runtime)
                 result = plan(view)
@@ -275,22 +291,3 @@ class GroupWriter:
         landed = self.mover.run(attempt, f"{self.lease.what}: the refs", point="group.before_land")
         assert landed is not None  # a group attempt always lands (its objects, if no ref moves)
         return landed.result
-
-    def prepare_and_land(self, prepare: Callable[[], Callable[[GroupView], _R]]) -> _R:
-        """`land`, with content cut against what it read: each attempt runs `prepare()`,
-        which reads what it needs, prepares its content through this writer and returns the
-        plan. A lost race (the plan raising LostRace, the refs having moved since `prepare`
-        read them, or a lost landing) runs `prepare` again: the content is never reused."""
-        def attempt(lost: LostRace | None) -> Landing:
-            self.waiting, self._waiting_bytes = {}, 0
-            plan = prepare()
-            waiting = self.waiting
-            with self.backends.meta.reader() as txn:
-                view = GroupView(txn, _Overlay(self.backends.source, waiting), self.author_runtime)
-                result = plan(view)
-            return Landing(view.moves, waiting, self.needed | view.needed, "write", unchanged=view.read,
-                           result=result)
-
-        landed = self.mover.run(attempt, f"{self.lease.what}: the refs", point="group.before_land")
-        assert landed is not None  # a group attempt always lands (its objects, if no ref moves)
-        return landed.result  # type: ignore[return-value]  # what `plan` returned
