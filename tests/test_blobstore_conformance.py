@@ -89,6 +89,18 @@ def value(data: bytes, when: int = WHEN) -> bytes:
     return framing.frame(framing.KIND_CHUNK, data, written_at=when)
 
 
+def same_object(got: bytes | None, put: bytes) -> bool:
+    """`got` is the value `put` stored: the same kind, size, written_at and bytes. The codec
+    may differ: an embedded store keeps small values raw inside a compressed pack
+    (docs/FORMAT.md 4.2), so a zstd-coded value put may read back raw."""
+    if got is None:
+        return False
+    kind, _, size, written_at = framing.read_header(got)
+    put_kind, _, put_size, put_written_at = framing.read_header(put)
+    return ((kind, size, written_at) == (put_kind, put_size, put_written_at)
+            and framing.unframe(got) == framing.unframe(put))
+
+
 def test_an_empty_store_has_nothing(blobs):
     assert blobs.get(key(1)) is None
     assert not blobs.has(key(1)) and blobs.has_many([key(1), key(2)]) == set()
@@ -113,7 +125,7 @@ def test_put_many_counts_only_what_it_wrote(blobs):
     items = {key(1): value(b"ignored"), key(2): value(b"two"), key(3): value(b"three" * 50)}
     assert blobs.put_many(items) == (2, len(items[key(2)]) + len(items[key(3)]))
     assert blobs.put_many(items) == (0, 0)
-    assert blobs.get(key(1)) == old and blobs.get(key(3)) == items[key(3)]
+    assert same_object(blobs.get(key(1)), old) and same_object(blobs.get(key(3)), items[key(3)])
     assert blobs.put_many({}) == (0, 0)
 
 

@@ -526,14 +526,15 @@ def test_newer_store_format_is_refused(small_store, tmp_path):
     from agentcas.cas import encoding
     from agentcas.cas.sealed import seal
     from agentcas.cas.store import TABLES
+    from agentcas.cas.store_format import STORE_FORMAT
     store, ws, _ = small_store
     env = lmdb.open(str(store), max_dbs=len(TABLES) + 2)
     with env.begin(write=True) as txn:
-        doc = encoding.encode({"created_at": "2030-01-01T00:00:00.000000Z", "format": 4})
+        doc = encoding.encode({"created_at": "2030-01-01T00:00:00.000000Z", "format": STORE_FORMAT + 1})
         txn.put(b"format", seal("meta", b"format", doc), db=env.open_db(b"meta", txn=txn))
     env.close()
     before = store_rows(store), listing(tmp_path)
-    failed(run_cli("show", "main", store=store), 4, "store format 4 is newer", "upgrade")
+    failed(run_cli("show", "main", store=store), 4, f"store format {STORE_FORMAT + 1} is newer", "upgrade")
     failed(run_cli("commit", ws, "-m", "x", store=store), 4, "upgrade")
     assert (store_rows(store), listing(tmp_path)) == before
 

@@ -28,7 +28,7 @@ from agentcas.errors import IntegrityError
 
 FORMAT_KEY = b"format"
 STORE_FORMAT = 4
-SHARED_STORE_FORMAT = 4
+SHARED_STORE_FORMAT = 3
 
 
 class StoreFormatError(IntegrityError):
